@@ -1,0 +1,55 @@
+"""Shared by the op benchmarks: timing, environment facts, the result table."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+
+import torch
+
+
+def bench_ms(fn) -> float:
+    """Median time of ``fn`` in ms (CUDA events through triton's do_bench)."""
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=50, rep=300, return_mode="median")
+
+
+def fwd_bwd_step(fn, *inputs):
+    """A closure that runs forward and backward of ``fn(*inputs)`` with a fixed random cotangent."""
+    out = fn(*inputs)
+    outs = out if isinstance(out, tuple) else (out,)
+    cotangents = [torch.randn_like(o) for o in outs]
+
+    def step():
+        for t in inputs:
+            t.grad = None
+        result = fn(*inputs)
+        torch.autograd.backward(result if isinstance(result, tuple) else (result,), cotangents)
+
+    return step
+
+
+def environment() -> dict:
+    import triton
+
+    return {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "triton": triton.__version__}
+
+
+def report(name: str, rows: list[dict]) -> None:
+    """Print a markdown table (ratio to Inductor of the same shape and mode) and write $OUT/<name>.json."""
+    env = environment()
+    print(f"\n{name}: {env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['date']}")
+    print("| shape | mode | backend | ms | TB/s | speedup vs inductor |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        base = next(r["ms"] for r in rows if r["shape"] == row["shape"] and r["mode"] == row["mode"]
+                    and r["backend"] == "inductor")
+        row["speedup_vs_inductor"] = base / row["ms"]
+        print(f"| {row['shape']} | {row['mode']} | {row['backend']} | {row['ms']:.4f} | {row['TBps']:.2f} "
+              f"| {row['speedup_vs_inductor']:.2f}x |")
+    out = os.environ.get("OUT", ".")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{name}.json"), "w") as f:
+        json.dump({"environment": env, "rows": rows}, f, indent=1)

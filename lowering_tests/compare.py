@@ -1,0 +1,72 @@
+"""Run one model under backend="inductor" and backend="primus_turbo" on the same inputs; compare everything."""
+from __future__ import annotations
+
+import collections
+import copy
+
+import torch
+
+import turbo_inductor
+from conftest import TOLERANCE
+
+
+def _tensors(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _tensors(o)]
+    if hasattr(out, "to_tuple"):  # Hugging Face ModelOutput
+        return _tensors(out.to_tuple())
+    return []
+
+
+def run(model, inputs, backend, train=True, options=None, dynamic=None):
+    """Outputs and gradients (inputs first, then parameters) of ``model`` compiled with ``backend``."""
+    torch._dynamo.reset()
+    model = copy.deepcopy(model)
+    inputs = [t.detach().clone().requires_grad_(train and t.is_floating_point()) for t in inputs]
+    compiled = torch.compile(model, backend=backend, options=options, dynamic=dynamic)
+    with torch.set_grad_enabled(train):
+        outs = _tensors(compiled(*inputs))
+    grads = []
+    if train:
+        gen = torch.Generator().manual_seed(1)
+        cotangents = [torch.randn(o.shape, generator=gen).to(o.device, o.dtype) for o in outs]
+        torch.autograd.backward(outs, cotangents)
+        grads = [t.grad for t in inputs if t.requires_grad] + [p.grad for p in model.parameters()]
+    return [o.detach() for o in outs], grads
+
+
+def assert_matches_inductor(model, inputs, train=True, options=None, dynamic=None, precision=None):
+    """Compile with both backends; assert equal outputs and gradients; return primus_turbo's rewrite counts.
+
+    ``precision``: the dtype whose gate applies, when results carry less precision than their dtype says."""
+    expected = run(model, inputs, "inductor", train, dynamic=dynamic)
+    turbo_inductor.reset_records()
+    turbo_inductor.reset_kernel_calls()
+    actual = run(model, inputs, "primus_turbo", train, options=options, dynamic=dynamic)
+    for kind, got, want in (("output", actual[0], expected[0]), ("gradient", actual[1], expected[1])):
+        assert len(got) == len(want)
+        for i, (g, w) in enumerate(zip(got, want)):
+            if w is None:
+                assert g is None, f"{kind} {i}: inductor has none"
+                continue
+            # two low-precision results, each within the gate of the truth, are within twice the gate of each other
+            dtype = precision or w.dtype
+            tol = TOLERANCE[dtype] * (2 if dtype in (torch.bfloat16, torch.float16) else 1)
+            # gradients of weights are sums over rows: compare at the scale of the tensor
+            atol = tol * max(1.0, w.abs().max().item()) if kind == "gradient" else tol
+            torch.testing.assert_close(g.double(), w.double(), rtol=tol, atol=atol, equal_nan=True, msg=lambda m: f"{kind} {i}: {m}")
+    return collections.Counter(turbo_inductor.rewrite_counts())
+
+
+def ops_after(op_name: str) -> int:
+    return sum(r.ops_after[op_name] for r in turbo_inductor.compile_records())
+
+
+def ops_before(op_name: str) -> int:
+    return sum(r.ops_before[op_name] for r in turbo_inductor.compile_records())
+
+
+def kernel_calls(kernel: str) -> int:
+    return sum(n for (k, _impl), n in turbo_inductor.kernel_calls().items() if k == kernel)

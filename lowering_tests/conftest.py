@@ -1,0 +1,30 @@
+import os
+
+import pytest
+import torch
+
+# Without a GPU, Triton kernels run on CPU in Triton's interpreter, which must be chosen before our kernels load.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import turbo_inductor  # noqa: E402
+
+# Gates from shared/targets.md (against a float64 reference).
+TOLERANCE = {torch.float64: 1e-7, torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+# Op tests run where the Triton kernels really run: the GPU when there is one, else the CPU interpreter.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def assert_close(actual, expected, dtype=None):
+    tol = TOLERANCE[dtype or actual.dtype]
+    torch.testing.assert_close(actual.double(), expected.double(), rtol=tol, atol=tol)
+
+
+@pytest.fixture(autouse=True)
+def fresh_state():
+    """Each test starts with no compile records, no kernel-call counts and no compiled frames."""
+    torch._dynamo.reset()
+    turbo_inductor.reset_records()
+    turbo_inductor.reset_kernel_calls()
+    yield
+    torch._dynamo.reset()

@@ -1,0 +1,121 @@
+"""The backend itself: registration, options and environment, logging, fallback on a failing pass, cache key."""
+import importlib.metadata
+import logging
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import turbo_inductor
+from compare import assert_matches_inductor, kernel_calls
+from turbo_inductor.options import Options
+from turbo_inductor.passes import PASSES, PassManager
+from turbo_inductor.passes.rmsnorm import RMSNormPass
+
+
+def norm_model():
+    return nn.Sequential(nn.Linear(32, 32), nn.RMSNorm(32, eps=1e-6))
+
+
+def run(options=None):
+    model, x = norm_model(), torch.randn(4, 32)
+    torch.testing.assert_close(torch.compile(model, backend="primus_turbo", options=options)(x), model(x),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_registered_by_entry_point_only():
+    names = [e.name for e in importlib.metadata.entry_points(group="torch_dynamo_backends")]
+    assert names.count("primus_turbo") == 1
+    assert "primus_turbo" in torch._dynamo.list_backends(exclude_tags=())
+
+
+def test_log_line_and_counts(caplog):
+    with caplog.at_level(logging.INFO, logger="turbo_inductor"):
+        run()
+    assert "primus_turbo: replaced 1 rmsnorm" in caplog.text
+    assert turbo_inductor.rewrite_counts() == {"rmsnorm": 1, "rmsnorm_residual": 0}
+
+
+def test_pass_can_be_disabled_by_env_and_options_win(monkeypatch):
+    monkeypatch.setenv("TURBO_INDUCTOR_RMSNORM", "0")
+    run()
+    assert turbo_inductor.rewrite_counts() == {"rmsnorm_residual": 0}
+    torch._dynamo.reset()
+    turbo_inductor.reset_records()
+    run({"rmsnorm": True})
+    assert turbo_inductor.rewrite_counts()["rmsnorm"] == 1
+
+
+def test_impl_option_reaches_forward_and_backward():
+    model = norm_model()
+    x = torch.randn(4, 32, requires_grad=True)
+    torch.compile(model, backend="primus_turbo", options={"impl": "reference"})(x).sum().backward()
+    assert turbo_inductor.kernel_calls() == {("rmsnorm_fwd", "reference"): 1, ("rmsnorm_bwd", "reference"): 1}
+
+
+def test_inductor_options_pass_through():
+    run({"max_autotune": False, "triton.cudagraphs": False})
+    assert turbo_inductor.rewrite_counts()["rmsnorm"] == 1
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"rmsnrom": True}, "unknown option 'rmsnrom'"),
+    ({"rmsnorm": "maybe"}, "option 'rmsnorm' takes true/false"),
+    ({"impl": "cutlass"}, "unknown implementation 'cutlass'"),
+])
+def test_bad_options_are_named(options, message):
+    with pytest.raises(Exception, match=message):
+        run(options)
+
+
+def test_failing_pass_falls_back_with_one_warning_unless_strict(monkeypatch):
+    def broken(self, graph, options):
+        for node in list(graph.nodes):  # damage the graph first: the fallback must undo it
+            if node.op == "call_module" or node.op == "call_function":
+                node.replace_all_uses_with(next(iter(graph.nodes)))
+                break
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(RMSNormPass, "apply", broken)
+    model = norm_model()
+    x = torch.randn(4, 32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.compile(model, backend="primus_turbo")(x)
+    torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+    assert [str(w.message) for w in caught if "primus_turbo" in str(w.message)] == [
+        "primus_turbo: pass rmsnorm failed and was skipped for this graph (RuntimeError('boom')); "
+        "set options={'strict': True} to raise instead"]
+    assert turbo_inductor.compile_records()[-1].failures == [("rmsnorm", "RuntimeError('boom')")]
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="boom"):
+        torch.compile(model, backend="primus_turbo", options={"strict": True})(x)
+
+
+def test_nothing_to_fuse_compiles_as_inductor():
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
+    counts = assert_matches_inductor(model, [torch.randn(4, 32)])
+    assert sum(counts.values()) == 0
+    record = turbo_inductor.compile_records()[-1]
+    assert record.ops_before == record.ops_after
+    assert kernel_calls("rmsnorm_fwd") == 0
+
+
+def test_cache_key_covers_options():
+    names = [p.name for p in PASSES]
+
+    def uuid(options):
+        return PassManager(PASSES, Options.parse(options, names)).uuid()
+
+    assert uuid({}) == uuid({})
+    assert uuid({}) != uuid({"rmsnorm": False})
+    assert uuid({}) != uuid({"impl": "reference"})
+    turbo_inductor.reset_records()
+
+
+def test_graphs_before_and_after_are_recorded_on_request():
+    run({"record_graphs": True})
+    record = turbo_inductor.compile_records()[-1]
+    assert "rms_norm" in record.graph_before and "turbo_inductor.rmsnorm" in record.graph_after
+    assert "rms_norm" not in record.graph_after

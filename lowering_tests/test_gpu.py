@@ -1,0 +1,61 @@
+"""On the GPU (skipped without CUDA): the kernels at real sizes against float64, Triton against the reference,
+and a Llama-style block compiled with primus_turbo against inductor. Run there with
+``python -m pytest lowering_tests -q`` (see benchmarks/run_gpu.sh)."""
+import pytest
+import torch
+
+import turbo_inductor
+from compare import assert_matches_inductor, kernel_calls
+from conftest import assert_close
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+@pytest.mark.parametrize("shape", [(8192, 4096), (4099, 8192), (16, 16384), (3, 65537)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rmsnorm_at_real_sizes(shape, dtype):
+    x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
+    r = torch.randn_like(x, requires_grad=True)
+    w = torch.randn(shape[-1], device="cuda", dtype=dtype, requires_grad=True)
+    y, total = turbo_inductor.ops.rmsnorm_residual(x, r, w, eps=1e-6, impl="triton")
+    dy, dtotal = torch.randn_like(y), torch.randn_like(total)
+    torch.autograd.backward([y, total], [dy, dtotal])
+    x64, r64, w64 = (t.detach().double().requires_grad_() for t in (x, r, w))
+    s64 = (x64 + r64).to(dtype).double()  # the sum is rounded to x's dtype before it is normalized
+    assert torch.equal(total, x.detach() + r.detach())
+    ref = s64 * torch.rsqrt(s64.pow(2).mean(-1, keepdim=True) + 1e-6) * w64
+    torch.autograd.backward([ref, x64 + r64], [dy.double(), dtotal.double()])
+    assert_close(y, ref, dtype)
+    assert_close(x.grad, x64.grad, dtype)
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-4
+    torch.testing.assert_close(w.grad.double(), w64.grad, rtol=tol, atol=tol * w64.grad.abs().max().item())
+
+
+def test_triton_backward_is_deterministic():
+    x = torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    y, rstd = torch.ops.turbo_inductor.rmsnorm_fwd(x, w, 1e-6, "triton")
+    dy = torch.randn_like(y)
+    first = torch.ops.turbo_inductor.rmsnorm_bwd(dy, x, w, rstd, None, "triton")
+    second = torch.ops.turbo_inductor.rmsnorm_bwd(dy, x, w, rstd, None, "triton")
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_triton_matches_reference_implementation():
+    x = torch.randn(1000, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    a = torch.ops.turbo_inductor.rmsnorm_fwd(x, w, 1e-6, "triton")
+    b = torch.ops.turbo_inductor.rmsnorm_fwd(x, w, 1e-6, "reference")
+    torch.testing.assert_close(a[0], b[0], rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(a[1], b[1], rtol=1e-5, atol=1e-5)
+
+
+def test_llama_block_on_gpu_matches_inductor():
+    from benchmarks.llama import LlamaConfig, LlamaDecoder
+
+    config = LlamaConfig(hidden=512, intermediate=1408, heads=8, kv_heads=4, layers=2)
+    model = LlamaDecoder(config).to("cuda", torch.bfloat16)
+    x = torch.randn(2, 128, 512, device="cuda", dtype=torch.bfloat16)
+    counts = assert_matches_inductor(model, [x])
+    assert counts == {"rmsnorm": 5, "rmsnorm_residual": 4}
+    assert kernel_calls("rmsnorm_bwd") == 5

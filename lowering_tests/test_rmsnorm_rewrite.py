@@ -1,0 +1,193 @@
+"""The RMSNorm rewrites: which spellings are replaced, how many, in forward and backward, with the same results
+as backend="inductor"; near misses left alone."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import turbo_inductor
+from compare import assert_matches_inductor, kernel_calls, ops_after, ops_before
+
+H = 64
+
+
+class HFRMSNorm(nn.Module):
+    """Hugging Face's LlamaRMSNorm, with the weight on either side."""
+
+    def __init__(self, eps=1e-6, weight_first=True, weight_dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(H, dtype=weight_dtype))
+        self.eps, self.weight_first = eps, weight_first
+
+    def forward(self, x):
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        var = h.pow(2).mean(-1, keepdim=True)
+        h = h * torch.rsqrt(var + self.eps)
+        return self.weight * h.to(dtype) if self.weight_first else h.to(dtype) * self.weight
+
+
+class TitanRMSNorm(nn.Module):
+    """torchtitan's older RMSNorm: _norm(x.float()).type_as(x) * weight."""
+
+    def __init__(self, eps=1e-5):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.randn(H)), eps
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+class SqrtDivNorm(nn.Module):
+    """No upcast, x * x, division by sqrt, no weight."""
+
+    def forward(self, x):
+        return x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + 1e-5)
+
+
+class FunctionalNorm(nn.Module):
+    def __init__(self, eps):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.randn(H)), eps
+
+    def forward(self, x):
+        return F.rms_norm(x, (H,), self.weight, self.eps)
+
+
+class ResidualBlock(nn.Module):
+    """Pre-norm residual wiring: the sum feeds the norm and the next residual add."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm1, self.norm2 = HFRMSNorm(), nn.RMSNorm(H, eps=1e-6)
+        self.proj = nn.Linear(H, H, bias=False)
+
+    def forward(self, x, residual):
+        h = x + residual
+        h2 = h + self.proj(self.norm1(h))
+        return self.norm2(h2), h2
+
+
+class Stacked(nn.Module):
+    def __init__(self, *mods):
+        super().__init__()
+        self.mods = nn.ModuleList(mods)
+
+    def forward(self, x):
+        for mod in self.mods:
+            x = mod(x)
+        return x
+
+
+def randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype)
+
+
+def check_rewritten(counts, n, train, name="rmsnorm", op="turbo_inductor.rmsnorm"):
+    assert counts[name] == n
+    assert ops_before(op) == 0 and ops_after(op) == n
+    assert ops_after("torch.rsqrt") == 0 and ops_after("Tensor.pow") == 0
+    assert kernel_calls("rmsnorm_fwd") >= n
+    assert (kernel_calls("rmsnorm_bwd") >= n) if train else (kernel_calls("rmsnorm_bwd") == 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("train", [True, False])
+def test_spellings_are_rewritten(dtype, train):
+    model = Stacked(HFRMSNorm(), HFRMSNorm(weight_first=False, eps=1e-5), TitanRMSNorm(),
+                    nn.RMSNorm(H, eps=1e-6), nn.RMSNorm(H), FunctionalNorm(1e-4), SqrtDivNorm()).to(dtype)
+    counts = assert_matches_inductor(model, [randn(2, 5, H, dtype=dtype)], train=train)
+    check_rewritten(counts, 7, train)
+
+
+@pytest.mark.parametrize("shape", [(7, H), (2, 3, H)])
+def test_two_and_three_dims(shape):
+    counts = assert_matches_inductor(HFRMSNorm().to(torch.bfloat16), [randn(*shape, dtype=torch.bfloat16)])
+    check_rewritten(counts, 1, True)
+
+
+def test_fp32_weight_on_bf16_input_keeps_the_promoting_multiply():
+    """weight (fp32) * norm(x).to(bf16) is fp32: only the normalization is replaced, the multiply stays."""
+    model = HFRMSNorm(weight_dtype=torch.float32)
+    counts = assert_matches_inductor(model, [randn(3, 4, H, dtype=torch.bfloat16)], precision=torch.bfloat16)
+    check_rewritten(counts, 1, True)
+    assert turbo_inductor.compile_records()[-1].ops_after["mul"] == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_residual_add_is_fused(dtype):
+    model = ResidualBlock().to(dtype)
+    counts = assert_matches_inductor(model, [randn(2, 3, H, dtype=dtype), randn(2, 3, H, dtype=dtype)])
+    assert counts == {"rmsnorm": 2, "rmsnorm_residual": 2}
+    assert ops_after("turbo_inductor.rmsnorm_residual") == 2 and ops_after("turbo_inductor.rmsnorm") == 0
+    assert kernel_calls("rmsnorm_bwd") == 2
+
+
+def test_broadcasting_add_is_not_a_residual():
+    class Bias(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.bias = nn.RMSNorm(H), nn.Parameter(torch.randn(H))
+
+        def forward(self, x):
+            return self.norm(x + self.bias)
+
+    counts = assert_matches_inductor(Bias(), [randn(2, 3, H)])
+    assert counts == {"rmsnorm": 1, "rmsnorm_residual": 0}
+
+
+def test_dynamic_batch_and_sequence_match_once_and_do_not_recompile():
+    model = ResidualBlock()
+    compiled = torch.compile(model, backend="primus_turbo")
+    for batch, seq in [(2, 3), (3, 5), (4, 7)]:
+        x, r = randn(batch, seq, H), randn(batch, seq, H)
+        torch._dynamo.mark_dynamic(x, 0), torch._dynamo.mark_dynamic(x, 1)
+        torch._dynamo.mark_dynamic(r, 0), torch._dynamo.mark_dynamic(r, 1)
+        y, total = compiled(x, r)
+        expected = model(x, r)
+        torch.testing.assert_close(y, expected[0], rtol=1e-4, atol=1e-4)
+        y.sum().backward()
+    records = turbo_inductor.compile_records()
+    assert len(records) == 1, "a new size must not recompile"
+    assert records[0].counts == {"rmsnorm": 2, "rmsnorm_residual": 2}
+
+
+class NearMiss(nn.Module):
+    def __init__(self, variant):
+        super().__init__()
+        self.variant, self.weight = variant, nn.Parameter(torch.randn(H))
+
+    def forward(self, x):
+        xf = x.float()
+        v = self.variant
+        if v == "mean_over_other_dim":
+            return xf * torch.rsqrt(xf.pow(2).mean(-2, keepdim=True) + 1e-6) * self.weight
+        if v == "cube":
+            return xf * torch.rsqrt(xf.pow(3).mean(-1, keepdim=True) + 1e-6) * self.weight
+        if v == "no_keepdim":
+            return xf * torch.rsqrt(xf.pow(2).mean(-1) + 1e-6).unsqueeze(-1) * self.weight
+        if v == "variance_used_elsewhere":
+            var = xf.pow(2).mean(-1, keepdim=True)
+            return xf * torch.rsqrt(var + 1e-6) * self.weight, var
+        if v == "normalizes_another_tensor":
+            return (xf + 1) * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+        if v == "eps_outside_rsqrt":
+            return xf * (torch.rsqrt(xf.pow(2).mean(-1, keepdim=True)) + 1e-6) * self.weight
+        if v == "two_normalized_dims":
+            return F.rms_norm(x.view(x.shape[0], -1, 8, 8), (8, 8))
+        raise AssertionError(v)
+
+
+@pytest.mark.parametrize("variant", ["mean_over_other_dim", "cube", "no_keepdim", "variance_used_elsewhere",
+                                     "normalizes_another_tensor", "eps_outside_rsqrt", "two_normalized_dims"])
+def test_near_misses_are_left_alone(variant):
+    counts = assert_matches_inductor(NearMiss(variant), [randn(3, 4, H)])
+    assert counts["rmsnorm"] == 0
+    record = turbo_inductor.compile_records()[-1]
+    assert record.ops_before == record.ops_after, "nothing to fuse: the graph reaches Inductor unchanged"
+
+
+def test_float64_is_left_to_inductor():
+    counts = assert_matches_inductor(HFRMSNorm().double(), [randn(2, H).double()])
+    assert counts["rmsnorm"] == 0

@@ -1,0 +1,28 @@
+"""Triton implementations. On CPU they run only under ``TRITON_INTERPRET=1`` (set before import)."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+# Read once, when this package loads: triton.jit picks the interpreter at decoration time, which is when the kernel
+# modules of this package load, so a later change of the variable does not change what our kernels are.
+_INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def unavailable_reason(device: torch.device) -> str | None:
+    """None where our Triton kernels can run on ``device``, else why not."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "triton is not installed"
+    if device.type == "cuda":  # NVIDIA and ROCm builds of torch both say "cuda"
+        return None if torch.cuda.is_available() else "torch has no usable GPU"
+    if device.type == "cpu":
+        return None if _INTERPRETING else "Triton runs on CPU only under TRITON_INTERPRET=1"
+    return f"no Triton backend for device type {device.type!r}"
+
+
+def interpreting() -> bool:
+    """True when kernels run in Triton's CPU interpreter (whose bf16 dot and fp8 stores are unreliable)."""
+    return _INTERPRETING

@@ -1,0 +1,477 @@
+"""RMSNorm forward/backward in Triton, optionally fused with a residual add (forward) and with the residual
+stream's gradient (backward). Semantics: see ``..reference.rmsnorm``; the signatures are identical.
+
+Layout of the work
+------------------
+Forward, ``next_pow2(H) * element_size <= FWD_MAX_FUSED_BYTES``: each program normalizes BLOCK_ROWS whole rows
+held in registers (one read of x [and residual], one write of y [and s]); BLOCK_ROWS > 1 only for small H, so
+that a program still moves a few KiB. Wider rows: one program per row, two passes over the row in chunks (sum
+of squares, then normalize).
+
+Backward: a persistent grid of G = min(row blocks, SMs * programs per SM) programs. Program ``pid``
+handles row blocks pid, pid + G, ...; it writes dx for each and accumulates dy * s * rstd in an fp32 register
+tile, stored once to ``dw_partial[pid]``. Its row loop is software-pipelined (``tl.range(num_stages=...)``)
+so that the next rows' loads are in flight during this row's reduction. A tiny kernel then sums the G
+partials per column in a fixed order. No atomics anywhere, so dw is bitwise reproducible run to run (for a
+given device, hence a given G). Wider rows: a per-row dot product first, then a (G, column chunk) grid doing
+the same as above per chunk.
+
+All math is fp32; bf16/fp16 inputs are upcast after the load and results rounded once at the store.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from ..registry import implementation
+from . import unavailable_reason
+
+# --------------------------------------------------------------------------------------------------------------
+# Launch heuristics (module constants so that tests can shrink them to exercise the chunked paths).
+# --------------------------------------------------------------------------------------------------------------
+# A row is kept whole in registers while next_pow2(H) * element_size <= *_MAX_FUSED_BYTES; wider rows would
+# spill, so the kernels loop over them in chunks instead. The backward keeps dy, s, w and the dw accumulator
+# live per element (about twice the forward's registers): its limit is half the forward's.
+FWD_MAX_FUSED_BYTES = 65536   # bf16: H <= 32768, fp32: H <= 16384
+BWD_MAX_FUSED_BYTES = 32768   # bf16: H <= 16384, fp32: H <= 8192
+# Chunk width of the chunked (wide-row) paths, in bytes of the input dtype.
+CHUNK_BYTES = 16384
+# Small H: pack rows into one program until its tile holds about this many elements (a few KiB of traffic
+# per program; one 128-element row alone would leave most of each warp's load slots idle).
+ROW_TILE_ELEMENTS = 4096
+MAX_BLOCK_ROWS = 64
+# Backward: elements of the tile per thread (sets num_warps): 16 keeps the fused tile in registers.
+BWD_ELEMENTS_PER_THREAD = 16
+# Persistent backward grid: enough programs for about BWD_WARPS_PER_SM resident warps per SM (two 8-warp
+# programs at H=4096). More programs hide more latency but add dw partial rows (G * H * 4 bytes written, then
+# read by the final reduction) and compete for registers and shared memory.
+BWD_WARPS_PER_SM = 16
+# Software pipelining of the backward's row loop (the next rows' loads are issued while this row's math
+# runs; without it a program waits for each row's loads: ~1.6x slower at [8192, 4096] bf16 on an H200).
+# Applied to tiles of at most BWD_PIPELINE_MAX_TILE_BYTES per input (bf16 H <= 8192, fp32 H <= 4096): wider
+# tiles measured slower pipelined than not. The staged loads of one SM's programs get about
+# BWD_PIPELINE_SMEM_PER_SM bytes (counted as stages * inputs * tile bytes): two programs at bf16 H=4096 (with
+# or without dresidual), one at fp32 H=4096 and bf16 H=8192 (two measured ~8% slower there).
+BWD_PIPELINE_STAGES = 3
+BWD_PIPELINE_MAX_TILE_BYTES = 16384
+BWD_PIPELINE_SMEM_PER_SM = 147456
+# The final dw reduction: about this many fp32 partials per program and loop step.
+DW_REDUCE_TILE_ELEMENTS = 8192
+# "SM count" in the CPU interpreter: small, so that tests still see several programs share the rows.
+INTERPRETER_PROGRAMS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class RowTiling:
+    block_rows: int   # rows per program step
+    block_h: int      # columns per tile (next_pow2(H) when fused, the chunk width otherwise)
+    num_warps: int
+    chunked: bool     # True: the row does not fit one tile; loop over it in chunks of block_h
+
+
+def fwd_num_warps(tile_elements: int) -> int:
+    """Forward warps per program from its tile size (8-16 elements per thread on the Llama sizes)."""
+    if tile_elements >= 16384:
+        return 16
+    if tile_elements >= 4096:
+        return 8
+    return 4
+
+
+def bwd_num_warps(tile_elements: int) -> int:
+    """Backward warps per program: BWD_ELEMENTS_PER_THREAD elements per thread, 4..32 warps."""
+    return min(32, max(4, tile_elements // (32 * BWD_ELEMENTS_PER_THREAD)))
+
+
+def _tiling(H: int, element_size: int, max_fused_bytes: int, num_warps) -> RowTiling:
+    block_h = triton.next_power_of_2(max(H, 1))
+    if block_h * element_size > max_fused_bytes:
+        chunk = max(1, min(CHUNK_BYTES, max_fused_bytes) // element_size)
+        return RowTiling(1, chunk, num_warps(chunk), True)
+    block_rows = min(MAX_BLOCK_ROWS, max(1, ROW_TILE_ELEMENTS // block_h))
+    return RowTiling(block_rows, block_h, num_warps(block_rows * block_h), False)
+
+
+def fwd_tiling(H: int, element_size: int) -> RowTiling:
+    """Forward tile: whole rows (several when H is small), or chunks of a wide row."""
+    return _tiling(H, element_size, FWD_MAX_FUSED_BYTES, fwd_num_warps)
+
+
+def bwd_tiling(H: int, element_size: int) -> RowTiling:
+    """Backward tile: as the forward, with the backward's register limit and warp count."""
+    return _tiling(H, element_size, BWD_MAX_FUSED_BYTES, bwd_num_warps)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return INTERPRETER_PROGRAMS
+
+
+@functools.lru_cache(maxsize=None)
+def _max_shared_mem(device: torch.device) -> int:
+    """Shared memory one program may use (bytes); unbounded in the interpreter (which ignores stages)."""
+    if device.type != "cuda":
+        return 1 << 30
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdSchedule:
+    loop_stages: int       # num_stages of the row loop (1: not pipelined)
+    programs_per_sm: int
+
+
+def bwd_schedule(tiling: RowTiling, element_size: int, n_inputs: int, device: torch.device) -> BwdSchedule:
+    """Pipeline depth and programs per SM of the fused backward. ``n_inputs``: row tiles loaded per step
+    (dy and s, plus dresidual), each staged in shared memory when pipelined."""
+    stage_bytes = n_inputs * tiling.block_rows * tiling.block_h * element_size
+    programs_per_sm = max(1, BWD_WARPS_PER_SM // tiling.num_warps)
+    if stage_bytes > n_inputs * BWD_PIPELINE_MAX_TILE_BYTES:
+        return BwdSchedule(1, programs_per_sm)
+    stages = BWD_PIPELINE_STAGES
+    while stages > 1 and stages * stage_bytes > _max_shared_mem(device):  # e.g. 64 KiB of LDS on MI300
+        stages -= 1
+    if stages > 1:
+        programs_per_sm = max(1, min(programs_per_sm, BWD_PIPELINE_SMEM_PER_SM // (stages * stage_bytes)))
+    return BwdSchedule(stages, programs_per_sm)
+
+
+def bwd_grid_size(n_row_blocks: int, programs_per_sm: int, device: torch.device) -> int:
+    """Persistent backward grid: enough programs to fill the GPU, never more than there are row blocks."""
+    return max(1, min(n_row_blocks, _sm_count(device) * programs_per_sm))
+
+
+def dw_reduce_config(n_partials: int, H: int, device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK_P, BLOCK_N, num_warps) of the dw reduction: about one program per SM (32..256 columns each), and
+    tall tiles so that each program needs only one or two dependent loads (a short kernel is latency-bound)."""
+    block_n = min(256, max(32, triton.next_power_of_2(triton.cdiv(H, _sm_count(device)))))
+    block_p = min(triton.next_power_of_2(n_partials), max(1, DW_REDUCE_TILE_ELEMENTS // block_n))
+    return block_p, block_n, fwd_num_warps(block_p * block_n)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Forward kernels
+# --------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _rmsnorm_fwd_kernel(
+    X, W, R, Y, S_OUT, RSTD,
+    n_rows, H, eps,
+    BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+):
+    """BLOCK_ROWS whole rows per program (BLOCK_H >= H)."""
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    cols = tl.arange(0, BLOCK_H)
+    row_mask = rows < n_rows
+    col_mask = cols < H
+    mask = row_mask[:, None] & col_mask[None, :]
+    # int64 offsets: rows * H overflows int32 beyond 2^31 elements.
+    offs = rows.to(tl.int64)[:, None] * H + cols[None, :]
+    # Masked lanes load 0 so that they add nothing to the sum of squares.
+    s = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(R + offs, mask=mask, other=0.0).to(tl.float32)
+        # Round the sum to the input dtype and normalize the rounded value: equals the unfused add-then-norm.
+        s_low = (s + r).to(S_OUT.dtype.element_ty)
+        tl.store(S_OUT + offs, s_low, mask=mask)
+        s = s_low.to(tl.float32)
+    # eps may arrive as fp64 (Inductor passes python floats that way): keep the math in fp32.
+    mean_sq = tl.sum(s * s, axis=1) / H
+    rstd = tl.rsqrt(mean_sq + tl.cast(eps, tl.float32))
+    tl.store(RSTD + rows, rstd, mask=row_mask)
+    y = s * rstd[:, None]
+    if HAS_WEIGHT:
+        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+        y = y * w[None, :]
+    tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rmsnorm_fwd_chunked_kernel(
+    X, W, R, Y, S_OUT, RSTD,
+    H, eps,
+    BLOCK_H: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+):
+    """One row per program, row wider than a register tile: pass 1 sums squares (and writes s), pass 2
+    normalizes. Pass 2 recomputes s from x and residual instead of re-reading S_OUT, so that no thread
+    reads what another thread of the program wrote (no barrier needed)."""
+    row = tl.program_id(0).to(tl.int64)
+    base = row * H
+    cols0 = tl.arange(0, BLOCK_H)
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for start in range(0, H, BLOCK_H):
+        cols = start + cols0
+        mask = cols < H
+        s = tl.load(X + base + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            r = tl.load(R + base + cols, mask=mask, other=0.0).to(tl.float32)
+            s_low = (s + r).to(S_OUT.dtype.element_ty)
+            tl.store(S_OUT + base + cols, s_low, mask=mask)
+            s = s_low.to(tl.float32)
+        acc += s * s
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / H + tl.cast(eps, tl.float32))
+    tl.store(RSTD + row, rstd)
+    for start in range(0, H, BLOCK_H):
+        cols = start + cols0
+        mask = cols < H
+        s = tl.load(X + base + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            r = tl.load(R + base + cols, mask=mask, other=0.0).to(tl.float32)
+            s = (s + r).to(Y.dtype.element_ty).to(tl.float32)
+        y = s * rstd
+        if HAS_WEIGHT:
+            w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+            y = y * w
+        tl.store(Y + base + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Backward kernels
+# --------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _rmsnorm_bwd_kernel(
+    DY, X, W, RSTD, DRES, DX, DW_PARTIAL,
+    n_rows, H,
+    BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_DRESIDUAL: tl.constexpr, LOOP_STAGES: tl.constexpr,
+):
+    """Persistent: program pid handles row blocks pid, pid + G, ... (BLOCK_H >= H).
+    dx = rstd * (dy*w - s * rstd^2 * mean(dy*w*s)) [+ dres]; dw partial = sum over its rows of dy*s*rstd."""
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_H)
+    col_mask = cols < H
+    row_offsets = tl.arange(0, BLOCK_ROWS)
+    if HAS_WEIGHT:
+        # Loaded once per program, reused for every row it handles.
+        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+    # Per-program dw accumulator, fp32, reduced over rows only once at the end.
+    acc = tl.zeros([BLOCK_ROWS, BLOCK_H], dtype=tl.float32)
+    for row_start in tl.range(pid * BLOCK_ROWS, n_rows, n_programs * BLOCK_ROWS, num_stages=LOOP_STAGES):
+        rows = row_start + row_offsets
+        row_mask = rows < n_rows
+        mask = row_mask[:, None] & col_mask[None, :]
+        offs = rows.to(tl.int64)[:, None] * H + cols[None, :]
+        # Masked lanes load 0: they add nothing to the row dot product nor to dw.
+        dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
+        s = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+        if HAS_WEIGHT:
+            dyw = dy * w[None, :]
+        else:
+            dyw = dy
+        c = tl.sum(dyw * s, axis=1) / H
+        dx = rstd[:, None] * (dyw - s * (rstd * rstd * c)[:, None])
+        if HAS_DRESIDUAL:
+            dx += tl.load(DRES + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
+        if HAS_WEIGHT:
+            acc += dy * (s * rstd[:, None])
+    if HAS_WEIGHT:
+        # This program's partial, in its own row of DW_PARTIAL: no atomics, fixed summation order.
+        tl.store(DW_PARTIAL + pid.to(tl.int64) * H + cols, tl.sum(acc, axis=0), mask=col_mask)
+
+
+@triton.jit
+def _rmsnorm_bwd_row_dot_kernel(
+    DY, X, W, RSTD, C,
+    H,
+    BLOCK_H: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+):
+    """Wide rows, step 1: C[row] = rstd^2 * mean(dy * w * s), one row per program, looping over chunks."""
+    row = tl.program_id(0).to(tl.int64)
+    base = row * H
+    cols0 = tl.arange(0, BLOCK_H)
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for start in range(0, H, BLOCK_H):
+        cols = start + cols0
+        mask = cols < H
+        dy = tl.load(DY + base + cols, mask=mask, other=0.0).to(tl.float32)
+        s = tl.load(X + base + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_WEIGHT:
+            dy = dy * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        acc += dy * s
+    rstd = tl.load(RSTD + row)
+    tl.store(C + row, rstd * rstd * (tl.sum(acc, axis=0) / H))
+
+
+@triton.jit
+def _rmsnorm_bwd_chunked_kernel(
+    DY, X, W, RSTD, C, DRES, DX, DW_PARTIAL,
+    n_rows, H,
+    BLOCK_H: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_DRESIDUAL: tl.constexpr,
+):
+    """Wide rows, step 2: grid (G, column chunks). Program (pid, chunk) handles rows pid, pid + G, ... of its
+    column chunk; dw partial of the chunk accumulates in registers and is stored once to DW_PARTIAL[pid]."""
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = cols < H
+    if HAS_WEIGHT:
+        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for row in range(pid, n_rows, n_programs):
+        base = tl.cast(row, tl.int64) * H
+        dy = tl.load(DY + base + cols, mask=mask, other=0.0).to(tl.float32)
+        s = tl.load(X + base + cols, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + row)
+        c = tl.load(C + row)
+        if HAS_WEIGHT:
+            dyw = dy * w
+        else:
+            dyw = dy
+        dx = rstd * (dyw - s * c)
+        if HAS_DRESIDUAL:
+            dx += tl.load(DRES + base + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(DX + base + cols, dx.to(DX.dtype.element_ty), mask=mask)
+        if HAS_WEIGHT:
+            acc += dy * (s * rstd)
+    if HAS_WEIGHT:
+        tl.store(DW_PARTIAL + pid.to(tl.int64) * H + cols, acc, mask=mask)
+
+
+@triton.jit
+def _dw_reduce_kernel(
+    PARTIAL, DW,
+    n_partials, H,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """DW[cols] = sum over the n_partials rows of PARTIAL (fp32, fixed order), rounded to DW's dtype."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < H
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for p0 in range(0, n_partials, BLOCK_P):
+        ps = p0 + tl.arange(0, BLOCK_P)
+        mask = (ps < n_partials)[:, None] & col_mask[None, :]
+        tile = tl.load(PARTIAL + ps.to(tl.int64)[:, None] * H + cols[None, :], mask=mask, other=0.0)
+        acc += tl.sum(tile, axis=0)
+    tl.store(DW + cols, acc.to(DW.dtype.element_ty), mask=col_mask)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------------------------------------------
+def _on_device(device: torch.device):
+    """Triton launches on the current CUDA device: switch to the tensors' device when it differs."""
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device.index)
+    return _NULL_CONTEXT
+
+
+class _NullContext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NULL_CONTEXT = _NullContext()
+
+
+@implementation("rmsnorm_fwd", "triton", priority=20, unavailable_reason=unavailable_reason)
+def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float):
+    """Returns ``(y, s_out, rstd)``; see ``..reference.rmsnorm.rmsnorm_fwd``."""
+    x = x.contiguous()
+    n_rows, H = x.shape
+    y = torch.empty_like(x)
+    s_out = torch.empty_like(x) if residual is not None else None
+    rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    if n_rows == 0:
+        return y, s_out, rstd
+    if residual is not None:
+        residual = residual.contiguous()
+    if weight is not None:
+        weight = weight.contiguous()
+    # Unused pointer arguments get x: the HAS_* constexprs compile their accesses away.
+    w_arg = weight if weight is not None else x
+    r_arg = residual if residual is not None else x
+    s_arg = s_out if s_out is not None else y
+    tiling = fwd_tiling(H, x.element_size())
+    with _on_device(x.device):
+        if tiling.chunked:
+            _rmsnorm_fwd_chunked_kernel[(n_rows,)](
+                x, w_arg, r_arg, y, s_arg, rstd, H, eps,
+                BLOCK_H=tiling.block_h, HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None,
+                num_warps=tiling.num_warps)
+        else:
+            grid = (triton.cdiv(n_rows, tiling.block_rows),)
+            _rmsnorm_fwd_kernel[grid](
+                x, w_arg, r_arg, y, s_arg, rstd, n_rows, H, eps,
+                BLOCK_ROWS=tiling.block_rows, BLOCK_H=tiling.block_h,
+                HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None,
+                num_warps=tiling.num_warps)
+    return y, s_out, rstd
+
+
+@implementation("rmsnorm_bwd", "triton", priority=20, unavailable_reason=unavailable_reason)
+def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,
+                dresidual: torch.Tensor | None):
+    """Returns ``(dx, dw)``; see ``..reference.rmsnorm.rmsnorm_bwd``."""
+    dy = dy.contiguous()
+    x = x.contiguous()
+    rstd = rstd.contiguous()
+    n_rows, H = x.shape
+    dx = torch.empty_like(x)
+    has_weight = weight is not None
+    if n_rows == 0:
+        dw = torch.zeros(H, dtype=weight.dtype, device=weight.device) if has_weight else None
+        return dx, dw
+    if has_weight:
+        weight = weight.contiguous()
+    if dresidual is not None:
+        dresidual = dresidual.contiguous()
+    w_arg = weight if has_weight else x
+    dres_arg = dresidual if dresidual is not None else x
+    tiling = bwd_tiling(H, x.element_size())
+    with _on_device(x.device):
+        if tiling.chunked:
+            n_chunks = triton.cdiv(H, tiling.block_h)
+            # The column chunks already spread the work: fewer row groups are needed to fill the GPU.
+            programs_per_sm = max(1, BWD_WARPS_PER_SM // tiling.num_warps)
+            n_programs = max(1, bwd_grid_size(n_rows, programs_per_sm, x.device) // n_chunks)
+            dw_partial = _dw_partial_buffer(n_programs, H, x.device, has_weight)
+            c = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+            _rmsnorm_bwd_row_dot_kernel[(n_rows,)](
+                dy, x, w_arg, rstd, c, H,
+                BLOCK_H=tiling.block_h, HAS_WEIGHT=has_weight, num_warps=tiling.num_warps)
+            _rmsnorm_bwd_chunked_kernel[(n_programs, n_chunks)](
+                dy, x, w_arg, rstd, c, dres_arg, dx, dw_partial, n_rows, H,
+                BLOCK_H=tiling.block_h, HAS_WEIGHT=has_weight, HAS_DRESIDUAL=dresidual is not None,
+                num_warps=tiling.num_warps)
+        else:
+            schedule = bwd_schedule(tiling, x.element_size(), 2 if dresidual is None else 3, x.device)
+            n_programs = bwd_grid_size(triton.cdiv(n_rows, tiling.block_rows), schedule.programs_per_sm, x.device)
+            dw_partial = _dw_partial_buffer(n_programs, H, x.device, has_weight)
+            _rmsnorm_bwd_kernel[(n_programs,)](
+                dy, x, w_arg, rstd, dres_arg, dx, dw_partial, n_rows, H,
+                BLOCK_ROWS=tiling.block_rows, BLOCK_H=tiling.block_h,
+                HAS_WEIGHT=has_weight, HAS_DRESIDUAL=dresidual is not None, LOOP_STAGES=schedule.loop_stages,
+                num_warps=tiling.num_warps)
+        dw = None
+        if has_weight:
+            dw = torch.empty(H, dtype=weight.dtype, device=weight.device)
+            block_p, block_n, num_warps = dw_reduce_config(n_programs, H, x.device)
+            _dw_reduce_kernel[(triton.cdiv(H, block_n),)](
+                dw_partial, dw, n_programs, H, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=num_warps)
+    return dx, dw
+
+
+def _dw_partial_buffer(n_programs: int, H: int, device: torch.device, has_weight: bool) -> torch.Tensor:
+    # Every entry is written by exactly one program before it is read: no zero-fill needed.
+    if not has_weight:
+        return torch.empty(1, dtype=torch.float32, device=device)
+    return torch.empty((n_programs, H), dtype=torch.float32, device=device)
+
+
+__all__ = ["rmsnorm_fwd", "rmsnorm_bwd", "fwd_tiling", "bwd_tiling", "bwd_schedule", "bwd_grid_size"]

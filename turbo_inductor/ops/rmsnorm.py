@@ -1,0 +1,173 @@
+"""RMSNorm: ``y = x / sqrt(mean(x^2, -1) + eps) * weight``, computed in fp32, returned in x's dtype.
+
+Ops in ``torch.ops.turbo_inductor``:
+  rmsnorm(x, weight, eps, impl) -> y                                        public (composite over rmsnorm_fwd)
+  rmsnorm_residual(x, residual, weight, eps, impl) -> (y, x + residual)     public (over rmsnorm_residual_fwd)
+  rmsnorm_fwd(x, weight, eps, impl) -> (y, rstd)                            custom op; backward: rmsnorm_bwd
+  rmsnorm_residual_fwd(x, residual, weight, eps, impl) -> (y, sum, rstd)    custom op; backward: rmsnorm_bwd
+  rmsnorm_bwd(dy, x, weight, rstd, dresidual, impl) -> (dx, dweight)        custom op (not differentiable)
+
+The residual form adds in fp32, rounds the sum to x's dtype, returns it (the residual stream) and normalizes the
+rounded sum, so it equals ``rmsnorm(x + residual)``. ``rstd`` (fp32, x.shape[:-1]) is saved for backward; dweight
+is reduced in fp32. ``weight`` may be None; without weight, ``rmsnorm_bwd`` returns an empty dweight.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..kernels import registry
+from .library import (SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, define_composite,
+                      rows_view)
+
+FWD_KERNEL, BWD_KERNEL = "rmsnorm_fwd", "rmsnorm_bwd"
+
+
+def _check_inputs(op: str, x: Tensor, weight: Optional[Tensor], eps: float,
+                  residual: Optional[Tensor] = None) -> None:
+    check_float(op, "x", x)
+    check(x.dim() >= 1, op, lambda: "x must have at least one dimension (the normalized last one)")
+    if weight is not None:
+        check_float(op, "weight", weight)
+        check(weight.dim() == 1 and weight.shape[0] == x.shape[-1], op,
+              lambda: f"weight has shape {list(weight.shape)} but x's last dimension is {x.shape[-1]}")
+    if residual is not None:
+        check(residual.shape == x.shape and residual.dtype == x.dtype, op,
+              lambda: f"residual ({list(residual.shape)}, {residual.dtype}) must match x ({list(x.shape)}, {x.dtype})")
+    check(math.isfinite(eps) and eps >= 0, op, lambda: f"eps must be a finite number >= 0, got {eps}")
+    check_same_device(op, x=x, weight=weight, residual=residual)
+
+
+def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.contiguous()
+
+
+def _empty_outputs(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Outputs for an input with no elements: empty y, and rstd as the plain math defines it."""
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return y, torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device).fill_(float("nan"))
+
+
+# ---- forward -------------------------------------------------------------------------------------------------
+
+@torch.library.custom_op("turbo_inductor::rmsnorm_fwd", mutates_args=())
+def rmsnorm_fwd(x: Tensor, weight: Optional[Tensor], eps: float, impl: str = "auto") -> tuple[Tensor, Tensor]:
+    _check_inputs("rmsnorm", x, weight, eps)
+    if x.numel() == 0:
+        return _empty_outputs(x)
+    y, _, rstd = registry.select(FWD_KERNEL, x.device, impl)(rows_view(x), _contiguous(weight), None, eps)
+    return y.view(x.shape), rstd.view(x.shape[:-1])
+
+
+@rmsnorm_fwd.register_fake
+def _(x, weight, eps, impl="auto"):
+    _check_inputs("rmsnorm", x, weight, eps)
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            x.new_empty(x.shape[:-1], dtype=torch.float32))
+
+
+@torch.library.custom_op("turbo_inductor::rmsnorm_residual_fwd", mutates_args=())
+def rmsnorm_residual_fwd(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float,
+                         impl: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+    _check_inputs("rmsnorm_residual", x, weight, eps, residual)
+    if x.numel() == 0:
+        y, rstd = _empty_outputs(x)
+        return y, torch.empty_like(y), rstd
+    y, total, rstd = registry.select(FWD_KERNEL, x.device, impl)(
+        rows_view(x), _contiguous(weight), rows_view(residual), eps)
+    return y.view(x.shape), total.view(x.shape), rstd.view(x.shape[:-1])
+
+
+@rmsnorm_residual_fwd.register_fake
+def _(x, residual, weight, eps, impl="auto"):
+    _check_inputs("rmsnorm_residual", x, weight, eps, residual)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return y, torch.empty_like(y), x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+# ---- backward ------------------------------------------------------------------------------------------------
+
+@torch.library.custom_op("turbo_inductor::rmsnorm_bwd", mutates_args=())
+def rmsnorm_bwd(dy: Tensor, x: Tensor, weight: Optional[Tensor], rstd: Tensor, dresidual: Optional[Tensor],
+                impl: str = "auto") -> tuple[Tensor, Tensor]:
+    _check_backward_inputs(dy, x, weight, rstd, dresidual)
+    if x.numel() == 0:
+        dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+        return dx, _no_weight_grad(x) if weight is None else torch.zeros_like(weight, memory_format=torch.contiguous_format)
+    dx, dweight = registry.select(BWD_KERNEL, x.device, impl)(
+        rows_view(dy), rows_view(x), _contiguous(weight), rstd.reshape(-1).contiguous(),
+        None if dresidual is None else rows_view(dresidual))
+    return dx.view(x.shape), _no_weight_grad(x) if weight is None else dweight
+
+
+@rmsnorm_bwd.register_fake
+def _(dy, x, weight, rstd, dresidual, impl="auto"):
+    _check_backward_inputs(dy, x, weight, rstd, dresidual)
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return dx, _no_weight_grad(x) if weight is None else weight.new_empty(weight.shape)
+
+
+def _no_weight_grad(x: Tensor) -> Tensor:
+    return x.new_empty(0)
+
+
+def _check_backward_inputs(dy, x, weight, rstd, dresidual) -> None:
+    _check_inputs("rmsnorm_bwd", x, weight, 0.0, dresidual)
+    check(dy.shape == x.shape and dy.dtype == x.dtype, "rmsnorm_bwd",
+          lambda: f"dy ({list(dy.shape)}, {dy.dtype}) must match x ({list(x.shape)}, {x.dtype})")
+    check(rstd.shape == x.shape[:-1] and rstd.dtype == torch.float32, "rmsnorm_bwd",
+          lambda: f"rstd must be float32 of shape {list(x.shape[:-1])}, got {rstd.dtype} {list(rstd.shape)}")
+
+
+# ---- autograd ------------------------------------------------------------------------------------------------
+
+def _setup_fwd(ctx, inputs, output):
+    x, weight, _eps, impl = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.impl = impl
+
+
+def _backward_fwd(ctx, dy, _drstd):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dweight = rmsnorm_bwd(dy, x, weight, rstd, None, ctx.impl)
+    return dx, None if weight is None else dweight, None, None
+
+
+def _setup_residual_fwd(ctx, inputs, output):
+    _x, _residual, weight, _eps, impl = inputs
+    ctx.save_for_backward(output[1], weight, output[2])
+    ctx.impl = impl
+
+
+def _backward_residual_fwd(ctx, dy, dtotal, _drstd):
+    total, weight, rstd = ctx.saved_tensors
+    dx, dweight = rmsnorm_bwd(dy, total, weight, rstd, dtotal, ctx.impl)
+    return dx, dx, None if weight is None else dweight, None, None
+
+
+rmsnorm_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
+rmsnorm_residual_fwd.register_autograd(_backward_residual_fwd, setup_context=_setup_residual_fwd)
+
+
+# ---- public ops ----------------------------------------------------------------------------------------------
+
+rmsnorm = define_composite(
+    "rmsnorm(Tensor x, Tensor? weight, float eps, str impl='auto') -> Tensor",
+    lambda x, weight, eps, impl="auto": rmsnorm_fwd(x, weight, eps, impl)[0])
+
+rmsnorm_residual = define_composite(
+    "rmsnorm_residual(Tensor x, Tensor residual, Tensor? weight, float eps, str impl='auto') -> (Tensor, Tensor)",
+    lambda x, residual, weight, eps, impl="auto": rmsnorm_residual_fwd(x, residual, weight, eps, impl)[:2])
+
+
+def can_rewrite(x: Tensor, weight: Optional[Tensor]) -> bool:
+    """Whether a graph's RMSNorm on these (fake) tensors can run on our op, forward and backward."""
+    if x.dtype not in SUPPORTED_FLOAT_DTYPES or x.dim() < 1:
+        return False
+    if weight is not None and (weight.dtype not in SUPPORTED_FLOAT_DTYPES or weight.dim() != 1
+                               or weight.device != x.device):
+        return False
+    return all(registry.available_on(kernel, x.device) for kernel in (FWD_KERNEL, BWD_KERNEL))

@@ -1,0 +1,9 @@
+"""Rewrite passes, in the order they run. A new fusion is a new module here and one line in PASSES."""
+from .manager import CompileRecord, PassManager, RewritePass, compile_records, reset_records, rewrite_counts
+from .rmsnorm import RMSNormPass
+from .rmsnorm_residual import RMSNormResidualPass
+
+PASSES: list[RewritePass] = [RMSNormPass(), RMSNormResidualPass()]
+
+__all__ = ["PASSES", "CompileRecord", "PassManager", "RewritePass", "compile_records", "reset_records",
+           "rewrite_counts"]

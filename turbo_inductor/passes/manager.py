@@ -1,0 +1,136 @@
+"""The pass manager: runs the enabled rewrite passes on a Dynamo graph and reports what they did.
+
+Inductor calls it as its ``pre_grad_custom_pass`` (see ``backend.py``): it sees the graph Dynamo captured, before
+AOTAutograd, so the ops it inserts keep their registered autograd in training. Each pass is applied as a unit: if
+one raises, the graph is restored to what it was before that pass and a warning names the pass (``strict`` raises).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import hashlib
+import logging
+import pathlib
+import warnings
+
+import torch.fx as fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from ..options import Options
+from .matcher import op_name
+
+log = logging.getLogger("turbo_inductor")
+
+
+class RewritePass:
+    """One fusion. Subclasses set ``name`` (also its option key) and implement ``apply``."""
+
+    name: str = ""
+
+    def apply(self, graph: fx.Graph, options: Options) -> int:
+        """Rewrite every match in ``graph``; return how many were rewritten."""
+        raise NotImplementedError
+
+
+@dataclasses.dataclass
+class CompileRecord:
+    """What the passes did to one compiled graph (and its subgraphs)."""
+
+    counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    ops_before: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    ops_after: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    graph_before: str = ""  # filled with option record_graphs
+    graph_after: str = ""
+    failures: list = dataclasses.field(default_factory=list)  # (pass name, error text)
+
+
+_RECORDS: collections.deque = collections.deque(maxlen=64)
+
+
+def compile_records() -> list[CompileRecord]:
+    """One record per graph compiled with backend="primus_turbo" since :func:`reset_records` (the last 64)."""
+    return list(_RECORDS)
+
+
+def rewrite_counts() -> dict[str, int]:
+    """Rewrites per pass, summed over :func:`compile_records`."""
+    total = collections.Counter()
+    for record in _RECORDS:
+        total.update(record.counts)
+    return dict(total)
+
+
+def reset_records() -> None:
+    _RECORDS.clear()
+
+
+@functools.lru_cache(maxsize=None)
+def _source_hash() -> str:
+    """Hash of the sources whose change changes the rewritten graph: the passes and the op definitions."""
+    package = pathlib.Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for folder in ("passes", "ops"):
+        for path in sorted((package / folder).glob("*.py")):
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _snapshot(graph: fx.Graph) -> tuple[fx.Graph, dict]:
+    """A copy of ``graph``, and its placeholders mapped back to the originals (which must survive a restore:
+    Dynamo and AOTAutograd keep state on them)."""
+    copy = fx.Graph(owning_module=graph.owning_module)
+    to_copy: dict = {}
+    copy.output(copy.graph_copy(graph, to_copy))
+    return copy, {to_copy[n]: n for n in graph.nodes if n.op == "placeholder"}
+
+
+def _restore(graph: fx.Graph, snapshot: tuple[fx.Graph, dict]) -> None:
+    copy, env = snapshot
+    env = dict(env)
+    for node in reversed(list(graph.nodes)):
+        if node.op != "placeholder":
+            graph.erase_node(node)
+    for node in copy.nodes:
+        if node.op == "output":
+            graph.output(fx.map_arg(node.args[0], env.__getitem__))
+        elif node.op != "placeholder":
+            env[node] = graph.node_copy(node, env.__getitem__)
+
+
+class PassManager(CustomGraphPass):
+    def __init__(self, passes: list[RewritePass], options: Options):
+        self.passes = [p for p in passes if options.enabled(p.name)]
+        self.options = options
+        self.record = CompileRecord()
+        _RECORDS.append(self.record)
+
+    def __call__(self, graph: fx.Graph) -> None:
+        record = self.record
+        record.ops_before.update(op_name(n) for n in graph.nodes)
+        if self.options.record_graphs:
+            record.graph_before += graph.python_code("self").src
+        for rewrite in self.passes:
+            snapshot = _snapshot(graph)
+            try:
+                count = rewrite.apply(graph, self.options)
+                graph.lint()
+            except Exception as error:  # a rewrite must never break a compile
+                if self.options.strict:
+                    raise
+                _restore(graph, snapshot)
+                record.failures.append((rewrite.name, repr(error)))
+                warnings.warn(f"primus_turbo: pass {rewrite.name} failed and was skipped for this graph "
+                              f"({error!r}); set options={{'strict': True}} to raise instead")
+                continue
+            record.counts[rewrite.name] += count
+            log.info("primus_turbo: replaced %d %s", count, rewrite.name)
+        record.ops_after.update(op_name(n) for n in graph.nodes)
+        if self.options.record_graphs:
+            record.graph_after += graph.python_code("self").src
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("primus_turbo: graph after passes:\n%s", graph.python_code("self").src)
+
+    def uuid(self) -> str:
+        return hashlib.sha256((_source_hash() + self.options.fingerprint()).encode()).hexdigest()

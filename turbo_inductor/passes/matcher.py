@@ -1,0 +1,181 @@
+"""Matcher helpers shared by the rewrite passes.
+
+The passes run on the graph Dynamo captured (torch IR, before AOTAutograd), so that the custom ops they insert
+keep their registered autograd and the fusion holds in training. Torch IR is not normalized: ``x.pow(2)``,
+``torch.pow(x, 2)`` and ``x ** 2`` are different nodes. :func:`call` gives one canonical view of a node so that a
+pass is written once against ``("pow", (x, 2))`` whatever the spelling.
+"""
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.fx as fx
+
+# function targets -> canonical op name
+_FUNCTIONS: dict[Callable, str] = {
+    operator.add: "add", torch.add: "add", torch.Tensor.add: "add",
+    operator.sub: "sub", torch.sub: "sub", torch.Tensor.sub: "sub",
+    operator.mul: "mul", torch.mul: "mul", torch.Tensor.mul: "mul",
+    operator.truediv: "div", torch.div: "div", torch.Tensor.div: "div",
+    operator.pow: "pow", torch.pow: "pow", torch.Tensor.pow: "pow",
+    torch.square: "square", torch.Tensor.square: "square",
+    torch.mean: "mean", torch.Tensor.mean: "mean",
+    torch.rsqrt: "rsqrt", torch.Tensor.rsqrt: "rsqrt",
+    torch.sqrt: "sqrt", torch.Tensor.sqrt: "sqrt",
+    torch.rms_norm: "rms_norm", torch.nn.functional.rms_norm: "rms_norm",
+    torch.Tensor.to: "cast", torch.Tensor.float: "cast", torch.Tensor.type_as: "cast",
+}
+# method names -> canonical op name
+_METHODS: dict[str, str] = {
+    "add": "add", "sub": "sub", "mul": "mul", "div": "div", "pow": "pow", "square": "square",
+    "mean": "mean", "rsqrt": "rsqrt", "sqrt": "sqrt",
+    "to": "cast", "float": "cast", "half": "cast", "bfloat16": "cast", "type_as": "cast", "type": "cast",
+}
+# keyword arguments that change what these ops compute: a node that uses one is not canonical
+_MEANINGFUL_KWARGS = {"alpha", "rounding_mode", "out", "memory_format"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    op: str
+    args: tuple
+    kwargs: dict
+
+
+def fake(value: Any) -> torch.Tensor | None:
+    """The fake tensor Dynamo recorded for a node (None for non-tensors and constants)."""
+    if isinstance(value, fx.Node):
+        value = value.meta.get("example_value", value.meta.get("val"))
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def call(node: Any) -> Call | None:
+    """Canonical view of ``node``, or None when it is not one of the ops the passes know."""
+    if not isinstance(node, fx.Node):
+        return None
+    if node.op == "call_function":
+        op = _FUNCTIONS.get(node.target)
+    elif node.op == "call_method":
+        op = _METHODS.get(node.target)
+    else:
+        return None
+    if op is None or _MEANINGFUL_KWARGS & set(node.kwargs):
+        return None
+    if op == "cast":
+        return _cast(node)
+    return Call(op, tuple(node.args), dict(node.kwargs))
+
+
+def _cast(node: fx.Node) -> Call | None:
+    """A dtype conversion that keeps shape and device; ``Call("cast", (x,), {"dtype": ...})``."""
+    source, out = fake(node.args[0]) if node.args else None, fake(node)
+    if source is None or out is None or source.shape != out.shape or source.device != out.device:
+        return None
+    return Call("cast", (node.args[0],), {"dtype": out.dtype})
+
+
+def is_op(node: Any, op: str) -> bool:
+    c = call(node)
+    return c is not None and c.op == op
+
+
+def strip_casts(node: Any) -> Any:
+    """The value under any chain of dtype casts."""
+    while (c := call(node)) is not None and c.op == "cast":
+        node = c.args[0]
+    return node
+
+
+def binary_operands(c: Call) -> tuple[Any, Any] | None:
+    """(lhs, rhs) of add/mul/sub/div given positionally or as ``other=``."""
+    args = list(c.args) + [c.kwargs[k] for k in ("other",) if k in c.kwargs]
+    return (args[0], args[1]) if len(args) == 2 else None
+
+
+def other_operand(c: Call, node: Any) -> Any:
+    """For a commutative binary op known to take ``node``, the operand beside it (sentinel when neither is)."""
+    ops = binary_operands(c)
+    if ops is None:
+        return _MISSING
+    lhs, rhs = ops
+    if lhs is node:
+        return rhs
+    if rhs is node:
+        return lhs
+    return _MISSING
+
+
+_MISSING = object()
+
+
+def is_missing(value: Any) -> bool:
+    return value is _MISSING
+
+
+def as_number(value: Any) -> float | None:
+    """A Python int/float constant (not a bool, not a graph value)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def only_user(node: fx.Node) -> fx.Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
+def users_within(nodes: Iterable[fx.Node], allowed: set[fx.Node]) -> bool:
+    """True when every user of every node is in ``allowed`` (so the nodes can be removed)."""
+    return all(user in allowed for n in nodes for user in n.users)
+
+
+def last_dim_only(dim: Any, ndim: int) -> bool:
+    """``dim`` names exactly the last dimension (-1, ndim-1, [-1] or (ndim-1,))."""
+    if isinstance(dim, (list, tuple)):
+        if len(dim) != 1:
+            return False
+        dim = dim[0]
+    return isinstance(dim, int) and not isinstance(dim, bool) and dim in (-1, ndim - 1)
+
+
+def insert_op(graph: fx.Graph, before: fx.Node, op: torch._ops.OpOverload, args: tuple,
+              n_outputs: int = 0) -> list[fx.Node] | fx.Node:
+    """Insert ``op(*args)`` before ``before`` with Dynamo's example-value metadata filled in.
+
+    Returns the node, or for ``n_outputs`` > 0 the ``getitem`` nodes of its outputs.
+    """
+    fake_mode = next(fake(a).fake_mode for a in args if fake(a) is not None)  # the mode Dynamo traced with
+    with graph.inserting_before(before):
+        node = graph.call_function(op, args)
+        with fake_mode:
+            node.meta["example_value"] = op(*[fake(a) if isinstance(a, fx.Node) else a for a in args])
+        if not n_outputs:
+            return node
+        items = []
+        for i in range(n_outputs):
+            item = graph.call_function(operator.getitem, (node, i))
+            item.meta["example_value"] = node.meta["example_value"][i]
+            items.append(item)
+    return items
+
+
+def erase_unused(nodes: Iterable[fx.Node]) -> None:
+    """Erase the matched nodes (given producers first) that are now dead."""
+    for n in reversed(list(nodes)):
+        if not n.users:
+            n.graph.erase_node(n)
+
+
+def op_name(node: fx.Node) -> str:
+    """A readable name for the op a node runs, for op counts before and after the passes."""
+    if node.op == "call_method":
+        return f"Tensor.{node.target}"
+    if node.op == "call_function":
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload):
+            return str(target.overloadpacket._qualified_op_name).replace("::", ".")
+        return getattr(target, "__qualname__", None) or getattr(target, "__name__", str(target))
+    return node.op

@@ -1,0 +1,156 @@
+"""RMSNorm -> ``turbo_inductor.rmsnorm``.
+
+Spellings matched (any eps, fp32/bf16/fp16, any leading dims):
+  - ``torch.rms_norm`` / ``F.rms_norm`` / ``nn.RMSNorm`` over the last dimension;
+  - the decomposed form Hugging Face and torchtitan write::
+
+        xf = x.to(torch.float32)                        # optional upcast (.float(), .to(), .type_as(), ...)
+        var = xf.pow(2).mean(-1, keepdim=True)          # or xf ** 2, xf * xf, torch.square(xf)
+        n = xf * torch.rsqrt(var + eps)                 # or xf / torch.sqrt(var + eps)
+        y = weight * n.to(x.dtype)                      # optional cast back; weight optional, either side
+
+The op returns x's dtype; when the matched output has another dtype (an fp32 weight times a bf16 norm promotes
+to fp32), the weight multiply stays in the graph and only the normalization is replaced.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from ..ops.rmsnorm import can_rewrite, rmsnorm as rmsnorm_op
+from ..options import Options
+from . import matcher as m
+from .manager import RewritePass
+
+
+@dataclasses.dataclass
+class RMSNormMatch:
+    x: fx.Node
+    weight: fx.Node | None
+    eps: float
+    output: fx.Node
+    matched: list[fx.Node]  # nodes the rewrite makes dead, producers first
+
+
+def match_functional(node: fx.Node) -> RMSNormMatch | None:
+    """``torch.rms_norm(x, (H,), weight, eps)`` over the last dimension."""
+    c = m.call(node)
+    if c is None or c.op != "rms_norm":
+        return None
+    names = ("input", "normalized_shape", "weight", "eps")
+    bound = dict(zip(names, c.args)) | {k: v for k, v in c.kwargs.items() if k in names}
+    x, shape, weight, eps = bound.get("input"), bound.get("normalized_shape"), bound.get("weight"), bound.get("eps")
+    xt = m.fake(x)
+    if xt is None or not isinstance(shape, (list, tuple)) or len(shape) != 1 or shape[0] != xt.shape[-1]:
+        return None
+    if eps is None:  # what torch.rms_norm uses: the epsilon of its fp32 computation dtype
+        eps = torch.finfo(torch.float32).eps
+    eps = m.as_number(eps)
+    if eps is None or (weight is not None and m.fake(weight) is None):
+        return None
+    return RMSNormMatch(x, weight, eps, node, [node])
+
+
+def match_decomposed(mean: fx.Node) -> RMSNormMatch | None:
+    """The decomposed spelling, anchored at its ``mean``."""
+    c = m.call(mean)
+    if c is None or c.op != "mean" or len(c.args) < 1 or c.kwargs.get("dtype") is not None:
+        return None
+    squares = c.args[0]
+    dim = c.args[1] if len(c.args) > 1 else c.kwargs.get("dim")
+    keepdim = c.args[2] if len(c.args) > 2 else c.kwargs.get("keepdim", False)
+    xf = _squared(squares)
+    xft = m.fake(xf)
+    if xft is None or keepdim is not True or not m.last_dim_only(dim, xft.dim()) or m.only_user(squares) is not mean:
+        return None
+    # var + eps
+    add = m.only_user(mean)
+    ac = m.call(add)
+    if ac is None or ac.op != "add":
+        return None
+    eps = m.as_number(m.other_operand(ac, mean))
+    if eps is None:
+        return None
+    # xf * rsqrt(var + eps)  |  xf / sqrt(var + eps)
+    root = m.only_user(add)
+    rc = m.call(root)
+    normed = m.only_user(root) if root is not None else None
+    nc = m.call(normed)
+    if rc is None or nc is None:
+        return None
+    if rc.op == "rsqrt" and nc.op == "mul" and m.other_operand(nc, root) is xf:
+        pass
+    elif rc.op == "sqrt" and nc.op == "div" and m.binary_operands(nc) == (xf, root):
+        pass
+    else:
+        return None
+    matched = [squares, mean, add, root, normed]
+    # optional cast back, then optional weight
+    out = normed
+    cast = m.only_user(out)
+    if cast is not None and m.is_op(cast, "cast"):
+        matched.append(cast)
+        out = cast
+    base = _match(xf, out, matched, eps)
+    scale = m.only_user(out)
+    sc = m.call(scale)
+    if sc is not None and sc.op == "mul":
+        weight = m.other_operand(sc, out)
+        wt = m.fake(weight)
+        # a weight that promotes (fp32 weight * bf16 norm) stays a separate multiply: fusing it would drop the
+        # rounding to bf16 that the graph does before it
+        if (wt is not None and wt.dim() == 1 and wt.shape[0] == xft.shape[-1]
+                and m.fake(scale).dtype == m.fake(out).dtype):
+            weighted = _match(xf, scale, matched + [scale], eps, weight)
+            if weighted is not None:
+                return weighted
+    return base
+
+
+def _squared(node: Any) -> Any:
+    """x for pow(x, 2), x ** 2, square(x) or x * x; else None."""
+    c = m.call(node)
+    if c is None:
+        return None
+    if c.op == "pow" and len(c.args) == 2 and m.as_number(c.args[1]) == 2.0:
+        return c.args[0]
+    if c.op == "square" and len(c.args) == 1:
+        return c.args[0]
+    if c.op == "mul":
+        ops = m.binary_operands(c)
+        if ops is not None and ops[0] is ops[1]:
+            return ops[0]
+    return None
+
+
+def _match(xf: fx.Node, out: fx.Node, matched: list[fx.Node], eps: float,
+           weight: fx.Node | None = None) -> RMSNormMatch | None:
+    """The match whose output is ``out``: its input is x before the upcast if the dtypes allow, else xf itself."""
+    out_dtype = m.fake(out).dtype
+    for x in (m.strip_casts(xf), xf):
+        xt = m.fake(x)
+        if xt is not None and xt.dtype == out_dtype and xt.shape == m.fake(out).shape:
+            return RMSNormMatch(x, weight, eps, out, matched)
+    return None
+
+
+class RMSNormPass(RewritePass):
+    name = "rmsnorm"
+
+    def apply(self, graph: fx.Graph, options: Options) -> int:
+        count = 0
+        for node in list(graph.nodes):
+            if node._erased:  # matched by an earlier anchor
+                continue
+            found = match_functional(node) or match_decomposed(node)
+            if found is None or not can_rewrite(m.fake(found.x), m.fake(found.weight)):
+                continue
+            new = m.insert_op(graph, found.output, rmsnorm_op,
+                              (found.x, found.weight, found.eps, options.impl))
+            found.output.replace_all_uses_with(new)
+            m.erase_unused(found.matched)
+            count += 1
+        return count

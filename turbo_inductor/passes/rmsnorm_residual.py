@@ -1,0 +1,46 @@
+"""``rmsnorm(a + b)`` -> ``turbo_inductor.rmsnorm_residual(a, b)``: the pre-norm block's residual add fused in.
+
+Runs after the rmsnorm pass, on the ``turbo_inductor.rmsnorm`` nodes it made. The sum usually feeds the next
+residual add as well: those other users read the fused op's second output. Only same-shape, same-dtype adds are
+taken (a broadcasting or promoting add is not the residual stream).
+"""
+from __future__ import annotations
+
+import torch.fx as fx
+
+from ..ops.rmsnorm import rmsnorm as rmsnorm_op, rmsnorm_residual as rmsnorm_residual_op
+from ..options import Options
+from . import matcher as m
+from .manager import RewritePass
+
+
+class RMSNormResidualPass(RewritePass):
+    name = "rmsnorm_residual"
+
+    def apply(self, graph: fx.Graph, options: Options) -> int:
+        position = {node: i for i, node in enumerate(graph.nodes)}
+        count = 0
+        for norm in list(graph.nodes):
+            if norm.target is not rmsnorm_op:
+                continue
+            total, weight, eps, impl = norm.args
+            c = m.call(total)
+            operands = m.binary_operands(c) if c is not None and c.op == "add" else None
+            if operands is None or not all(_same_tensor_type(o, total) for o in operands):
+                continue
+            # the fused op replaces the add, so everything it reads must exist there
+            if weight is not None and position[weight] > position[total]:
+                continue
+            normed, new_total = m.insert_op(graph, total, rmsnorm_residual_op,
+                                            (*operands, weight, eps, impl), n_outputs=2)
+            norm.replace_all_uses_with(normed)
+            graph.erase_node(norm)
+            total.replace_all_uses_with(new_total)
+            graph.erase_node(total)
+            count += 1
+        return count
+
+
+def _same_tensor_type(value, like: fx.Node) -> bool:
+    t, ref = m.fake(value), m.fake(like)
+    return t is not None and t.shape == ref.shape and t.dtype == ref.dtype and t.device == ref.device
