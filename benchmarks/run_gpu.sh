@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # What the GPU machine checks, in one call (device tool): install, GPU tests, op and model benchmarks.
-#   bash benchmarks/run_gpu.sh [tests] [rmsnorm] [model]     (default: all)   logs and JSON land in $OUT
+#   bash benchmarks/run_gpu.sh [tests] [rmsnorm] [glu] [model]   (default: tests rmsnorm glu model)   logs and JSON land in $OUT
 set -o pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/turbo_out}
 mkdir -p "$OUT"
-steps=${*:-tests rmsnorm model}
+steps=${*:-tests rmsnorm glu model}
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
 for step in $steps; do
   case $step in
     tests)   python3 -m pytest lowering_tests -q -n 8 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
-    rmsnorm) (cd benchmarks && python3 bench_rmsnorm.py) 2>&1 | tee "$OUT/bench_rmsnorm.log" | grep -v Warning ;;
+    rmsnorm) (cd benchmarks && python3 bench_rmsnorm.py --profile) 2>&1 | tee "$OUT/bench_rmsnorm.log" | grep -v Warning ;;
     model)   python3 -m benchmarks.run_model 2>&1 | tee "$OUT/run_model.log" | tail -8 ;;
-    tune)    (cd benchmarks && python3 tune_rmsnorm.py) 2>&1 | tee "$OUT/tune_rmsnorm.log" | grep -v Warning ;;
+    glu)     (cd benchmarks && python3 bench_glu.py) 2>&1 | tee "$OUT/bench_glu.log" | grep -v Warning ;;
     *)       echo "unknown step $step"; exit 2 ;;
   esac
 done

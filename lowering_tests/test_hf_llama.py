@@ -1,4 +1,4 @@
-"""A Hugging Face Llama (tiny config, built from code) trains through the fused RMSNorm ops."""
+"""A Hugging Face Llama (tiny config, built from code) trains through the fused RMSNorm and SwiGLU ops."""
 import pytest
 import torch
 
@@ -19,7 +19,7 @@ class LossOf(torch.nn.Module):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_llama_rmsnorms_run_fused_in_forward_and_backward(dtype):
+def test_llama_runs_fused_ops_in_forward_and_backward(dtype):
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4,
@@ -28,6 +28,9 @@ def test_llama_rmsnorms_run_fused_in_forward_and_backward(dtype):
     input_ids = torch.randint(0, config.vocab_size, (2, 16))
     counts = assert_matches_inductor(model, [input_ids])
     # two norms per layer and the final one; every one but the first reads a residual add
-    assert counts == {"rmsnorm": 2 * LAYERS + 1, "rmsnorm_residual": 2 * LAYERS}
+    assert counts == {"rmsnorm": 2 * LAYERS + 1, "rmsnorm_residual": 2 * LAYERS, "glu": LAYERS}
     assert ops_after("turbo_inductor.rmsnorm_residual") == 2 * LAYERS and ops_after("turbo_inductor.rmsnorm") == 1
     assert kernel_calls("rmsnorm_fwd") == 2 * LAYERS + 1 and kernel_calls("rmsnorm_bwd") == 2 * LAYERS + 1
+    # LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x))
+    assert ops_after("turbo_inductor.glu") == LAYERS
+    assert kernel_calls("glu_fwd") == LAYERS and kernel_calls("glu_bwd") == LAYERS

@@ -119,7 +119,7 @@ def test_fp32_weight_on_bf16_input_keeps_the_promoting_multiply():
 def test_residual_add_is_fused(dtype):
     model = ResidualBlock().to(dtype)
     counts = assert_matches_inductor(model, [randn(2, 3, H, dtype=dtype), randn(2, 3, H, dtype=dtype)])
-    assert counts == {"rmsnorm": 2, "rmsnorm_residual": 2}
+    assert (counts["rmsnorm"], counts["rmsnorm_residual"]) == (2, 2)
     assert ops_after("turbo_inductor.rmsnorm_residual") == 2 and ops_after("turbo_inductor.rmsnorm") == 0
     assert kernel_calls("rmsnorm_bwd") == 2
 
@@ -134,7 +134,7 @@ def test_broadcasting_add_is_not_a_residual():
             return self.norm(x + self.bias)
 
     counts = assert_matches_inductor(Bias(), [randn(2, 3, H)])
-    assert counts == {"rmsnorm": 1, "rmsnorm_residual": 0}
+    assert (counts["rmsnorm"], counts["rmsnorm_residual"]) == (1, 0)
 
 
 def test_dynamic_batch_and_sequence_match_once_and_do_not_recompile():
@@ -150,7 +150,7 @@ def test_dynamic_batch_and_sequence_match_once_and_do_not_recompile():
         y.sum().backward()
     records = turbo_inductor.compile_records()
     assert len(records) == 1, "a new size must not recompile"
-    assert records[0].counts == {"rmsnorm": 2, "rmsnorm_residual": 2}
+    assert (records[0].counts["rmsnorm"], records[0].counts["rmsnorm_residual"]) == (2, 2)
 
 
 class NearMiss(nn.Module):

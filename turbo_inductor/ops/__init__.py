@@ -10,7 +10,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import rmsnorm as _rmsnorm  # noqa: F401  (defines the ops)
+from . import glu as _glu  # noqa: F401  (defines the ops)
+from . import rmsnorm as _rmsnorm  # noqa: F401
 
 
 def rmsnorm(x: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6, *, impl: str = "auto") -> Tensor:
@@ -22,3 +23,26 @@ def rmsnorm_residual(x: Tensor, residual: Tensor, weight: Optional[Tensor] = Non
                      impl: str = "auto") -> tuple[Tensor, Tensor]:
     """``(rmsnorm(x + residual), x + residual)`` in one pass, as a pre-norm transformer block needs."""
     return torch.ops.turbo_inductor.rmsnorm_residual(x, residual, weight, eps, impl)
+
+
+def swiglu(gate: Tensor, up: Tensor, *, impl: str = "auto") -> Tensor:
+    """``silu(gate) * up``."""
+    return torch.ops.turbo_inductor.glu(gate, up, None, None, "silu", impl)
+
+
+def geglu(gate: Tensor, up: Tensor, approximate: str = "none", *, impl: str = "auto") -> Tensor:
+    """``gelu(gate, approximate=approximate) * up``."""
+    return torch.ops.turbo_inductor.glu(gate, up, None, None, _gelu(approximate), impl)
+
+
+def glu_fused(x: Tensor, activation: str = "silu", probs: Optional[Tensor] = None, mask: Optional[Tensor] = None,
+              *, impl: str = "auto") -> Tensor:
+    """``act(x[..., :F]) * x[..., F:]`` (times ``probs[..., None]``, rows where ``mask`` is False zeroed), for a
+    fused gate/up projection ``x`` of last dimension 2F. activation: "silu", "gelu" or "gelu_tanh"."""
+    return torch.ops.turbo_inductor.glu_fused(x, probs, mask, activation, impl)
+
+
+def _gelu(approximate: str) -> str:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"turbo_inductor.geglu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return "gelu" if approximate == "none" else "gelu_tanh"

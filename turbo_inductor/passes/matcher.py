@@ -27,12 +27,16 @@ _FUNCTIONS: dict[Callable, str] = {
     torch.sqrt: "sqrt", torch.Tensor.sqrt: "sqrt",
     torch.rms_norm: "rms_norm", torch.nn.functional.rms_norm: "rms_norm",
     torch.Tensor.to: "cast", torch.Tensor.float: "cast", torch.Tensor.type_as: "cast",
+    torch.nn.functional.silu: "silu", torch.nn.functional.gelu: "gelu",
+    torch.chunk: "chunk", torch.Tensor.chunk: "chunk", torch.split: "split", torch.Tensor.split: "split",
+    operator.getitem: "getitem",
 }
 # method names -> canonical op name
 _METHODS: dict[str, str] = {
     "add": "add", "sub": "sub", "mul": "mul", "div": "div", "pow": "pow", "square": "square",
     "mean": "mean", "rsqrt": "rsqrt", "sqrt": "sqrt",
     "to": "cast", "float": "cast", "half": "cast", "bfloat16": "cast", "type_as": "cast", "type": "cast",
+    "chunk": "chunk", "split": "split",
 }
 # keyword arguments that change what these ops compute: a node that uses one is not canonical
 _MEANINGFUL_KWARGS = {"alpha", "rounding_mode", "out", "memory_format"}
@@ -130,6 +134,11 @@ def only_user(node: fx.Node) -> fx.Node | None:
 def users_within(nodes: Iterable[fx.Node], allowed: set[fx.Node]) -> bool:
     """True when every user of every node is in ``allowed`` (so the nodes can be removed)."""
     return all(user in allowed for n in nodes for user in n.users)
+
+
+def arg(c: Call, index: int, name: str, default: Any = None) -> Any:
+    """Argument ``name`` of a call, given at position ``index`` or by keyword."""
+    return c.args[index] if len(c.args) > index else c.kwargs.get(name, default)
 
 
 def last_dim_only(dim: Any, ndim: int) -> bool:

@@ -1,0 +1,66 @@
+"""SwiGLU forward and forward+backward on the GPU: eager, backend="inductor", backend="primus_turbo" and the op
+called directly, in one run; plain launches and CUDA graphs. python benchmarks/bench_glu.py [--shapes 8192x14336]"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+from common import bench_ms, fwd_bwd_step, report
+
+
+def swiglu(g, u):
+    return F.silu(g) * u
+
+
+def swiglu_fused(x):
+    g, u = x.chunk(2, -1)
+    return F.silu(g) * u
+
+
+def swiglu_probs(x, probs):
+    """The MoE form: act(x[:, :F]) * x[:, F:] * probs[:, None] (no rewrite yet: compare the op to Inductor)."""
+    half = x.shape[-1] // 2
+    return F.silu(x[:, :half]) * x[:, half:] * probs[:, None].to(x.dtype)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shapes", default="8192x14336,16384x14336")
+    args = parser.parse_args()
+    import turbo_inductor
+
+    rows = []
+    for shape in args.shapes.split(","):
+        tokens, width = map(int, shape.split("x"))
+        g = torch.randn(tokens, width, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        u = torch.randn_like(g, requires_grad=True)
+        x = torch.randn(tokens, 2 * width, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        probs = torch.rand(tokens, device="cuda", requires_grad=True)
+        n = g.numel() * g.element_size()
+        cases = {  # name: (function, inputs, direct op call); bytes: fwd reads 2n writes n, bwd reads 3n writes 2n
+            "swiglu": (swiglu, (g, u), lambda g, u: turbo_inductor.ops.swiglu(g, u)),
+            "swiglu fused gate/up": (swiglu_fused, (x,), lambda x: turbo_inductor.ops.glu_fused(x)),
+            "swiglu probs (MoE)": (swiglu_probs, (x, probs), lambda x, p: turbo_inductor.ops.glu_fused(x, "silu", p)),
+        }
+        for name, (fn, inputs, direct) in cases.items():
+            variants = [("", "eager", fn), ("", "op (eager call)", direct)]
+            for graphs in (False, True):
+                variants += [(" (cudagraphs)" if graphs else "", backend,
+                              torch.compile(fn, backend=backend, options={"triton.cudagraphs": graphs}))
+                             for backend in ("inductor", "primus_turbo")]
+            for suffix, backend, f in variants:
+                with torch.no_grad():
+                    ms = bench_ms(lambda: f(*inputs))
+                rows.append({"shape": f"{name} {tokens}x{width}", "mode": "fwd" + suffix, "backend": backend,
+                             "ms": ms, "TBps": 3 * n / ms / 1e9})
+                ms = bench_ms(fwd_bwd_step(f, *inputs))
+                rows.append({"shape": f"{name} {tokens}x{width}", "mode": "fwd+bwd" + suffix, "backend": backend,
+                             "ms": ms, "TBps": 8 * n / ms / 1e9})
+        print("rewrites:", turbo_inductor.rewrite_counts(), "kernels:", turbo_inductor.kernel_calls())
+    report("glu", rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""The GLU rewrites: spellings replaced, counts, forward and backward on the fused op, same results as
+backend="inductor"; near misses left alone."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import turbo_inductor
+from compare import assert_matches_inductor, kernel_calls, ops_after
+
+H, I = 32, 48
+
+
+class SeparateMLP(nn.Module):
+    """Hugging Face's LlamaMLP (act_fn = nn.SiLU) or torchtitan's FeedForward (F.silu, operands swapped)."""
+
+    def __init__(self, style):
+        super().__init__()
+        self.style = style
+        self.gate, self.up, self.down = nn.Linear(H, I, bias=False), nn.Linear(H, I, bias=False), nn.Linear(I, H)
+        self.act = nn.SiLU()
+
+    def forward(self, x):
+        if self.style == "hf":
+            return self.down(self.act(self.gate(x)) * self.up(x))
+        if self.style == "titan":
+            return self.down(self.up(x) * F.silu(self.gate(x)))
+        if self.style == "gelu":
+            return self.down(F.gelu(self.gate(x)) * self.up(x))
+        if self.style == "gelu_tanh":
+            return self.down(F.gelu(self.gate(x), approximate="tanh") * self.up(x))
+        raise AssertionError(self.style)
+
+
+class FusedMLP(nn.Module):
+    def __init__(self, split):
+        super().__init__()
+        self.split, self.gate_up, self.down = split, nn.Linear(H, 2 * I, bias=False), nn.Linear(I, H)
+
+    def forward(self, x):
+        h = self.gate_up(x)
+        if self.split == "chunk":
+            g, u = h.chunk(2, -1)
+        elif self.split == "split":
+            g, u = h.split(I, dim=-1)
+        elif self.split == "split_list":
+            g, u = torch.split(h, [I, I], -1)
+        elif self.split == "slice":
+            g, u = h[..., :I], h[..., I:]
+        elif self.split == "up_first":  # halves in the other order: not the fused layout
+            u, g = h.chunk(2, -1)
+        return self.down(F.silu(g) * u)
+
+
+def randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype)
+
+
+def check(counts, op, n, train):
+    assert counts["glu"] == n
+    assert ops_after(op) == n
+    assert ops_after("silu") == 0 and ops_after("gelu") == 0
+    assert kernel_calls("glu_fwd") == n
+    assert kernel_calls("glu_bwd") == (n if train else 0)
+
+
+@pytest.mark.parametrize("style", ["hf", "titan", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("train", [True, False])
+def test_separate_projections(style, train):
+    counts = assert_matches_inductor(SeparateMLP(style), [randn(2, 5, H)], train=train)
+    check(counts, "turbo_inductor.glu", 1, train)
+
+
+@pytest.mark.parametrize("split", ["chunk", "split", "split_list", "slice"])
+def test_fused_projection_is_read_in_place(split):
+    counts = assert_matches_inductor(FusedMLP(split), [randn(2, 5, H)])
+    check(counts, "turbo_inductor.glu_fused", 1, True)
+    record = turbo_inductor.compile_records()[-1]
+    assert not any(record.ops_after[op] for op in ("Tensor.chunk", "Tensor.split", "split", "getitem"))
+
+
+def test_halves_in_the_other_order_use_the_two_tensor_op():
+    counts = assert_matches_inductor(FusedMLP("up_first"), [randn(2, 5, H)])
+    check(counts, "turbo_inductor.glu", 1, True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision(dtype):
+    counts = assert_matches_inductor(FusedMLP("chunk").to(dtype), [randn(3, 4, H, dtype=dtype)])
+    check(counts, "turbo_inductor.glu_fused", 1, True)
+
+
+def test_dynamic_batch_and_sequence_do_not_recompile():
+    model = FusedMLP("chunk")
+    compiled = torch.compile(model, backend="primus_turbo")
+    for batch, seq in [(2, 3), (3, 5), (4, 7)]:
+        x = randn(batch, seq, H)
+        torch._dynamo.mark_dynamic(x, 0), torch._dynamo.mark_dynamic(x, 1)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert len(turbo_inductor.compile_records()) == 1
+    assert turbo_inductor.rewrite_counts()["glu"] == 1
+
+
+class NearMiss(nn.Module):
+    def __init__(self, variant):
+        super().__init__()
+        self.variant, self.bias = variant, nn.Parameter(torch.randn(H))
+
+    def forward(self, g, u):
+        v = self.variant
+        if v == "sigmoid":
+            return torch.sigmoid(g) * u
+        if v == "add":
+            return F.silu(g) + u
+        if v == "relu":
+            return F.relu(g) * u
+        if v == "broadcast":
+            return F.silu(g) * self.bias
+        if v == "activation_used_twice":
+            a = F.silu(g)
+            return a * u, a
+        raise AssertionError(v)
+
+
+@pytest.mark.parametrize("variant", ["sigmoid", "add", "relu", "broadcast", "activation_used_twice"])
+def test_near_misses_are_left_alone(variant):
+    counts = assert_matches_inductor(NearMiss(variant), [randn(3, H), randn(3, H)])
+    assert counts["glu"] == 0
+    record = turbo_inductor.compile_records()[-1]
+    assert record.ops_before == record.ops_after

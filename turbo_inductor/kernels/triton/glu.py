@@ -1,0 +1,334 @@
+"""Gated linear units (SwiGLU, GeGLU) in Triton, optionally scaled per row (MoE routing probabilities) and masked
+per row (dropped tokens). Semantics: see ``..reference.glu``; the signatures are identical.
+
+Layout of the work
+------------------
+Both kernels see a [rows, F] problem as tiles of BLOCK_ROWS x BLOCK_F elements (BLOCK_ROWS > 1 only when rows are
+short, so that a program still moves a few KiB). ``gate``/``up`` (and ``dgate``/``dup``) take any row stride, so
+the two halves of one [rows, 2F] tensor are read (written) in place, with no copy.
+
+Forward: purely elementwise, one tile per program; programs are numbered row-major (the column chunks of a row
+block are neighbours), so the grid sweeps memory in order like Inductor's flat pointwise kernel.
+
+Backward: the same tiles and grid when there are no probs. With probs, dprobs[row] needs the sum over the whole row
+of dout * act(gate) * up: each row block then gets ONE program that walks its row in BLOCK_F chunks (writing dgate
+and dup as it goes) and accumulates the sum in an fp32 register tile, reduced and stored once at the end. Nothing is
+shared between programs, so there are no atomics and dprobs is bitwise reproducible. The same kernel serves both
+forms: its column loop starts at the program's chunk and strides by the number of column programs, so it runs
+once per program without probs and over the whole row with them.
+
+All math is fp32; bf16/fp16 inputs are upcast after the load and results rounded once at the store. Masked rows are
+not loaded at all (their inputs may hold anything, even NaN) and are stored as exact zeros.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ..registry import implementation
+from . import unavailable_reason
+from .rmsnorm import _on_device
+
+# --------------------------------------------------------------------------------------------------------------
+# Launch heuristics (module constants so that tests can shrink them to exercise the looped paths).
+# --------------------------------------------------------------------------------------------------------------
+# Elements per program tile. With TILE_ELEMENTS_PER_THREAD = 16 that is 4 warps, and each thread loads two 16-byte
+# vectors per bf16 input (four per fp32 input): enough bytes in flight per thread for a streaming kernel, few enough
+# registers that the backward (three inputs, activation and derivative live) does not spill.
+TILE_ELEMENTS = 2048
+TILE_ELEMENTS_PER_THREAD = 16
+MAX_NUM_WARPS = 8
+# Column chunk width bounds. A row wider than MAX_BLOCK_F is cut into chunks; the chunk is halved (down to
+# MIN_BLOCK_F) while the row's last chunk would leave more than MAX_TAIL_WASTE of the row's lanes idle
+# (F = 14336 -> 2048, exact; F = 11008 -> 1024, two rows per tile; F = 4097 -> 256).
+MAX_BLOCK_F = 2048
+MIN_BLOCK_F = 256
+MAX_TAIL_WASTE = 1.0 / 16
+
+# Activation ids (constexpr in the kernels: one compiled variant per activation, no runtime branch).
+SILU = 0
+GELU = 1
+GELU_TANH = 2
+ACTIVATION_IDS = {"silu": SILU, "gelu": GELU, "gelu_tanh": GELU_TANH}
+
+# Constants of the activations, as constexprs so that the kernels can read them (fp32 where they meet fp32 tensors).
+_SQRT_1_2 = tl.constexpr(math.sqrt(0.5))
+_INV_SQRT_2PI = tl.constexpr(1.0 / math.sqrt(2.0 * math.pi))
+_TANH_K = tl.constexpr(math.sqrt(2.0 / math.pi))
+_TANH_C = tl.constexpr(0.044715)
+
+
+@dataclasses.dataclass(frozen=True)
+class GluTiling:
+    block_rows: int   # rows per tile (> 1 only when a row is narrower than the tile)
+    block_f: int      # columns per tile (next_pow2(F) when the row fits, the chunk width otherwise)
+    num_warps: int
+
+
+def block_f_for(F: int) -> int:
+    """Column chunk width: the whole (power-of-two padded) row when it fits MAX_BLOCK_F, else the widest chunk whose
+    last, partial chunk wastes at most MAX_TAIL_WASTE of the row (never below MIN_BLOCK_F)."""
+    padded = triton.next_power_of_2(max(F, 1))
+    if padded <= MAX_BLOCK_F:
+        return padded
+    block_f = MAX_BLOCK_F
+    while block_f > MIN_BLOCK_F and (triton.cdiv(F, block_f) * block_f - F) > MAX_TAIL_WASTE * F:
+        block_f //= 2
+    return block_f
+
+
+def num_warps_for(tile_elements: int) -> int:
+    """TILE_ELEMENTS_PER_THREAD elements per thread, 1..MAX_NUM_WARPS warps."""
+    return min(MAX_NUM_WARPS, max(1, tile_elements // (32 * TILE_ELEMENTS_PER_THREAD)))
+
+
+def glu_tiling(F: int) -> GluTiling:
+    """Tile of both kernels: a chunk of one row, or several short rows (about TILE_ELEMENTS elements)."""
+    block_f = block_f_for(F)
+    block_rows = max(1, TILE_ELEMENTS // block_f)
+    return GluTiling(block_rows, block_f, num_warps_for(block_rows * block_f))
+
+
+def _activation_id(activation: str) -> int:
+    try:
+        return ACTIVATION_IDS[activation]
+    except KeyError:
+        raise ValueError(
+            f"turbo_inductor: unknown GLU activation {activation!r}; choose from {tuple(ACTIVATION_IDS)}") from None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Activations (fp32 in, fp32 out)
+# --------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _activation(x, ACTIVATION: tl.constexpr):
+    """act(x). gelu_tanh uses 0.5 * (1 + tanh(u)) == sigmoid(2u): tl has no tanh that the interpreter runs, and
+    the sigmoid form has no cancellation where tanh(u) is near -1."""
+    if ACTIVATION == 0:  # silu
+        y = x * tl.sigmoid(x)
+    elif ACTIVATION == 1:  # gelu (exact)
+        y = x * (0.5 * (1.0 + tl.math.erf(x * _SQRT_1_2)))
+    else:  # gelu_tanh
+        u = _TANH_K * (x + _TANH_C * x * x * x)
+        y = x * tl.sigmoid(2.0 * u)
+    return y
+
+
+@triton.jit
+def _activation_and_grad(x, ACTIVATION: tl.constexpr):
+    """(act(x), act'(x)), sharing the sigmoid / erf between the two."""
+    if ACTIVATION == 0:  # silu' = s * (1 + x * (1 - s))
+        s = tl.sigmoid(x)
+        y = x * s
+        dy = s * (1.0 + x * (1.0 - s))
+    elif ACTIVATION == 1:  # gelu' = Phi(x) + x * phi(x)
+        cdf = 0.5 * (1.0 + tl.math.erf(x * _SQRT_1_2))
+        y = x * cdf
+        dy = cdf + x * (_INV_SQRT_2PI * tl.exp(-0.5 * x * x))
+    else:  # gelu_tanh' = s + 2 x s (1 - s) u', with s = sigmoid(2u) (0.5 * (1 - tanh(u)^2) == 2 s (1 - s))
+        u = _TANH_K * (x + _TANH_C * x * x * x)
+        s = tl.sigmoid(2.0 * u)
+        y = x * s
+        dy = s + 2.0 * x * s * (1.0 - s) * (_TANH_K * (1.0 + 3.0 * _TANH_C * x * x))
+    return y, dy
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _glu_fwd_kernel(
+    GATE, UP, PROBS, MASK, OUT,
+    n_rows, F, stride_gate, stride_up, n_col_blocks,
+    ACTIVATION: tl.constexpr, HAS_PROBS: tl.constexpr, HAS_MASK: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_F: tl.constexpr,
+):
+    """OUT[tile] = act(GATE) * UP * PROBS[row]; one tile per program, programs numbered row-major."""
+    pid = tl.program_id(0)
+    pid_r = pid // n_col_blocks
+    pid_c = pid % n_col_blocks
+    rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    cols = pid_c * BLOCK_F + tl.arange(0, BLOCK_F)
+    row_in = rows < n_rows
+    col_in = cols < F
+    # Stores cover every in-bounds element, kept or not: dropped rows must be written (as zeros).
+    store_mask = row_in[:, None] & col_in[None, :]
+    if HAS_MASK:
+        keep = tl.load(MASK + rows, mask=row_in, other=0) != 0
+        # Dropped rows are not read: saves their bandwidth, and whatever they hold cannot reach the output.
+        load_rows = row_in & keep
+    else:
+        load_rows = row_in
+    load_mask = load_rows[:, None] & col_in[None, :]
+    # int64 offsets: rows * row_stride overflows int32 beyond 2^31 elements.
+    rows64 = rows.to(tl.int64)
+    g = tl.load(GATE + rows64[:, None] * stride_gate + cols[None, :], mask=load_mask, other=0.0).to(tl.float32)
+    u = tl.load(UP + rows64[:, None] * stride_up + cols[None, :], mask=load_mask, other=0.0).to(tl.float32)
+    y = _activation(g, ACTIVATION) * u
+    if HAS_PROBS:
+        p = tl.load(PROBS + rows, mask=load_rows, other=0.0).to(tl.float32)
+        y = y * p[:, None]
+    if HAS_MASK:
+        # A select, not a multiply by 0: the zeros are exact whatever y is.
+        y = tl.where(keep[:, None], y, 0.0)
+    tl.store(OUT + rows64[:, None] * F + cols[None, :], y.to(OUT.dtype.element_ty), mask=store_mask)
+
+
+@triton.jit
+def _glu_bwd_kernel(
+    DOUT, GATE, UP, PROBS, MASK, DGATE, DUP, DPROBS,
+    n_rows, F, stride_dout, stride_gate, stride_up, stride_dgate, stride_dup, n_col_blocks,
+    ACTIVATION: tl.constexpr, HAS_PROBS: tl.constexpr, HAS_MASK: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_F: tl.constexpr,
+):
+    """dgate = dout * up * p * act'(gate), dup = dout * act(gate) * p; with probs also
+    dprobs[row] = sum(dout * act(gate) * up). Program pid handles chunks pid_c, pid_c + n_col_blocks, ... of its
+    row block: one chunk without probs, the whole row with probs (the launcher then passes n_col_blocks == 1)."""
+    pid = tl.program_id(0)
+    pid_r = pid // n_col_blocks
+    pid_c = pid % n_col_blocks
+    rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    row_in = rows < n_rows
+    if HAS_MASK:
+        keep = tl.load(MASK + rows, mask=row_in, other=0) != 0
+        load_rows = row_in & keep
+    else:
+        load_rows = row_in
+    if HAS_PROBS:
+        p = tl.load(PROBS + rows, mask=load_rows, other=0.0).to(tl.float32)
+    rows64 = rows.to(tl.int64)
+    cols0 = tl.arange(0, BLOCK_F)
+    # Per-element partial sums of dout * act * up, reduced over the row once after the loop (fp32, fixed order).
+    acc = tl.zeros([BLOCK_ROWS, BLOCK_F], dtype=tl.float32)
+    for start in range(pid_c * BLOCK_F, F, n_col_blocks * BLOCK_F):
+        cols = start + cols0
+        col_in = cols < F
+        store_mask = row_in[:, None] & col_in[None, :]
+        # Dropped rows load 0 (not their contents): their terms of the dprobs sum are then exact zeros.
+        load_mask = load_rows[:, None] & col_in[None, :]
+        do = tl.load(DOUT + rows64[:, None] * stride_dout + cols[None, :], mask=load_mask, other=0.0).to(tl.float32)
+        g = tl.load(GATE + rows64[:, None] * stride_gate + cols[None, :], mask=load_mask, other=0.0).to(tl.float32)
+        u = tl.load(UP + rows64[:, None] * stride_up + cols[None, :], mask=load_mask, other=0.0).to(tl.float32)
+        a, da = _activation_and_grad(g, ACTIVATION)
+        if HAS_PROBS:
+            acc += do * a * u
+            do = do * p[:, None]
+        dg = do * u * da
+        du = do * a
+        if HAS_MASK:
+            dg = tl.where(keep[:, None], dg, 0.0)
+            du = tl.where(keep[:, None], du, 0.0)
+        tl.store(DGATE + rows64[:, None] * stride_dgate + cols[None, :], dg.to(DGATE.dtype.element_ty),
+                 mask=store_mask)
+        tl.store(DUP + rows64[:, None] * stride_dup + cols[None, :], du.to(DUP.dtype.element_ty), mask=store_mask)
+    if HAS_PROBS:
+        dp = tl.sum(acc, axis=1)
+        if HAS_MASK:
+            dp = tl.where(keep, dp, 0.0)
+        tl.store(DPROBS + rows, dp, mask=row_in)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------------------------------------------
+def _unit_column_stride(t: torch.Tensor) -> bool:
+    # A single column is addressed by the row stride alone: its column stride never matters.
+    return t.size(1) <= 1 or t.stride(1) == 1
+
+
+def _readable(t: torch.Tensor) -> torch.Tensor:
+    """An input the kernels can address as base + row * stride(0) + col."""
+    return t if _unit_column_stride(t) else t.contiguous()
+
+
+def _check_shapes(gate: torch.Tensor, up: torch.Tensor, probs, mask) -> None:
+    if gate.dim() != 2 or up.shape != gate.shape or up.dtype != gate.dtype:
+        raise ValueError(f"turbo_inductor: glu expects 2-D gate/up of one shape and dtype, got "
+                         f"{tuple(gate.shape)} {gate.dtype} and {tuple(up.shape)} {up.dtype}")
+    rows = gate.size(0)
+    for name, t in (("probs", probs), ("mask", mask)):
+        if t is not None and t.shape != (rows,):
+            raise ValueError(f"turbo_inductor: glu {name} must have shape ({rows},), got {tuple(t.shape)}")
+
+
+def _row_args(probs: torch.Tensor | None, mask: torch.Tensor | None, fallback: torch.Tensor):
+    """Kernel arguments for probs and mask. The mask goes in as uint8 (same bytes as bool), which every Triton
+    backend and the interpreter load alike. Absent ones get ``fallback``: the HAS_* constexprs compile their
+    accesses away."""
+    probs_arg = probs.contiguous() if probs is not None else fallback
+    mask_arg = mask.to(torch.bool).contiguous().view(torch.uint8) if mask is not None else fallback
+    return probs_arg, mask_arg
+
+
+@implementation("glu_fwd", "triton", priority=20, unavailable_reason=unavailable_reason)
+def glu_fwd(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, mask: torch.Tensor | None,
+            activation: str) -> torch.Tensor:
+    """``out`` [rows, F] contiguous; see ``..reference.glu.glu_fwd``."""
+    act_id = _activation_id(activation)
+    _check_shapes(gate, up, probs, mask)
+    n_rows, F = gate.shape
+    out = torch.empty((n_rows, F), dtype=gate.dtype, device=gate.device)
+    if n_rows == 0 or F == 0:
+        return out
+    gate = _readable(gate)
+    up = _readable(up)
+    probs_arg, mask_arg = _row_args(probs, mask, out)
+    tiling = glu_tiling(F)
+    n_col_blocks = triton.cdiv(F, tiling.block_f)
+    grid = (triton.cdiv(n_rows, tiling.block_rows) * n_col_blocks,)
+    with _on_device(gate.device):
+        _glu_fwd_kernel[grid](
+            gate, up, probs_arg, mask_arg, out,
+            n_rows, F, gate.stride(0), up.stride(0), n_col_blocks,
+            ACTIVATION=act_id, HAS_PROBS=probs is not None, HAS_MASK=mask is not None,
+            BLOCK_ROWS=tiling.block_rows, BLOCK_F=tiling.block_f, num_warps=tiling.num_warps)
+    return out
+
+
+@implementation("glu_bwd", "triton", priority=20, unavailable_reason=unavailable_reason)
+def glu_bwd(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None,
+            mask: torch.Tensor | None, activation: str, dgate: torch.Tensor, dup: torch.Tensor):
+    """Writes every element of ``dgate``/``dup``; returns ``dprobs`` (None without probs). See
+    ``..reference.glu.glu_bwd``."""
+    act_id = _activation_id(activation)
+    _check_shapes(gate, up, probs, mask)
+    n_rows, F = gate.shape
+    for name, t in (("dout", dout), ("dgate", dgate), ("dup", dup)):
+        if t.shape != gate.shape:
+            raise ValueError(f"turbo_inductor: glu_bwd {name} must have shape {tuple(gate.shape)}, "
+                             f"got {tuple(t.shape)}")
+    dprobs = torch.empty(n_rows, dtype=torch.float32, device=gate.device) if probs is not None else None
+    if n_rows == 0 or F == 0:
+        # An empty row sums to zero.
+        return dprobs.zero_() if dprobs is not None else None
+    dout = _readable(dout)
+    gate = _readable(gate)
+    up = _readable(up)
+    # Outputs the kernel cannot address directly (column stride != 1, outside the contract) go through a temporary.
+    dgate_out = dgate if _unit_column_stride(dgate) else torch.empty_like(dgate, memory_format=torch.contiguous_format)
+    dup_out = dup if _unit_column_stride(dup) else torch.empty_like(dup, memory_format=torch.contiguous_format)
+    probs_arg, mask_arg = _row_args(probs, mask, dgate_out)
+    dprobs_arg = dprobs if dprobs is not None else dgate_out
+    tiling = glu_tiling(F)
+    # With probs, one program per row block walks the whole row so that its dprobs sum is complete.
+    n_col_blocks = 1 if probs is not None else triton.cdiv(F, tiling.block_f)
+    grid = (triton.cdiv(n_rows, tiling.block_rows) * n_col_blocks,)
+    with _on_device(gate.device):
+        _glu_bwd_kernel[grid](
+            dout, gate, up, probs_arg, mask_arg, dgate_out, dup_out, dprobs_arg,
+            n_rows, F, dout.stride(0), gate.stride(0), up.stride(0), dgate_out.stride(0), dup_out.stride(0),
+            n_col_blocks,
+            ACTIVATION=act_id, HAS_PROBS=probs is not None, HAS_MASK=mask is not None,
+            BLOCK_ROWS=tiling.block_rows, BLOCK_F=tiling.block_f, num_warps=tiling.num_warps)
+    if dgate_out is not dgate:
+        dgate.copy_(dgate_out)
+    if dup_out is not dup:
+        dup.copy_(dup_out)
+    return dprobs
+
+
+__all__ = ["glu_fwd", "glu_bwd", "glu_tiling", "block_f_for", "num_warps_for", "GluTiling", "ACTIVATION_IDS"]

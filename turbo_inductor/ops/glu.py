@@ -1,0 +1,199 @@
+"""Gated linear units: ``act(gate) * up`` with act in silu (SwiGLU), gelu (GeGLU, exact erf) and gelu_tanh.
+
+Ops in ``torch.ops.turbo_inductor``:
+  glu(gate, up, probs, mask, activation, impl) -> out                    custom op; backward: glu_bwd
+  glu_fused(x, probs, mask, activation, impl) -> out                     x = [..., 2F]: gate half, then up half
+  glu_bwd(dout, gate, up, probs, mask, activation, impl) -> (dgate, dup, dprobs)
+  glu_fused_bwd(dout, x, probs, mask, activation, impl) -> (dx, dprobs)
+  swiglu(gate, up, impl) -> out                                          public name for glu(..., "silu")
+
+``probs`` (optional, fp32, one per row: x.shape[:-1]) scales each row, as the MoE experts of Primus-Turbo's
+training stack do, and gets a gradient; ``mask`` (optional, bool, same shape) drops rows: they are exact zeros in
+the output and in every gradient. Math in fp32, results in the input dtype. Backward saves only the inputs and
+recomputes the activation. Without probs, ``dprobs`` is an empty tensor.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..kernels import registry
+from .library import SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, define_composite
+
+ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+FWD_KERNEL, BWD_KERNEL = "glu_fwd", "glu_bwd"
+
+
+def _check(op: str, gate: Tensor, up: Tensor, probs: Optional[Tensor], mask: Optional[Tensor],
+           activation: str) -> None:
+    check_float(op, "gate", gate)
+    check(gate.dim() >= 1, op, lambda: "inputs must have at least one dimension")
+    check(up.shape == gate.shape and up.dtype == gate.dtype, op,
+          lambda: f"up ({list(up.shape)}, {up.dtype}) must match gate ({list(gate.shape)}, {gate.dtype})")
+    check(activation in ACTIVATIONS, op, lambda: f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if probs is not None:
+        check(probs.dtype == torch.float32 and probs.shape == gate.shape[:-1], op,
+              lambda: f"probs must be float32 of shape {list(gate.shape[:-1])}, got {probs.dtype} {list(probs.shape)}")
+    if mask is not None:
+        check(probs is not None, op, lambda: "mask needs probs (it drops rows of the MoE form)")
+        check(mask.dtype == torch.bool and mask.shape == gate.shape[:-1], op,
+              lambda: f"mask must be bool of shape {list(gate.shape[:-1])}, got {mask.dtype} {list(mask.shape)}")
+    check_same_device(op, gate=gate, up=up, probs=probs, mask=mask)
+
+
+def _check_fused(op: str, x: Tensor, probs, mask, activation) -> None:
+    check_float(op, "x", x)
+    check(x.dim() >= 1 and x.shape[-1] % 2 == 0, op,
+          lambda: f"x's last dimension holds gate and up halves: it must be even, got shape {list(x.shape)}")
+    half = x.shape[-1] // 2
+    _check(op, x[..., :half], x[..., half:], probs, mask, activation)
+
+
+def _rows(t: Tensor) -> Tensor:
+    """``t`` as [rows, F] with unit column stride, a view where strides allow (halves of one tensor stay views)."""
+    rows = t.reshape(-1, t.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+def _flat(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.reshape(-1).contiguous()
+
+
+def _no_probs_grad(like: Tensor) -> Tensor:
+    return like.new_empty(0, dtype=torch.float32)
+
+
+def _forward(gate: Tensor, up: Tensor, probs, mask, activation: str, impl: str) -> Tensor:
+    if gate.numel() == 0:
+        return gate.new_empty(gate.shape)
+    out = registry.select(FWD_KERNEL, gate.device, impl)(_rows(gate), _rows(up), _flat(probs), _flat(mask),
+                                                         activation)
+    return out.view(gate.shape)
+
+
+def _backward(dout, gate, up, probs, mask, activation, impl, dgate, dup) -> Tensor:
+    """Writes dgate and dup (views into the caller's gradient tensors); returns dprobs (empty without probs)."""
+    if gate.numel() == 0:
+        return _no_probs_grad(gate) if probs is None else torch.zeros_like(probs)
+    dprobs = registry.select(BWD_KERNEL, gate.device, impl)(
+        _rows(dout), _rows(gate), _rows(up), _flat(probs), _flat(mask), activation,
+        dgate.view(-1, dgate.shape[-1]), dup.view(-1, dup.shape[-1]))
+    return _no_probs_grad(gate) if probs is None else dprobs.view(probs.shape)
+
+
+# ---- gate and up as two tensors ------------------------------------------------------------------------------
+
+@torch.library.custom_op("turbo_inductor::glu", mutates_args=())
+def glu(gate: Tensor, up: Tensor, probs: Optional[Tensor], mask: Optional[Tensor], activation: str,
+        impl: str = "auto") -> Tensor:
+    _check("glu", gate, up, probs, mask, activation)
+    return _forward(gate, up, probs, mask, activation, impl)
+
+
+@glu.register_fake
+def _(gate, up, probs, mask, activation, impl="auto"):
+    _check("glu", gate, up, probs, mask, activation)
+    return gate.new_empty(gate.shape)
+
+
+@torch.library.custom_op("turbo_inductor::glu_bwd", mutates_args=())
+def glu_bwd(dout: Tensor, gate: Tensor, up: Tensor, probs: Optional[Tensor], mask: Optional[Tensor],
+            activation: str, impl: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+    _check("glu_bwd", gate, up, probs, mask, activation)
+    _check_dout(dout, gate.shape, gate.dtype)
+    dgate, dup = gate.new_empty(gate.shape), up.new_empty(up.shape)
+    dprobs = _backward(dout, gate, up, probs, mask, activation, impl, dgate, dup)
+    return dgate, dup, dprobs
+
+
+@glu_bwd.register_fake
+def _(dout, gate, up, probs, mask, activation, impl="auto"):
+    _check("glu_bwd", gate, up, probs, mask, activation)
+    _check_dout(dout, gate.shape, gate.dtype)
+    dprobs = _no_probs_grad(gate) if probs is None else probs.new_empty(probs.shape)
+    return gate.new_empty(gate.shape), up.new_empty(up.shape), dprobs
+
+
+def _setup_glu(ctx, inputs, output):
+    gate, up, probs, mask, activation, impl = inputs
+    ctx.save_for_backward(gate, up, probs, mask)
+    ctx.activation, ctx.impl = activation, impl
+
+
+def _backward_glu(ctx, dout):
+    gate, up, probs, mask = ctx.saved_tensors
+    dgate, dup, dprobs = glu_bwd(dout, gate, up, probs, mask, ctx.activation, ctx.impl)
+    return dgate, dup, None if probs is None else dprobs, None, None, None
+
+
+glu.register_autograd(_backward_glu, setup_context=_setup_glu)
+
+
+# ---- gate and up as the two halves of one tensor (a fused gate/up projection) ------------------------------
+
+@torch.library.custom_op("turbo_inductor::glu_fused", mutates_args=())
+def glu_fused(x: Tensor, probs: Optional[Tensor], mask: Optional[Tensor], activation: str,
+              impl: str = "auto") -> Tensor:
+    _check_fused("glu_fused", x, probs, mask, activation)
+    half = x.shape[-1] // 2
+    x = x.contiguous()
+    return _forward(x[..., :half], x[..., half:], probs, mask, activation, impl)
+
+
+@glu_fused.register_fake
+def _(x, probs, mask, activation, impl="auto"):
+    _check_fused("glu_fused", x, probs, mask, activation)
+    return x.new_empty(x.shape[:-1] + (x.shape[-1] // 2,))
+
+
+@torch.library.custom_op("turbo_inductor::glu_fused_bwd", mutates_args=())
+def glu_fused_bwd(dout: Tensor, x: Tensor, probs: Optional[Tensor], mask: Optional[Tensor], activation: str,
+                  impl: str = "auto") -> tuple[Tensor, Tensor]:
+    _check_fused("glu_fused_bwd", x, probs, mask, activation)
+    half = x.shape[-1] // 2
+    _check_dout(dout, x.shape[:-1] + (half,), x.dtype)
+    x = x.contiguous()
+    dx = x.new_empty(x.shape)
+    dprobs = _backward(dout, x[..., :half], x[..., half:], probs, mask, activation, impl,
+                       dx[..., :half], dx[..., half:])
+    return dx, dprobs
+
+
+@glu_fused_bwd.register_fake
+def _(dout, x, probs, mask, activation, impl="auto"):
+    _check_fused("glu_fused_bwd", x, probs, mask, activation)
+    _check_dout(dout, x.shape[:-1] + (x.shape[-1] // 2,), x.dtype)
+    return x.new_empty(x.shape), _no_probs_grad(x) if probs is None else probs.new_empty(probs.shape)
+
+
+def _setup_glu_fused(ctx, inputs, output):
+    x, probs, mask, activation, impl = inputs
+    ctx.save_for_backward(x, probs, mask)
+    ctx.activation, ctx.impl = activation, impl
+
+
+def _backward_glu_fused(ctx, dout):
+    x, probs, mask = ctx.saved_tensors
+    dx, dprobs = glu_fused_bwd(dout, x, probs, mask, ctx.activation, ctx.impl)
+    return dx, None if probs is None else dprobs, None, None, None
+
+
+glu_fused.register_autograd(_backward_glu_fused, setup_context=_setup_glu_fused)
+
+
+def _check_dout(dout: Tensor, shape, dtype) -> None:
+    check(dout.shape == shape and dout.dtype == dtype, "glu_bwd",
+          lambda: f"dout ({list(dout.shape)}, {dout.dtype}) must be {list(shape)}, {dtype}")
+
+
+swiglu = define_composite(
+    "swiglu(Tensor gate, Tensor up, str impl='auto') -> Tensor",
+    lambda gate, up, impl="auto": glu(gate, up, None, None, "silu", impl))
+
+
+def can_rewrite(gate: Tensor) -> bool:
+    """Whether a graph's GLU on (fake) inputs like ``gate`` can run on our ops, forward and backward."""
+    return (gate.dtype in SUPPORTED_FLOAT_DTYPES and gate.dim() >= 1
+            and all(registry.available_on(kernel, gate.device) for kernel in (FWD_KERNEL, BWD_KERNEL)))

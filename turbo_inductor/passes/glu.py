@@ -1,0 +1,127 @@
+"""``act(gate) * up`` -> ``turbo_inductor.glu``, or ``turbo_inductor.glu_fused`` for a fused gate/up projection.
+
+Spellings matched (either multiplication order; fp32/bf16/fp16; any leading dims):
+  - ``F.silu(g) * u`` (also ``nn.SiLU``, Hugging Face's ``act_fn(gate_proj(x)) * up_proj(x)``, torchtitan's
+    ``w2(F.silu(w1(x)) * w3(x))``), ``F.gelu(g) * u`` and ``F.gelu(g, approximate="tanh") * u``;
+  - gate and up as the halves of one projection: ``x.chunk(2, -1)``, ``x.split(F, -1)``, ``x.split([F, F], -1)``
+    or ``x[..., :F]`` / ``x[..., F:]``: then the op reads both halves of x in place (``glu_fused``), and the
+    backward writes one gradient for x instead of two that autograd would concatenate.
+Left alone: other activations (``sigmoid(g) * u``), broadcasting or type-promoting multiplies, an activation whose
+result is used elsewhere too.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from ..ops.glu import can_rewrite
+from ..options import Options
+from . import matcher as m
+from .manager import RewritePass
+
+_GELU = {"none": "gelu", "tanh": "gelu_tanh"}
+
+
+def activation_of(node) -> tuple[str, fx.Node] | None:
+    """(activation name, its input) for ``F.silu(g)`` / ``F.gelu(g, approximate=...)``."""
+    c = m.call(node)
+    if c is None:
+        return None
+    if c.op == "silu" and not m.arg(c, 1, "inplace", False):
+        return "silu", m.arg(c, 0, "input")
+    if c.op == "gelu" and m.arg(c, 1, "approximate", "none") in _GELU:
+        return _GELU[m.arg(c, 1, "approximate", "none")], m.arg(c, 0, "input")
+    return None
+
+
+def halves_of(gate, up) -> tuple[fx.Node, list[fx.Node]] | None:
+    """(x, split nodes) when gate and up are x's first and second halves along its last dimension."""
+    gc, uc = m.call(gate), m.call(up)
+    if gc is None or uc is None or gc.op != "getitem" or uc.op != "getitem" or gc.args[0] is not uc.args[0]:
+        return None
+    source, gate_index, up_index = gc.args[0], gc.args[1], uc.args[1]
+    if isinstance(gate_index, int):  # items of chunk / split
+        sc = m.call(source)
+        if sc is None or sc.op not in ("chunk", "split") or (gate_index, up_index) != (0, 1):
+            return None
+        x = sc.args[0]
+        xt = m.fake(x)
+        if xt is None or set(source.users) != {gate, up} or not _splits_in_halves(sc, xt):
+            return None
+        return x, [source]
+    xt = m.fake(source)
+    if xt is None or not isinstance(xt.shape[-1], int) or xt.shape[-1] % 2:
+        return None
+    half = xt.shape[-1] // 2
+    if _last_dim_slice(gate_index, xt) == (0, half) and _last_dim_slice(up_index, xt) == (half, 2 * half):
+        return source, []
+    return None
+
+
+def _splits_in_halves(c: m.Call, xt) -> bool:
+    width = xt.shape[-1]
+    if not isinstance(width, int) or width % 2:
+        return False
+    if c.op == "chunk":
+        return m.arg(c, 1, "chunks") == 2 and m.last_dim_only(m.arg(c, 2, "dim", 0), xt.dim())
+    size = m.arg(c, 1, "split_size_or_sections", c.kwargs.get("split_size"))
+    halves = size == width // 2 or (isinstance(size, (list, tuple)) and list(size) == [width // 2] * 2)
+    return halves and m.last_dim_only(m.arg(c, 2, "dim", 0), xt.dim())
+
+
+def _last_dim_slice(index, xt) -> tuple[int, int] | None:
+    """(start, stop) when ``x[index]`` slices only the last dimension with step 1."""
+    if not isinstance(index, tuple) or not index or not isinstance(index[-1], slice):
+        return None
+    leading = index[:-1]
+    if leading and leading[0] is Ellipsis:
+        leading = leading[1:]
+    elif len(index) != xt.dim():
+        return None
+    if any(s != slice(None) for s in leading) or index[-1].step not in (None, 1):
+        return None
+    start, stop = index[-1].start or 0, index[-1].stop
+    stop = xt.shape[-1] if stop is None else stop
+    return (start, stop) if isinstance(start, int) and isinstance(stop, int) else None
+
+
+def _same_type(*nodes) -> bool:
+    tensors = [m.fake(n) for n in nodes]
+    return all(t is not None for t in tensors) and all(
+        t.shape == tensors[0].shape and t.dtype == tensors[0].dtype and t.device == tensors[0].device
+        for t in tensors)
+
+
+class GLUPass(RewritePass):
+    name = "glu"
+
+    def apply(self, graph: fx.Graph, options: Options) -> int:
+        count = 0
+        glu_op, glu_fused_op = torch.ops.turbo_inductor.glu.default, torch.ops.turbo_inductor.glu_fused.default
+        for node in list(graph.nodes):
+            if node._erased:  # a split matched with an earlier multiply
+                continue
+            c = m.call(node)
+            operands = m.binary_operands(c) if c is not None and c.op == "mul" else None
+            if operands is None:
+                continue
+            for act, up in (operands, operands[::-1]):
+                found = activation_of(act)
+                if found is None or m.only_user(act) is not node:
+                    continue
+                activation, gate = found
+                if not _same_type(gate, up, node) or not can_rewrite(m.fake(gate)):
+                    continue
+                halves = halves_of(gate, up)
+                if halves is not None:
+                    x, split_nodes = halves
+                    new = m.insert_op(graph, node, glu_fused_op, (x, None, None, activation, options.impl))
+                    matched = split_nodes + [gate, up, act, node]
+                else:
+                    new = m.insert_op(graph, node, glu_op, (gate, up, None, None, activation, options.impl))
+                    matched = [act, node]
+                node.replace_all_uses_with(new)
+                m.erase_unused(matched)
+                count += 1
+                break
+        return count
