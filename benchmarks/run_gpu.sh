@@ -9,7 +9,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.lo
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
 for step in $steps; do
   case $step in
-    tests)   python3 -m pytest lowering_tests -q -n 8 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+    tests)   timeout 300 python3 -m pytest lowering_tests -q -n 8 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
     rmsnorm) (cd benchmarks && python3 bench_rmsnorm.py --profile) 2>&1 | tee "$OUT/bench_rmsnorm.log" | grep -v Warning ;;
     model)   python3 -m benchmarks.run_model 2>&1 | tee "$OUT/run_model.log" | tail -8 ;;
     glu)     (cd benchmarks && python3 bench_glu.py) 2>&1 | tee "$OUT/bench_glu.log" | grep -v Warning ;;
