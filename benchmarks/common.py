@@ -7,6 +7,11 @@ import os
 
 import torch
 
+# Each benchmark compiles the same function for several backends, grad modes and shapes: keep all of them compiled
+# (past the default limit Dynamo silently falls back to eager and the numbers would be eager's).
+torch._dynamo.config.recompile_limit = 64
+torch._dynamo.config.accumulated_recompile_limit = 1024
+
 
 def bench_ms(fn) -> float:
     """Median time of ``fn`` in ms (CUDA events through triton's do_bench)."""

@@ -10,8 +10,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=cs
 for step in $steps; do
   case $step in
     tests)   timeout 300 python3 -m pytest lowering_tests -q -n 8 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
-    rmsnorm) (cd benchmarks && python3 bench_rmsnorm.py --profile) 2>&1 | tee "$OUT/bench_rmsnorm.log" | grep -v Warning ;;
+    rmsnorm) (cd benchmarks && python3 bench_rmsnorm.py) 2>&1 | tee "$OUT/bench_rmsnorm.log" | grep -v Warning ;;
     model)   python3 -m benchmarks.run_model 2>&1 | tee "$OUT/run_model.log" | tail -8 ;;
+    profile) (cd benchmarks && python3 profile_compiled.py) 2>&1 | tee "$OUT/profile.log" | grep -v Warning ;;
     glu)     (cd benchmarks && python3 bench_glu.py) 2>&1 | tee "$OUT/bench_glu.log" | grep -v Warning ;;
     *)       echo "unknown step $step"; exit 2 ;;
   esac

@@ -1,0 +1,31 @@
+"""Where the time of a primus_turbo-compiled forward+backward goes (torch.profiler, CPU and CUDA), next to
+Inductor's: python benchmarks/profile_compiled.py"""
+import torch
+
+import turbo_inductor  # noqa: F401
+from bench_glu import swiglu
+from bench_rmsnorm import hf_rmsnorm
+from common import fwd_bwd_step
+
+
+def profile(name, fn, *inputs):
+    for backend in ("inductor", "primus_turbo"):
+        step = fwd_bwd_step(torch.compile(fn, backend=backend), *inputs)
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                step()
+            torch.cuda.synchronize()
+        print(f"\n== {name} fwd+bwd x10, backend={backend}")
+        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=10, max_name_column_width=60))
+
+
+if __name__ == "__main__":
+    x = torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    profile("rmsnorm 8192x4096", hf_rmsnorm, x, w)
+    g = torch.randn(8192, 14336, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    profile("swiglu 8192x14336", swiglu, g, torch.randn_like(g, requires_grad=True))
