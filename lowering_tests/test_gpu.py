@@ -21,10 +21,12 @@ def test_rmsnorm_at_real_sizes(shape, dtype):
     dy, dtotal = torch.randn_like(y), torch.randn_like(total)
     torch.autograd.backward([y, total], [dy, dtotal])
     x64, r64, w64 = (t.detach().double().requires_grad_() for t in (x, r, w))
-    s64 = (x64 + r64).to(dtype).double()  # the sum is rounded to x's dtype before it is normalized
+    # the sum is x + r as torch adds in x's dtype (fp32 add, one rounding), and that rounded sum is normalized
+    rounded = (x.detach() + r.detach()).double() - (x64 + r64).detach()
+    s64 = x64 + r64 + rounded
     assert torch.equal(total, x.detach() + r.detach())
     ref = s64 * torch.rsqrt(s64.pow(2).mean(-1, keepdim=True) + 1e-6) * w64
-    torch.autograd.backward([ref, x64 + r64], [dy.double(), dtotal.double()])
+    torch.autograd.backward([ref, s64], [dy.double(), dtotal.double()])
     assert_close(y, ref, dtype)
     assert_close(x.grad, x64.grad, dtype)
     tol = 1e-2 if dtype == torch.bfloat16 else 1e-4
