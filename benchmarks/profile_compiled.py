@@ -2,7 +2,6 @@
 Inductor's: python benchmarks/profile_compiled.py"""
 import torch
 
-import turbo_inductor  # noqa: F401
 from bench_glu import swiglu
 from bench_rmsnorm import hf_rmsnorm
 from common import fwd_bwd_step

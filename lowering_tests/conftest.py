@@ -11,6 +11,11 @@ import turbo_inductor  # noqa: E402
 
 # Gates from shared/targets.md (against a float64 reference).
 TOLERANCE = {torch.float64: 1e-7, torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+# Under pytest-xdist every worker already has a core: torch's own intra-op threads would only contend (small CPU
+# ops ran ~100x slower with two workers on two cores).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
 # Op tests run where the Triton kernels really run: the GPU when there is one, else the CPU interpreter.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -20,7 +20,7 @@ from .passes import PASSES, PassManager
 
 
 def primus_turbo(gm: torch.fx.GraphModule, example_inputs: list[Any], options: Mapping[str, Any] | None = None):
-    parsed = Options.parse(options, [p.name for p in PASSES])
+    parsed = Options.parse(options, PASSES)
     patches = dict(parsed.inductor)
     patches["pre_grad_custom_pass"] = PassManager(PASSES, parsed)
     if hasattr(inductor_config, "pre_grad_pass_timing"):

@@ -2,7 +2,7 @@
 
 Option keys of our own:
   - one key per rewrite pass, named as the pass (``"rmsnorm"``, ``"rmsnorm_residual"``, ...): ``True``/``False``
-    (env ``TURBO_INDUCTOR_<NAME>=1|0``);
+    (env ``TURBO_INDUCTOR_<NAME>=1|0``), or the pass's own values (``"fp8": "rowwise"``);
   - ``"impl"``: the kernel implementation to force, one name for every kernel (``"triton"``) or per kernel
     (``"rmsnorm_fwd=reference,rmsnorm_bwd=triton"`` or a dict) (env ``TURBO_INDUCTOR_IMPL``);
   - ``"strict"``: a failing rewrite raises instead of falling back to the unrewritten graph with a warning
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from torch._inductor import config as inductor_config
 
@@ -27,7 +27,7 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-def _parse_bool(key: str, value: Any) -> bool:
+def parse_bool(key: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()
@@ -53,13 +53,13 @@ def _parse_impl(value: Any) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    passes: tuple[tuple[str, bool], ...]  # (pass name, enabled), in pass order
+    passes: tuple[tuple[str, Any], ...]  # (pass name, its option value), in pass order
     impl: str = registry.AUTO
     strict: bool = False
     record_graphs: bool = False
     inductor: tuple[tuple[str, Any], ...] = ()  # Inductor config passed through
 
-    def enabled(self, pass_name: str) -> bool:
+    def value(self, pass_name: str) -> Any:
         return dict(self.passes)[pass_name]
 
     def fingerprint(self) -> str:
@@ -67,7 +67,8 @@ class Options:
         return repr((self.passes, self.impl))
 
     @classmethod
-    def parse(cls, options: Mapping[str, Any] | None, pass_names: list[str]) -> "Options":
+    def parse(cls, options: Mapping[str, Any] | None, passes: Sequence) -> "Options":
+        """``passes``: the rewrite passes (each with ``name``, ``default`` and ``parse_option(value)``)."""
         options = dict(options or {})
 
         def value(key: str, default: Any) -> Any:
@@ -75,10 +76,11 @@ class Options:
                 return options.pop(key)
             return os.environ.get(ENV_PREFIX + key.upper(), default)
 
-        passes = tuple((name, _parse_bool(name, value(name, True))) for name in pass_names)
+        pass_names = [p.name for p in passes]
+        values = tuple((p.name, p.parse_option(value(p.name, p.default))) for p in passes)
         impl = _parse_impl(value("impl", registry.AUTO))
-        strict = _parse_bool("strict", value("strict", False))
-        record_graphs = _parse_bool("record_graphs", value("record_graphs", False))
+        strict = parse_bool("strict", value("strict", False))
+        record_graphs = parse_bool("record_graphs", value("record_graphs", False))
         inductor = []
         for key, val in options.items():
             if not _is_inductor_option(key):
@@ -86,7 +88,7 @@ class Options:
                     f"primus_turbo: unknown option {key!r}: not a pass ({', '.join(pass_names)}), not one of "
                     "impl/strict/record_graphs, and not an Inductor config key")
             inductor.append((key, val))
-        return cls(passes, impl, strict, record_graphs, tuple(inductor))
+        return cls(values, impl, strict, record_graphs, tuple(inductor))
 
 
 def _is_inductor_option(key: str) -> bool:

@@ -10,7 +10,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import glu as _glu  # noqa: F401  (defines the ops)
+from . import fp8 as _fp8  # noqa: F401  (defines the ops)
+from . import fp8_linear as _fp8_linear  # noqa: F401
+from . import glu as _glu  # noqa: F401
 from . import rmsnorm as _rmsnorm  # noqa: F401
 
 
@@ -46,3 +48,10 @@ def _gelu(approximate: str) -> str:
     if approximate not in ("none", "tanh"):
         raise ValueError(f"turbo_inductor.geglu: approximate must be 'none' or 'tanh', got {approximate!r}")
     return "gelu" if approximate == "none" else "gelu_tanh"
+
+
+def fp8_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, recipe: str = "tensorwise", *,
+               impl: str = "auto") -> Tensor:
+    """``F.linear`` with x and weight quantized to FP8 by ``recipe`` ("tensorwise", "rowwise", "blockwise",
+    "mxfp8"), forward and backward (see ``turbo_inductor/ops/fp8_linear.py``)."""
+    return torch.ops.turbo_inductor.fp8_linear(x, weight, bias, recipe, impl)

@@ -13,20 +13,29 @@ import hashlib
 import logging
 import pathlib
 import warnings
+from typing import Any
 
 import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from ..options import Options
+from ..options import Options, parse_bool
 from .matcher import op_name
 
 log = logging.getLogger("turbo_inductor")
 
 
 class RewritePass:
-    """One fusion. Subclasses set ``name`` (also its option key) and implement ``apply``."""
+    """One fusion. Subclasses set ``name`` (also its option key) and implement ``apply``. The option is on/off
+    (default on) unless a pass overrides ``default``, ``parse_option`` and ``enabled``."""
 
     name: str = ""
+    default: Any = True
+
+    def parse_option(self, value: Any) -> Any:
+        return parse_bool(self.name, value)
+
+    def enabled(self, value: Any) -> bool:
+        return bool(value)
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
         """Rewrite every match in ``graph``; return how many were rewritten."""
@@ -101,7 +110,7 @@ def _restore(graph: fx.Graph, snapshot: tuple[fx.Graph, dict]) -> None:
 
 class PassManager(CustomGraphPass):
     def __init__(self, passes: list[RewritePass], options: Options):
-        self.passes = [p for p in passes if options.enabled(p.name)]
+        self.passes = [p for p in passes if p.enabled(options.value(p.name))]
         self.options = options
         self.record = CompileRecord()
         _RECORDS.append(self.record)

@@ -13,7 +13,7 @@ _INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
 def unavailable_reason(device: torch.device) -> str | None:
     """None where our Triton kernels can run on ``device``, else why not."""
     try:
-        import triton  # noqa: F401
+        import triton  # noqa: F401  (installed?)
     except ImportError:
         return "triton is not installed"
     if device.type == "cuda":  # NVIDIA and ROCm builds of torch both say "cuda"

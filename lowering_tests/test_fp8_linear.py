@@ -1,0 +1,156 @@
+"""FP8 linear: the op against fp32 math at the SNR gates, the rewrite of an unmodified model's linears, and a
+short training run that follows the high-precision loss curve."""
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import turbo_inductor
+from compare import kernel_calls, ops_after, run
+from conftest import DEVICE
+from turbo_inductor.ops.fp8_linear import RECIPES
+
+GRADIENT_GATE = {"e4m3": 25.0, "e5m2": 20.0}  # shared/targets.md
+# Triton's CPU interpreter rounds ~2% of fp8 stores wrongly (platform.md): the SNR gates are checked with the
+# reference kernels on CPU and with the default (fastest) ones on the GPU.
+EXACT_IMPL = "auto" if DEVICE == "cuda" else "reference"
+
+
+def snr_db(out, ref):
+    ref, out = ref.double(), out.double()
+    noise = (out - ref).pow(2).sum().item()
+    return math.inf if noise == 0 else 10 * math.log10(ref.pow(2).sum().item() / noise)
+
+
+def make(*shape, dtype=torch.float32, scale=1.0):
+    return (torch.randn(*shape, device=DEVICE) * scale).to(dtype).requires_grad_()
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_op_meets_the_snr_gates_forward_and_backward(recipe, dtype):
+    x, w, b = make(3, 48, 256, dtype=dtype), make(128, 256, dtype=dtype, scale=0.05), make(128, dtype=dtype)
+    y = turbo_inductor.ops.fp8_linear(x, w, b, recipe, impl=EXACT_IMPL)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    x32, w32, b32 = (t.detach().float().requires_grad_() for t in (x, w, b))
+    ref = F.linear(x32, w32, b32)
+    ref.backward(dy.float())
+    gate = GRADIENT_GATE[RECIPES[recipe].gradient_format]
+    assert y.dtype == dtype and y.shape == (3, 48, 128)
+    assert snr_db(y, ref) >= 25
+    assert snr_db(x.grad, x32.grad) >= gate
+    assert snr_db(w.grad, w32.grad) >= gate
+    torch.testing.assert_close(b.grad.float(), b32.grad, rtol=2e-2, atol=2e-2 * b32.grad.abs().max().item())
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_opcheck(recipe):
+    x, w, b = make(2, 16, 64), make(32, 64), make(32)
+    torch.library.opcheck(torch.ops.turbo_inductor.fp8_linear, (x, w, b, recipe, "reference"))
+    torch.library.opcheck(torch.ops.turbo_inductor.fp8_linear_bwd,
+                          (torch.randn(2, 16, 32, device=DEVICE), x.detach(), w.detach(), recipe, "reference"))
+    q = torch.ops.turbo_inductor.fp8_quantize(x.detach()[0], torch.float8_e4m3fn, 1, 64, False, False, "reference")
+    torch.library.opcheck(torch.ops.turbo_inductor.fp8_quantize,
+                          (x.detach()[0], torch.float8_e4m3fn, 1, 64, True, False, "reference"))
+    # opcheck's schema test compares inputs before/after with ops that have no fp8 kernel on CPU: skip only that one
+    torch.library.opcheck(torch.ops.turbo_inductor.fp8_gemm, (q[0], q[1], q[0], q[1], torch.float32, "reference"),
+                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: turbo_inductor.ops.fp8_linear(make(4, 64), make(32, 64), None, "fp4"), "recipe must be one of"),
+    (lambda: turbo_inductor.ops.fp8_linear(make(4, 64), make(30, 64)), "multiples of 16"),
+    (lambda: turbo_inductor.ops.fp8_linear(make(4, 64), make(32, 48)), "K = x.shape"),
+    (lambda: turbo_inductor.ops.fp8_linear(make(4, 64), make(32, 64), make(31)), "bias must be"),
+])
+def test_bad_input_is_named(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(64, 128), nn.Linear(128, 64, bias=False)
+        self.head, self.odd = nn.Linear(64, 32), nn.Linear(64, 20)  # odd: 20 outputs, not an FP8 GEMM shape
+
+    def forward(self, x):
+        h = self.down(F.gelu(self.up(x)))
+        return self.head(h), self.odd(h)
+
+
+def fp8_twin(model, recipe):
+    """The same model written by hand with the FP8 op: what the rewrite must compute."""
+    def forward(x):
+        def lin(layer):
+            return lambda t: turbo_inductor.ops.fp8_linear(t, layer.weight, layer.bias, recipe, impl="reference")
+        h = lin(model.down)(F.gelu(lin(model.up)(x)))
+        return lin(model.head)(h), model.odd(h)
+    return forward
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_rewrite_turns_every_eligible_linear_into_fp8(recipe):
+    torch.manual_seed(0)
+    model, x = MLP(), torch.randn(2, 8, 64)
+    outs, grads = run(model, [x], "primus_turbo", options={"fp8": recipe, "impl": "reference"})
+    assert turbo_inductor.rewrite_counts()["fp8"] == 3
+    assert ops_after("turbo_inductor.fp8_linear") == 3 and ops_after("linear") == 1
+    assert kernel_calls("fp8_gemm") == 3 * 3, "one GEMM forward and two backward per FP8 linear"
+    twin = fp8_twin(model, recipe)
+    xt = x.clone().requires_grad_()
+    expected = twin(xt)
+    for got, want in zip(outs, expected):
+        torch.testing.assert_close(got, want.detach(), rtol=1e-4, atol=1e-4)
+    high = run(model, [x], "inductor")
+    assert all(snr_db(a, b) >= 20 for a, b in zip(outs + grads, high[0] + high[1]))
+
+
+def test_options_exclude_and_min_size_keep_layers_in_high_precision():
+    model, x = MLP(), torch.randn(2, 8, 64)
+    run(model, [x], "primus_turbo", options={"fp8": {"recipe": "rowwise", "exclude": r"^head\."}, "impl": "reference"})
+    assert turbo_inductor.rewrite_counts()["fp8"] == 2
+    turbo_inductor.reset_records()
+    # weights: up [128, 64], down [64, 128], head [32, 64]: head has a dimension below 64
+    run(model, [x], "primus_turbo", options={"fp8": {"recipe": "rowwise", "min_size": 64}, "impl": "reference"})
+    assert turbo_inductor.rewrite_counts()["fp8"] == 2
+
+
+def test_off_by_default_and_bad_recipes_are_named():
+    run(MLP(), [torch.randn(2, 8, 64)], "primus_turbo")
+    assert "fp8" not in turbo_inductor.rewrite_counts(), "the pass does not even run"
+    assert ops_after("turbo_inductor.fp8_linear") == 0
+    with pytest.raises(Exception, match="option 'fp8' takes one of"):
+        run(MLP(), [torch.randn(2, 8, 64)], "primus_turbo", options={"fp8": "int4"})
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_training_follows_the_high_precision_loss_curve(recipe):
+    """50 AdamW steps of a tiny Llama-style decoder on a fixed regression task, same seed and data."""
+    from benchmarks.llama import CONFIGS, LlamaDecoder
+
+    def losses(backend, options=None):
+        torch.manual_seed(0)
+        model = LlamaDecoder(CONFIGS["tiny"])
+        x, target = torch.randn(2, 32, 256), torch.randn(2, 32, 256)
+        compiled = torch.compile(model, backend=backend, options=options)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        curve = []
+        for _ in range(50):
+            opt.zero_grad(set_to_none=True)
+            loss = F.mse_loss(compiled(x), target)
+            loss.backward()
+            opt.step()
+            curve.append(loss.item())
+        return torch.tensor(curve)
+
+    base = losses("inductor")
+    fp8 = losses("primus_turbo", {"fp8": recipe, "impl": "reference"})
+    assert turbo_inductor.rewrite_counts()["fp8"] == 2 * 4  # qkv, o, gate_up, down per layer
+    assert base[-1] < 0.9 * base[0], "the task is learnable"
+    # documented tolerance (README): every step within 2% of the high-precision loss
+    deviation = ((fp8 - base).abs() / base).max().item()
+    assert deviation < 0.02, (deviation, base.tolist(), fp8.tolist())

@@ -1,0 +1,92 @@
+"""FP8 quantization with dynamic (current) scaling, in plain PyTorch.
+
+This file sets the semantics every other implementation must match:
+
+* ``x`` [M, K] (fp32 / bf16 / fp16, any strides) is tiled in scaling blocks of ``block_rows x block_cols``:
+  ``(M, K)`` is tensorwise, ``(1, K)`` rowwise, ``(1, 128)`` activation blockwise, ``(128, 128)`` weight blockwise,
+  ``(1, 32)`` the MXFP8 granularity. Blocks larger than the tensor are clipped to it; partial edge blocks (M or K
+  not a multiple of the block) use the elements that exist.
+* Per block, in fp32: ``amax = max |x|`` floored at ``AMAX_FLOOR`` (1e-12); ``scale = amax / fmax`` with
+  ``fmax = torch.finfo(fp8_dtype).max``; ``q = clamp(x / scale, -fmax, fmax)`` rounded to nearest even into fp8.
+  The clamp makes the cast saturating: finite inputs never give inf or NaN.
+* ``power_of_two=True`` (MXFP8, E8M0 scales): ``scale = 2 ** ceil(log2(amax / fmax))``, the smallest power of two
+  >= the fp32 quotient ``amax / fmax``, so that nothing saturates. (The OCP MX spec rounds the exponent down
+  instead and lets the largest values saturate; cuBLAS's MXFP8 recipe rounds up, as here.) Returned as fp32 values
+  that are exact powers of two.
+* Non-finite inputs: ``amax`` propagates NaN (like ``torch.amax``), so a NaN anywhere in a block makes that block's
+  scale NaN and every ``q`` of the block NaN; an inf makes the scale inf (the block's other values quantize to 0,
+  the inf itself to NaN). Either way the block dequantizes to NaN: a divergence stays visible.
+* Returns ``(q, scale)``: ``q`` [M, K] fp8 contiguous, or with ``transpose=True`` the same values in x^T's layout
+  [K, M] contiguous; ``scale`` fp32 [cdiv(M, block_rows), cdiv(K, block_cols)] contiguous.
+  Dequantization: ``x ~= q * scale`` broadcast over each block.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..registry import implementation
+from . import unavailable_reason
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+AMAX_FLOOR = 1e-12
+
+
+def check_args(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int) -> None:
+    """The argument checks both implementations make (ValueError)."""
+    if x.dim() != 2 or x.dtype not in INPUT_DTYPES:
+        raise ValueError(f"turbo_inductor: fp8_quantize expects a 2-D fp32/bf16/fp16 tensor, got "
+                         f"{tuple(x.shape)} {x.dtype}")
+    if fp8_dtype not in FP8_DTYPES:
+        raise ValueError(f"turbo_inductor: fp8_quantize fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}")
+    if int(block_rows) < 1 or int(block_cols) < 1:
+        raise ValueError(f"turbo_inductor: fp8_quantize blocks must be >= 1, got {block_rows} x {block_cols}")
+
+
+def scale_shape(M: int, K: int, block_rows: int, block_cols: int) -> tuple[int, int]:
+    return -(-M // block_rows), -(-K // block_cols)
+
+
+def power_of_two_ceil(r: torch.Tensor) -> torch.Tensor:
+    """The smallest power of two >= each element of a positive fp32 tensor, exactly (frexp, not log2: an fp32
+    log2 rounds values just above a power of two down onto it). NaN and inf pass through."""
+    mantissa, exponent = torch.frexp(r)  # r = mantissa * 2**exponent, mantissa in [0.5, 1)
+    exponent = torch.where(mantissa == 0.5, exponent - 1, exponent)
+    p2 = torch.ldexp(torch.ones_like(r), exponent)
+    return torch.where(torch.isfinite(r), p2, r)
+
+
+def saturating_cast(y: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
+    """``y`` (fp32) clamped to +-fmax and rounded to nearest even into ``fp8_dtype``: beyond-range values and
+    +-inf become +-fmax (a plain ``.to`` gives inf for e5m2), NaN stays NaN."""
+    fmax = torch.finfo(fp8_dtype).max
+    return y.clamp(-fmax, fmax).to(fp8_dtype)
+
+
+@implementation("fp8_quantize", "reference", priority=0, unavailable_reason=unavailable_reason)
+def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool,
+                 power_of_two: bool = False):
+    """``(q, scale)``; see the module docstring. ``power_of_two``: MXFP8-style E8M0 scales (exact powers of two)."""
+    check_args(x, fp8_dtype, block_rows, block_cols)
+    M, K = x.shape
+    n_br, n_bc = scale_shape(M, K, block_rows, block_cols)
+    q_shape = (K, M) if transpose else (M, K)
+    if M == 0 or K == 0:
+        return (torch.empty(q_shape, dtype=fp8_dtype, device=x.device),
+                torch.ones((n_br, n_bc), dtype=torch.float32, device=x.device))
+    br, bc = min(block_rows, M), min(block_cols, K)  # a block larger than the tensor is the tensor
+    x32 = x.float()
+    # Zero padding up to whole blocks: |0| never raises an amax, and the padding is cut off again below.
+    padded = torch.nn.functional.pad(x32, (0, n_bc * bc - K, 0, n_br * br - M))
+    blocks = padded.view(n_br, br, n_bc, bc)
+    amax = blocks.abs().amax(dim=(1, 3))  # NaN propagates
+    scale = amax.clamp_min(AMAX_FLOOR) / torch.finfo(fp8_dtype).max
+    if power_of_two:
+        scale = power_of_two_ceil(scale)
+    q = saturating_cast(blocks / scale[:, None, :, None], fp8_dtype).view(n_br * br, n_bc * bc)[:M, :K]
+    q = q.t() if transpose else q
+    return q.contiguous(), scale.contiguous()
+
+
+__all__ = ["fp8_quantize", "saturating_cast", "check_args", "scale_shape", "power_of_two_ceil", "FP8_DTYPES",
+           "AMAX_FLOOR"]

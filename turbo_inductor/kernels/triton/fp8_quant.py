@@ -1,0 +1,315 @@
+"""FP8 quantization with dynamic (current) scaling in Triton: tensorwise, rowwise, blockwise (1x128, 128x128) and
+MXFP8 (1x32, power-of-two scales), with the transpose fused into the store. Semantics: see
+``..reference.fp8_quant``; the signatures are identical.
+
+Layout of the work
+------------------
+Every kernel sees x [M, K] as tiles of GR x GC *sub-tiles* of SR x SC elements (all powers of two), held as a 4-D
+register tile [GR, SR, GC, SC]. A sub-tile never straddles two scaling blocks (SR divides the block's rows, or one
+block spans all rows; same for columns), so one scale serves each sub-tile: per-block maxima are reductions over
+the tile's axes 1 and 3, and broadcasting a [GR, GC] scale back over the tile needs no reshape. x is read through
+its two strides (any layout); q is written row-major, or column-major (x^T's [K, M]) when transposing: Triton
+stages that tile through shared memory so that the loads and the stores are both coalesced.
+
+* One pass ("fused"), when a scaling block fits a sub-tile (its dims are powers of two, or it spans the dim) and
+  the tile fits in registers (MAX_TILE_ELEMENTS): each program loads its tile once, takes the amax of each block,
+  writes the blocks' scales and the fp8 values. Covers 1x32, 1x128, 128x128 (transposed or not) and rowwise up to
+  K = 32768 (transposed: K <= 1024). Tiles group several small blocks (about TILE_ELEMENTS elements per program);
+  transposing tiles hold >= TRANSPOSE_MIN_ROWS rows so that each row of q^T gets whole 32-byte sectors.
+* Two passes otherwise (tensorwise; rowwise with K > 32768, or transposed with K > 1024; block shapes that are not
+  powers of two): (1) an amax kernel writes the maximum of every sub-tile to a small fp32
+  array, (2) one program per scaling block reduces its sub-tiles' maxima into the scale (no atomics: the result
+  is deterministic), (3) the cast kernel reads the scales back from memory (no host sync) and writes q. x is read
+  twice; the extra traffic is the price of needing the amax of a block before its first value can be cast.
+
+Numerics (identical to the reference): fp32 math; amax is an integer max over the bit patterns of |x| (exact,
+and NaN propagates); floor AMAX_FLOOR; ``scale = amax / fmax`` and ``x / scale`` with IEEE division (``div_rn``:
+Triton's ``/`` is approximate in fp32); clamp to +-fmax before the cast (saturating; the clamp keeps NaN); round
+to nearest even by the hardware's cast.
+Power-of-two scales are built from the bits of ``amax / fmax`` (exact: exponent + 1 unless the mantissa is zero).
+
+Formats: e4m3fn / e5m2 everywhere; the fnuz pair (MI300) only on ROCm: Triton's NVIDIA backend and its CPU
+interpreter cannot cast to them (they raise NotImplementedError here; the reference implementation can).
+In the interpreter, fp32 -> fp8 casts are defective (platform.md: rounding at binade edges, NaN lost for e4m3):
+the kernel patches NaN back in the interpreter only; the rounding defect remains there.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from ..reference.fp8_quant import AMAX_FLOOR, check_args, scale_shape
+from ..registry import implementation
+from . import interpreting, unavailable_reason
+from .rmsnorm import _on_device
+
+# --------------------------------------------------------------------------------------------------------------
+# Launch heuristics (module constants so that tests can shrink them to exercise every path on small shapes).
+# --------------------------------------------------------------------------------------------------------------
+# Elements per program of the streaming tiles (16 per thread: two 16-byte vectors of bf16 per thread, 8 warps).
+TILE_ELEMENTS = 4096
+ELEMENTS_PER_THREAD = 16
+MAX_NUM_WARPS = 16
+# A scaling block is quantized in one pass when its padded area (times the rows a transposing tile needs) is at
+# most this: 32768 fp32 values are 64 per thread at 16 warps.
+MAX_TILE_ELEMENTS = 32768
+# Transposing tiles hold at least this many rows: each row of q^T then receives >= 32 contiguous fp8 bytes.
+TRANSPOSE_MIN_ROWS = 32
+# Two-pass tiles: up to this many columns when q is row-major (TILE_ELEMENTS // TRANSPOSE_MIN_ROWS when not).
+MAX_TILE_COLS = 1024
+# Elements per iteration of the scale kernel (the reduction of the sub-tile maxima of one block).
+REDUCE_TILE_ELEMENTS = 1024
+
+MODE_FUSED, MODE_AMAX, MODE_CAST = 0, 1, 2
+
+_AMAX_FLOOR = tl.constexpr(AMAX_FLOOR)
+
+_TRITON_FP8 = {
+    torch.float8_e4m3fn: tl.float8e4nv,
+    torch.float8_e5m2: tl.float8e5,
+    torch.float8_e4m3fnuz: tl.float8e4b8,
+    torch.float8_e5m2fnuz: tl.float8e5b16,
+}
+_FNUZ = (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+# A NaN encoding of each format (0x7F: all exponent and mantissa bits set; fnuz: the "negative zero" pattern).
+_NAN_BITS = {torch.float8_e4m3fn: 0x7F, torch.float8_e5m2: 0x7F, torch.float8_e4m3fnuz: 0x80,
+             torch.float8_e5m2fnuz: 0x80}
+
+
+def _triton_fp8_type(fp8_dtype: torch.dtype, device: torch.device):
+    """Triton's type for ``fp8_dtype`` where this build can cast to it, else NotImplementedError."""
+    if fp8_dtype in _FNUZ:
+        if device.type == "cpu" or interpreting():
+            raise NotImplementedError(
+                f"turbo_inductor: Triton's interpreter cannot cast to {fp8_dtype}; use impl='reference' on CPU")
+        if torch.version.hip is None:
+            raise NotImplementedError(
+                f"turbo_inductor: Triton cannot cast to {fp8_dtype} on NVIDIA GPUs (the fnuz formats are AMD "
+                f"MI300's); use float8_e4m3fn / float8_e5m2 there")
+    return _TRITON_FP8[fp8_dtype]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Tiling
+# --------------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Fp8Tiling:
+    fused: bool       # one pass (the sub-tile is the scaling block) or two (the sub-tile lies inside a block)
+    sub_rows: int     # SR
+    sub_cols: int     # SC
+    group_rows: int   # GR: sub-tiles per tile, down
+    group_cols: int   # GC: sub-tiles per tile, across
+    num_warps: int
+
+    @property
+    def tile_rows(self) -> int:
+        return self.group_rows * self.sub_rows
+
+    @property
+    def tile_cols(self) -> int:
+        return self.group_cols * self.sub_cols
+
+
+def _pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def num_warps_for(tile_elements: int) -> int:
+    """ELEMENTS_PER_THREAD elements per thread, 1..MAX_NUM_WARPS warps."""
+    return min(MAX_NUM_WARPS, max(1, tile_elements // (32 * ELEMENTS_PER_THREAD)))
+
+
+def fp8_tiling(M: int, K: int, block_rows: int, block_cols: int, transpose: bool) -> Fp8Tiling:
+    """The tiling of an [M, K] quantization in blocks of block_rows x block_cols (M, K >= 1)."""
+    br, bc = min(block_rows, M), min(block_cols, K)
+    single_br, single_bc = br == M, bc == K  # one block spans the dim (padded to a power of two)
+    p2m, p2k = _pow2(M), _pow2(K)
+    min_rows = min(TRANSPOSE_MIN_ROWS, p2m) if transpose else 1
+
+    sr = p2m if single_br else (br if _is_pow2(br) else 0)
+    sc = p2k if single_bc else (bc if _is_pow2(bc) else 0)
+    if sr and sc and max(sr, min_rows) * sc <= MAX_TILE_ELEMENTS:
+        # One pass: group whole blocks, across first (the contiguous dim of x), then down.
+        gr, gc = max(1, min_rows // sr), 1
+        while gc * 2 * sc <= p2k and gr * sr * gc * sc * 2 <= TILE_ELEMENTS:
+            gc *= 2
+        while gr * 2 * sr <= p2m and gr * sr * gc * sc * 2 <= TILE_ELEMENTS:
+            gr *= 2
+        return Fp8Tiling(True, sr, sc, gr, gc, num_warps_for(gr * sr * gc * sc))
+
+    # Two passes: a streaming tile (wide when q is row-major, TRANSPOSE_MIN_ROWS tall when transposed), cut into
+    # the largest power-of-two sub-tiles that stay inside one block.
+    tc = min(p2k, TILE_ELEMENTS // TRANSPOSE_MIN_ROWS if transpose else MAX_TILE_COLS)
+    tr = min(p2m, max(1, TILE_ELEMENTS // tc))
+    sc = min(tc, p2k if single_bc else bc & -bc)  # bc & -bc: the largest power of two dividing bc
+    sr = min(tr, p2m if single_br else br & -br)
+    return Fp8Tiling(False, sr, sc, tr // sr, tc // sc, num_warps_for(tr * tc))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _abs_bits(x):
+    """|x| as int32 bit patterns. For non-negative floats the integer order is the float order and NaN sorts above
+    inf, so an integer max over them is an exact max |x| that propagates NaN, on every backend (tl.max over floats
+    ignores NaN on GPUs and in the interpreter; a custom NaN-aware combine runs element by element there)."""
+    return tl.abs(x).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _scale_from_amax(amax, FMAX: tl.constexpr, POW2: tl.constexpr):
+    """scale = max(amax, floor) / fmax (fp32, IEEE division); with POW2 the smallest power of two >= that."""
+    amax = tl.maximum(amax, _AMAX_FLOOR, propagate_nan=tl.PropagateNan.ALL)
+    scale = tl.math.div_rn(amax, FMAX)
+    if POW2:
+        bits = scale.to(tl.int32, bitcast=True)  # positive: the sign bit is clear
+        exponent = bits >> 23
+        rounded_up = tl.where((bits & 0x7FFFFF) != 0, exponent + 1, exponent) << 23
+        # Exponent 255 is inf / NaN: kept as they are.
+        scale = tl.where(exponent == 255, scale, rounded_up.to(tl.float32, bitcast=True))
+    return scale
+
+
+@triton.jit
+def _fp8_tile_kernel(
+    X, Q, SCALE, PARTIAL,
+    M, K, stride_xm, stride_xk, block_rows, block_cols, n_scale_cols, n_partial_cols, n_tile_cols,
+    MODE: tl.constexpr, FP8: tl.constexpr, FMAX: tl.constexpr, POW2: tl.constexpr, TRANSPOSE: tl.constexpr,
+    FIX_NAN: tl.constexpr, NAN_BITS: tl.constexpr,
+    GR: tl.constexpr, SR: tl.constexpr, GC: tl.constexpr, SC: tl.constexpr,
+):
+    """One [GR*SR, GC*SC] tile of x per program (programs numbered row-major), as [GR, SR, GC, SC].
+    MODE_FUSED: sub-tiles are scaling blocks; computes and writes their scales and q.
+    MODE_AMAX: writes the max |x| of each sub-tile to PARTIAL [cdiv(M, SR), n_partial_cols].
+    MODE_CAST: reads each sub-tile's scale from SCALE and writes q."""
+    pid = tl.program_id(0)
+    pid_r = pid // n_tile_cols
+    pid_c = pid % n_tile_cols
+    sub_r = pid_r * GR + tl.arange(0, GR)  # sub-tile coordinates
+    sub_c = pid_c * GC + tl.arange(0, GC)
+    first_row = sub_r * SR                 # each sub-tile's first row / column
+    first_col = sub_c * SC
+    rows = first_row[:, None] + tl.arange(0, SR)[None, :]  # [GR, SR]
+    cols = first_col[:, None] + tl.arange(0, SC)[None, :]  # [GC, SC]
+    rows4 = rows[:, :, None, None]
+    cols4 = cols[None, None, :, :]
+    in_bounds = (rows4 < M) & (cols4 < K)
+    # int64 offsets: row * stride overflows int32 beyond 2^31 elements.
+    rows64 = rows4.to(tl.int64)
+    cols64 = cols4.to(tl.int64)
+    # Elements outside x load as 0: |0| never raises a block's amax.
+    x = tl.load(X + rows64 * stride_xm + cols64 * stride_xk, mask=in_bounds, other=0.0).to(tl.float32)
+    sub_in = (first_row < M)[:, None] & (first_col < K)[None, :]  # sub-tiles holding at least one element
+    if MODE != 2:
+        amax = tl.max(tl.max(_abs_bits(x), 3), 1).to(tl.float32, bitcast=True)  # [GR, GC]
+    if MODE == 1:
+        tl.store(PARTIAL + sub_r.to(tl.int64)[:, None] * n_partial_cols + sub_c[None, :], amax, mask=sub_in)
+    else:
+        # The scaling block of each sub-tile (a block larger than x has index 0).
+        scale_offsets = ((first_row // block_rows).to(tl.int64)[:, None] * n_scale_cols
+                         + (first_col // block_cols)[None, :])
+        if MODE == 0:
+            scale = _scale_from_amax(amax, FMAX, POW2)
+            tl.store(SCALE + scale_offsets, scale, mask=sub_in)
+        else:
+            scale = tl.load(SCALE + scale_offsets, mask=sub_in, other=1.0)
+        y = tl.math.div_rn(x, scale[:, None, :, None])
+        # Saturate before the cast; the clamp keeps NaN.
+        y = tl.clamp(y, -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
+        bits = y.to(FP8).to(tl.uint8, bitcast=True)
+        if FIX_NAN:
+            # The interpreter's cast turns NaN into a finite e4m3 value; GPUs' casts keep NaN.
+            bits = tl.where(y != y, tl.full(bits.shape, NAN_BITS, tl.uint8), bits)
+        if TRANSPOSE:
+            q_offsets = cols64 * M + rows64
+        else:
+            q_offsets = rows64 * K + cols64
+        tl.store(Q + q_offsets, bits, mask=in_bounds)
+
+
+@triton.jit
+def _fp8_scale_kernel(
+    PARTIAL, SCALE,
+    n_partial_rows, n_partial_cols, rows_per_block, cols_per_block, n_scale_cols,
+    FMAX: tl.constexpr, POW2: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """SCALE[pid] from the maxima of the sub-tiles of scaling block pid: PARTIAL[rows_per_block x cols_per_block]
+    window at the block's position (clipped at the array's edge), reduced in a fixed order."""
+    pid = tl.program_id(0)
+    r_lo = (pid // n_scale_cols) * rows_per_block
+    c_lo = (pid % n_scale_cols) * cols_per_block
+    r_hi = tl.minimum(r_lo + rows_per_block, n_partial_rows)
+    c_hi = tl.minimum(c_lo + cols_per_block, n_partial_cols)
+    acc = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.int32)  # maxima as bit patterns (see _abs_bits)
+    for r0 in range(r_lo, r_hi, BLOCK_R):
+        rows = r0 + tl.arange(0, BLOCK_R)
+        for c0 in range(c_lo, c_hi, BLOCK_C):
+            cols = c0 + tl.arange(0, BLOCK_C)
+            mask = (rows < r_hi)[:, None] & (cols < c_hi)[None, :]
+            p = tl.load(PARTIAL + rows.to(tl.int64)[:, None] * n_partial_cols + cols[None, :], mask=mask, other=0.0)
+            acc = tl.maximum(acc, _abs_bits(p))
+    amax = tl.max(tl.max(acc, 1), 0).to(tl.float32, bitcast=True)
+    tl.store(SCALE + pid, _scale_from_amax(amax, FMAX, POW2))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Launcher
+# --------------------------------------------------------------------------------------------------------------
+@implementation("fp8_quantize", "triton", priority=20, unavailable_reason=unavailable_reason)
+def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool,
+                 power_of_two: bool = False):
+    """``(q, scale)``; see ``..reference.fp8_quant.fp8_quantize``."""
+    check_args(x, fp8_dtype, block_rows, block_cols)
+    fp8 = _triton_fp8_type(fp8_dtype, x.device)
+    M, K = x.shape
+    n_br, n_bc = scale_shape(M, K, block_rows, block_cols)
+    q = torch.empty((K, M) if transpose else (M, K), dtype=fp8_dtype, device=x.device)
+    scale = torch.empty((n_br, n_bc), dtype=torch.float32, device=x.device)
+    if M == 0 or K == 0:
+        return q, scale.fill_(1.0)
+    br, bc = min(block_rows, M), min(block_cols, K)
+    tiling = fp8_tiling(M, K, block_rows, block_cols, transpose)
+    n_tile_cols = triton.cdiv(K, tiling.tile_cols)
+    grid = (triton.cdiv(M, tiling.tile_rows) * n_tile_cols,)
+    q_bits = q.view(torch.uint8)  # stored as raw bytes: the same on every backend
+    constexprs = dict(
+        FP8=fp8, FMAX=float(torch.finfo(fp8_dtype).max), POW2=bool(power_of_two), TRANSPOSE=bool(transpose),
+        FIX_NAN=interpreting(), NAN_BITS=_NAN_BITS[fp8_dtype],
+        GR=tiling.group_rows, SR=tiling.sub_rows, GC=tiling.group_cols, SC=tiling.sub_cols,
+        num_warps=tiling.num_warps)
+    with _on_device(x.device):
+        if tiling.fused:
+            _fp8_tile_kernel[grid](
+                x, q_bits, scale, scale, M, K, x.stride(0), x.stride(1), br, bc, n_bc, 1, n_tile_cols,
+                MODE=MODE_FUSED, **constexprs)
+            return q, scale
+        n_partial_rows = triton.cdiv(M, tiling.sub_rows)
+        n_partial_cols = triton.cdiv(K, tiling.sub_cols)
+        partial = torch.empty((n_partial_rows, n_partial_cols), dtype=torch.float32, device=x.device)
+        _fp8_tile_kernel[grid](
+            x, q_bits, scale, partial, M, K, x.stride(0), x.stride(1), br, bc, n_bc, n_partial_cols, n_tile_cols,
+            MODE=MODE_AMAX, **constexprs)
+        # Sub-tiles per block (all of them along a dim that one block spans).
+        rows_per_block = n_partial_rows if n_br == 1 else br // tiling.sub_rows
+        cols_per_block = n_partial_cols if n_bc == 1 else bc // tiling.sub_cols
+        reduce_c = min(_pow2(cols_per_block), REDUCE_TILE_ELEMENTS)
+        reduce_r = min(_pow2(rows_per_block), max(1, REDUCE_TILE_ELEMENTS // reduce_c))
+        _fp8_scale_kernel[(n_br * n_bc,)](
+            partial, scale, n_partial_rows, n_partial_cols, rows_per_block, cols_per_block, n_bc,
+            FMAX=constexprs["FMAX"], POW2=constexprs["POW2"], BLOCK_R=reduce_r, BLOCK_C=reduce_c,
+            num_warps=num_warps_for(reduce_r * reduce_c))
+        _fp8_tile_kernel[grid](
+            x, q_bits, scale, partial, M, K, x.stride(0), x.stride(1), br, bc, n_bc, n_partial_cols, n_tile_cols,
+            MODE=MODE_CAST, **constexprs)
+    return q, scale
+
+
+__all__ = ["fp8_quantize", "fp8_tiling", "Fp8Tiling", "num_warps_for"]

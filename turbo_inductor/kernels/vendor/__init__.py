@@ -1,0 +1,12 @@
+"""Vendor library implementations (cuBLASLt / hipBLASLt through torch), for the granularities they support."""
+from __future__ import annotations
+
+import torch
+
+
+def unavailable_reason(device: torch.device) -> str | None:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return "the vendor BLAS runs on GPUs only"
+    if not hasattr(torch, "_scaled_mm"):
+        return "this torch has no torch._scaled_mm"
+    return None

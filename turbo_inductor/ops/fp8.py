@@ -1,0 +1,103 @@
+"""FP8 building blocks: formats per device, dynamic-scaling quantization, and the scaled FP8 GEMM.
+
+Ops in ``torch.ops.turbo_inductor`` (functional, exact fakes; not differentiable: ``fp8_linear`` carries autograd):
+  fp8_quantize(x, fp8_dtype, block_rows, block_cols, transpose, power_of_two, impl) -> (q, scale)
+      x [M, K] in blocks of block_rows x block_cols: scale = max(amax, 1e-12) / fmax per block (a power of two
+      for MXFP8), q = saturate(x / scale); q is x^T's layout [K, M] when ``transpose``; scale [cdiv(M, br), cdiv(K, bc)]
+  fp8_gemm(a, a_scale, b, b_scale, out_dtype, impl) -> a_deq @ b_deq^T
+      a [M, K] and b [N, K] fp8 with their block scales ([M or 1 or M/bm, K/bk] and [N..., K/bk])
+
+Formats follow the device: e4m3fn / e5m2 on NVIDIA and MI350 (gfx950), e4m3fnuz / e5m2fnuz on MI300 (gfx942).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from ..kernels import registry
+from ..kernels.reference.fp8_gemm import block_size
+from .library import check, check_float
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+QUANTIZE_KERNEL, GEMM_KERNEL = "fp8_quantize", "fp8_gemm"
+
+
+@functools.lru_cache(maxsize=None)
+def fp8_formats(device: torch.device) -> tuple[torch.dtype, torch.dtype]:
+    """(e4m3, e5m2) dtypes for ``device``: the fnuz pair on gfx942 (MI300), the OCP pair elsewhere."""
+    if device.type == "cuda" and torch.version.hip is not None:
+        arch = torch.cuda.get_device_properties(device).gcnArchName
+        if "gfx942" in arch:
+            return torch.float8_e4m3fnuz, torch.float8_e5m2fnuz
+    return torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def _blocks(block: int, size: int) -> int:
+    return -(-size // block)
+
+
+def _check_quantize(x: Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int) -> None:
+    check_float("fp8_quantize", "x", x)
+    check(x.dim() == 2, "fp8_quantize", lambda: f"x must be 2-D [M, K], got shape {list(x.shape)}")
+    check(fp8_dtype in FP8_DTYPES, "fp8_quantize", lambda: f"fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}")
+    check(block_rows >= 1 and block_cols >= 1, "fp8_quantize",
+          lambda: f"blocks must be >= 1, got {block_rows} x {block_cols}")
+
+
+@torch.library.custom_op("turbo_inductor::fp8_quantize", mutates_args=())
+def fp8_quantize(x: Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool = False,
+                 power_of_two: bool = False, impl: str = "auto") -> tuple[Tensor, Tensor]:
+    _check_quantize(x, fp8_dtype, block_rows, block_cols)
+    if x.numel() == 0:
+        return _quantize_outputs(x, fp8_dtype, block_rows, block_cols, transpose)
+    return registry.select(QUANTIZE_KERNEL, x.device, impl)(x, fp8_dtype, block_rows, block_cols, transpose,
+                                                            power_of_two=power_of_two)
+
+
+@fp8_quantize.register_fake
+def _(x, fp8_dtype, block_rows, block_cols, transpose=False, power_of_two=False, impl="auto"):
+    _check_quantize(x, fp8_dtype, block_rows, block_cols)
+    return _quantize_outputs(x, fp8_dtype, block_rows, block_cols, transpose)
+
+
+def _quantize_outputs(x, fp8_dtype, block_rows, block_cols, transpose):
+    m, k = x.shape
+    q = x.new_empty((k, m) if transpose else (m, k), dtype=fp8_dtype)
+    scale = x.new_ones((_blocks(block_rows, m), _blocks(block_cols, k)), dtype=torch.float32)
+    return q, scale
+
+
+def _check_gemm(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor) -> None:
+    op = "fp8_gemm"
+    check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[1], op,
+          lambda: f"a [M, K] and b [N, K] must share K, got {list(a.shape)} and {list(b.shape)}")
+    check(a.dtype in FP8_DTYPES and b.dtype in FP8_DTYPES, op, lambda: f"a, b must be fp8, got {a.dtype}, {b.dtype}")
+    for name, t, s in (("a", a, a_scale), ("b", b, b_scale)):
+        check(s.dtype == torch.float32 and s.dim() == 2 and _resolves(t.shape[0], s.shape[0])
+              and _resolves(t.shape[1], s.shape[1]), op,
+              lambda: f"{name}_scale must be fp32 [blocks of rows, blocks of K] with blocks of 1, 32, 128 or the "
+                      f"whole dimension; got {s.dtype} {list(s.shape)} for {name} {list(t.shape)}")
+
+
+def _resolves(size: int, n_blocks: int) -> bool:
+    try:
+        block_size(size, n_blocks)
+    except ValueError:
+        return False
+    return True
+
+
+@torch.library.custom_op("turbo_inductor::fp8_gemm", mutates_args=())
+def fp8_gemm(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, out_dtype: torch.dtype,
+             impl: str = "auto") -> Tensor:
+    _check_gemm(a, a_scale, b, b_scale)
+    return registry.select(GEMM_KERNEL, a.device, impl)(a, a_scale, b, b_scale, out_dtype)
+
+
+@fp8_gemm.register_fake
+def _(a, a_scale, b, b_scale, out_dtype, impl="auto"):
+    _check_gemm(a, a_scale, b, b_scale)
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
