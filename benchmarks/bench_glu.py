@@ -54,10 +54,10 @@ def main():
                 with torch.no_grad():
                     ms = bench_ms(lambda: f(*inputs))
                 rows.append({"shape": f"{name} {tokens}x{width}", "mode": "fwd" + suffix, "backend": backend,
-                             "ms": ms, "TBps": 3 * n / ms / 1e9})
+                             "ms": ms, "rate": 3 * n / ms / 1e9})
                 ms = bench_ms(fwd_bwd_step(f, *inputs))
                 rows.append({"shape": f"{name} {tokens}x{width}", "mode": "fwd+bwd" + suffix, "backend": backend,
-                             "ms": ms, "TBps": 8 * n / ms / 1e9})
+                             "ms": ms, "rate": 8 * n / ms / 1e9})
         print("rewrites:", turbo_inductor.rewrite_counts(), "kernels:", turbo_inductor.kernel_calls())
     report("glu", rows)
 

@@ -57,10 +57,10 @@ def main():
                 with torch.no_grad():
                     ms = bench_ms(lambda: f(*inputs))
                 rows.append({"shape": f"{name} {tokens}x{hidden}", "mode": "fwd" + suffix, "backend": backend,
-                             "ms": ms, "TBps": fwd_bytes / ms / 1e9})
+                             "ms": ms, "rate": fwd_bytes / ms / 1e9})
                 ms = bench_ms(fwd_bwd_step(f, *inputs))
                 rows.append({"shape": f"{name} {tokens}x{hidden}", "mode": "fwd+bwd" + suffix, "backend": backend,
-                             "ms": ms, "TBps": total_bytes / ms / 1e9})
+                             "ms": ms, "rate": total_bytes / ms / 1e9})
         print("rewrites:", turbo_inductor.rewrite_counts(), "kernels:", turbo_inductor.kernel_calls())
     report("rmsnorm", rows)
 

@@ -42,17 +42,18 @@ def environment() -> dict:
             "torch": torch.__version__, "triton": triton.__version__}
 
 
-def report(name: str, rows: list[dict]) -> None:
-    """Print a markdown table (ratio to Inductor of the same shape and mode) and write $OUT/<name>.json."""
+def report(name: str, rows: list[dict], rate_unit: str = "TB/s") -> None:
+    """Print a markdown table (ratio to Inductor of the same shape and mode) and write $OUT/<name>.json.
+    Each row: shape, mode, backend, ms, rate (in ``rate_unit``)."""
     env = environment()
     print(f"\n{name}: {env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['date']}")
-    print("| shape | mode | backend | ms | TB/s | speedup vs inductor |")
+    print(f"| shape | mode | backend | ms | {rate_unit} | speedup vs inductor |")
     print("|---|---|---|---|---|---|")
     for row in rows:
         base = next(r["ms"] for r in rows if r["shape"] == row["shape"] and r["mode"] == row["mode"]
                     and r["backend"] == "inductor")
         row["speedup_vs_inductor"] = base / row["ms"]
-        print(f"| {row['shape']} | {row['mode']} | {row['backend']} | {row['ms']:.4f} | {row['TBps']:.2f} "
+        print(f"| {row['shape']} | {row['mode']} | {row['backend']} | {row['ms']:.4f} | {row['rate']:.2f} "
               f"| {row['speedup_vs_inductor']:.2f}x |")
     out = os.environ.get("OUT", ".")
     os.makedirs(out, exist_ok=True)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What the GPU machine checks, in one call (device tool): install, GPU tests, op and model benchmarks.
-#   bash benchmarks/run_gpu.sh [tests] [rmsnorm] [glu] [model]   (default: tests rmsnorm glu model)   logs and JSON land in $OUT
+#   bash benchmarks/run_gpu.sh [tests] [rmsnorm] [glu] [fp8] [model] [profile]   (default: tests rmsnorm glu model)   logs and JSON land in $OUT
 set -o pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/turbo_out}
 mkdir -p "$OUT"
@@ -13,6 +13,7 @@ for step in $steps; do
     rmsnorm) (cd benchmarks && python3 bench_rmsnorm.py) 2>&1 | tee "$OUT/bench_rmsnorm.log" | grep -v Warning ;;
     model)   python3 -m benchmarks.run_model 2>&1 | tee "$OUT/run_model.log" | tail -8 ;;
     profile) (cd benchmarks && python3 profile_compiled.py) 2>&1 | tee "$OUT/profile.log" | grep -v Warning ;;
+    fp8)     (cd benchmarks && python3 bench_fp8.py) 2>&1 | tee "$OUT/bench_fp8.log" | grep -v Warning ;;
     glu)     (cd benchmarks && python3 bench_glu.py) 2>&1 | tee "$OUT/bench_glu.log" | grep -v Warning ;;
     *)       echo "unknown step $step"; exit 2 ;;
   esac

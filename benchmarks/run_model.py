@@ -2,12 +2,13 @@
 backend="primus_turbo"; prints what the backend fused and a table of step time, compile time and the difference
 to Inductor. Defaults: the tiny config on CPU, one Llama-3-8B layer at batch 2 x seq 4096 on a GPU.
 
-    python -m benchmarks.run_model [--config llama3-8b] [--layers 1] [--batch 2] [--seq 4096]
+    python -m benchmarks.run_model [--config llama3-8b] [--layers 1] [--batch 2] [--seq 4096] [--fp8 rowwise]
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import math
 import statistics
 import time
 
@@ -38,6 +39,8 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=4096 if on_gpu else 64)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--fp8", default="tensorwise,rowwise" if on_gpu else "",
+                        help="FP8 recipes to add as primus_turbo columns (comma-separated; empty: none)")
     args = parser.parse_args(argv)
     device, dtype = ("cuda" if on_gpu else "cpu"), getattr(torch, args.dtype)
     config = CONFIGS[args.config]
@@ -50,12 +53,15 @@ def main(argv=None):
     cotangent = torch.randn_like(x)
     print(f"{args.config} x{config.layers} layer(s), batch {args.batch} x seq {args.seq}, {args.dtype}, {device}")
 
+    columns = [("eager", "eager", None), ("inductor", "inductor", None), ("primus_turbo", "primus_turbo", None)]
+    columns += [(f"primus_turbo fp8 {recipe}", "primus_turbo", {"fp8": recipe})
+                for recipe in args.fp8.split(",") if recipe]
     results = {}
-    for backend in ("eager", "inductor", "primus_turbo"):
+    for name, backend, options in columns:
         torch._dynamo.reset()
         turbo_inductor.reset_records()
         model = copy.deepcopy(base)
-        run = model if backend == "eager" else torch.compile(model, backend=backend)
+        run = model if backend == "eager" else torch.compile(model, backend=backend, options=options)
 
         def step():
             x.grad = None
@@ -69,17 +75,26 @@ def main(argv=None):
         if device == "cuda":
             torch.cuda.synchronize()
         compile_s = time.perf_counter() - start
-        results[backend] = {"ms": time_ms(step, device), "compile_s": compile_s, "out": out,
-                            "grad": x.grad.detach().clone()}
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        results[name] = {"ms": time_ms(step, device), "compile_s": compile_s, "out": out,
+                         "grad": x.grad.detach().clone(),
+                         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")}
         if backend == "primus_turbo":
-            print("fused:", turbo_inductor.rewrite_counts())
+            print(f"{name} fused:", turbo_inductor.rewrite_counts())
 
     ref = results["inductor"]
-    print(f"{'backend':14s} {'step ms':>9s} {'vs inductor':>12s} {'compile s':>10s} {'max|out-ind|':>13s} "
-          f"{'max|dx-ind|':>12s}")
-    for backend, r in results.items():
-        print(f"{backend:14s} {r['ms']:9.3f} {ref['ms'] / r['ms']:11.2f}x {r['compile_s']:10.1f} "
-              f"{(r['out'] - ref['out']).abs().max().item():13.4f} {(r['grad'] - ref['grad']).abs().max().item():12.4f}")
+    print(f"{'backend':28s} {'step ms':>9s} {'vs inductor':>12s} {'compile s':>10s} {'peak GiB':>9s} "
+          f"{'out SNR dB':>11s} {'dx SNR dB':>10s}")
+    for name, r in results.items():
+        print(f"{name:28s} {r['ms']:9.3f} {ref['ms'] / r['ms']:11.2f}x {r['compile_s']:10.1f} {r['peak_gib']:9.2f} "
+              f"{snr_db(r['out'], ref['out']):11.1f} {snr_db(r['grad'], ref['grad']):10.1f}")
+
+
+def snr_db(out, ref) -> float:
+    """10 log10(|ref|^2 / |out - ref|^2): the numerical difference to Inductor (inf when identical)."""
+    noise = (out.double() - ref.double()).pow(2).sum().item()
+    return math.inf if noise == 0 else 10 * math.log10(ref.double().pow(2).sum().item() / noise)
 
 
 if __name__ == "__main__":
