@@ -70,16 +70,12 @@ def main(argv=None):
             out.backward(cotangent)
             return out
 
-        start = time.perf_counter()
-        out = step().detach()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        compile_s = time.perf_counter() - start
-        if device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        results[name] = {"ms": time_ms(step, device), "compile_s": compile_s, "out": out,
-                         "grad": x.grad.detach().clone(),
-                         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")}
+        try:
+            results[name] = measure(step, x, device)
+        except Exception as error:  # a column that fails is reported, the others still run
+            cause = getattr(error, "inner_exception", None) or error  # Dynamo wraps backend errors
+            results[name] = {"error": f"{type(cause).__name__}: {str(cause).strip()[:160]}"}
+            continue
         if backend == "primus_turbo":
             print(f"{name} fused:", turbo_inductor.rewrite_counts())
 
@@ -87,8 +83,25 @@ def main(argv=None):
     print(f"{'backend':28s} {'step ms':>9s} {'vs inductor':>12s} {'compile s':>10s} {'peak GiB':>9s} "
           f"{'out SNR dB':>11s} {'dx SNR dB':>10s}")
     for name, r in results.items():
+        if "error" in r:
+            print(f"{name:28s} failed: {r['error']}")
+            continue
         print(f"{name:28s} {r['ms']:9.3f} {ref['ms'] / r['ms']:11.2f}x {r['compile_s']:10.1f} {r['peak_gib']:9.2f} "
               f"{snr_db(r['out'], ref['out']):11.1f} {snr_db(r['grad'], ref['grad']):10.1f}")
+
+
+def measure(step, x, device: str) -> dict:
+    """Compile (first step), then time the step; outputs and input gradient for the numerical comparison."""
+    start = time.perf_counter()
+    out = step().detach()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    compile_s = time.perf_counter() - start
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    ms = time_ms(step, device)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+    return {"ms": ms, "compile_s": compile_s, "out": out, "grad": x.grad.detach().clone(), "peak_gib": peak}
 
 
 def snr_db(out, ref) -> float:
