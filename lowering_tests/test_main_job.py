@@ -1,0 +1,14 @@
+"""The README's main job runs on a CPU machine and reports every column (timings are not checked here)."""
+from benchmarks import run_model
+
+
+def test_main_job_runs_and_reports_every_column(capsys):
+    run_model.main(["--layers", "1", "--seq", "16", "--fp8", "rowwise"])
+    out = capsys.readouterr().out
+    assert "primus_turbo fused: {'rmsnorm': 3, 'rmsnorm_residual': 2, 'glu': 1}" in out
+    assert "'fp8': 4" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith(("eager", "inductor", "primus_turbo"))]
+    assert [r[0] for r in rows if "fused:" not in r] == ["eager", "inductor", "primus_turbo", "primus_turbo"]
+    assert "failed" not in out
+    primus = next(r for r in rows if r[0] == "primus_turbo" and r[1] != "fp8" and "fused:" not in r)
+    assert float(primus[-2]) > 30 and float(primus[-1]) > 30, "output and dx SNR against Inductor, in dB"
