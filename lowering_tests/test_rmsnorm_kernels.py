@@ -124,20 +124,23 @@ def _check_bwd(impl, rows, H, dtype, has_weight, has_dresidual, weight_dtype=Non
 # ---------------------------------------------------------------------------------------------------------------
 # Tests
 # ---------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("flags", FLAGS, ids=_flag_id)
-@pytest.mark.parametrize("rows", [0, 1, 3, 33])
-@pytest.mark.parametrize("H", [1, 127, 256, 4097])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("impl_name", list(IMPLS))
+def sweep(test):
+    """Every implementation x dtype x H x rows x (weight, residual) combination."""
+    for mark in (pytest.mark.parametrize("flags", FLAGS, ids=_flag_id),
+                 pytest.mark.parametrize("rows", [0, 1, 3, 33]),
+                 pytest.mark.parametrize("H", [1, 127, 256, 4097]),
+                 pytest.mark.parametrize("dtype", DTYPES, ids=str),
+                 pytest.mark.parametrize("impl_name", list(IMPLS))):
+        test = mark(test)
+    return test
+
+
+@sweep
 def test_rmsnorm_fwd(impl_name, dtype, H, rows, flags):
     _check_fwd(IMPLS[impl_name], rows, H, dtype, *flags)
 
 
-@pytest.mark.parametrize("flags", FLAGS, ids=_flag_id)
-@pytest.mark.parametrize("rows", [0, 1, 3, 33])
-@pytest.mark.parametrize("H", [1, 127, 256, 4097])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("impl_name", list(IMPLS))
+@sweep
 def test_rmsnorm_bwd(impl_name, dtype, H, rows, flags):
     _check_bwd(IMPLS[impl_name], rows, H, dtype, *flags)
 
