@@ -42,7 +42,7 @@ def implementation(kernel: str, name: str, *, priority: int,
         if name in _IMPLS[kernel]:
             raise RuntimeError(f"turbo_inductor: implementation {name!r} of {kernel!r} registered twice")
         _IMPLS[kernel][name] = Implementation(kernel, name, fn, priority, unavailable_reason)
-        select.cache_clear()
+        _select.cache_clear()  # a new implementation can change earlier choices
         return fn
 
     return register
@@ -115,9 +115,6 @@ def select(kernel: str, device: torch.device, impl: str = AUTO) -> Callable:
     chosen = _select(kernel, device.type, impl, os.environ.get(IMPL_ENV, ""))
     _CALLS[(kernel, chosen.name)] += 1
     return chosen.fn
-
-
-select.cache_clear = _select.cache_clear  # registrations invalidate earlier choices
 
 
 def kernel_calls() -> dict[tuple[str, str], int]:
