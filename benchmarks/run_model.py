@@ -1,14 +1,20 @@
 """The main job: a Llama-style decoder trained (forward+backward) under eager, backend="inductor" and
-backend="primus_turbo"; prints what the backend fused and a table of step time, compile time and the difference
-to Inductor. Defaults: the tiny config on CPU, one Llama-3-8B layer at batch 2 x seq 4096 on a GPU.
+backend="primus_turbo" (and its FP8 recipes); prints what the backend fused and a table of step time, tokens/s,
+model TFLOP/s, speedup over Inductor, peak memory, compile time and the SNR against Inductor; writes the table as
+JSON and a speedup chart as PNG. Defaults: the tiny config on CPU, one Llama-3-8B layer at batch 2 x seq 4096 on a
+GPU.
 
     python -m benchmarks.run_model [--config llama3-8b] [--layers 1] [--batch 2] [--seq 4096] [--fp8 rowwise]
+                                   [--out benchmarks/results]
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import datetime
+import json
 import math
+import os
 import statistics
 import time
 
@@ -41,6 +47,7 @@ def main(argv=None):
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--fp8", default="tensorwise,rowwise" if on_gpu else "",
                         help="FP8 recipes to add as primus_turbo columns (comma-separated; empty: none)")
+    parser.add_argument("--out", default=os.path.join("benchmarks", "results"), help="folder for the JSON and PNG")
     args = parser.parse_args(argv)
     device, dtype = ("cuda" if on_gpu else "cpu"), getattr(torch, args.dtype)
     config = CONFIGS[args.config]
@@ -57,7 +64,11 @@ def main(argv=None):
     columns += [(f"primus_turbo fp8 {recipe}", "primus_turbo", {"fp8": recipe})
                 for recipe in args.fp8.split(",") if recipe]
     results = {}
-    for name, backend, options in columns:
+    from tqdm import tqdm  # comes with transformers; the progress of minutes-long compiles and measurements
+
+    progress = tqdm(columns, desc="columns", unit="column")
+    for name, backend, options in progress:
+        progress.set_description(f"compiling and timing {name}")
         torch._dynamo.reset()
         turbo_inductor.reset_records()
         model = copy.deepcopy(base)
@@ -77,17 +88,24 @@ def main(argv=None):
             results[name] = {"error": f"{type(cause).__name__}: {str(cause).strip()[:160]}"}
             continue
         if backend == "primus_turbo":
-            print(f"{name} fused:", turbo_inductor.rewrite_counts())
+            results[name]["rewrites"] = turbo_inductor.rewrite_counts()
+            print(f"{name} fused:", results[name]["rewrites"])
 
     ref = results["inductor"]
-    print(f"{'backend':28s} {'step ms':>9s} {'vs inductor':>12s} {'compile s':>10s} {'peak GiB':>9s} "
-          f"{'out SNR dB':>11s} {'dx SNR dB':>10s}")
+    tokens = args.batch * args.seq
+    flops = model_flops(base, config, args.batch, args.seq)
+    table = []
     for name, r in results.items():
         if "error" in r:
-            print(f"{name:28s} failed: {r['error']}")
+            table.append({"column": name, "error": r["error"]})
             continue
-        print(f"{name:28s} {r['ms']:9.3f} {ref['ms'] / r['ms']:11.2f}x {r['compile_s']:10.1f} {r['peak_gib']:9.2f} "
-              f"{snr_db(r['out'], ref['out']):11.1f} {snr_db(r['grad'], ref['grad']):10.1f}")
+        table.append({"column": name, "step_ms": r["ms"], "tokens_per_s": tokens / r["ms"] * 1e3,
+                      "model_tflops": flops / r["ms"] / 1e9, "speedup_vs_inductor": ref["ms"] / r["ms"],
+                      "peak_gib": r["peak_gib"], "compile_s": r["compile_s"],
+                      "out_snr_db": snr_db(r["out"], ref["out"]), "dx_snr_db": snr_db(r["grad"], ref["grad"]),
+                      "rewrites": r.get("rewrites", {})})
+    print_table(table)
+    write_outputs(args, config, device, table)
 
 
 def measure(step, x, device: str) -> dict:
@@ -102,6 +120,59 @@ def measure(step, x, device: str) -> dict:
     ms = time_ms(step, device)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
     return {"ms": ms, "compile_s": compile_s, "out": out, "grad": x.grad.detach().clone(), "peak_gib": peak}
+
+
+def model_flops(model, config, batch: int, seq: int) -> float:
+    """Training FLOPs of one step: 6 per token per matrix parameter, plus causal attention (fwd 2 matmuls, x3)."""
+    matrix_params = sum(p.numel() for p in model.parameters() if p.dim() == 2)
+    attention = 3 * 4 * batch * config.heads * seq * seq * (config.hidden // config.heads) / 2 * config.layers
+    return 6 * batch * seq * matrix_params + attention
+
+
+def print_table(table: list[dict]) -> None:
+    print(f"{'backend':28s} {'step ms':>9s} {'tokens/s':>10s} {'TFLOP/s':>8s} {'vs inductor':>12s} {'peak GiB':>9s} "
+          f"{'compile s':>10s} {'out SNR dB':>11s} {'dx SNR dB':>10s}")
+    for row in table:
+        if "error" in row:
+            print(f"{row['column']:28s} failed: {row['error']}")
+            continue
+        print(f"{row['column']:28s} {row['step_ms']:9.3f} {row['tokens_per_s']:10.0f} {row['model_tflops']:8.1f} "
+              f"{row['speedup_vs_inductor']:11.2f}x {row['peak_gib']:9.2f} {row['compile_s']:10.1f} "
+              f"{row['out_snr_db']:11.1f} {row['dx_snr_db']:10.1f}")
+
+
+def write_outputs(args, config, device: str, table: list[dict]) -> None:
+    """``model_<config>.json`` (the table and the environment) and ``model_<config>.png`` (speedup per column)."""
+    import triton
+
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, f"model_{args.config}")
+    environment = {"date": datetime.date.today().isoformat(), "device": device,
+                   "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
+                   "torch": torch.__version__, "triton": triton.__version__}
+    with open(stem + ".json", "w") as f:
+        json.dump({"environment": environment, "config": {**config.__dict__, "batch": args.batch, "seq": args.seq},
+                   "columns": table}, f, indent=1, default=str)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [row for row in table if "error" not in row]
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    bars = ax.bar([row["column"] for row in ok], [row["speedup_vs_inductor"] for row in ok],
+                  color=["#999999" if not row["column"].startswith("primus") else "#c0392b" for row in ok])
+    ax.bar_label(bars, fmt="%.2fx")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.margins(y=0.15)
+    ax.set_ylabel("speedup over Inductor")
+    ax.set_title(f"{args.config} x{config.layers} layer(s), batch {args.batch} x seq {args.seq}, training step "
+                 f"({environment['gpu'] or 'CPU'})", fontsize=9)
+    plt.setp(ax.get_xticklabels(), rotation=15, ha="right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(stem + ".png", dpi=120)
+    plt.close(fig)
+    print(f"wrote {stem}.json and {stem}.png")
 
 
 def snr_db(out, ref) -> float:

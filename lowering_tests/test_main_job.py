@@ -1,10 +1,18 @@
-"""The README's main job runs on a CPU machine and reports every column (timings are not checked here)."""
+"""The README's main job runs on a CPU machine, reports every column and writes its JSON and PNG (timings are not
+checked here: they belong to the benchmark)."""
+import json
+
 from benchmarks import run_model
 
 
-def test_main_job_runs_and_reports_every_column(capsys):
-    run_model.main(["--layers", "1", "--seq", "16", "--fp8", "rowwise"])
+def test_main_job_runs_and_reports_every_column(capsys, tmp_path):
+    run_model.main(["--layers", "1", "--seq", "16", "--fp8", "rowwise", "--out", str(tmp_path)])
     out = capsys.readouterr().out
+    written = json.loads((tmp_path / "model_tiny.json").read_text())
+    assert [c["column"] for c in written["columns"]] == ["eager", "inductor", "primus_turbo",
+                                                         "primus_turbo fp8 rowwise"]
+    assert written["columns"][2]["rewrites"] == {"rmsnorm": 3, "rmsnorm_residual": 2, "glu": 1}
+    assert (tmp_path / "model_tiny.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "primus_turbo fused: {'rmsnorm': 3, 'rmsnorm_residual': 2, 'glu': 1}" in out
     assert "'fp8': 4" in out
     rows = [line.split() for line in out.splitlines() if line.startswith(("eager", "inductor", "primus_turbo"))]
