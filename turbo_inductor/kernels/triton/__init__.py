@@ -1,6 +1,7 @@
 """Triton implementations. On CPU they run only under ``TRITON_INTERPRET=1`` (set before import)."""
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -26,3 +27,10 @@ def unavailable_reason(device: torch.device) -> str | None:
 def interpreting() -> bool:
     """True when kernels run in Triton's CPU interpreter (whose bf16 dot and fp8 stores are unreliable)."""
     return _INTERPRETING
+
+
+def on_device(device: torch.device):
+    """Triton launches on the current CUDA device: a context that switches to ``device`` when it differs."""
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device.index)
+    return contextlib.nullcontext()

@@ -43,8 +43,7 @@ import triton.language as tl
 
 from ..reference.fp8_quant import AMAX_FLOOR, check_args, scale_shape
 from ..registry import implementation
-from . import interpreting, unavailable_reason
-from .rmsnorm import _on_device
+from . import interpreting, on_device, unavailable_reason
 
 # --------------------------------------------------------------------------------------------------------------
 # Launch heuristics (module constants so that tests can shrink them to exercise every path on small shapes).
@@ -285,7 +284,7 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
         FIX_NAN=interpreting(), NAN_BITS=_NAN_BITS[fp8_dtype],
         GR=tiling.group_rows, SR=tiling.sub_rows, GC=tiling.group_cols, SC=tiling.sub_cols,
         num_warps=tiling.num_warps)
-    with _on_device(x.device):
+    with on_device(x.device):
         if tiling.fused:
             _fp8_tile_kernel[grid](
                 x, q_bits, scale, scale, M, K, x.stride(0), x.stride(1), br, bc, n_bc, 1, n_tile_cols,

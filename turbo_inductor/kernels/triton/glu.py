@@ -30,8 +30,7 @@ import triton
 import triton.language as tl
 
 from ..registry import implementation
-from . import unavailable_reason
-from .rmsnorm import _on_device
+from . import on_device, unavailable_reason
 
 # --------------------------------------------------------------------------------------------------------------
 # Launch heuristics (module constants so that tests can shrink them to exercise the looped paths).
@@ -280,7 +279,7 @@ def glu_fwd(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, ma
     tiling = glu_tiling(F)
     n_col_blocks = triton.cdiv(F, tiling.block_f)
     grid = (triton.cdiv(n_rows, tiling.block_rows) * n_col_blocks,)
-    with _on_device(gate.device):
+    with on_device(gate.device):
         _glu_fwd_kernel[grid](
             gate, up, probs_arg, mask_arg, out,
             n_rows, F, gate.stride(0), up.stride(0), n_col_blocks,
@@ -317,7 +316,7 @@ def glu_bwd(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, probs: tor
     # With probs, one program per row block walks the whole row so that its dprobs sum is complete.
     n_col_blocks = 1 if probs is not None else triton.cdiv(F, tiling.block_f)
     grid = (triton.cdiv(n_rows, tiling.block_rows) * n_col_blocks,)
-    with _on_device(gate.device):
+    with on_device(gate.device):
         _glu_bwd_kernel[grid](
             dout, gate, up, probs_arg, mask_arg, dgate_out, dup_out, dprobs_arg,
             n_rows, F, dout.stride(0), gate.stride(0), up.stride(0), dgate_out.stride(0), dup_out.stride(0),

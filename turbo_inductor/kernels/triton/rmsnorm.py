@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ..registry import implementation
-from . import unavailable_reason
+from . import on_device, unavailable_reason
 
 # --------------------------------------------------------------------------------------------------------------
 # Launch heuristics (module constants so that tests can shrink them to exercise the chunked paths).
@@ -361,24 +361,6 @@ def _dw_reduce_kernel(
 # --------------------------------------------------------------------------------------------------------------
 # Launchers
 # --------------------------------------------------------------------------------------------------------------
-def _on_device(device: torch.device):
-    """Triton launches on the current CUDA device: switch to the tensors' device when it differs."""
-    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
-        return torch.cuda.device(device.index)
-    return _NULL_CONTEXT
-
-
-class _NullContext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NULL_CONTEXT = _NullContext()
-
-
 @implementation("rmsnorm_fwd", "triton", priority=20, unavailable_reason=unavailable_reason)
 def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float):
     """Returns ``(y, s_out, rstd)``; see ``..reference.rmsnorm.rmsnorm_fwd``."""
@@ -398,7 +380,7 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Te
     r_arg = residual if residual is not None else x
     s_arg = s_out if s_out is not None else y
     tiling = fwd_tiling(H, x.element_size())
-    with _on_device(x.device):
+    with on_device(x.device):
         if tiling.chunked:
             _rmsnorm_fwd_chunked_kernel[(n_rows,)](
                 x, w_arg, r_arg, y, s_arg, rstd, H, eps,
@@ -434,7 +416,7 @@ def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, 
     w_arg = weight if has_weight else x
     dres_arg = dresidual if dresidual is not None else x
     tiling = bwd_tiling(H, x.element_size())
-    with _on_device(x.device):
+    with on_device(x.device):
         if tiling.chunked:
             n_chunks = triton.cdiv(H, tiling.block_h)
             # The column chunks already spread the work: fewer row groups are needed to fill the GPU.
