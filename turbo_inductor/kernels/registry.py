@@ -9,6 +9,8 @@ variable ``TURBO_INDUCTOR_IMPL`` (``triton`` for every kernel, or ``rmsnorm_fwd=
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import os
@@ -28,20 +30,27 @@ class Implementation:
     priority: int
     # device -> None when it can run there, else the reason it cannot (shown in errors)
     unavailable_reason: Callable[[torch.device], str | None]
+    # device -> whether its work can be traced into a compiled graph (plain torch calls can; see ops/library.py)
+    traceable: Callable[[torch.device], bool]
 
 
 _IMPLS: dict[str, dict[str, Implementation]] = collections.defaultdict(dict)
 _CALLS: collections.Counter = collections.Counter()
 
 
+def _always(device: torch.device) -> bool:
+    return True
+
+
 def implementation(kernel: str, name: str, *, priority: int,
-                   unavailable_reason: Callable[[torch.device], str | None]):
+                   unavailable_reason: Callable[[torch.device], str | None],
+                   traceable: Callable[[torch.device], bool] = _always):
     """Decorator: register ``fn`` as implementation ``name`` of ``kernel``."""
 
     def register(fn: Callable) -> Callable:
         if name in _IMPLS[kernel]:
             raise RuntimeError(f"turbo_inductor: implementation {name!r} of {kernel!r} registered twice")
-        _IMPLS[kernel][name] = Implementation(kernel, name, fn, priority, unavailable_reason)
+        _IMPLS[kernel][name] = Implementation(kernel, name, fn, priority, unavailable_reason, traceable)
         _select.cache_clear()  # a new implementation can change earlier choices
         return fn
 
@@ -117,8 +126,32 @@ def select(kernel: str, device: torch.device, impl: str = AUTO) -> Callable:
     return chosen.fn
 
 
+def traceable(kernel: str, device: torch.device, impl: str = AUTO) -> bool:
+    """Whether the implementation :func:`select` would pick can be traced into a compiled graph."""
+    return _select(kernel, device.type, impl, os.environ.get(IMPL_ENV, "")).traceable(device)
+
+
+_TRACING = contextvars.ContextVar("turbo_inductor_tracing", default=False)
+
+
+@contextlib.contextmanager
+def tracing():
+    """Marks that an op body is being traced into a compiled graph (``ops/library.py``): implementations then
+    record their work in the graph instead of launching it (Triton: ``triton.launch``)."""
+    token = _TRACING.set(True)
+    try:
+        yield
+    finally:
+        _TRACING.reset(token)
+
+
+def is_tracing() -> bool:
+    return _TRACING.get()
+
+
 def kernel_calls() -> dict[tuple[str, str], int]:
-    """How often each (kernel, implementation) ran since the last :func:`reset_kernel_calls`."""
+    """How often each (kernel, implementation) was called since the last :func:`reset_kernel_calls`: at run time
+    for eager calls and for ops a compiled graph calls, at compile time for ops traced into it (GPU)."""
     return dict(_CALLS)
 
 

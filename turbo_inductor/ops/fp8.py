@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ..kernels import registry
 from ..kernels.reference.fp8_gemm import block_size
-from .library import check, check_float
+from .library import check, check_float, kernel_op
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
 QUANTIZE_KERNEL, GEMM_KERNEL = "fp8_quantize", "fp8_gemm"
@@ -46,7 +46,7 @@ def _check_quantize(x: Tensor, fp8_dtype: torch.dtype, block_rows: int, block_co
           lambda: f"blocks must be >= 1, got {block_rows} x {block_cols}")
 
 
-@torch.library.custom_op("turbo_inductor::fp8_quantize", mutates_args=())
+@kernel_op("fp8_quantize", (QUANTIZE_KERNEL,))
 def fp8_quantize(x: Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool = False,
                  power_of_two: bool = False, impl: str = "auto") -> tuple[Tensor, Tensor]:
     _check_quantize(x, fp8_dtype, block_rows, block_cols)
@@ -89,7 +89,7 @@ def _resolves(size: int, n_blocks: int) -> bool:
     return True
 
 
-@torch.library.custom_op("turbo_inductor::fp8_gemm", mutates_args=())
+@kernel_op("fp8_gemm", (GEMM_KERNEL,))
 def fp8_gemm(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, out_dtype: torch.dtype,
              impl: str = "auto") -> Tensor:
     _check_gemm(a, a_scale, b, b_scale)

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from ..kernels import registry
 from .fp8 import GEMM_KERNEL, QUANTIZE_KERNEL, fp8_formats
-from .library import SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device
+from .library import SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, kernel_op
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +79,7 @@ def _check(op: str, x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: s
     check_same_device(op, x=x, weight=weight, bias=bias)
 
 
-@torch.library.custom_op("turbo_inductor::fp8_linear", mutates_args=())
+@kernel_op("fp8_linear", (QUANTIZE_KERNEL, GEMM_KERNEL))
 def fp8_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, impl: str = "auto") -> Tensor:
     _check("fp8_linear", x, weight, bias, recipe)
     r, (e4m3, _) = RECIPES[recipe], fp8_formats(x.device)
@@ -99,7 +99,7 @@ def _(x, weight, bias, recipe, impl="auto"):
     return x.new_empty(x.shape[:-1] + (weight.shape[0],))
 
 
-@torch.library.custom_op("turbo_inductor::fp8_linear_bwd", mutates_args=())
+@kernel_op("fp8_linear_bwd", (QUANTIZE_KERNEL, GEMM_KERNEL))
 def fp8_linear_bwd(dy: Tensor, x: Tensor, weight: Tensor, recipe: str,
                    impl: str = "auto") -> tuple[Tensor, Tensor]:
     _check("fp8_linear_bwd", x, weight, None, recipe)

@@ -20,7 +20,8 @@ import torch
 from torch import Tensor
 
 from ..kernels import registry
-from .library import SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, define_composite
+from .library import (SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, define_composite,
+                      kernel_op)
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 FWD_KERNEL, BWD_KERNEL = "glu_fwd", "glu_bwd"
@@ -85,7 +86,7 @@ def _backward(dout, gate, up, probs, mask, activation, impl, dgate, dup) -> Tens
 
 # ---- gate and up as two tensors ------------------------------------------------------------------------------
 
-@torch.library.custom_op("turbo_inductor::glu", mutates_args=())
+@kernel_op("glu", (FWD_KERNEL,))
 def glu(gate: Tensor, up: Tensor, probs: Optional[Tensor], mask: Optional[Tensor], activation: str,
         impl: str = "auto") -> Tensor:
     _check("glu", gate, up, probs, mask, activation)
@@ -98,7 +99,7 @@ def _(gate, up, probs, mask, activation, impl="auto"):
     return gate.new_empty(gate.shape)
 
 
-@torch.library.custom_op("turbo_inductor::glu_bwd", mutates_args=())
+@kernel_op("glu_bwd", (BWD_KERNEL,))
 def glu_bwd(dout: Tensor, gate: Tensor, up: Tensor, probs: Optional[Tensor], mask: Optional[Tensor],
             activation: str, impl: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
     _check("glu_bwd", gate, up, probs, mask, activation)
@@ -133,7 +134,7 @@ glu.register_autograd(_backward_glu, setup_context=_setup_glu)
 
 # ---- gate and up as the two halves of one tensor (a fused gate/up projection) ------------------------------
 
-@torch.library.custom_op("turbo_inductor::glu_fused", mutates_args=())
+@kernel_op("glu_fused", (FWD_KERNEL,))
 def glu_fused(x: Tensor, probs: Optional[Tensor], mask: Optional[Tensor], activation: str,
               impl: str = "auto") -> Tensor:
     _check_fused("glu_fused", x, probs, mask, activation)
@@ -148,7 +149,7 @@ def _(x, probs, mask, activation, impl="auto"):
     return x.new_empty(x.shape[:-1] + (x.shape[-1] // 2,))
 
 
-@torch.library.custom_op("turbo_inductor::glu_fused_bwd", mutates_args=())
+@kernel_op("glu_fused_bwd", (BWD_KERNEL,))
 def glu_fused_bwd(dout: Tensor, x: Tensor, probs: Optional[Tensor], mask: Optional[Tensor], activation: str,
                   impl: str = "auto") -> tuple[Tensor, Tensor]:
     _check_fused("glu_fused_bwd", x, probs, mask, activation)

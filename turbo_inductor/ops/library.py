@@ -1,20 +1,57 @@
-"""What every op module shares: the ``turbo_inductor`` library, public composite ops, and input checks.
+"""What every op module shares: the ``turbo_inductor`` library, kernel-level and public composite ops, and input
+checks.
 
-Each op family has kernel-level custom ops (``torch.library.custom_op``: functional, exact fake, registered
-autograd) and, where the user-facing result is a subset of what backward needs saved (RMSNorm's rstd), a public
-op defined here as ``CompositeImplicitAutograd`` over them, the way ``aten::layer_norm`` sits on
-``aten::native_layer_norm``.
+Each op family has kernel-level custom ops (:func:`kernel_op`: functional, exact fake, registered autograd) and,
+where the user-facing result is a subset of what backward needs saved (RMSNorm's rstd), a public op defined here
+as ``CompositeImplicitAutograd`` over them, the way ``aten::layer_norm`` sits on ``aten::native_layer_norm``.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Callable
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+
+from ..kernels import registry
 
 NAMESPACE = "turbo_inductor"
 LIB = torch.library.Library(NAMESPACE, "FRAGMENT")
 
 SUPPORTED_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def kernel_op(name: str, kernels: tuple[str, ...]) -> Callable:
+    """Decorator: define ``turbo_inductor::<name>`` as a functional custom op whose body calls ``kernels``
+    (registry names) and takes an ``impl`` argument.
+
+    When a graph is compiled and every chosen implementation is traceable (GPU), the body is traced into the
+    graph: AOTAutograd runs it under its functionalization, so Triton launches (``triton.launch``) become
+    ``triton_kernel_wrapper_functional`` nodes and torch calls become aten nodes, all compiled and launched by
+    Inductor's own wrapper code instead of one opaque call back into Python per op at run time. This is what
+    ``torch.library.triton_op`` does; unlike it, the op stays opaque where the body cannot be traced (the Triton
+    interpreter on CPU needs real data). Eager calls always run the body directly."""
+
+    def define(body: Callable) -> torch.library.CustomOpDef:
+        op = torch.library.custom_op(f"{NAMESPACE}::{name}", body, mutates_args=())
+        signature = inspect.signature(body)
+
+        def trace_into_graph(mode, func, types, args, kwargs):
+            if any(not issubclass(t, (FakeTensor, FunctionalTensor)) and t is not torch.Tensor for t in types):
+                return NotImplemented  # another tensor subclass: let it handle the op first
+            bound = signature.bind(*args, **kwargs)
+            device = next(v.device for v in bound.arguments.values() if isinstance(v, torch.Tensor))
+            impl = bound.arguments.get("impl", registry.AUTO)
+            if not all(registry.traceable(kernel, device, impl) for kernel in kernels):
+                return mode.__torch_dispatch__(func, types, args, kwargs)
+            with mode, registry.tracing():
+                return body(*args, **kwargs)
+
+        op.register_torch_dispatch(FunctionalTensorMode, trace_into_graph)
+        return op
+
+    return define
 
 
 def define_composite(schema: str, fn: Callable) -> torch._ops.OpOverload:

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ..kernels import registry
 from .library import (SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, define_composite,
-                      rows_view)
+                      kernel_op, rows_view)
 
 FWD_KERNEL, BWD_KERNEL = "rmsnorm_fwd", "rmsnorm_bwd"
 
@@ -53,7 +53,7 @@ def _empty_outputs(x: Tensor) -> tuple[Tensor, Tensor]:
 
 # ---- forward -------------------------------------------------------------------------------------------------
 
-@torch.library.custom_op("turbo_inductor::rmsnorm_fwd", mutates_args=())
+@kernel_op("rmsnorm_fwd", (FWD_KERNEL,))
 def rmsnorm_fwd(x: Tensor, weight: Optional[Tensor], eps: float, impl: str = "auto") -> tuple[Tensor, Tensor]:
     _check_inputs("rmsnorm", x, weight, eps)
     if x.numel() == 0:
@@ -69,7 +69,7 @@ def _(x, weight, eps, impl="auto"):
             x.new_empty(x.shape[:-1], dtype=torch.float32))
 
 
-@torch.library.custom_op("turbo_inductor::rmsnorm_residual_fwd", mutates_args=())
+@kernel_op("rmsnorm_residual_fwd", (FWD_KERNEL,))
 def rmsnorm_residual_fwd(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float,
                          impl: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
     _check_inputs("rmsnorm_residual", x, weight, eps, residual)
@@ -90,7 +90,7 @@ def _(x, residual, weight, eps, impl="auto"):
 
 # ---- backward ------------------------------------------------------------------------------------------------
 
-@torch.library.custom_op("turbo_inductor::rmsnorm_bwd", mutates_args=())
+@kernel_op("rmsnorm_bwd", (BWD_KERNEL,))
 def rmsnorm_bwd(dy: Tensor, x: Tensor, weight: Optional[Tensor], rstd: Tensor, dresidual: Optional[Tensor],
                 impl: str = "auto") -> tuple[Tensor, Tensor]:
     _check_backward_inputs(dy, x, weight, rstd, dresidual)

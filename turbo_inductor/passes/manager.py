@@ -76,13 +76,13 @@ def reset_records() -> None:
 
 @functools.lru_cache(maxsize=None)
 def _source_hash() -> str:
-    """Hash of the sources whose change changes the rewritten graph: the passes and the op definitions."""
+    """Hash of every source of the package: the passes and ops shape the rewritten graph, and on GPU the kernels'
+    code is traced into the compiled graph (``ops/library.py``), so all of them are part of the cache key."""
     package = pathlib.Path(__file__).resolve().parent.parent
     digest = hashlib.sha256()
-    for folder in ("passes", "ops"):
-        for path in sorted((package / folder).glob("*.py")):
-            digest.update(path.name.encode())
-            digest.update(path.read_bytes())
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode())
+        digest.update(path.read_bytes())
     return digest.hexdigest()
 
 

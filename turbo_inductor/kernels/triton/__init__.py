@@ -6,6 +6,8 @@ import os
 
 import torch
 
+from .. import registry
+
 # Read once, when this package loads: triton.jit picks the interpreter at decoration time, which is when the kernel
 # modules of this package load, so a later change of the variable does not change what our kernels are.
 _INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -22,6 +24,20 @@ def unavailable_reason(device: torch.device) -> str | None:
     if device.type == "cpu":
         return None if _INTERPRETING else "Triton runs on CPU only under TRITON_INTERPRET=1"
     return f"no Triton backend for device type {device.type!r}"
+
+
+def traceable(device: torch.device) -> bool:
+    """Whether a launch on ``device`` can be traced into a compiled graph. Not on CPU: the interpreter needs real
+    data, and Inductor cannot launch a CPU Triton kernel."""
+    return device.type != "cpu"
+
+
+def launch(kernel):
+    """``kernel``, to launch as ``launch(kernel)[grid](...)``. While an op body is traced for Inductor
+    (``registry.tracing``), it goes through ``wrap_triton`` so that the launch becomes a graph node Inductor
+    compiles and launches itself; otherwise the kernel is launched directly (``wrap_triton``'s dispatch costs
+    about a millisecond per eager call)."""
+    return torch.library.wrap_triton(kernel) if registry.is_tracing() else kernel
 
 
 def interpreting() -> bool:

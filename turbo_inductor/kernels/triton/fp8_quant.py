@@ -43,7 +43,7 @@ import triton.language as tl
 
 from ..reference.fp8_quant import AMAX_FLOOR, check_args, scale_shape
 from ..registry import implementation
-from . import interpreting, on_device, unavailable_reason
+from . import interpreting, launch, on_device, traceable, unavailable_reason
 
 # --------------------------------------------------------------------------------------------------------------
 # Launch heuristics (module constants so that tests can shrink them to exercise every path on small shapes).
@@ -66,20 +66,17 @@ MODE_FUSED, MODE_AMAX, MODE_CAST = 0, 1, 2
 
 _AMAX_FLOOR = tl.constexpr(AMAX_FLOOR)
 
-_TRITON_FP8 = {
-    torch.float8_e4m3fn: tl.float8e4nv,
-    torch.float8_e5m2: tl.float8e5,
-    torch.float8_e4m3fnuz: tl.float8e4b8,
-    torch.float8_e5m2fnuz: tl.float8e5b16,
-}
+# The FP8 format goes into the kernel as a number (FORMAT): constexprs must print as Python literals in the code
+# Inductor generates when it launches the kernel from a compiled graph, and Triton's dtypes do not.
+_FORMAT_IDS = {torch.float8_e4m3fn: 0, torch.float8_e5m2: 1, torch.float8_e4m3fnuz: 2, torch.float8_e5m2fnuz: 3}
 _FNUZ = (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
 # A NaN encoding of each format (0x7F: all exponent and mantissa bits set; fnuz: the "negative zero" pattern).
 _NAN_BITS = {torch.float8_e4m3fn: 0x7F, torch.float8_e5m2: 0x7F, torch.float8_e4m3fnuz: 0x80,
              torch.float8_e5m2fnuz: 0x80}
 
 
-def _triton_fp8_type(fp8_dtype: torch.dtype, device: torch.device):
-    """Triton's type for ``fp8_dtype`` where this build can cast to it, else NotImplementedError."""
+def _format_id(fp8_dtype: torch.dtype, device: torch.device) -> int:
+    """The kernels' FORMAT for ``fp8_dtype`` where this build can cast to it, else NotImplementedError."""
     if fp8_dtype in _FNUZ:
         if device.type == "cpu" or interpreting():
             raise NotImplementedError(
@@ -88,7 +85,7 @@ def _triton_fp8_type(fp8_dtype: torch.dtype, device: torch.device):
             raise NotImplementedError(
                 f"turbo_inductor: Triton cannot cast to {fp8_dtype} on NVIDIA GPUs (the fnuz formats are AMD "
                 f"MI300's); use float8_e4m3fn / float8_e5m2 there")
-    return _TRITON_FP8[fp8_dtype]
+    return _FORMAT_IDS[fp8_dtype]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -178,10 +175,24 @@ def _scale_from_amax(amax, FMAX: tl.constexpr, POW2: tl.constexpr):
 
 
 @triton.jit
+def _to_fp8_bits(y, FORMAT: tl.constexpr):
+    """y cast to the FP8 format numbered FORMAT (``_FORMAT_IDS``), as raw bytes."""
+    if FORMAT == 0:
+        q = y.to(tl.float8e4nv)
+    elif FORMAT == 1:
+        q = y.to(tl.float8e5)
+    elif FORMAT == 2:
+        q = y.to(tl.float8e4b8)
+    else:
+        q = y.to(tl.float8e5b16)
+    return q.to(tl.uint8, bitcast=True)
+
+
+@triton.jit
 def _fp8_tile_kernel(
     X, Q, SCALE, PARTIAL,
     M, K, stride_xm, stride_xk, block_rows, block_cols, n_scale_cols, n_partial_cols, n_tile_cols,
-    MODE: tl.constexpr, FP8: tl.constexpr, FMAX: tl.constexpr, POW2: tl.constexpr, TRANSPOSE: tl.constexpr,
+    MODE: tl.constexpr, FORMAT: tl.constexpr, FMAX: tl.constexpr, POW2: tl.constexpr, TRANSPOSE: tl.constexpr,
     FIX_NAN: tl.constexpr, NAN_BITS: tl.constexpr,
     GR: tl.constexpr, SR: tl.constexpr, GC: tl.constexpr, SC: tl.constexpr,
 ):
@@ -223,7 +234,7 @@ def _fp8_tile_kernel(
         y = tl.math.div_rn(x, scale[:, None, :, None])
         # Saturate before the cast; the clamp keeps NaN.
         y = tl.clamp(y, -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
-        bits = y.to(FP8).to(tl.uint8, bitcast=True)
+        bits = _to_fp8_bits(y, FORMAT)
         if FIX_NAN:
             # The interpreter's cast turns NaN into a finite e4m3 value; GPUs' casts keep NaN.
             bits = tl.where(y != y, tl.full(bits.shape, NAN_BITS, tl.uint8), bits)
@@ -262,12 +273,13 @@ def _fp8_scale_kernel(
 # --------------------------------------------------------------------------------------------------------------
 # Launcher
 # --------------------------------------------------------------------------------------------------------------
-@implementation("fp8_quantize", "triton", priority=20, unavailable_reason=unavailable_reason)
+@implementation("fp8_quantize", "triton", priority=20, unavailable_reason=unavailable_reason,
+                traceable=traceable)
 def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool,
                  power_of_two: bool = False):
     """``(q, scale)``; see ``..reference.fp8_quant.fp8_quantize``."""
     check_args(x, fp8_dtype, block_rows, block_cols)
-    fp8 = _triton_fp8_type(fp8_dtype, x.device)
+    fp8_format = _format_id(fp8_dtype, x.device)
     M, K = x.shape
     n_br, n_bc = scale_shape(M, K, block_rows, block_cols)
     q = torch.empty((K, M) if transpose else (M, K), dtype=fp8_dtype, device=x.device)
@@ -280,20 +292,20 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
     grid = (triton.cdiv(M, tiling.tile_rows) * n_tile_cols,)
     q_bits = q.view(torch.uint8)  # stored as raw bytes: the same on every backend
     constexprs = dict(
-        FP8=fp8, FMAX=float(torch.finfo(fp8_dtype).max), POW2=bool(power_of_two), TRANSPOSE=bool(transpose),
+        FORMAT=fp8_format, FMAX=float(torch.finfo(fp8_dtype).max), POW2=bool(power_of_two), TRANSPOSE=bool(transpose),
         FIX_NAN=interpreting(), NAN_BITS=_NAN_BITS[fp8_dtype],
         GR=tiling.group_rows, SR=tiling.sub_rows, GC=tiling.group_cols, SC=tiling.sub_cols,
         num_warps=tiling.num_warps)
     with on_device(x.device):
         if tiling.fused:
-            _fp8_tile_kernel[grid](
+            launch(_fp8_tile_kernel)[grid](
                 x, q_bits, scale, scale, M, K, x.stride(0), x.stride(1), br, bc, n_bc, 1, n_tile_cols,
                 MODE=MODE_FUSED, **constexprs)
             return q, scale
         n_partial_rows = triton.cdiv(M, tiling.sub_rows)
         n_partial_cols = triton.cdiv(K, tiling.sub_cols)
         partial = torch.empty((n_partial_rows, n_partial_cols), dtype=torch.float32, device=x.device)
-        _fp8_tile_kernel[grid](
+        launch(_fp8_tile_kernel)[grid](
             x, q_bits, scale, partial, M, K, x.stride(0), x.stride(1), br, bc, n_bc, n_partial_cols, n_tile_cols,
             MODE=MODE_AMAX, **constexprs)
         # Sub-tiles per block (all of them along a dim that one block spans).
@@ -301,11 +313,11 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
         cols_per_block = n_partial_cols if n_bc == 1 else bc // tiling.sub_cols
         reduce_c = min(_pow2(cols_per_block), REDUCE_TILE_ELEMENTS)
         reduce_r = min(_pow2(rows_per_block), max(1, REDUCE_TILE_ELEMENTS // reduce_c))
-        _fp8_scale_kernel[(n_br * n_bc,)](
+        launch(_fp8_scale_kernel)[(n_br * n_bc,)](
             partial, scale, n_partial_rows, n_partial_cols, rows_per_block, cols_per_block, n_bc,
             FMAX=constexprs["FMAX"], POW2=constexprs["POW2"], BLOCK_R=reduce_r, BLOCK_C=reduce_c,
             num_warps=num_warps_for(reduce_r * reduce_c))
-        _fp8_tile_kernel[grid](
+        launch(_fp8_tile_kernel)[grid](
             x, q_bits, scale, partial, M, K, x.stride(0), x.stride(1), br, bc, n_bc, n_partial_cols, n_tile_cols,
             MODE=MODE_CAST, **constexprs)
     return q, scale

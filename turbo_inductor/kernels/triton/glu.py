@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from ..registry import implementation
-from . import on_device, unavailable_reason
+from . import launch, on_device, traceable, unavailable_reason
 
 # --------------------------------------------------------------------------------------------------------------
 # Launch heuristics (module constants so that tests can shrink them to exercise the looped paths).
@@ -263,7 +263,8 @@ def _row_args(probs: torch.Tensor | None, mask: torch.Tensor | None, fallback: t
     return probs_arg, mask_arg
 
 
-@implementation("glu_fwd", "triton", priority=20, unavailable_reason=unavailable_reason)
+@implementation("glu_fwd", "triton", priority=20, unavailable_reason=unavailable_reason,
+                traceable=traceable)
 def glu_fwd(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, mask: torch.Tensor | None,
             activation: str) -> torch.Tensor:
     """``out`` [rows, F] contiguous; see ``..reference.glu.glu_fwd``."""
@@ -280,7 +281,7 @@ def glu_fwd(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, ma
     n_col_blocks = triton.cdiv(F, tiling.block_f)
     grid = (triton.cdiv(n_rows, tiling.block_rows) * n_col_blocks,)
     with on_device(gate.device):
-        _glu_fwd_kernel[grid](
+        launch(_glu_fwd_kernel)[grid](
             gate, up, probs_arg, mask_arg, out,
             n_rows, F, gate.stride(0), up.stride(0), n_col_blocks,
             ACTIVATION=act_id, HAS_PROBS=probs is not None, HAS_MASK=mask is not None,
@@ -288,7 +289,8 @@ def glu_fwd(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, ma
     return out
 
 
-@implementation("glu_bwd", "triton", priority=20, unavailable_reason=unavailable_reason)
+@implementation("glu_bwd", "triton", priority=20, unavailable_reason=unavailable_reason,
+                traceable=traceable)
 def glu_bwd(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None,
             mask: torch.Tensor | None, activation: str, dgate: torch.Tensor, dup: torch.Tensor):
     """Writes every element of ``dgate``/``dup``; returns ``dprobs`` (None without probs). See
@@ -317,7 +319,7 @@ def glu_bwd(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, probs: tor
     n_col_blocks = 1 if probs is not None else triton.cdiv(F, tiling.block_f)
     grid = (triton.cdiv(n_rows, tiling.block_rows) * n_col_blocks,)
     with on_device(gate.device):
-        _glu_bwd_kernel[grid](
+        launch(_glu_bwd_kernel)[grid](
             dout, gate, up, probs_arg, mask_arg, dgate_out, dup_out, dprobs_arg,
             n_rows, F, dout.stride(0), gate.stride(0), up.stride(0), dgate_out.stride(0), dup_out.stride(0),
             n_col_blocks,

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ..registry import implementation
-from . import on_device, unavailable_reason
+from . import launch, on_device, traceable, unavailable_reason
 
 # --------------------------------------------------------------------------------------------------------------
 # Launch heuristics (module constants so that tests can shrink them to exercise the chunked paths).
@@ -361,7 +361,8 @@ def _dw_reduce_kernel(
 # --------------------------------------------------------------------------------------------------------------
 # Launchers
 # --------------------------------------------------------------------------------------------------------------
-@implementation("rmsnorm_fwd", "triton", priority=20, unavailable_reason=unavailable_reason)
+@implementation("rmsnorm_fwd", "triton", priority=20, unavailable_reason=unavailable_reason,
+                traceable=traceable)
 def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float):
     """Returns ``(y, s_out, rstd)``; see ``..reference.rmsnorm.rmsnorm_fwd``."""
     x = x.contiguous()
@@ -382,13 +383,13 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Te
     tiling = fwd_tiling(H, x.element_size())
     with on_device(x.device):
         if tiling.chunked:
-            _rmsnorm_fwd_chunked_kernel[(n_rows,)](
+            launch(_rmsnorm_fwd_chunked_kernel)[(n_rows,)](
                 x, w_arg, r_arg, y, s_arg, rstd, H, eps,
                 BLOCK_H=tiling.block_h, HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None,
                 num_warps=tiling.num_warps)
         else:
             grid = (triton.cdiv(n_rows, tiling.block_rows),)
-            _rmsnorm_fwd_kernel[grid](
+            launch(_rmsnorm_fwd_kernel)[grid](
                 x, w_arg, r_arg, y, s_arg, rstd, n_rows, H, eps,
                 BLOCK_ROWS=tiling.block_rows, BLOCK_H=tiling.block_h,
                 HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None,
@@ -396,7 +397,8 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Te
     return y, s_out, rstd
 
 
-@implementation("rmsnorm_bwd", "triton", priority=20, unavailable_reason=unavailable_reason)
+@implementation("rmsnorm_bwd", "triton", priority=20, unavailable_reason=unavailable_reason,
+                traceable=traceable)
 def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,
                 dresidual: torch.Tensor | None):
     """Returns ``(dx, dw)``; see ``..reference.rmsnorm.rmsnorm_bwd``."""
@@ -424,10 +426,10 @@ def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, 
             n_programs = max(1, bwd_grid_size(n_rows, programs_per_sm, x.device) // n_chunks)
             dw_partial = _dw_partial_buffer(n_programs, H, x.device, has_weight)
             c = torch.empty(n_rows, dtype=torch.float32, device=x.device)
-            _rmsnorm_bwd_row_dot_kernel[(n_rows,)](
+            launch(_rmsnorm_bwd_row_dot_kernel)[(n_rows,)](
                 dy, x, w_arg, rstd, c, H,
                 BLOCK_H=tiling.block_h, HAS_WEIGHT=has_weight, num_warps=tiling.num_warps)
-            _rmsnorm_bwd_chunked_kernel[(n_programs, n_chunks)](
+            launch(_rmsnorm_bwd_chunked_kernel)[(n_programs, n_chunks)](
                 dy, x, w_arg, rstd, c, dres_arg, dx, dw_partial, n_rows, H,
                 BLOCK_H=tiling.block_h, HAS_WEIGHT=has_weight, HAS_DRESIDUAL=dresidual is not None,
                 num_warps=tiling.num_warps)
@@ -435,7 +437,7 @@ def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, 
             schedule = bwd_schedule(tiling, x.element_size(), 2 if dresidual is None else 3, x.device)
             n_programs = bwd_grid_size(triton.cdiv(n_rows, tiling.block_rows), schedule.programs_per_sm, x.device)
             dw_partial = _dw_partial_buffer(n_programs, H, x.device, has_weight)
-            _rmsnorm_bwd_kernel[(n_programs,)](
+            launch(_rmsnorm_bwd_kernel)[(n_programs,)](
                 dy, x, w_arg, rstd, dres_arg, dx, dw_partial, n_rows, H,
                 BLOCK_ROWS=tiling.block_rows, BLOCK_H=tiling.block_h,
                 HAS_WEIGHT=has_weight, HAS_DRESIDUAL=dresidual is not None, LOOP_STAGES=schedule.loop_stages,
@@ -444,7 +446,7 @@ def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, 
         if has_weight:
             dw = torch.empty(H, dtype=weight.dtype, device=weight.device)
             block_p, block_n, num_warps = dw_reduce_config(n_programs, H, x.device)
-            _dw_reduce_kernel[(triton.cdiv(H, block_n),)](
+            launch(_dw_reduce_kernel)[(triton.cdiv(H, block_n),)](
                 dw_partial, dw, n_programs, H, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=num_warps)
     return dx, dw
 
