@@ -38,7 +38,7 @@ def main():
         "bf16 linear": lambda: x @ w.t(),
     }
     for recipe in ("tensorwise", "rowwise", "blockwise", "mxfp8"):
-        linear = torch.compile(F.linear, backend="primus_turbo", options={"fp8": recipe})
+        linear = torch.compile(lambda x, w: F.linear(x, w), backend="primus_turbo", options={"fp8": recipe})
         variants[f"primus_turbo fp8 {recipe}"] = (lambda f: lambda: f(x, w))(linear)
     rows = []
     with torch.no_grad():
