@@ -7,7 +7,7 @@ import copy
 import torch
 
 import turbo_inductor
-from conftest import TOLERANCE
+from conftest import DEVICE, TOLERANCE
 
 
 def _tensors(out):
@@ -70,3 +70,14 @@ def ops_before(op_name: str) -> int:
 
 def kernel_calls(kernel: str) -> int:
     return sum(n for (k, _impl), n in turbo_inductor.kernel_calls().items() if k == kernel)
+
+
+def assert_ran(kernel: str, times: int) -> None:
+    """``kernel`` ran ``times`` times since the last reset. On GPU a compiled graph traces our ops into itself
+    (ops/library.py), and kernels are counted while compiling (an op once or twice), not per run: there only
+    whether it ran is checked (test_gpu.py checks the compiled code)."""
+    calls = kernel_calls(kernel)
+    if DEVICE == "cpu":
+        assert calls == times, f"{kernel} ran {calls} times, expected {times}"
+    else:
+        assert (calls > 0) == (times > 0), f"{kernel} ran {calls} times, expected {times}"

@@ -51,7 +51,7 @@ def test_impl_option_reaches_forward_and_backward():
     model = norm_model()
     x = torch.randn(4, 32, requires_grad=True)
     torch.compile(model, backend="primus_turbo", options={"impl": "reference"})(x).sum().backward()
-    assert turbo_inductor.kernel_calls() == {("rmsnorm_fwd", "reference"): 1, ("rmsnorm_bwd", "reference"): 1}
+    assert set(turbo_inductor.kernel_calls()) == {("rmsnorm_fwd", "reference"), ("rmsnorm_bwd", "reference")}
 
 
 def test_inductor_options_pass_through():

@@ -94,14 +94,16 @@ def _inputs(rows, F, dtype, layout, has_probs, has_mask, seed):
     return gate, up, dout.to(DEVICE), to_dev(probs), to_dev(mask)
 
 
-def _grad_buffers(rows, F, dtype, layout):
-    """(dgate, dup, whole): NaN-filled gradient outputs; ``whole`` is every buffer element they cover."""
-    if layout == "halves":
-        whole = torch.full((rows, 2 * F), float("nan"), dtype=dtype, device=DEVICE)
-        return whole[:, :F], whole[:, F:], [whole]
-    dgate = torch.full((rows, F), float("nan"), dtype=dtype, device=DEVICE)
-    dup = torch.full((rows, F), float("nan"), dtype=dtype, device=DEVICE)
-    return dgate, dup, [dgate, dup]
+def _backward(impl, dout, gate, up, probs, mask, activation, layout):
+    """(dgate, dup, dprobs) from ``impl``; for halves of one tensor, its single [rows, 2F] gradient, split."""
+    fused = layout == "halves"
+    dgate, dup, dprobs = impl.glu_bwd(dout, gate, up, probs, mask, activation, fused)
+    if fused:
+        assert dup is None and dgate.shape == (gate.shape[0], 2 * gate.shape[1]) and dgate.is_contiguous()
+        dgate, dup = dgate[:, :gate.shape[1]], dgate[:, gate.shape[1]:]
+    else:
+        assert dgate.is_contiguous() and dup.is_contiguous()
+    return dgate, dup, dprobs
 
 
 @contextlib.contextmanager
@@ -144,11 +146,11 @@ def _check(impl, activation, dtype, F, rows, layout, has_probs, has_mask, seed=0
     _assert_close(out, out_ref, tol)
     _assert_dropped_rows_zero(out, mask)
 
-    dgate, dup, whole = _grad_buffers(rows, F, dtype, layout)
     with _poisoned_allocations():
-        dprobs = impl.glu_bwd(dout, gate, up, probs, mask, activation, dgate, dup)
-    for buf in whole:  # every element written, nothing outside the views touched (there is nothing outside)
-        assert not buf.isnan().any(), "gradient buffer left partly unwritten"
+        dgate, dup, dprobs = _backward(impl, dout, gate, up, probs, mask, activation, layout)
+    for grad in (dgate, dup):  # every element written
+        assert not grad.isnan().any(), "gradient left partly unwritten"
+    assert dgate.dtype == dup.dtype == dtype
     _assert_close(dgate, dg_ref, tol)
     _assert_close(dup, du_ref, tol)
     _assert_dropped_rows_zero(dgate, mask)
@@ -204,8 +206,7 @@ def test_extreme_gate_values(impl_name, activation):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         out = impl.glu_fwd(gate, up, probs, None, activation)
-        dgate, dup = torch.empty_like(gate), torch.empty_like(gate)
-        dprobs = impl.glu_bwd(dout, gate, up, probs, None, activation, dgate, dup)
+        dgate, dup, dprobs = impl.glu_bwd(dout, gate, up, probs, None, activation, False)
     for actual, expected in ((out, out_ref), (dgate, dg_ref), (dup, du_ref), (dprobs, dp_ref)):
         assert torch.isfinite(actual).all()
         _assert_close(actual, expected, 1e-4)
@@ -215,10 +216,9 @@ def test_triton_dprobs_is_bitwise_deterministic():
     gate, up, dout, probs, mask = _inputs(9, 4097, torch.bfloat16, "halves", True, True, seed=21)
     results = []
     for _ in range(2):
-        dgate, dup, _ = _grad_buffers(9, 4097, torch.bfloat16, "halves")
-        results.append((triton_glu.glu_bwd(dout, gate, up, probs, mask, "silu", dgate, dup), dgate, dup))
-    for a, b in zip(*results):
-        assert torch.equal(a, b)
+        results.append(triton_glu.glu_bwd(dout, gate, up, probs, mask, "silu", True))
+    (dx, no_dup, dprobs), again = results
+    assert no_dup is None and torch.equal(dx, again[0]) and torch.equal(dprobs, again[2])
 
 
 @pytest.fixture

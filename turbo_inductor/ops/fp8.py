@@ -46,7 +46,7 @@ def _check_quantize(x: Tensor, fp8_dtype: torch.dtype, block_rows: int, block_co
           lambda: f"blocks must be >= 1, got {block_rows} x {block_cols}")
 
 
-@kernel_op("fp8_quantize", (QUANTIZE_KERNEL,))
+@kernel_op("fp8_quantize", (QUANTIZE_KERNEL,), symbolic_sizes=False)
 def fp8_quantize(x: Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool = False,
                  power_of_two: bool = False, impl: str = "auto") -> tuple[Tensor, Tensor]:
     _check_quantize(x, fp8_dtype, block_rows, block_cols)
@@ -89,7 +89,7 @@ def _resolves(size: int, n_blocks: int) -> bool:
     return True
 
 
-@kernel_op("fp8_gemm", (GEMM_KERNEL,))
+@kernel_op("fp8_gemm", (GEMM_KERNEL,), symbolic_sizes=False)
 def fp8_gemm(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, out_dtype: torch.dtype,
              impl: str = "auto") -> Tensor:
     _check_gemm(a, a_scale, b, b_scale)

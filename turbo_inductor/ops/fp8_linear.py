@@ -79,7 +79,7 @@ def _check(op: str, x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: s
     check_same_device(op, x=x, weight=weight, bias=bias)
 
 
-@kernel_op("fp8_linear", (QUANTIZE_KERNEL, GEMM_KERNEL))
+@kernel_op("fp8_linear", (QUANTIZE_KERNEL, GEMM_KERNEL), symbolic_sizes=False)
 def fp8_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, impl: str = "auto") -> Tensor:
     _check("fp8_linear", x, weight, bias, recipe)
     r, (e4m3, _) = RECIPES[recipe], fp8_formats(x.device)
@@ -99,7 +99,7 @@ def _(x, weight, bias, recipe, impl="auto"):
     return x.new_empty(x.shape[:-1] + (weight.shape[0],))
 
 
-@kernel_op("fp8_linear_bwd", (QUANTIZE_KERNEL, GEMM_KERNEL))
+@kernel_op("fp8_linear_bwd", (QUANTIZE_KERNEL, GEMM_KERNEL), symbolic_sizes=False)
 def fp8_linear_bwd(dy: Tensor, x: Tensor, weight: Tensor, recipe: str,
                    impl: str = "auto") -> tuple[Tensor, Tensor]:
     _check("fp8_linear_bwd", x, weight, None, recipe)

@@ -74,14 +74,19 @@ def _forward(gate: Tensor, up: Tensor, probs, mask, activation: str, impl: str) 
     return out.view(gate.shape)
 
 
-def _backward(dout, gate, up, probs, mask, activation, impl, dgate, dup) -> Tensor:
-    """Writes dgate and dup (views into the caller's gradient tensors); returns dprobs (empty without probs)."""
+def _backward(dout, gate, up, probs, mask, activation, impl, fused: bool):
+    """(dgate, dup, dprobs) in gate's shape; with ``fused``, (dx, None, dprobs): the gradient of the fused input
+    whose halves gate and up are. dprobs is empty without probs."""
+    rows_shape = gate.shape[:-1]
     if gate.numel() == 0:
-        return _no_probs_grad(gate) if probs is None else torch.zeros_like(probs)
-    dprobs = registry.select(BWD_KERNEL, gate.device, impl)(
-        _rows(dout), _rows(gate), _rows(up), _flat(probs), _flat(mask), activation,
-        dgate.view(-1, dgate.shape[-1]), dup.view(-1, dup.shape[-1]))
-    return _no_probs_grad(gate) if probs is None else dprobs.view(probs.shape)
+        dgate = gate.new_zeros(rows_shape + (2 * gate.shape[-1],)) if fused else torch.zeros_like(gate)
+        dprobs = _no_probs_grad(gate) if probs is None else torch.zeros_like(probs)
+        return dgate, None if fused else torch.zeros_like(up), dprobs
+    dgate, dup, dprobs = registry.select(BWD_KERNEL, gate.device, impl)(
+        _rows(dout), _rows(gate), _rows(up), _flat(probs), _flat(mask), activation, fused)
+    dgate = dgate.view(rows_shape + (dgate.shape[-1],))
+    dup = None if fused else dup.view(up.shape)
+    return dgate, dup, _no_probs_grad(gate) if probs is None else dprobs.view(probs.shape)
 
 
 # ---- gate and up as two tensors ------------------------------------------------------------------------------
@@ -104,9 +109,7 @@ def glu_bwd(dout: Tensor, gate: Tensor, up: Tensor, probs: Optional[Tensor], mas
             activation: str, impl: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
     _check("glu_bwd", gate, up, probs, mask, activation)
     _check_dout(dout, gate.shape, gate.dtype)
-    dgate, dup = gate.new_empty(gate.shape), up.new_empty(up.shape)
-    dprobs = _backward(dout, gate, up, probs, mask, activation, impl, dgate, dup)
-    return dgate, dup, dprobs
+    return _backward(dout, gate, up, probs, mask, activation, impl, fused=False)
 
 
 @glu_bwd.register_fake
@@ -156,9 +159,7 @@ def glu_fused_bwd(dout: Tensor, x: Tensor, probs: Optional[Tensor], mask: Option
     half = x.shape[-1] // 2
     _check_dout(dout, x.shape[:-1] + (half,), x.dtype)
     x = x.contiguous()
-    dx = x.new_empty(x.shape)
-    dprobs = _backward(dout, x[..., :half], x[..., half:], probs, mask, activation, impl,
-                       dx[..., :half], dx[..., half:])
+    dx, _, dprobs = _backward(dout, x[..., :half], x[..., half:], probs, mask, activation, impl, fused=True)
     return dx, dprobs
 
 

@@ -22,7 +22,7 @@ LIB = torch.library.Library(NAMESPACE, "FRAGMENT")
 SUPPORTED_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def kernel_op(name: str, kernels: tuple[str, ...]) -> Callable:
+def kernel_op(name: str, kernels: tuple[str, ...], symbolic_sizes: bool = True) -> Callable:
     """Decorator: define ``turbo_inductor::<name>`` as a functional custom op whose body calls ``kernels``
     (registry names) and takes an ``impl`` argument.
 
@@ -31,7 +31,11 @@ def kernel_op(name: str, kernels: tuple[str, ...]) -> Callable:
     ``triton_kernel_wrapper_functional`` nodes and torch calls become aten nodes, all compiled and launched by
     Inductor's own wrapper code instead of one opaque call back into Python per op at run time. This is what
     ``torch.library.triton_op`` does; unlike it, the op stays opaque where the body cannot be traced (the Triton
-    interpreter on CPU needs real data). Eager calls always run the body directly."""
+    interpreter on CPU needs real data). Eager calls always run the body directly.
+
+    Launch configurations must be plain numbers, so tracing specializes the sizes they depend on (the normalized
+    width, say, while the row count stays symbolic in the grid). ``symbolic_sizes=False``: the configuration
+    depends on every size, so with dynamic shapes the op stays one call instead of recompiling for each size."""
 
     def define(body: Callable) -> torch.library.CustomOpDef:
         op = torch.library.custom_op(f"{NAMESPACE}::{name}", body, mutates_args=())
@@ -43,7 +47,10 @@ def kernel_op(name: str, kernels: tuple[str, ...]) -> Callable:
             bound = signature.bind(*args, **kwargs)
             device = next(v.device for v in bound.arguments.values() if isinstance(v, torch.Tensor))
             impl = bound.arguments.get("impl", registry.AUTO)
-            if not all(registry.traceable(kernel, device, impl) for kernel in kernels):
+            symbolic = not symbolic_sizes and any(
+                isinstance(size, torch.SymInt)
+                for v in bound.arguments.values() if isinstance(v, torch.Tensor) for size in v.shape)
+            if symbolic or not all(registry.traceable(kernel, device, impl) for kernel in kernels):
                 return mode.__torch_dispatch__(func, types, args, kwargs)
             with mode, registry.tracing():
                 return body(*args, **kwargs)

@@ -80,7 +80,8 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
     padded = torch.nn.functional.pad(x32, (0, n_bc * bc - K, 0, n_br * br - M))
     blocks = padded.view(n_br, br, n_bc, bc)
     amax = blocks.abs().amax(dim=(1, 3))  # NaN propagates
-    scale = amax.clamp_min(AMAX_FLOOR) / torch.finfo(fp8_dtype).max
+    # Divided by a tensor: CUDA divides by a Python scalar as a multiplication by its reciprocal (not IEEE division).
+    scale = amax.clamp_min(AMAX_FLOOR) / torch.full_like(amax, torch.finfo(fp8_dtype).max)
     if power_of_two:
         scale = power_of_two_ceil(scale)
     q = saturating_cast(blocks / scale[:, None, :, None], fp8_dtype).view(n_br * br, n_bc * bc)[:M, :K]

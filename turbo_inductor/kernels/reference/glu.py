@@ -75,9 +75,10 @@ def glu_fwd(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, ma
 
 @implementation("glu_bwd", "reference", priority=0, unavailable_reason=unavailable_reason)
 def glu_bwd(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None,
-            mask: torch.Tensor | None, activation: str, dgate: torch.Tensor, dup: torch.Tensor):
-    """Writes ``dgate = dout * up * p * act'(gate)`` and ``dup = dout * act(gate) * p`` into the preallocated
-    ``dgate``/``dup`` (every element); returns ``dprobs`` fp32 [rows] (None when probs is None)."""
+            mask: torch.Tensor | None, activation: str, fused: bool):
+    """``(dgate, dup, dprobs)``: ``dgate = dout * up * p * act'(gate)`` and ``dup = dout * act(gate) * p`` in
+    gate's dtype, contiguous; ``dprobs`` fp32 [rows] (None when probs is None). ``fused``: the gradient of a fused
+    gate/up input instead, one [rows, 2F] tensor (dgate | dup) in place of dgate, and dup None."""
     g32 = gate.float()
     u32 = up.float()
     do32 = dout.float()
@@ -89,11 +90,10 @@ def glu_bwd(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, probs: tor
     if keep is not None:
         dg = torch.where(keep, dg, 0.0)
         du = torch.where(keep, du, 0.0)
-    dgate.copy_(dg)
-    dup.copy_(du)
+    grads = (torch.cat([dg, du], dim=-1).to(gate.dtype), None) if fused else (dg.to(gate.dtype), du.to(gate.dtype))
     if probs is None:
-        return None
+        return (*grads, None)
     dprobs = (do32 * act * u32).sum(dim=-1)
     if keep is not None:
         dprobs = torch.where(keep.squeeze(-1), dprobs, 0.0)
-    return dprobs
+    return (*grads, dprobs)

@@ -181,12 +181,14 @@ def _glu_fwd_kernel(
 def _glu_bwd_kernel(
     DOUT, GATE, UP, PROBS, MASK, DGATE, DUP, DPROBS,
     n_rows, F, stride_dout, stride_gate, stride_up, stride_dgate, stride_dup, n_col_blocks,
-    ACTIVATION: tl.constexpr, HAS_PROBS: tl.constexpr, HAS_MASK: tl.constexpr,
+    ACTIVATION: tl.constexpr, HAS_PROBS: tl.constexpr, HAS_MASK: tl.constexpr, DUP_IN_DGATE: tl.constexpr,
     BLOCK_ROWS: tl.constexpr, BLOCK_F: tl.constexpr,
 ):
     """dgate = dout * up * p * act'(gate), dup = dout * act(gate) * p; with probs also
     dprobs[row] = sum(dout * act(gate) * up). Program pid handles chunks pid_c, pid_c + n_col_blocks, ... of its
-    row block: one chunk without probs, the whole row with probs (the launcher then passes n_col_blocks == 1)."""
+    row block: one chunk without probs, the whole row with probs (the launcher then passes n_col_blocks == 1).
+    DUP_IN_DGATE: dgate and dup are the halves of one [rows, 2F] buffer DGATE (dup at column F; DUP unused), so that
+    the kernel writes one tensor: a compiled graph would copy a kernel's writes into views back into their base."""
     pid = tl.program_id(0)
     pid_r = pid // n_col_blocks
     pid_c = pid % n_col_blocks
@@ -221,9 +223,13 @@ def _glu_bwd_kernel(
         if HAS_MASK:
             dg = tl.where(keep[:, None], dg, 0.0)
             du = tl.where(keep[:, None], du, 0.0)
-        tl.store(DGATE + rows64[:, None] * stride_dgate + cols[None, :], dg.to(DGATE.dtype.element_ty),
-                 mask=store_mask)
-        tl.store(DUP + rows64[:, None] * stride_dup + cols[None, :], du.to(DUP.dtype.element_ty), mask=store_mask)
+        dgate_offsets = rows64[:, None] * stride_dgate + cols[None, :]
+        tl.store(DGATE + dgate_offsets, dg.to(DGATE.dtype.element_ty), mask=store_mask)
+        if DUP_IN_DGATE:
+            tl.store(DGATE + F + dgate_offsets, du.to(DGATE.dtype.element_ty), mask=store_mask)
+        else:
+            tl.store(DUP + rows64[:, None] * stride_dup + cols[None, :], du.to(DUP.dtype.element_ty),
+                     mask=store_mask)
     if HAS_PROBS:
         dp = tl.sum(acc, axis=1)
         if HAS_MASK:
@@ -271,6 +277,7 @@ def glu_fwd(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, ma
     act_id = _activation_id(activation)
     _check_shapes(gate, up, probs, mask)
     n_rows, F = gate.shape
+    F = int(F)  # sets the launch configuration: a compiled graph specializes on it (rows stay symbolic)
     out = torch.empty((n_rows, F), dtype=gate.dtype, device=gate.device)
     if n_rows == 0 or F == 0:
         return out
@@ -292,44 +299,39 @@ def glu_fwd(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, ma
 @implementation("glu_bwd", "triton", priority=20, unavailable_reason=unavailable_reason,
                 traceable=traceable)
 def glu_bwd(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None,
-            mask: torch.Tensor | None, activation: str, dgate: torch.Tensor, dup: torch.Tensor):
-    """Writes every element of ``dgate``/``dup``; returns ``dprobs`` (None without probs). See
-    ``..reference.glu.glu_bwd``."""
+            mask: torch.Tensor | None, activation: str, fused: bool):
+    """``(dgate, dup, dprobs)``; see ``..reference.glu.glu_bwd``."""
     act_id = _activation_id(activation)
     _check_shapes(gate, up, probs, mask)
     n_rows, F = gate.shape
-    for name, t in (("dout", dout), ("dgate", dgate), ("dup", dup)):
-        if t.shape != gate.shape:
-            raise ValueError(f"turbo_inductor: glu_bwd {name} must have shape {tuple(gate.shape)}, "
-                             f"got {tuple(t.shape)}")
+    F = int(F)  # sets the launch configuration: a compiled graph specializes on it (rows stay symbolic)
+    if dout.shape != gate.shape:
+        raise ValueError(f"turbo_inductor: glu_bwd dout must have shape {tuple(gate.shape)}, got {tuple(dout.shape)}")
+    dgate = torch.empty((n_rows, 2 * F if fused else F), dtype=gate.dtype, device=gate.device)
+    dup = None if fused else torch.empty_like(dgate)
     dprobs = torch.empty(n_rows, dtype=torch.float32, device=gate.device) if probs is not None else None
     if n_rows == 0 or F == 0:
         # An empty row sums to zero.
-        return dprobs.zero_() if dprobs is not None else None
-    dout = _readable(dout)
-    gate = _readable(gate)
-    up = _readable(up)
-    # Outputs the kernel cannot address directly (column stride != 1, outside the contract) go through a temporary.
-    dgate_out = dgate if _unit_column_stride(dgate) else torch.empty_like(dgate, memory_format=torch.contiguous_format)
-    dup_out = dup if _unit_column_stride(dup) else torch.empty_like(dup, memory_format=torch.contiguous_format)
-    probs_arg, mask_arg = _row_args(probs, mask, dgate_out)
-    dprobs_arg = dprobs if dprobs is not None else dgate_out
-    tiling = glu_tiling(F)
-    # With probs, one program per row block walks the whole row so that its dprobs sum is complete.
-    n_col_blocks = 1 if probs is not None else triton.cdiv(F, tiling.block_f)
-    grid = (triton.cdiv(n_rows, tiling.block_rows) * n_col_blocks,)
-    with on_device(gate.device):
-        launch(_glu_bwd_kernel)[grid](
-            dout, gate, up, probs_arg, mask_arg, dgate_out, dup_out, dprobs_arg,
-            n_rows, F, dout.stride(0), gate.stride(0), up.stride(0), dgate_out.stride(0), dup_out.stride(0),
-            n_col_blocks,
-            ACTIVATION=act_id, HAS_PROBS=probs is not None, HAS_MASK=mask is not None,
-            BLOCK_ROWS=tiling.block_rows, BLOCK_F=tiling.block_f, num_warps=tiling.num_warps)
-    if dgate_out is not dgate:
-        dgate.copy_(dgate_out)
-    if dup_out is not dup:
-        dup.copy_(dup_out)
-    return dprobs
+        dprobs = dprobs.zero_() if dprobs is not None else None
+    else:
+        dout = _readable(dout)
+        gate = _readable(gate)
+        up = _readable(up)
+        # Arguments a launch does not use get dout: only read, never an output passed twice.
+        probs_arg, mask_arg = _row_args(probs, mask, dout)
+        tiling = glu_tiling(F)
+        # With probs, one program per row block walks the whole row so that its dprobs sum is complete.
+        n_col_blocks = 1 if probs is not None else triton.cdiv(F, tiling.block_f)
+        grid = (triton.cdiv(n_rows, tiling.block_rows) * n_col_blocks,)
+        with on_device(gate.device):
+            launch(_glu_bwd_kernel)[grid](
+                dout, gate, up, probs_arg, mask_arg, dgate, dout if fused else dup,
+                dprobs if dprobs is not None else dout,
+                n_rows, F, dout.stride(0), gate.stride(0), up.stride(0), dgate.stride(0),
+                dgate.stride(0) if fused else dup.stride(0), n_col_blocks,
+                ACTIVATION=act_id, HAS_PROBS=probs is not None, HAS_MASK=mask is not None, DUP_IN_DGATE=fused,
+                BLOCK_ROWS=tiling.block_rows, BLOCK_F=tiling.block_f, num_warps=tiling.num_warps)
+    return dgate, dup, dprobs
 
 
 __all__ = ["glu_fwd", "glu_bwd", "glu_tiling", "block_f_for", "num_warps_for", "GluTiling", "ACTIVATION_IDS"]

@@ -148,11 +148,12 @@ def bwd_grid_size(n_row_blocks: int, programs_per_sm: int, device: torch.device)
     return max(1, min(n_row_blocks, _sm_count(device) * programs_per_sm))
 
 
-def dw_reduce_config(n_partials: int, H: int, device: torch.device) -> tuple[int, int, int]:
+def dw_reduce_config(max_partials: int, H: int, device: torch.device) -> tuple[int, int, int]:
     """(BLOCK_P, BLOCK_N, num_warps) of the dw reduction: about one program per SM (32..256 columns each), and
-    tall tiles so that each program needs only one or two dependent loads (a short kernel is latency-bound)."""
+    tall tiles so that each program needs only one or two dependent loads (a short kernel is latency-bound).
+    Sized for the most partials the backward grid can have, a number that does not depend on the row count."""
     block_n = min(256, max(32, triton.next_power_of_2(triton.cdiv(H, _sm_count(device)))))
-    block_p = min(triton.next_power_of_2(n_partials), max(1, DW_REDUCE_TILE_ELEMENTS // block_n))
+    block_p = min(triton.next_power_of_2(max_partials), max(1, DW_REDUCE_TILE_ELEMENTS // block_n))
     return block_p, block_n, fwd_num_warps(block_p * block_n)
 
 
@@ -367,6 +368,8 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Te
     """Returns ``(y, s_out, rstd)``; see ``..reference.rmsnorm.rmsnorm_fwd``."""
     x = x.contiguous()
     n_rows, H = x.shape
+    # The width sets the launch configuration: a compiled graph specializes on it (the row count stays symbolic).
+    H = int(H)
     y = torch.empty_like(x)
     s_out = torch.empty_like(x) if residual is not None else None
     rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
@@ -406,6 +409,8 @@ def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, 
     x = x.contiguous()
     rstd = rstd.contiguous()
     n_rows, H = x.shape
+    # The width sets the launch configuration: a compiled graph specializes on it (the row count stays symbolic).
+    H = int(H)
     dx = torch.empty_like(x)
     has_weight = weight is not None
     if n_rows == 0:
@@ -423,6 +428,7 @@ def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, 
             n_chunks = triton.cdiv(H, tiling.block_h)
             # The column chunks already spread the work: fewer row groups are needed to fill the GPU.
             programs_per_sm = max(1, BWD_WARPS_PER_SM // tiling.num_warps)
+            max_programs = max(1, _sm_count(x.device) * programs_per_sm // n_chunks)
             n_programs = max(1, bwd_grid_size(n_rows, programs_per_sm, x.device) // n_chunks)
             dw_partial = _dw_partial_buffer(n_programs, H, x.device, has_weight)
             c = torch.empty(n_rows, dtype=torch.float32, device=x.device)
@@ -435,6 +441,7 @@ def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, 
                 num_warps=tiling.num_warps)
         else:
             schedule = bwd_schedule(tiling, x.element_size(), 2 if dresidual is None else 3, x.device)
+            max_programs = _sm_count(x.device) * schedule.programs_per_sm
             n_programs = bwd_grid_size(triton.cdiv(n_rows, tiling.block_rows), schedule.programs_per_sm, x.device)
             dw_partial = _dw_partial_buffer(n_programs, H, x.device, has_weight)
             launch(_rmsnorm_bwd_kernel)[(n_programs,)](
@@ -445,7 +452,7 @@ def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, 
         dw = None
         if has_weight:
             dw = torch.empty(H, dtype=weight.dtype, device=weight.device)
-            block_p, block_n, num_warps = dw_reduce_config(n_programs, H, x.device)
+            block_p, block_n, num_warps = dw_reduce_config(max_programs, H, x.device)
             launch(_dw_reduce_kernel)[(triton.cdiv(H, block_n),)](
                 dw_partial, dw, n_programs, H, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=num_warps)
     return dx, dw
