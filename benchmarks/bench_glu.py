@@ -46,7 +46,7 @@ def main():
         }
         for name, (fn, inputs, direct) in cases.items():
             variants = [("", "eager", fn), ("", "op (eager call)", direct)]
-            for graphs in (False,):
+            for graphs in (False, True):
                 variants += [(" (cudagraphs)" if graphs else "", backend,
                               torch.compile(fn, backend=backend, options={"triton.cudagraphs": graphs}))
                              for backend in ("inductor", "primus_turbo")]

@@ -48,7 +48,7 @@ def main():
             # Plain launches (CPU launch overhead included, as a user without CUDA graphs sees it) and CUDA graphs
             # (kernel time only: what the GPU does).
             variants = [("", "eager", fn), ("", "op (eager call)", direct)]
-            for graphs in (False,):
+            for graphs in (False, True):
                 options = {"triton.cudagraphs": graphs}
                 variants += [(" (cudagraphs)" if graphs else "", backend,
                               torch.compile(fn, backend=backend, options=options))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What the GPU machine checks, in one call (device tool): install, GPU tests, op and model benchmarks.
 #   bash benchmarks/run_gpu.sh [tests] [rmsnorm] [glu] [fp8] [model] [profile]   (default: tests rmsnorm glu model)   logs and JSON land in $OUT
+#   TESTS="lowering_tests/test_gpu.py ..." limits the tests step to those files.
 set -o pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/turbo_out}
 mkdir -p "$OUT"
@@ -9,7 +10,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.lo
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
 for step in $steps; do
   case $step in
-    tests)   timeout 300 python3 -m pytest lowering_tests -q -n 8 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+    tests)   timeout 300 python3 -m pytest ${TESTS:-lowering_tests} -q -n 8 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
     rmsnorm) (cd benchmarks && python3 bench_rmsnorm.py) 2>&1 | tee "$OUT/bench_rmsnorm.log" | grep -v Warning ;;
     model)   python3 -m benchmarks.run_model 2>&1 | tee "$OUT/run_model.log" | tail -8 ;;
     profile) (cd benchmarks && python3 profile_compiled.py) 2>&1 | tee "$OUT/profile.log" | grep -v Warning ;;

@@ -128,3 +128,38 @@ def test_near_misses_are_left_alone(variant):
     assert counts["glu"] == 0
     record = turbo_inductor.compile_records()[-1]
     assert record.ops_before == record.ops_after
+
+
+class MoEExpert(nn.Module):
+    """An expert's SwiGLU weighted by its router probabilities, as MoE layers write it."""
+
+    def __init__(self, fused, spelling):
+        super().__init__()
+        self.fused, self.spelling = fused, spelling
+        self.gate_up, self.down = nn.Linear(H, 2 * I, bias=False), nn.Linear(I, H)
+
+    def forward(self, x, probs):
+        g, u = self.gate_up(x).chunk(2, -1)
+        if not self.fused:
+            g, u = g.contiguous(), u.contiguous()  # two tensors: the glu op
+        weight = {"none": probs[..., None], "unsqueeze": probs.unsqueeze(-1).to(x.dtype),
+                  "view": probs.view(*probs.shape, 1).to(x.dtype)}[self.spelling]
+        return self.down(weight * (F.silu(g) * u))
+
+
+@pytest.mark.parametrize("spelling", ["none", "unsqueeze", "view"])
+@pytest.mark.parametrize("fused", [True, False])
+def test_router_weight_goes_into_the_op(fused, spelling):
+    x, probs = randn(2, 5, H), torch.rand(2, 5)
+    counts = assert_matches_inductor(MoEExpert(fused, spelling), [x, probs])
+    check(counts, "turbo_inductor.glu_fused" if fused else "turbo_inductor.glu", 1, True)
+    # the weighting multiply is gone, and probs' gradient still matched inductor's: the op took the weight
+    assert ops_after("mul") == 0
+
+
+def test_router_weight_in_low_precision_is_left_as_a_multiply():
+    """bf16 probs are not the op's fp32 router weights: the GLU is fused, the multiply stays."""
+    x, probs = randn(2, 5, H, dtype=torch.bfloat16), torch.rand(2, 5, dtype=torch.bfloat16)
+    model = MoEExpert(True, "none").to(torch.bfloat16)
+    counts = assert_matches_inductor(model, [x, probs])
+    assert counts["glu"] == 1 and ops_after("mul") == 1

@@ -6,7 +6,7 @@ from benchmarks import run_model
 
 
 def test_main_job_runs_and_reports_every_column(capsys, tmp_path):
-    run_model.main(["--layers", "1", "--seq", "16", "--fp8", "rowwise", "--out", str(tmp_path)])
+    run_model.main(["--config", "tiny", "--layers", "1", "--seq", "16", "--fp8", "rowwise", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     written = json.loads((tmp_path / "model_tiny.json").read_text())
     assert [c["column"] for c in written["columns"]] == ["eager", "inductor", "primus_turbo",

@@ -5,7 +5,11 @@ Spellings matched (either multiplication order; fp32/bf16/fp16; any leading dims
     ``w2(F.silu(w1(x)) * w3(x))``), ``F.gelu(g) * u`` and ``F.gelu(g, approximate="tanh") * u``;
   - gate and up as the halves of one projection: ``x.chunk(2, -1)``, ``x.split(F, -1)``, ``x.split([F, F], -1)``
     or ``x[..., :F]`` / ``x[..., F:]``: then the op reads both halves of x in place (``glu_fused``), and the
-    backward writes one gradient for x instead of two that autograd would concatenate.
+    backward writes one gradient for x instead of two that autograd would concatenate;
+  - either form times a per-row weight, ``(act(g) * u) * probs[..., None]`` (MoE router probabilities; probs fp32,
+    unsqueezed by ``[..., None]`` / ``unsqueeze`` / ``view``, optionally cast to x's dtype): the weight goes into
+    the op's ``probs``. Without it, the rewrite would leave that multiply as a second pass over the output that
+    Inductor had fused with the activation.
 Left alone: other activations (``sigmoid(g) * u``), broadcasting or type-promoting multiplies, an activation whose
 result is used elsewhere too.
 """
@@ -85,6 +89,56 @@ def _last_dim_slice(index, xt) -> tuple[int, int] | None:
     return (start, stop) if isinstance(start, int) and isinstance(stop, int) else None
 
 
+def row_weight_of(scale, out) -> fx.Node | None:
+    """``p`` (fp32, shaped like ``out`` without its last dim) when ``scale`` is ``p[..., None]``, through dtype
+    casts: one weight per row of ``out``."""
+    ot, st = m.fake(out), m.fake(scale)
+    if ot is None or st is None or tuple(st.shape) != tuple(ot.shape[:-1]) + (1,):
+        return None
+    unsqueezed = m.strip_casts(scale)
+    if not _only_adds_a_unit_dim(unsqueezed):
+        return None
+    probs = m.strip_casts(unsqueezed.args[0])
+    pt = m.fake(probs)
+    if pt is None or pt.dtype != torch.float32 or tuple(pt.shape) != tuple(ot.shape[:-1]) or pt.device != ot.device:
+        return None
+    return probs
+
+
+def _only_adds_a_unit_dim(node) -> bool:
+    """``t.unsqueeze(d)``, ``t[..., None]`` (full slices and None only) or ``t.view/reshape(...)``; the caller has
+    checked the shapes ([rows] -> [rows, 1]), which make each of these the same relabelling of t's elements."""
+    if not isinstance(node, fx.Node) or not node.args or not isinstance(node.args[0], fx.Node):
+        return False
+    target = node.target
+    if target in (torch.unsqueeze, torch.Tensor.unsqueeze, torch.reshape, torch.Tensor.view, torch.Tensor.reshape) \
+            or (node.op == "call_method" and target in ("unsqueeze", "view", "reshape")):
+        return True
+    c = m.call(node)
+    index = c.args[1] if c is not None and c.op == "getitem" else None
+    return isinstance(index, tuple) and None in index and all(i is None or i is Ellipsis or i == slice(None)
+                                                              for i in index)
+
+
+def _weighting(node) -> tuple[fx.Node, fx.Node, list[fx.Node]] | None:
+    """(the multiply, probs, the nodes from probs to the weight, producers first) when ``node``'s one use is a
+    multiply by a per-row weight (same shape and dtype out)."""
+    user = m.only_user(node)
+    c = m.call(user)
+    if c is None or c.op != "mul":
+        return None
+    scale = m.other_operand(c, node)
+    if m.is_missing(scale) or not _same_type(node, user):
+        return None
+    probs = row_weight_of(scale, node)
+    if probs is None:
+        return None
+    chain = [scale]
+    while chain[0].args[0] is not probs:
+        chain.insert(0, chain[0].args[0])
+    return user, probs, chain
+
+
 def _same_type(*nodes) -> bool:
     tensors = [m.fake(n) for n in nodes]
     return all(t is not None for t in tensors) and all(
@@ -112,16 +166,17 @@ class GLUPass(RewritePass):
                 activation, gate = found
                 if not _same_type(gate, up, node) or not can_rewrite(m.fake(gate)):
                     continue
+                out, probs, weight_nodes = _weighting(node) or (node, None, [])
                 halves = halves_of(gate, up)
                 if halves is not None:
                     x, split_nodes = halves
-                    new = m.insert_op(graph, node, glu_fused_op, (x, None, None, activation, options.impl))
+                    new = m.insert_op(graph, out, glu_fused_op, (x, probs, None, activation, options.impl))
                     matched = split_nodes + [gate, up, act, node]
                 else:
-                    new = m.insert_op(graph, node, glu_op, (gate, up, None, None, activation, options.impl))
+                    new = m.insert_op(graph, out, glu_op, (gate, up, probs, None, activation, options.impl))
                     matched = [act, node]
-                node.replace_all_uses_with(new)
-                m.erase_unused(matched)
+                out.replace_all_uses_with(new)
+                m.erase_unused(weight_nodes + matched + ([out] if out is not node else []))
                 count += 1
                 break
         return count
