@@ -7,7 +7,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from common import bench_ms, fwd_bwd_step, report
+from common import bench_backends, report
 
 
 def swiglu(g, u):
@@ -45,19 +45,7 @@ def main():
             "swiglu probs (MoE)": (swiglu_probs, (x, probs), lambda x, p: turbo_inductor.ops.glu_fused(x, "silu", p)),
         }
         for name, (fn, inputs, direct) in cases.items():
-            variants = [("", "eager", fn), ("", "op (eager call)", direct)]
-            for graphs in (False, True):
-                variants += [(" (cudagraphs)" if graphs else "", backend,
-                              torch.compile(fn, backend=backend, options={"triton.cudagraphs": graphs}))
-                             for backend in ("inductor", "primus_turbo")]
-            for suffix, backend, f in variants:
-                with torch.no_grad():
-                    ms = bench_ms(lambda: f(*inputs))
-                rows.append({"shape": f"{name} {tokens}x{width}", "mode": "fwd" + suffix, "backend": backend,
-                             "ms": ms, "rate": 3 * n / ms / 1e9})
-                ms = bench_ms(fwd_bwd_step(f, *inputs))
-                rows.append({"shape": f"{name} {tokens}x{width}", "mode": "fwd+bwd" + suffix, "backend": backend,
-                             "ms": ms, "rate": 8 * n / ms / 1e9})
+            bench_backends(rows, f"{name} {tokens}x{width}", fn, inputs, direct, 3 * n, 8 * n)
         print("rewrites:", turbo_inductor.rewrite_counts(), "kernels:", turbo_inductor.kernel_calls())
     report("glu", rows)
 

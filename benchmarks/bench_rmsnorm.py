@@ -6,7 +6,7 @@ import argparse
 
 import torch
 
-from common import bench_ms, fwd_bwd_step, report
+from common import bench_backends, report
 
 
 def hf_rmsnorm(x, weight, eps=1e-5):
@@ -45,22 +45,7 @@ def main():
                                  lambda x, r, w: turbo_inductor.ops.rmsnorm_residual(x, r, w, eps=1e-5)),
         }
         for name, (fn, inputs, fwd_bytes, total_bytes, direct) in cases.items():
-            # Plain launches (CPU launch overhead included, as a user without CUDA graphs sees it) and CUDA graphs
-            # (kernel time only: what the GPU does).
-            variants = [("", "eager", fn), ("", "op (eager call)", direct)]
-            for graphs in (False, True):
-                options = {"triton.cudagraphs": graphs}
-                variants += [(" (cudagraphs)" if graphs else "", backend,
-                              torch.compile(fn, backend=backend, options=options))
-                             for backend in ("inductor", "primus_turbo")]
-            for suffix, backend, f in variants:
-                with torch.no_grad():
-                    ms = bench_ms(lambda: f(*inputs))
-                rows.append({"shape": f"{name} {tokens}x{hidden}", "mode": "fwd" + suffix, "backend": backend,
-                             "ms": ms, "rate": fwd_bytes / ms / 1e9})
-                ms = bench_ms(fwd_bwd_step(f, *inputs))
-                rows.append({"shape": f"{name} {tokens}x{hidden}", "mode": "fwd+bwd" + suffix, "backend": backend,
-                             "ms": ms, "rate": total_bytes / ms / 1e9})
+            bench_backends(rows, f"{name} {tokens}x{hidden}", fn, inputs, direct, fwd_bytes, total_bytes)
         print("rewrites:", turbo_inductor.rewrite_counts(), "kernels:", turbo_inductor.kernel_calls())
     report("rmsnorm", rows)
 

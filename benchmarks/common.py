@@ -35,6 +35,20 @@ def fwd_bwd_step(fn, *inputs):
     return step
 
 
+def bench_backends(rows: list, label: str, fn, inputs, direct, fwd_bytes: int, total_bytes: int) -> None:
+    """Forward (no grad) and forward+backward of ``fn(*inputs)``: eager, the op called directly (``direct``), and
+    ``fn`` compiled with backend="inductor" and "primus_turbo"; one row each in ``rows``, rate in TB/s. Plain
+    launches: host time counts wherever the host cannot stay ahead of the GPU, as a user without CUDA graphs sees."""
+    variants = [("eager", fn), ("op (eager call)", direct)]
+    variants += [(backend, torch.compile(fn, backend=backend)) for backend in ("inductor", "primus_turbo")]
+    for backend, f in variants:
+        with torch.no_grad():
+            ms = bench_ms(lambda: f(*inputs))
+        rows.append({"shape": label, "mode": "fwd", "backend": backend, "ms": ms, "rate": fwd_bytes / ms / 1e9})
+        ms = bench_ms(fwd_bwd_step(f, *inputs))
+        rows.append({"shape": label, "mode": "fwd+bwd", "backend": backend, "ms": ms, "rate": total_bytes / ms / 1e9})
+
+
 def environment() -> dict:
     import triton
 

@@ -1,10 +1,13 @@
 """Where the time of a primus_turbo-compiled forward+backward goes (torch.profiler, CPU and CUDA), next to
-Inductor's: python benchmarks/profile_compiled.py"""
+Inductor's, and the GPU time per step (the sum of kernel times, free of host overhead):
+python benchmarks/profile_compiled.py"""
 import torch
 
 from bench_glu import swiglu
 from bench_rmsnorm import hf_rmsnorm
 from common import fwd_bwd_step
+
+STEPS = 10
 
 
 def profile(name, fn, *inputs):
@@ -15,11 +18,13 @@ def profile(name, fn, *inputs):
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                 torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(10):
+            for _ in range(STEPS):
                 step()
             torch.cuda.synchronize()
-        print(f"\n== {name} fwd+bwd x10, backend={backend}")
-        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=10, max_name_column_width=60))
+        events = prof.key_averages()
+        gpu_us = sum(getattr(e, "self_device_time_total", 0) for e in events) / STEPS
+        print(f"\n== {name} fwd+bwd x{STEPS}, backend={backend}: GPU time per step {gpu_us:.1f} us")
+        print(events.table(sort_by="self_cuda_time_total", row_limit=8, max_name_column_width=60))
 
 
 if __name__ == "__main__":
