@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What the GPU machine checks, in one call (device tool): install, GPU tests, op and model benchmarks.
-#   bash benchmarks/run_gpu.sh [tests] [rmsnorm] [glu] [fp8] [model] [profile]   (default: tests rmsnorm glu model)   logs and JSON land in $OUT
+#   bash benchmarks/run_gpu.sh [tests] [rmsnorm] [glu] [fp8] [model] [convergence] [profile]   (default: tests rmsnorm glu model)   logs and JSON land in $OUT
 #   TESTS="lowering_tests/test_gpu.py ..." limits the tests step to those files.
 set -o pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/turbo_out}
@@ -12,8 +12,9 @@ for step in $steps; do
   case $step in
     tests)   timeout 300 python3 -m pytest ${TESTS:-lowering_tests} -q -n 8 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
     rmsnorm) (cd benchmarks && python3 bench_rmsnorm.py) 2>&1 | tee "$OUT/bench_rmsnorm.log" | grep -v Warning ;;
-    model)   python3 -m benchmarks.run_model 2>&1 | tee "$OUT/run_model.log" | tail -8 ;;
+    model)   python3 -m benchmarks.run_model --out "$OUT" 2>&1 | tee "$OUT/run_model.log" | tail -8 ;;
     profile) (cd benchmarks && python3 profile_compiled.py) 2>&1 | tee "$OUT/profile.log" | grep -v Warning ;;
+    convergence) python3 -m benchmarks.convergence --out "$OUT" 2>&1 | tee "$OUT/convergence.log" | grep -v Warning ;;
     fp8)     (cd benchmarks && python3 bench_fp8.py) 2>&1 | tee "$OUT/bench_fp8.log" | grep -v Warning ;;
     glu)     (cd benchmarks && python3 bench_glu.py) 2>&1 | tee "$OUT/bench_glu.log" | grep -v Warning ;;
     *)       echo "unknown step $step"; exit 2 ;;

@@ -1,11 +1,11 @@
-"""The main job: a Llama-style decoder trained (forward+backward) under eager, backend="inductor" and
-backend="primus_turbo" (and its FP8 recipes); prints what the backend fused and a table of step time, tokens/s,
-model TFLOP/s, speedup over Inductor, peak memory, compile time and the SNR against Inductor; writes the table as
-JSON and a speedup chart as PNG. Defaults: the tiny config on CPU, one Llama-3-8B layer at batch 2 x seq 4096 on a
-GPU.
+"""The main job: a Llama-style decoder trained (forward+backward; or, with --mode inference, forward without
+grad) under eager, backend="inductor" and backend="primus_turbo" (and its FP8 recipes); prints what the backend
+fused and a table of step time, tokens/s, model TFLOP/s, speedup over Inductor, peak memory, cold compile time and
+the SNR against Inductor; writes the table as JSON and a speedup chart as PNG. Defaults: the tiny config on CPU,
+one Llama-3-8B layer at batch 2 x seq 4096 on a GPU.
 
     python -m benchmarks.run_model [--config llama3-8b] [--layers 1] [--batch 2] [--seq 4096] [--fp8 rowwise]
-                                   [--out benchmarks/results]
+                                   [--mode train|inference] [--out benchmarks/results]
 """
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ def main(argv=None):
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--fp8", default="tensorwise,rowwise" if on_gpu else "",
                         help="FP8 recipes to add as primus_turbo columns (comma-separated; empty: none)")
+    parser.add_argument("--mode", default="train", choices=("train", "inference"))
     parser.add_argument("--out", default=os.path.join("benchmarks", "results"), help="folder for the JSON and PNG")
     args = parser.parse_args(argv)
     device, dtype = ("cuda" if on_gpu else "cpu"), getattr(torch, args.dtype)
@@ -56,9 +57,11 @@ def main(argv=None):
 
     torch.manual_seed(0)
     base = LlamaDecoder(config).to(device, dtype)
-    x = torch.randn(args.batch, args.seq, config.hidden, device=device, dtype=dtype, requires_grad=True)
+    train = args.mode == "train"
+    x = torch.randn(args.batch, args.seq, config.hidden, device=device, dtype=dtype, requires_grad=train)
     cotangent = torch.randn_like(x)
-    print(f"{args.config} x{config.layers} layer(s), batch {args.batch} x seq {args.seq}, {args.dtype}, {device}")
+    print(f"{args.config} x{config.layers} layer(s), batch {args.batch} x seq {args.seq}, {args.dtype}, {device}, "
+          f"{args.mode}")
 
     columns = [("eager", "eager", None), ("inductor", "inductor", None), ("primus_turbo", "primus_turbo", None)]
     columns += [(f"primus_turbo fp8 {recipe}", "primus_turbo", {"fp8": recipe})
@@ -75,6 +78,9 @@ def main(argv=None):
         run = model if backend == "eager" else torch.compile(model, backend=backend, options=options)
 
         def step():
+            if not train:
+                with torch.no_grad():
+                    return run(x)
             x.grad = None
             model.zero_grad(set_to_none=True)
             out = run(x)
@@ -93,7 +99,7 @@ def main(argv=None):
 
     ref = results["inductor"]
     tokens = args.batch * args.seq
-    flops = model_flops(base, config, args.batch, args.seq)
+    flops = model_flops(base, config, args.batch, args.seq) / (1 if train else 3)  # forward: a third
     table = []
     for name, r in results.items():
         if "error" in r:
@@ -102,16 +108,21 @@ def main(argv=None):
         table.append({"column": name, "step_ms": r["ms"], "tokens_per_s": tokens / r["ms"] * 1e3,
                       "model_tflops": flops / r["ms"] / 1e9, "speedup_vs_inductor": ref["ms"] / r["ms"],
                       "peak_gib": r["peak_gib"], "compile_s": r["compile_s"],
-                      "out_snr_db": snr_db(r["out"], ref["out"]), "dx_snr_db": snr_db(r["grad"], ref["grad"]),
+                      "out_snr_db": snr_db(r["out"], ref["out"]),
+                      "dx_snr_db": snr_db(r["grad"], ref["grad"]) if train else float("nan"),
                       "rewrites": r.get("rewrites", {})})
     print_table(table)
     write_outputs(args, config, device, table)
 
 
 def measure(step, x, device: str) -> dict:
-    """Compile (first step), then time the step; outputs and input gradient for the numerical comparison."""
+    """Compile (first step, with an empty Inductor cache: a cold compile), then time the step; outputs and input
+    gradient for the numerical comparison."""
+    from torch._inductor.utils import fresh_inductor_cache
+
     start = time.perf_counter()
-    out = step().detach()
+    with fresh_inductor_cache():
+        out = step().detach()
     if device == "cuda":
         torch.cuda.synchronize()
     compile_s = time.perf_counter() - start
@@ -119,7 +130,8 @@ def measure(step, x, device: str) -> dict:
         torch.cuda.reset_peak_memory_stats()
     ms = time_ms(step, device)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
-    return {"ms": ms, "compile_s": compile_s, "out": out, "grad": x.grad.detach().clone(), "peak_gib": peak}
+    grad = x.grad.detach().clone() if x.grad is not None else None
+    return {"ms": ms, "compile_s": compile_s, "out": out, "grad": grad, "peak_gib": peak}
 
 
 def model_flops(model, config, batch: int, seq: int) -> float:
@@ -146,12 +158,13 @@ def write_outputs(args, config, device: str, table: list[dict]) -> None:
     import triton
 
     os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"model_{args.config}")
+    stem = os.path.join(args.out, f"model_{args.config}" + ("" if args.mode == "train" else f"_{args.mode}"))
     environment = {"date": datetime.date.today().isoformat(), "device": device,
                    "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
                    "torch": torch.__version__, "triton": triton.__version__}
     with open(stem + ".json", "w") as f:
-        json.dump({"environment": environment, "config": {**config.__dict__, "batch": args.batch, "seq": args.seq},
+        json.dump({"environment": environment, "mode": args.mode,
+               "config": {**config.__dict__, "batch": args.batch, "seq": args.seq},
                    "columns": table}, f, indent=1, default=str)
     import matplotlib
 
@@ -166,7 +179,8 @@ def write_outputs(args, config, device: str, table: list[dict]) -> None:
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.margins(y=0.15)
     ax.set_ylabel("speedup over Inductor")
-    ax.set_title(f"{args.config} x{config.layers} layer(s), batch {args.batch} x seq {args.seq}, training step "
+    step_kind = "training step" if args.mode == "train" else "inference forward"
+    ax.set_title(f"{args.config} x{config.layers} layer(s), batch {args.batch} x seq {args.seq}, {step_kind} "
                  f"({environment['gpu'] or 'CPU'})", fontsize=9)
     plt.setp(ax.get_xticklabels(), rotation=15, ha="right", fontsize=8)
     fig.tight_layout()

@@ -2,7 +2,7 @@
 checked here: they belong to the benchmark)."""
 import json
 
-from benchmarks import run_model
+from benchmarks import convergence, run_model
 
 
 def test_main_job_runs_and_reports_every_column(capsys, tmp_path):
@@ -20,3 +20,25 @@ def test_main_job_runs_and_reports_every_column(capsys, tmp_path):
     assert "failed" not in out
     primus = next(r for r in rows if r[0] == "primus_turbo" and r[1] != "fp8" and "fused:" not in r)
     assert float(primus[-2]) > 30 and float(primus[-1]) > 30, "output and dx SNR against Inductor, in dB"
+
+
+def test_main_job_measures_inference(capsys, tmp_path):
+    run_model.main(["--config", "tiny", "--layers", "1", "--seq", "16", "--fp8", "", "--mode", "inference",
+                    "--out", str(tmp_path)])
+    written = json.loads((tmp_path / "model_tiny_inference.json").read_text())
+    assert written["mode"] == "inference"
+    columns = {c["column"]: c for c in written["columns"]}
+    assert list(columns) == ["eager", "inductor", "primus_turbo"]
+    assert columns["primus_turbo"]["rewrites"] == {"rmsnorm": 3, "rmsnorm_residual": 2, "glu": 1}
+    assert columns["primus_turbo"]["out_snr_db"] > 30
+    assert (tmp_path / "model_tiny_inference.png").exists()
+    assert "inference" in capsys.readouterr().out
+
+
+def test_convergence_run_writes_curves_and_chart(tmp_path):
+    curves = convergence.main(["--steps", "6", "--fp8", "", "--out", str(tmp_path)])
+    written = json.loads((tmp_path / "convergence.json").read_text())
+    assert list(written["curves"]) == ["inductor", "primus_turbo"] and len(written["curves"]["inductor"]) == 6
+    assert (tmp_path / "convergence.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert curves["inductor"][-1] < curves["inductor"][0], "the loss goes down"
+    assert convergence.max_deviation(curves["primus_turbo"], curves["inductor"]) < 0.01
