@@ -40,6 +40,10 @@ def main():
     for recipe in ("tensorwise", "rowwise", "blockwise", "mxfp8"):
         linear = torch.compile(lambda x, w: F.linear(x, w), backend="primus_turbo", options={"fp8": recipe})
         variants[f"primus_turbo fp8 {recipe}"] = (lambda f: lambda: f(x, w))(linear)
+    for recipe in ("blockwise", "mxfp8"):  # the opt-in Triton FP8 GEMM instead of the emulation
+        linear = torch.compile(lambda x, w: F.linear(x, w), backend="primus_turbo",
+                               options={"fp8": recipe, "impl": "fp8_gemm=triton"})
+        variants[f"primus_turbo fp8 {recipe} (Triton GEMM)"] = (lambda f: lambda: f(x, w))(linear)
     rows = []
     with torch.no_grad():
         for name, fn in variants.items():

@@ -6,5 +6,6 @@ from .reference import glu as _reference_glu  # noqa: F401
 from .triton import glu as _triton_glu  # noqa: F401
 from .reference import fp8_gemm as _reference_fp8_gemm  # noqa: F401
 from .vendor import fp8_gemm as _vendor_fp8_gemm  # noqa: F401
+from .triton import fp8_gemm as _triton_fp8_gemm  # noqa: F401
 from .reference import fp8_quant as _reference_fp8_quant  # noqa: F401
 from .triton import fp8_quant as _triton_fp8_quant  # noqa: F401

@@ -44,6 +44,7 @@ import triton.language as tl
 from ..reference.fp8_quant import AMAX_FLOOR, check_args, scale_shape
 from ..registry import implementation
 from . import interpreting, launch, on_device, traceable, unavailable_reason
+from .fp8_formats import format_id, to_fp8_bits
 
 # --------------------------------------------------------------------------------------------------------------
 # Launch heuristics (module constants so that tests can shrink them to exercise every path on small shapes).
@@ -66,26 +67,9 @@ MODE_FUSED, MODE_AMAX, MODE_CAST = 0, 1, 2
 
 _AMAX_FLOOR = tl.constexpr(AMAX_FLOOR)
 
-# The FP8 format goes into the kernel as a number (FORMAT): constexprs must print as Python literals in the code
-# Inductor generates when it launches the kernel from a compiled graph, and Triton's dtypes do not.
-_FORMAT_IDS = {torch.float8_e4m3fn: 0, torch.float8_e5m2: 1, torch.float8_e4m3fnuz: 2, torch.float8_e5m2fnuz: 3}
-_FNUZ = (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
 # A NaN encoding of each format (0x7F: all exponent and mantissa bits set; fnuz: the "negative zero" pattern).
 _NAN_BITS = {torch.float8_e4m3fn: 0x7F, torch.float8_e5m2: 0x7F, torch.float8_e4m3fnuz: 0x80,
              torch.float8_e5m2fnuz: 0x80}
-
-
-def _format_id(fp8_dtype: torch.dtype, device: torch.device) -> int:
-    """The kernels' FORMAT for ``fp8_dtype`` where this build can cast to it, else NotImplementedError."""
-    if fp8_dtype in _FNUZ:
-        if device.type == "cpu" or interpreting():
-            raise NotImplementedError(
-                f"turbo_inductor: Triton's interpreter cannot cast to {fp8_dtype}; use impl='reference' on CPU")
-        if torch.version.hip is None:
-            raise NotImplementedError(
-                f"turbo_inductor: Triton cannot cast to {fp8_dtype} on NVIDIA GPUs (the fnuz formats are AMD "
-                f"MI300's); use float8_e4m3fn / float8_e5m2 there")
-    return _FORMAT_IDS[fp8_dtype]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -175,20 +159,6 @@ def _scale_from_amax(amax, FMAX: tl.constexpr, POW2: tl.constexpr):
 
 
 @triton.jit
-def _to_fp8_bits(y, FORMAT: tl.constexpr):
-    """y cast to the FP8 format numbered FORMAT (``_FORMAT_IDS``), as raw bytes."""
-    if FORMAT == 0:
-        q = y.to(tl.float8e4nv)
-    elif FORMAT == 1:
-        q = y.to(tl.float8e5)
-    elif FORMAT == 2:
-        q = y.to(tl.float8e4b8)
-    else:
-        q = y.to(tl.float8e5b16)
-    return q.to(tl.uint8, bitcast=True)
-
-
-@triton.jit
 def _fp8_tile_kernel(
     X, Q, SCALE, PARTIAL,
     M, K, stride_xm, stride_xk, block_rows, block_cols, n_scale_cols, n_partial_cols, n_tile_cols,
@@ -234,7 +204,7 @@ def _fp8_tile_kernel(
         y = tl.math.div_rn(x, scale[:, None, :, None])
         # Saturate before the cast; the clamp keeps NaN.
         y = tl.clamp(y, -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
-        bits = _to_fp8_bits(y, FORMAT)
+        bits = to_fp8_bits(y, FORMAT)
         if FIX_NAN:
             # The interpreter's cast turns NaN into a finite e4m3 value; GPUs' casts keep NaN.
             bits = tl.where(y != y, tl.full(bits.shape, NAN_BITS, tl.uint8), bits)
@@ -279,7 +249,7 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
                  power_of_two: bool = False):
     """``(q, scale)``; see ``..reference.fp8_quant.fp8_quantize``."""
     check_args(x, fp8_dtype, block_rows, block_cols)
-    fp8_format = _format_id(fp8_dtype, x.device)
+    fp8_format = format_id(fp8_dtype, x.device)
     M, K = x.shape
     n_br, n_bc = scale_shape(M, K, block_rows, block_cols)
     q = torch.empty((K, M) if transpose else (M, K), dtype=fp8_dtype, device=x.device)

@@ -1,0 +1,57 @@
+"""FP8 formats in Triton kernels, shared by the quantization and the GEMM.
+
+A format goes into a kernel as a number (FORMAT), not as Triton's dtype: constexprs must print as Python literals in
+the code Inductor generates when it launches a kernel from a compiled graph, and Triton's dtypes do not. FP8 tensors
+travel as raw bytes (uint8 views), which every backend and the interpreter load and store alike.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import interpreting
+
+FORMAT_IDS = {torch.float8_e4m3fn: 0, torch.float8_e5m2: 1, torch.float8_e4m3fnuz: 2, torch.float8_e5m2fnuz: 3}
+FNUZ = (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+
+
+def format_id(fp8_dtype: torch.dtype, device: torch.device) -> int:
+    """The kernels' FORMAT for ``fp8_dtype`` where this build can convert it, else NotImplementedError."""
+    if fp8_dtype in FNUZ:
+        if device.type == "cpu" or interpreting():
+            raise NotImplementedError(
+                f"turbo_inductor: Triton's interpreter cannot cast to {fp8_dtype}; use impl='reference' on CPU")
+        if torch.version.hip is None:
+            raise NotImplementedError(
+                f"turbo_inductor: Triton cannot cast to {fp8_dtype} on NVIDIA GPUs (the fnuz formats are AMD "
+                f"MI300's); use float8_e4m3fn / float8_e5m2 there")
+    return FORMAT_IDS[fp8_dtype]
+
+
+@triton.jit
+def to_fp8_bits(y, FORMAT: tl.constexpr):
+    """y cast to the FP8 format numbered FORMAT, as raw bytes."""
+    if FORMAT == 0:
+        q = y.to(tl.float8e4nv)
+    elif FORMAT == 1:
+        q = y.to(tl.float8e5)
+    elif FORMAT == 2:
+        q = y.to(tl.float8e4b8)
+    else:
+        q = y.to(tl.float8e5b16)
+    return q.to(tl.uint8, bitcast=True)
+
+
+@triton.jit
+def from_fp8_bits(bits, FORMAT: tl.constexpr):
+    """Raw bytes as FP8 values of the format numbered FORMAT."""
+    if FORMAT == 0:
+        q = bits.to(tl.float8e4nv, bitcast=True)
+    elif FORMAT == 1:
+        q = bits.to(tl.float8e5, bitcast=True)
+    elif FORMAT == 2:
+        q = bits.to(tl.float8e4b8, bitcast=True)
+    else:
+        q = bits.to(tl.float8e5b16, bitcast=True)
+    return q

@@ -1,0 +1,117 @@
+"""Scaled FP8 GEMM in Triton for every block granularity the recipes use, including the ones ``torch._scaled_mm``
+does not take (blockwise 1x128 activations with 128x128 weights, MXFP8 1x32): ``out = dequant(a) @ dequant(b)^T``.
+Semantics and signature: ``..reference.fp8_gemm``.
+
+Each program computes one [BLOCK_M, BLOCK_N] tile of out, stepping through K in chunks of BLOCK_K that never
+straddle a scaling block (BLOCK_K divides every block width along K that is narrower than K). Per chunk: the raw
+FP8 tile product in fp32 (exact products, fp32 sums), times a's scale of each row and b's scale of each column for
+that chunk, added to the fp32 accumulator; one rounding to out's dtype at the end. b is loaded as a [BLOCK_K,
+BLOCK_N] tile of its [N, K] rows, K contiguous: the K-major operand layout Hopper's FP8 MMA takes. The interpreter's
+dot is not reliable below fp32 (platform.md): there the tiles are converted to fp32 first.
+
+Opt-in (``impl="fp8_gemm=triton"``) until measured on a GPU: ``auto`` keeps the vendor GEMM for tensorwise and
+rowwise scales and the emulation for the block granularities.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..reference.fp8_gemm import block_size
+from ..registry import implementation
+from . import interpreting, launch, on_device, traceable, unavailable_reason
+from .fp8_formats import format_id, from_fp8_bits
+
+# Output tile per program on a GPU, and in the interpreter (small: it runs every element in numpy).
+BLOCK_MN = 128
+INTERPRETER_BLOCK_MN = 32
+# The widest K chunk; narrower when a scaling block along K is (MXFP8: 32).
+MAX_BLOCK_K = 128
+# tl.dot needs K chunks of at least this many elements.
+MIN_BLOCK_K = 16
+NUM_WARPS = 8
+NUM_STAGES = 3
+
+
+def block_k_for(K: int, a_block_cols: int, b_block_cols: int) -> int | None:
+    """The K chunk: the largest power of two <= MAX_BLOCK_K dividing every scaling block narrower than K (a block
+    as wide as K holds one scale per row, any chunk will do); None when that is below MIN_BLOCK_K."""
+    block_k = MAX_BLOCK_K
+    for width in (a_block_cols, b_block_cols):
+        if width < K:
+            block_k = min(block_k, width & -width)  # the largest power of two dividing width
+    return block_k if block_k >= MIN_BLOCK_K else None
+
+
+@triton.jit
+def _fp8_gemm_kernel(
+    A, B, A_SCALE, B_SCALE, OUT,
+    M, N, K,
+    stride_as_m, stride_as_k, stride_bs_n, stride_bs_k,
+    a_block_rows, a_block_cols, b_block_rows, b_block_cols,
+    A_FORMAT: tl.constexpr, B_FORMAT: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n_tiles_n = tl.cdiv(N, BLOCK_N)
+    rows = (pid // n_tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = (pid % n_tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_in = rows < M
+    col_in = cols < N
+    rows64 = rows.to(tl.int64)
+    cols64 = cols.to(tl.int64)
+    a_scale_rows = (rows // a_block_rows).to(tl.int64) * stride_as_m
+    b_scale_rows = (cols // b_block_rows).to(tl.int64) * stride_bs_n
+    ks0 = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + ks0
+        k_in = ks < K
+        # Outside the matrices the bytes load as 0, which is +0.0 in every format: no term is added.
+        a = tl.load(A + rows64[:, None] * K + ks[None, :], mask=row_in[:, None] & k_in[None, :], other=0)
+        b = tl.load(B + cols64[None, :] * K + ks[:, None], mask=k_in[:, None] & col_in[None, :], other=0)
+        a = from_fp8_bits(a, A_FORMAT)
+        b = from_fp8_bits(b, B_FORMAT)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        product = tl.dot(a, b, out_dtype=tl.float32)
+        a_scale = tl.load(A_SCALE + a_scale_rows + (k0 // a_block_cols) * stride_as_k, mask=row_in, other=0.0)
+        b_scale = tl.load(B_SCALE + b_scale_rows + (k0 // b_block_cols) * stride_bs_k, mask=col_in, other=0.0)
+        acc += product * a_scale[:, None] * b_scale[None, :]
+    out_mask = row_in[:, None] & col_in[None, :]
+    tl.store(OUT + rows64[:, None] * N + cols64[None, :], acc.to(OUT.dtype.element_ty), mask=out_mask)
+
+
+@implementation("fp8_gemm", "triton", priority=-10, unavailable_reason=unavailable_reason, traceable=traceable)
+def fp8_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+             out_dtype: torch.dtype) -> torch.Tensor:
+    """a [M, K], b [N, K] fp8 with block scales; returns dequant(a) @ dequant(b)^T in ``out_dtype``."""
+    (M, K), N = a.shape, b.shape[0]
+    K = int(K)  # sets the launch configuration: a compiled graph specializes on it
+    a_block_rows, a_block_cols = block_size(M, a_scale.shape[0]), block_size(K, a_scale.shape[1])
+    b_block_rows, b_block_cols = block_size(N, b_scale.shape[0]), block_size(K, b_scale.shape[1])
+    block_k = block_k_for(K, a_block_cols, b_block_cols)
+    if block_k is None:
+        raise ValueError(f"turbo_inductor.fp8_gemm: scaling blocks {a_block_cols} and {b_block_cols} wide along K "
+                         f"are narrower than the {MIN_BLOCK_K} elements a Triton dot needs; use impl='reference'")
+    out = torch.empty((M, N), dtype=out_dtype, device=a.device)
+    if M == 0 or N == 0:
+        return out
+    if K == 0:
+        return out.zero_()
+    a_scale, b_scale = a_scale.float(), b_scale.float()
+    block_mn = INTERPRETER_BLOCK_MN if interpreting() else BLOCK_MN
+    grid = (triton.cdiv(M, block_mn) * triton.cdiv(N, block_mn),)
+    with on_device(a.device):
+        launch(_fp8_gemm_kernel)[grid](
+            a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8), a_scale, b_scale, out,
+            M, N, K, a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
+            a_block_rows, a_block_cols, b_block_rows, b_block_cols,
+            A_FORMAT=format_id(a.dtype, a.device), B_FORMAT=format_id(b.dtype, b.device), UPCAST=interpreting(),
+            BLOCK_M=block_mn, BLOCK_N=block_mn, BLOCK_K=block_k, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    return out
+
+
+__all__ = ["fp8_gemm", "block_k_for"]
