@@ -92,3 +92,44 @@ def test_inf_in_one_row_stays_in_that_row(op):
         y = turbo_inductor.ops.fp8_linear(x, torch.randn(32, 64), None, "rowwise", impl="reference")
     assert torch.isfinite(y[[0, 2, 3]]).all()
     assert not torch.isfinite(y[1]).all()
+
+
+def _saved_for_backward(model, x, rewrite_options=None):
+    """Bytes of the tensors the forward graph saves for backward, as AOTAutograd's min-cut partitioner (Inductor's)
+    splits it, with the rewrites applied first when ``rewrite_options`` is given."""
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    from turbo_inductor.options import Options
+    from turbo_inductor.passes import PASSES, PassManager
+
+    saved = []
+
+    def backend(gm, inputs):
+        if rewrite_options is not None:
+            PassManager(PASSES, Options.parse(rewrite_options, PASSES))(gm.graph)
+            gm.recompile()
+
+        def forward_compiler(graph_module, _):
+            outputs = next(n for n in graph_module.graph.nodes if n.op == "output").args[0]
+            saved.extend(o.meta["val"] for o in outputs[1:] if isinstance(o.meta.get("val"), torch.Tensor))
+            return make_boxed_func(graph_module.forward)
+
+        return aot_module_simplified(gm, inputs, fw_compiler=forward_compiler,
+                                     bw_compiler=lambda g, _: make_boxed_func(g.forward),
+                                     partition_fn=min_cut_rematerialization_partition)
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend)(x).sum().backward()
+    return sum(t.numel() * t.element_size() for t in saved)
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])  # ops as calls (interpreter) / traced into the graph
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_fused_ops_save_no_more_for_backward_than_inductor(impl, dtype):
+    model = LlamaDecoder(type(CONFIGS["tiny"])(hidden=128, intermediate=256, heads=4, kv_heads=2, layers=2)).to(dtype)
+    x = torch.randn(2, 32, 128, dtype=dtype, requires_grad=True)
+    unfused = _saved_for_backward(model, x)
+    fused = _saved_for_backward(model, x, {"impl": impl})
+    assert turbo_inductor.rewrite_counts() == {"rmsnorm": 5, "rmsnorm_residual": 4, "glu": 2}
+    assert 0 < fused <= unfused, (fused, unfused)
