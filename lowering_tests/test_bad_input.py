@@ -1,0 +1,79 @@
+"""Every public op on bad input, called eagerly and inside a compiled function: an error that names the op and the
+problem, or a defined result (an empty input gives an empty result and gradients; NaN stays in its own row)."""
+import pytest
+import torch
+
+import turbo_inductor
+from turbo_inductor.ops.library import OpInputError
+
+ops = turbo_inductor.ops
+
+
+def randn(*shape):
+    return torch.randn(*shape)
+
+
+# op name in messages: (call, good inputs by row count, bad inputs, the problem the message names)
+CASES = {
+    "rmsnorm": (lambda x, w: ops.rmsnorm(x, w),
+                lambda rows: [randn(rows, 16), randn(16)],
+                [randn(4, 16), randn(8)], "weight has shape"),
+    "rmsnorm_residual": (lambda x, r, w: ops.rmsnorm_residual(x, r, w)[0],
+                         lambda rows: [randn(rows, 16), randn(rows, 16), randn(16)],
+                         [randn(4, 16), randn(4, 8), randn(16)], "residual"),
+    "glu": (lambda g, u: ops.swiglu(g, u),
+            lambda rows: [randn(rows, 16), randn(rows, 16)],
+            [randn(4, 16), randn(4, 8)], "must match gate"),
+    "glu_fused": (lambda x: ops.glu_fused(x),
+                  lambda rows: [randn(rows, 32)],
+                  [randn(4, 15)], "must be even"),
+    "fp8_linear": (lambda x, w: ops.fp8_linear(x, w, None, "rowwise", impl="reference"),
+                   lambda rows: [randn(rows, 32), randn(16, 32)],
+                   [randn(4, 32), randn(16, 48)], "weight must be"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_input_is_named_eagerly(name):
+    call, _, bad, problem = CASES[name]
+    with pytest.raises(OpInputError, match=rf"turbo_inductor\.{name}: .*{problem}"):
+        call(*bad)
+
+
+@pytest.mark.parametrize("backend", ["inductor", "primus_turbo"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_input_fails_the_compile_with_the_op_named(name, backend):
+    """The fake implementation checks too: the error comes at compile time, before any kernel runs."""
+    call, _, bad, problem = CASES[name]
+    with pytest.raises(Exception, match=rf"turbo_inductor\.{name}: .*{problem}"):
+        torch.compile(call, backend=backend)(*bad)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in CASES if len(CASES[n][1](1)) > 1))  # ops of several tensors
+def test_tensors_on_different_devices_are_named(name):
+    call, good, _, _ = CASES[name]
+    inputs = good(4)
+    inputs[-1] = inputs[-1].to("meta")
+    with pytest.raises(OpInputError, match=rf"turbo_inductor\.{name}: .*(different devices|must match|meta)"):
+        call(*inputs)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_empty_input_gives_empty_results_and_gradients(name):
+    call, good, _, _ = CASES[name]
+    inputs = [t.requires_grad_() for t in good(0)]
+    out = call(*inputs)
+    assert out.shape[0] == 0
+    grads = torch.autograd.grad(out.sum(), inputs, allow_unused=True)
+    for t, g in zip(inputs, grads):
+        assert g is None or (g.shape == t.shape and not g.isnan().any())
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_nan_stays_in_its_row(name):
+    call, good, _, _ = CASES[name]
+    inputs = good(4)
+    inputs[0][1, 3] = float("nan")
+    out = call(*inputs)
+    assert out[1].isnan().any(), "NaN propagates"
+    assert torch.isfinite(out[[0, 2, 3]]).all(), "and stays in its row"
