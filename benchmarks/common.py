@@ -42,6 +42,9 @@ def bench_backends(rows: list, label: str, fn, inputs, direct, fwd_bytes: int, t
     variants = [("eager", fn), ("op (eager call)", direct)]
     variants += [(backend, torch.compile(fn, backend=backend)) for backend in ("inductor", "primus_turbo")]
     for backend, f in variants:
+        # Dynamo checks the guards of every earlier compilation of fn's code on each call: start each variant
+        # with none, so that no variant pays for the others' (fn is compiled for grad and no-grad below).
+        torch._dynamo.reset()
         with torch.no_grad():
             ms = bench_ms(lambda: f(*inputs))
         rows.append({"shape": label, "mode": "fwd", "backend": backend, "ms": ms, "rate": fwd_bytes / ms / 1e9})
