@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What the GPU machine checks, in one call (device tool): install, GPU tests, op and model benchmarks.
-#   bash benchmarks/run_gpu.sh [tests] [rmsnorm] [glu] [fp8] [model] [convergence] [profile]   (default: tests rmsnorm glu model)   logs and JSON land in $OUT
+#   bash benchmarks/run_gpu.sh [tests] [rmsnorm] [glu] [fp8] [model] [convergence] [profile] [gemm_ar]   (default: tests rmsnorm glu model)   logs and JSON land in $OUT
 #   TESTS="lowering_tests/test_gpu.py ..." limits the tests step to those files.
 set -o pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/turbo_out}
@@ -16,6 +16,7 @@ for step in $steps; do
     profile) (cd benchmarks && python3 profile_compiled.py) 2>&1 | tee "$OUT/profile.log" | grep -v Warning ;;
     convergence) python3 -m benchmarks.convergence --out "$OUT" 2>&1 | tee "$OUT/convergence.log" | grep -v Warning ;;
     fp8)     (cd benchmarks && python3 bench_fp8.py) 2>&1 | tee "$OUT/bench_fp8.log" | grep -v Warning ;;
+    gemm_ar) (cd benchmarks && torchrun --nproc-per-node "$(nvidia-smi -L | wc -l)" bench_gemm_allreduce.py) 2>&1 | tee "$OUT/bench_gemm_allreduce.log" | grep -v Warning ;;  # kind nvidia-h200-x2
     glu)     (cd benchmarks && python3 bench_glu.py) 2>&1 | tee "$OUT/bench_glu.log" | grep -v Warning ;;
     *)       echo "unknown step $step"; exit 2 ;;
   esac

@@ -9,3 +9,5 @@ from .vendor import fp8_gemm as _vendor_fp8_gemm  # noqa: F401
 from .triton import fp8_gemm as _triton_fp8_gemm  # noqa: F401
 from .reference import fp8_quant as _reference_fp8_quant  # noqa: F401
 from .triton import fp8_quant as _triton_fp8_quant  # noqa: F401
+from .reference import gemm_allreduce as _reference_gemm_allreduce  # noqa: F401
+from .collective import gemm_allreduce as _collective_gemm_allreduce  # noqa: F401

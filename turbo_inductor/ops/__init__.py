@@ -12,6 +12,7 @@ from torch import Tensor
 
 from . import fp8 as _fp8  # noqa: F401  (defines the ops)
 from . import fp8_linear as _fp8_linear  # noqa: F401
+from . import gemm_allreduce as _gemm_allreduce  # noqa: F401
 from . import glu as _glu  # noqa: F401
 from . import rmsnorm as _rmsnorm  # noqa: F401
 

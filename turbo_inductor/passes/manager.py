@@ -142,4 +142,15 @@ class PassManager(CustomGraphPass):
             log.debug("primus_turbo: graph after passes:\n%s", graph.python_code("self").src)
 
     def uuid(self) -> str:
-        return hashlib.sha256((_source_hash() + self.options.fingerprint()).encode()).hexdigest()
+        return hashlib.sha256((_source_hash() + self.options.fingerprint() + _distributed_identity()).encode()
+                              ).hexdigest()
+
+
+def _distributed_identity() -> str:
+    """Rank and world size when torch.distributed is initialized: a rewrite of collectives is per rank and group
+    (the group names themselves are arguments in the graph, which the cache keys on already)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return ""
+    return f"rank={dist.get_rank()},world={dist.get_world_size()}"

@@ -185,6 +185,8 @@ def op_name(node: fx.Node) -> str:
     if node.op == "call_function":
         target = node.target
         if isinstance(target, torch._ops.OpOverload):
-            return str(target.overloadpacket._qualified_op_name).replace("::", ".")
+            target = target.overloadpacket
+        if isinstance(target, torch._ops.OpOverloadPacket):
+            return str(target._qualified_op_name).replace("::", ".")
         return getattr(target, "__qualname__", None) or getattr(target, "__name__", str(target))
     return node.op

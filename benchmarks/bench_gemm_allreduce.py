@@ -1,0 +1,80 @@
+"""GEMM + all-reduce (a row-parallel linear) on several GPUs: mm then NCCL all-reduce, Inductor compiling the same
+function with functional collectives, and backend="primus_turbo" (gemm_allreduce), forward only, in one run.
+
+    torchrun --nproc-per-node 2 benchmarks/bench_gemm_allreduce.py [--shapes 8192x4096x7168,...]
+
+Every rank runs the same fixed number of iterations (do_bench sizes its loop per rank, and ranks that issue different
+numbers of collectives hang); rank 0 prints the median of per-iteration CUDA-event times and writes
+$OUT/gemm_allreduce.json.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.nn.functional as F
+
+from common import report
+
+WARMUP, ITERATIONS = 10, 50
+
+
+def time_ms(fn) -> float:
+    for _ in range(WARMUP):
+        fn()
+    times = []
+    for _ in range(ITERATIONS):
+        dist.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shapes", default="8192x4096x7168,8192x4096x2048,4096x4096x7168,16x4096x7168",
+                        help="M x N x K per rank (K is this rank's shard of the input features)")
+    args = parser.parse_args()
+    dist.init_process_group("nccl")
+    rank = dist.get_rank()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    group = dist.group.WORLD
+    import turbo_inductor
+
+    def row_parallel(x, w):
+        return funcol.all_reduce(F.linear(x, w), "sum", group)
+
+    def sequential(x, w):
+        y = F.linear(x, w)
+        dist.all_reduce(y, group=group)
+        return y
+
+    rows = []
+    for shape in args.shapes.split(","):
+        m, n, k = map(int, shape.split("x"))
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+        variants = {"mm then all-reduce": sequential,
+                    "inductor": torch.compile(row_parallel, backend="inductor"),
+                    "primus_turbo": torch.compile(row_parallel, backend="primus_turbo")}
+        for name, fn in variants.items():
+            with torch.no_grad():
+                ms = time_ms(lambda: fn(x, w))
+            rows.append({"shape": f"{m}x{n}x{k}", "mode": "fwd", "backend": name, "ms": ms,
+                         "rate": 2 * m * n * k / ms / 1e9})
+    if rank == 0:
+        print("rewrites:", turbo_inductor.rewrite_counts())
+        report("gemm_allreduce", rows, rate_unit="TFLOP/s")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

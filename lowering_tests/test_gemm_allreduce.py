@@ -1,0 +1,199 @@
+"""GEMM + all-reduce: the rewrite of both spellings Dynamo gives, the op forward and backward against the unfused
+computation, overlap chunking, and ranks that disagree on shapes. Two real processes on gloo (CPU); the graph-level
+tests use one process in a fake process group of two."""
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+import turbo_inductor
+from turbo_inductor.kernels.collective import gemm_allreduce as overlap
+
+WORLD = 2
+
+
+class RowParallel(nn.Module):
+    """A row-parallel linear as tensor-parallel code writes it: its partial result all-reduced over the group."""
+
+    def __init__(self, spelling, group, bias=True):
+        super().__init__()
+        self.spelling, self.group = spelling, group
+        self.proj = nn.Linear(32, 24, bias=bias)
+
+    def forward(self, x):
+        y = self.proj(x)
+        if self.spelling == "funcol":
+            y = funcol.all_reduce(y, "sum", self.group)
+        else:
+            dist.all_reduce(y, group=self.group)
+        return torch.relu(y) * 2
+
+
+def _run(model, x, backend):
+    torch._dynamo.reset()
+    x = x.detach().clone().requires_grad_()
+    out = torch.compile(model, backend=backend)(x)
+    out.backward(torch.ones_like(out))
+    return out.detach(), x.grad, [p.grad.clone() for p in model.parameters()]
+
+
+# ---- one process, fake group (graph-level: the fake all-reduce returns its input) -----------------------------
+
+@pytest.fixture
+def fake_group():
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("spelling", ["funcol", "in_place"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_both_spellings_are_rewritten_in_training(fake_group, spelling, bias):
+    torch.manual_seed(0)
+    model = RowParallel(spelling, fake_group, bias)
+    x = torch.randn(3, 5, 32)
+    want = _run(model, x, "inductor")
+    model.zero_grad(set_to_none=True)
+    turbo_inductor.reset_records()
+    got = _run(model, x, "primus_turbo")
+    assert turbo_inductor.rewrite_counts()["gemm_allreduce"] == 1
+    record = turbo_inductor.compile_records()[-1]
+    assert record.ops_before["_c10d_functional.all_reduce"] == 1
+    assert record.ops_after["_c10d_functional.all_reduce"] == 0 and record.ops_after["turbo_inductor.gemm_allreduce"] == 1
+    assert record.ops_after["Tensor.copy_"] == 0
+    for g, w in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+class NearMiss(nn.Module):
+    def __init__(self, variant, group):
+        super().__init__()
+        self.variant, self.group, self.proj = variant, group, nn.Linear(32, 24)
+
+    def forward(self, x):
+        y = self.proj(x)
+        if self.variant == "max":
+            return funcol.all_reduce(y, "max", self.group)
+        if self.variant == "unreduced_read_too":
+            return funcol.all_reduce(y, "sum", self.group) + y
+        if self.variant == "read_before_the_copy":
+            before = y * 1.5
+            dist.all_reduce(y, group=self.group)
+            return y + before
+        raise AssertionError(self.variant)
+
+
+@pytest.mark.parametrize("variant", ["max", "unreduced_read_too", "read_before_the_copy"])
+def test_near_misses_are_left_alone(fake_group, variant):
+    model = NearMiss(variant, fake_group)
+    x = torch.randn(4, 32)
+    with torch.no_grad():  # torch's all-reduce has a backward for sum only
+        torch._dynamo.reset()
+        want = torch.compile(model, backend="inductor")(x)
+        torch._dynamo.reset()
+        turbo_inductor.reset_records()
+        got = torch.compile(model, backend="primus_turbo")(x)
+    assert turbo_inductor.rewrite_counts()["gemm_allreduce"] == 0
+    record = turbo_inductor.compile_records()[-1]
+    assert record.ops_before == record.ops_after
+    torch.testing.assert_close(got, want)
+
+
+def test_opcheck(fake_group):
+    x, w, b = torch.randn(6, 32), torch.randn(24, 32), torch.randn(24)
+    torch.library.opcheck(torch.ops.turbo_inductor.gemm_allreduce, (x, w, b, fake_group.group_name, "auto"))
+    torch.library.opcheck(torch.ops.turbo_inductor.gemm_allreduce_bwd,
+                          (torch.randn(6, 24), x, w, fake_group.group_name, "auto"))
+
+
+def test_unknown_group_and_uninitialized_distributed_are_named(fake_group):
+    x, w = torch.randn(6, 32), torch.randn(24, 32)
+    with pytest.raises(ValueError, match="no process group named 'nope'"):
+        torch.ops.turbo_inductor.gemm_allreduce(x, w, None, "nope")
+
+
+def test_without_distributed_the_op_says_so():
+    with pytest.raises(ValueError, match="torch.distributed is not initialized"):
+        torch.ops.turbo_inductor.gemm_allreduce(torch.randn(6, 32), torch.randn(24, 32), None, "0")
+
+
+def test_chunks_cover_every_row_once_and_small_sizes_stay_whole():
+    assert overlap.row_chunks(100, 1 << 20) == [(0, 100)]  # too few rows
+    assert overlap.row_chunks(8192, 16) == [(0, 8192)]  # too few bytes
+    chunks = overlap.row_chunks(8190, 4096 * 2)
+    assert len(chunks) == overlap.CHUNKS and chunks[0][0] == 0 and chunks[-1][1] == 8190
+    assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
+
+
+# ---- two processes on gloo ------------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(worker, *args):
+    port = _free_port()
+    mp.spawn(worker, args=(port, *args), nprocs=WORLD, join=True)
+
+
+def _init(rank: int, port: int):
+    """NCCL with one GPU per rank where there are enough GPUs, else gloo on CPU (the environment, TRITON_INTERPRET
+    included, is the parent's)."""
+    torch.set_num_threads(1)
+    if torch.cuda.device_count() >= WORLD:
+        torch.cuda.set_device(rank)
+        backend, device = "nccl", torch.device("cuda", rank)
+    else:
+        backend, device = "gloo", torch.device("cpu")
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    return dist.group.WORLD, device
+
+
+def _compiled_matches_unfused(rank, port, spelling, chunked):
+    group, device = _init(rank, port)
+    try:
+        if chunked:  # small thresholds: the overlap path on small tensors
+            overlap.CHUNK_MIN_ROWS, overlap.CHUNK_MIN_BYTES = 2, 0
+        torch.manual_seed(0)  # the same weights on both ranks
+        model = RowParallel(spelling, group).to(device)
+        torch.manual_seed(1 + rank)  # each rank its own shard of the input
+        x = torch.randn(4, 5, 32).to(device)
+        want = _run(model, x, "inductor")
+        model.zero_grad(set_to_none=True)
+        turbo_inductor.reset_records()
+        got = _run(model, x, "primus_turbo")
+        assert turbo_inductor.rewrite_counts()["gemm_allreduce"] == 1
+        for g, w in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+        # and the reduction really happened: the output is not this rank's partial result
+        partial = torch.relu(model.proj(x)) * 2
+        assert not torch.allclose(got[0], partial)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("spelling, chunked", [("funcol", False), ("in_place", True)])
+def test_two_ranks_on_gloo_match_the_unfused_model(spelling, chunked):
+    _spawn(_compiled_matches_unfused, spelling, chunked)
+
+
+def _disagreeing_shapes(rank, port):
+    group, device = _init(rank, port)
+    try:
+        x = torch.randn(4 + 2 * rank, 32, device=device)  # rank 1 has two more rows
+        with pytest.raises(ValueError, match=r"disagree on the shapes: this rank \(rank %d\)" % rank):
+            torch.ops.turbo_inductor.gemm_allreduce(x, torch.randn(24, 32, device=device), None, group.group_name)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_that_disagree_on_shapes_all_get_an_error_not_a_hang():
+    _spawn(_disagreeing_shapes)

@@ -1,0 +1,115 @@
+"""GEMM + all-reduce: ``y = sum over the ranks of a process group of F.linear(x, weight, bias)``, the end of a
+tensor-parallel row-parallel linear, with the reduction overlapped with the GEMM (``kernels/collective``).
+
+Ops in ``torch.ops.turbo_inductor``:
+  gemm_allreduce(x, weight, bias, group_name, impl) -> y                     custom op; backward: gemm_allreduce_bwd
+  gemm_allreduce_bwd(dy, x, weight, group_name, impl) -> (dx, dw, db)        custom op (not differentiable)
+
+The backward is torch's for the unfused graph: the all-reduce's gradient is the all-reduce of the gradient
+(``_c10d_functional.all_reduce``'s registered autograd), then the linear's. ``group_name`` is the process group's
+name as functional collectives carry it (``ProcessGroup.group_name``). Before reducing, the ranks check that they
+agree on the shapes (one small all-reduce): a rank whose shapes differ gets an error naming them, on every rank,
+instead of a collective that hangs or mixes mismatched buffers.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ..kernels import registry
+from .library import SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, kernel_op
+
+FWD_KERNEL, BWD_KERNEL = "gemm_allreduce_fwd", "gemm_allreduce_bwd"
+
+
+def process_group(op: str, group_name: str):
+    check(dist.is_available() and dist.is_initialized(), op,
+          lambda: "torch.distributed is not initialized (call init_process_group first)")
+    try:
+        return dist.distributed_c10d._resolve_process_group(group_name)
+    except Exception as error:  # noqa: BLE001  (its error types differ across torch versions)
+        raise ValueError(f"turbo_inductor.{op}: no process group named {group_name!r} ({error})") from None
+
+
+def check_ranks_agree(op: str, group, sizes: list[int], device: torch.device) -> None:
+    """Raise on every rank unless all ranks of ``group`` pass the same ``sizes``: one all-reduce (MAX) of the sizes
+    and their negatives gives every rank the group's largest and smallest of each."""
+    local = torch.tensor(sizes + [-s for s in sizes], dtype=torch.int64, device=device)
+    extremes = local.clone()
+    dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)
+    largest, smallest = extremes[:len(sizes)].tolist(), [-s for s in extremes[len(sizes):].tolist()]
+    check(largest == smallest, op, lambda: (
+        f"the ranks of group {group.group_name!r} disagree on the shapes: this rank (rank {dist.get_rank(group)}) "
+        f"has {sizes}, the group ranges from {smallest} to {largest} (every rank must call it with the same shapes)"))
+
+
+def _check(op: str, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> None:
+    check_float(op, "x", x)
+    check_float(op, "weight", weight)
+    check(weight.dim() == 2 and x.dim() >= 1 and weight.shape[1] == x.shape[-1] and weight.dtype == x.dtype, op,
+          lambda: f"weight must be [N, K] of x's dtype with K = x.shape[-1]; got weight {list(weight.shape)} "
+                  f"{weight.dtype}, x {list(x.shape)} {x.dtype}")
+    if bias is not None:
+        check(bias.shape == (weight.shape[0],) and bias.dtype == x.dtype, op,
+              lambda: f"bias must be [{weight.shape[0]}] of x's dtype, got {list(bias.shape)} {bias.dtype}")
+    check_same_device(op, x=x, weight=weight, bias=bias)
+
+
+@kernel_op("gemm_allreduce", (FWD_KERNEL,))
+def gemm_allreduce(x: Tensor, weight: Tensor, bias: Optional[Tensor], group_name: str,
+                   impl: str = "auto") -> Tensor:
+    _check("gemm_allreduce", x, weight, bias)
+    group = process_group("gemm_allreduce", group_name)
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    check_ranks_agree("gemm_allreduce", group, [x2.shape[0], weight.shape[0], x2.shape[1]], x.device)
+    out = registry.select(FWD_KERNEL, x.device, impl)(x2, weight.contiguous(), bias, group)
+    return out.view(x.shape[:-1] + (weight.shape[0],))
+
+
+@gemm_allreduce.register_fake
+def _(x, weight, bias, group_name, impl="auto"):
+    _check("gemm_allreduce", x, weight, bias)
+    return x.new_empty(x.shape[:-1] + (weight.shape[0],))
+
+
+@kernel_op("gemm_allreduce_bwd", (BWD_KERNEL,))
+def gemm_allreduce_bwd(dy: Tensor, x: Tensor, weight: Tensor, group_name: str,
+                       impl: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+    _check("gemm_allreduce_bwd", x, weight, None)
+    group = process_group("gemm_allreduce_bwd", group_name)
+    dy2, x2 = dy.reshape(-1, weight.shape[0]).contiguous(), x.reshape(-1, x.shape[-1]).contiguous()
+    check_ranks_agree("gemm_allreduce_bwd", group, [dy2.shape[0], weight.shape[0], x2.shape[1]], x.device)
+    dx, dweight, dbias = registry.select(BWD_KERNEL, x.device, impl)(dy2, x2, weight.contiguous(), group)
+    return dx.view(x.shape), dweight, dbias
+
+
+@gemm_allreduce_bwd.register_fake
+def _(dy, x, weight, group_name, impl="auto"):
+    _check("gemm_allreduce_bwd", x, weight, None)
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape[0])
+
+
+def _setup(ctx, inputs, output):
+    x, weight, bias, group_name, impl = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.group_name, ctx.impl, ctx.has_bias = group_name, impl, bias is not None
+
+
+def _backward(ctx, dy):
+    x, weight = ctx.saved_tensors
+    dx, dweight, dbias = gemm_allreduce_bwd(dy, x, weight, ctx.group_name, ctx.impl)
+    return dx, dweight, dbias if ctx.has_bias else None, None, None
+
+
+gemm_allreduce.register_autograd(_backward, setup_context=_setup)
+
+
+def can_rewrite(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
+    """Whether ``all_reduce(F.linear(x, weight, bias))`` on these (fake) tensors can run on our op."""
+    return (x.dtype in SUPPORTED_FLOAT_DTYPES and weight.dim() == 2 and weight.dtype == x.dtype and x.dim() >= 1
+            and x.shape[-1] == weight.shape[1] and weight.device == x.device
+            and (bias is None or (bias.shape == (weight.shape[0],) and bias.dtype == x.dtype))
+            and all(registry.available_on(k, x.device) for k in (FWD_KERNEL, BWD_KERNEL)))

@@ -1,0 +1,81 @@
+"""``all_reduce(F.linear(x, w, b), "sum", group)`` -> ``turbo_inductor.gemm_allreduce``: a tensor-parallel
+row-parallel linear, its reduction overlapped with the GEMM.
+
+Both spellings Dynamo produces are matched (``shared/platform.md``), in training and inference:
+  - functional collectives: ``funcol.all_reduce(linear, "sum", group)`` -> ``_c10d_functional.all_reduce`` then
+    ``wait_tensor``; the wait's users read the fused op;
+  - in-place ``dist.all_reduce(y, group=group)``: the same pair, then ``y.copy_(wait)``; the users of y after the
+    copy read the fused op, and the copy goes.
+Left alone: other reductions than sum, a linear whose unreduced result is read elsewhere, a process group given by
+anything but its name.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from ..ops.gemm_allreduce import can_rewrite
+from ..options import Options
+from . import matcher as m
+from .manager import RewritePass
+
+
+def _is(node, packet) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in (packet, packet.default)
+
+
+def _reduced_linear(wait: fx.Node):
+    """(linear, all_reduce, group name) when ``wait`` waits on a sum all-reduce of an F.linear."""
+    functional = torch.ops._c10d_functional
+    if not _is(wait, functional.wait_tensor) or not _is(wait.args[0], functional.all_reduce):
+        return None
+    reduce = wait.args[0]
+    linear, op, group_name = (list(reduce.args) + [None, None, None])[:3]
+    if op != "sum" or not isinstance(group_name, str) or m.only_user(reduce) is not wait:
+        return None
+    if not isinstance(linear, fx.Node) or linear.target is not torch._C._nn.linear:
+        return None
+    return linear, reduce, group_name
+
+
+class GemmAllReducePass(RewritePass):
+    name = "gemm_allreduce"
+
+    def apply(self, graph: fx.Graph, options: Options) -> int:
+        count = 0
+        for wait in list(graph.nodes):
+            found = _reduced_linear(wait)
+            if found is None:
+                continue
+            linear, reduce, group_name = found
+            x, weight = linear.args[0], linear.args[1]
+            bias = linear.args[2] if len(linear.args) > 2 else linear.kwargs.get("bias")
+            xt, wt, bt = m.fake(x), m.fake(weight), m.fake(bias)
+            if xt is None or wt is None or (bias is not None and bt is None) or not can_rewrite(xt, wt, bt):
+                continue
+            copy_back = self._in_place_copy(linear, reduce, wait)
+            if copy_back is None and set(linear.users) != {reduce}:
+                continue  # the unreduced result is read elsewhere
+            anchor = copy_back if copy_back is not None else wait
+            new = m.insert_op(graph, anchor, torch.ops.turbo_inductor.gemm_allreduce.default,
+                              (x, weight, bias, group_name, options.impl))
+            if copy_back is not None:
+                # y's readers after the copy saw the reduced value: they read the fused op now.
+                linear.replace_all_uses_with(new, delete_user_cb=lambda user: user not in (reduce, copy_back))
+                graph.erase_node(copy_back)
+            wait.replace_all_uses_with(new)
+            m.erase_unused([linear, reduce, wait])
+            count += 1
+        return count
+
+    @staticmethod
+    def _in_place_copy(linear: fx.Node, reduce: fx.Node, wait: fx.Node) -> fx.Node | None:
+        """``linear.copy_(wait)`` when it follows and nothing reads the linear between the reduce and the copy
+        (the in-place ``dist.all_reduce`` form), else None."""
+        copies = [u for u in wait.users if u.op == "call_method" and u.target == "copy_" and u.args[0] is linear]
+        if len(copies) != 1 or set(wait.users) != {copies[0]}:
+            return None
+        copy_back = copies[0]
+        order = {node: i for i, node in enumerate(linear.graph.nodes)}
+        readers = [u for u in linear.users if u not in (reduce, copy_back)]
+        return copy_back if all(order[u] > order[copy_back] for u in readers) else None
