@@ -197,3 +197,33 @@ def _disagreeing_shapes(rank, port):
 
 def test_ranks_that_disagree_on_shapes_all_get_an_error_not_a_hang():
     _spawn(_disagreeing_shapes)
+
+
+class TensorParallelBlock(nn.Module):
+    """The row-parallel output projection, its all-reduce, the residual add and the next pre-norm."""
+
+    def __init__(self, group):
+        super().__init__()
+        self.group, self.o_proj, self.norm = group, nn.Linear(32, 32, bias=False), nn.RMSNorm(32, eps=1e-6)
+
+    def forward(self, x, residual):
+        h = residual + funcol.all_reduce(self.o_proj(x), "sum", self.group)
+        return self.norm(h), h
+
+
+def test_all_reduce_then_residual_add_and_rmsnorm_become_two_fused_ops(fake_group):
+    torch.manual_seed(0)
+    model = TensorParallelBlock(fake_group)
+    x, residual = torch.randn(2, 6, 32, requires_grad=True), torch.randn(2, 6, 32, requires_grad=True)
+    outs = {}
+    for backend in ("inductor", "primus_turbo"):
+        torch._dynamo.reset()
+        turbo_inductor.reset_records()
+        model.zero_grad(set_to_none=True)
+        inputs = [t.detach().clone().requires_grad_() for t in (x, residual)]
+        normed, h = torch.compile(model, backend=backend)(*inputs)
+        (normed.square().sum() + h.sum()).backward()
+        outs[backend] = [normed, h, *(t.grad for t in inputs), *(p.grad for p in model.parameters())]
+    assert turbo_inductor.rewrite_counts() == {"rmsnorm": 1, "rmsnorm_residual": 1, "glu": 0, "gemm_allreduce": 1}
+    for got, want in zip(outs["primus_turbo"], outs["inductor"]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
