@@ -20,8 +20,10 @@ def _tensors(out):
     return []
 
 
-def run(model, inputs, backend, train=True, options=None, dynamic=None):
-    """Outputs and gradients (inputs first, then parameters) of ``model`` compiled with ``backend``."""
+def run(model, inputs, backend, train=True, options=None, dynamic=None, cotangent_dtype=None):
+    """Outputs and gradients (inputs first, then parameters) of ``model`` compiled with ``backend``. The output
+    cotangents are fixed random values, rounded to ``cotangent_dtype`` first when given (a float64 run then sees
+    the values a low-precision run does)."""
     torch._dynamo.reset()
     model = copy.deepcopy(model)
     inputs = [t.detach().clone().requires_grad_(train and t.is_floating_point()) for t in inputs]
@@ -31,7 +33,8 @@ def run(model, inputs, backend, train=True, options=None, dynamic=None):
     grads = []
     if train:
         gen = torch.Generator().manual_seed(1)
-        cotangents = [torch.randn(o.shape, generator=gen).to(o.device, o.dtype) for o in outs]
+        cotangents = [torch.randn(o.shape, generator=gen).to(cotangent_dtype or o.dtype).to(o.device, o.dtype)
+                      for o in outs]
         torch.autograd.backward(outs, cotangents)
         grads = [t.grad for t in inputs if t.requires_grad] + [p.grad for p in model.parameters()]
     return [o.detach() for o in outs], grads
@@ -57,6 +60,26 @@ def assert_matches_inductor(model, inputs, train=True, options=None, dynamic=Non
             # gradients of weights are sums over rows: compare at the scale of the tensor
             atol = tol * max(1.0, w.abs().max().item()) if kind == "gradient" else tol
             torch.testing.assert_close(g.double(), w.double(), rtol=tol, atol=atol, equal_nan=True, msg=lambda m: f"{kind} {i}: {m}")
+    return collections.Counter(turbo_inductor.rewrite_counts())
+
+
+def assert_as_accurate_as_inductor(model, inputs, train=True, options=None):
+    """For low precision, where two roundings of a long chain (several norms in a row) can drift apart by more
+    than twice the gate while both are fine: primus_turbo's outputs and gradients must be no farther from the
+    float64 truth (the model run eagerly in float64) than Inductor's, give or take the dtype's gate at the scale of
+    the tensor. Returns primus_turbo's rewrite counts."""
+    truth = run(copy.deepcopy(model).double(), [t.double() for t in inputs], "eager", train,
+                cotangent_dtype=inputs[0].dtype)
+    expected = run(model, inputs, "inductor", train)
+    turbo_inductor.reset_records()
+    actual = run(model, inputs, "primus_turbo", train, options=options)
+    for kind, index in (("output", 0), ("gradient", 1)):
+        for i, (got, want, true) in enumerate(zip(actual[index], expected[index], truth[index])):
+            if true is None:
+                continue
+            gate = TOLERANCE[want.dtype] * max(1.0, true.abs().max().item())
+            ours, theirs = ((t.double() - true).abs().max().item() for t in (got, want))
+            assert ours <= theirs + gate, f"{kind} {i}: {ours} from float64, inductor {theirs} (gate {gate})"
     return collections.Counter(turbo_inductor.rewrite_counts())
 
 
