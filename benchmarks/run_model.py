@@ -1,6 +1,6 @@
 """The main job: a Llama-style decoder trained (forward+backward; or, with --mode inference, forward without
-grad) under eager, backend="inductor" and backend="primus_turbo" (and its FP8 recipes); prints what the backend
-fused and a table of step time, tokens/s, model TFLOP/s, speedup over Inductor, peak memory, cold compile time and
+grad) under eager, backend="inductor" and backend="primus_turbo" (and its FP8 recipes, each next to torchao's
+float8 training with the same recipe where torchao is installed); prints what the backend fused and a table of step time, tokens/s, model TFLOP/s, speedup over Inductor, peak memory, cold compile time and
 the SNR against Inductor; writes the table as JSON and a speedup chart as PNG. Defaults: the tiny config on CPU,
 one Llama-3-8B layer at batch 2 x seq 4096 on a GPU.
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
+import importlib.util
 import json
 import math
 import os
@@ -22,6 +23,10 @@ import torch
 
 import turbo_inductor
 from benchmarks.llama import CONFIGS, LlamaDecoder
+
+
+# FP8 recipes torchao has under the same names (a torchao column is added for each one requested).
+TORCHAO_RECIPES = ("tensorwise", "rowwise")
 
 
 def time_ms(step, device: str) -> float:
@@ -64,8 +69,10 @@ def main(argv=None):
           f"{args.mode}")
 
     columns = [("eager", "eager", None), ("inductor", "inductor", None), ("primus_turbo", "primus_turbo", None)]
-    columns += [(f"primus_turbo fp8 {recipe}", "primus_turbo", {"fp8": recipe})
-                for recipe in args.fp8.split(",") if recipe]
+    recipes = [recipe for recipe in args.fp8.split(",") if recipe]
+    columns += [(f"primus_turbo fp8 {recipe}", "primus_turbo", {"fp8": recipe}) for recipe in recipes]
+    columns += [(f"torchao fp8 {recipe}", "torchao", recipe) for recipe in recipes if recipe in TORCHAO_RECIPES
+                and importlib.util.find_spec("torchao") is not None]
     results = {}
     from tqdm import tqdm  # comes with transformers; the progress of minutes-long compiles and measurements
 
@@ -75,7 +82,13 @@ def main(argv=None):
         torch._dynamo.reset()
         turbo_inductor.reset_records()
         model = copy.deepcopy(base)
-        run = model if backend == "eager" else torch.compile(model, backend=backend, options=options)
+        if backend == "torchao":  # the peer: torchao's float8 training, compiled by Inductor
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+            convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(options))
+            run = torch.compile(model, backend="inductor")
+        else:
+            run = model if backend == "eager" else torch.compile(model, backend=backend, options=options)
 
         def step():
             if not train:
