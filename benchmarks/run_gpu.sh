@@ -7,6 +7,9 @@ export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/turbo_out}
 mkdir -p "$OUT"
 steps=${*:-tests rmsnorm glu model}
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+# torchao (the FP8 peer's columns in the model benchmark), where its wheel was carried along: device tool
+# carry=["wheels"], the wheel from `pip download --no-deps --only-binary=:all: --python-version 3.12 torchao==0.18.0 -d wheels`
+for wheel in wheels/torchao-*.whl; do [ -e "$wheel" ] && python3 -m pip install -q --no-deps "$wheel" >> "$OUT/install.log" 2>&1; done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
 for step in $steps; do
   case $step in
