@@ -28,7 +28,7 @@ from torch import Tensor
 
 from ..kernels import registry
 from .fp8 import GEMM_KERNEL, QUANTIZE_KERNEL, fp8_formats
-from .library import SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, kernel_op
+from .library import SUPPORTED_FLOAT_DTYPES, check, check_linear, kernel_op, register_linear_autograd
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,17 +66,10 @@ def _gemm(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor], out_dtype: torch.d
 
 
 def _check(op: str, x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str) -> None:
-    check_float(op, "x", x)
+    check_linear(op, x, weight, bias)
     check(recipe in RECIPES, op, lambda: f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}")
-    check(weight.dim() == 2 and weight.dtype == x.dtype and x.dim() >= 1 and weight.shape[1] == x.shape[-1], op,
-          lambda: f"weight must be [N, K] of x's dtype with K = x.shape[-1]; got weight {list(weight.shape)} "
-                  f"{weight.dtype}, x {list(x.shape)} {x.dtype}")
     check(weight.shape[0] % ALIGNMENT == 0 and weight.shape[1] % ALIGNMENT == 0, op,
           lambda: f"weight dimensions must be multiples of {ALIGNMENT} for the FP8 GEMM, got {list(weight.shape)}")
-    if bias is not None:
-        check(bias.shape == (weight.shape[0],) and bias.dtype == x.dtype, op,
-              lambda: f"bias must be [{weight.shape[0]}] of x's dtype, got {list(bias.shape)} {bias.dtype}")
-    check_same_device(op, x=x, weight=weight, bias=bias)
 
 
 @kernel_op("fp8_linear", (QUANTIZE_KERNEL, GEMM_KERNEL), symbolic_sizes=False)
@@ -121,20 +114,7 @@ def _(dy, x, weight, recipe, impl="auto"):
     return x.new_empty(x.shape), weight.new_empty(weight.shape)
 
 
-def _setup(ctx, inputs, output):
-    x, weight, bias, recipe, impl = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.recipe, ctx.impl, ctx.has_bias = recipe, impl, bias is not None
-
-
-def _backward(ctx, dy):
-    x, weight = ctx.saved_tensors
-    dx, dweight = fp8_linear_bwd(dy, x, weight, ctx.recipe, ctx.impl)
-    dbias = dy.reshape(-1, dy.shape[-1]).sum(0, dtype=torch.float32).to(dy.dtype) if ctx.has_bias else None
-    return dx, dweight, dbias, None, None
-
-
-fp8_linear.register_autograd(_backward, setup_context=_setup)
+register_linear_autograd(fp8_linear, fp8_linear_bwd)
 
 
 def can_rewrite(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:

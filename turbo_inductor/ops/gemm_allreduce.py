@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..kernels import registry
-from .library import SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, kernel_op
+from .library import SUPPORTED_FLOAT_DTYPES, check, check_linear, kernel_op, register_linear_autograd
 
 FWD_KERNEL, BWD_KERNEL = "gemm_allreduce_fwd", "gemm_allreduce_bwd"
 
@@ -46,22 +46,10 @@ def check_ranks_agree(op: str, group, sizes: list[int], device: torch.device) ->
         f"has {sizes}, the group ranges from {smallest} to {largest} (every rank must call it with the same shapes)"))
 
 
-def _check(op: str, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> None:
-    check_float(op, "x", x)
-    check_float(op, "weight", weight)
-    check(weight.dim() == 2 and x.dim() >= 1 and weight.shape[1] == x.shape[-1] and weight.dtype == x.dtype, op,
-          lambda: f"weight must be [N, K] of x's dtype with K = x.shape[-1]; got weight {list(weight.shape)} "
-                  f"{weight.dtype}, x {list(x.shape)} {x.dtype}")
-    if bias is not None:
-        check(bias.shape == (weight.shape[0],) and bias.dtype == x.dtype, op,
-              lambda: f"bias must be [{weight.shape[0]}] of x's dtype, got {list(bias.shape)} {bias.dtype}")
-    check_same_device(op, x=x, weight=weight, bias=bias)
-
-
 @kernel_op("gemm_allreduce", (FWD_KERNEL,))
 def gemm_allreduce(x: Tensor, weight: Tensor, bias: Optional[Tensor], group_name: str,
                    impl: str = "auto") -> Tensor:
-    _check("gemm_allreduce", x, weight, bias)
+    check_linear("gemm_allreduce", x, weight, bias)
     group = process_group("gemm_allreduce", group_name)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     check_ranks_agree("gemm_allreduce", group, [x2.shape[0], weight.shape[0], x2.shape[1]], x.device)
@@ -71,14 +59,14 @@ def gemm_allreduce(x: Tensor, weight: Tensor, bias: Optional[Tensor], group_name
 
 @gemm_allreduce.register_fake
 def _(x, weight, bias, group_name, impl="auto"):
-    _check("gemm_allreduce", x, weight, bias)
+    check_linear("gemm_allreduce", x, weight, bias)
     return x.new_empty(x.shape[:-1] + (weight.shape[0],))
 
 
 @kernel_op("gemm_allreduce_bwd", (BWD_KERNEL,))
 def gemm_allreduce_bwd(dy: Tensor, x: Tensor, weight: Tensor, group_name: str,
                        impl: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
-    _check("gemm_allreduce_bwd", x, weight, None)
+    check_linear("gemm_allreduce_bwd", x, weight, None)
     group = process_group("gemm_allreduce_bwd", group_name)
     dy2, x2 = dy.reshape(-1, weight.shape[0]).contiguous(), x.reshape(-1, x.shape[-1]).contiguous()
     check_ranks_agree("gemm_allreduce_bwd", group, [dy2.shape[0], weight.shape[0], x2.shape[1]], x.device)
@@ -88,23 +76,11 @@ def gemm_allreduce_bwd(dy: Tensor, x: Tensor, weight: Tensor, group_name: str,
 
 @gemm_allreduce_bwd.register_fake
 def _(dy, x, weight, group_name, impl="auto"):
-    _check("gemm_allreduce_bwd", x, weight, None)
+    check_linear("gemm_allreduce_bwd", x, weight, None)
     return x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape[0])
 
 
-def _setup(ctx, inputs, output):
-    x, weight, bias, group_name, impl = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.group_name, ctx.impl, ctx.has_bias = group_name, impl, bias is not None
-
-
-def _backward(ctx, dy):
-    x, weight = ctx.saved_tensors
-    dx, dweight, dbias = gemm_allreduce_bwd(dy, x, weight, ctx.group_name, ctx.impl)
-    return dx, dweight, dbias if ctx.has_bias else None, None, None
-
-
-gemm_allreduce.register_autograd(_backward, setup_context=_setup)
+register_linear_autograd(gemm_allreduce, gemm_allreduce_bwd)
 
 
 def can_rewrite(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:

@@ -92,6 +92,39 @@ def check_same_device(op: str, **tensors: torch.Tensor | None) -> None:
         f"{name} on {t.device}" for name, t in tensors.items() if t is not None))
 
 
+def check_linear(op: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """The operands of ``F.linear(x, weight, bias)``: weight [N, K] and bias [N] in x's dtype, K = x.shape[-1]."""
+    check_float(op, "x", x)
+    check(isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.dtype == x.dtype and x.dim() >= 1
+          and weight.shape[1] == x.shape[-1], op,
+          lambda: f"weight must be [N, K] of x's dtype with K = x.shape[-1]; got weight {list(weight.shape)} "
+                  f"{weight.dtype}, x {list(x.shape)} {x.dtype}")
+    if bias is not None:
+        check(bias.shape == (weight.shape[0],) and bias.dtype == x.dtype, op,
+              lambda: f"bias must be [{weight.shape[0]}] of x's dtype, got {list(bias.shape)} {bias.dtype}")
+    check_same_device(op, x=x, weight=weight, bias=bias)
+
+
+def register_linear_autograd(op, backward_op) -> None:
+    """Autograd of a linear-like op ``op(x, weight, bias, arg, impl)`` (``arg``: its recipe, group, ...) through
+    ``backward_op(dy, x, weight, arg, impl) -> (dx, dweight[, dbias])``; without a dbias output, the bias gradient
+    is dy summed over rows. x and weight are saved."""
+
+    def setup(ctx, inputs, output):
+        x, weight, bias, arg, impl = inputs
+        ctx.save_for_backward(x, weight)
+        ctx.arg, ctx.impl, ctx.has_bias = arg, impl, bias is not None
+
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        dx, dweight, *dbias = backward_op(dy, x, weight, ctx.arg, ctx.impl)
+        if ctx.has_bias and not dbias:
+            dbias = [dy.reshape(-1, dy.shape[-1]).sum(0, dtype=torch.float32).to(dy.dtype)]
+        return dx, dweight, dbias[0] if ctx.has_bias else None, None, None
+
+    op.register_autograd(backward, setup_context=setup)
+
+
 def rows_view(t: torch.Tensor) -> torch.Tensor:
     """Non-empty ``t`` as a contiguous [rows, last dim] matrix: the layout every row-wise kernel takes."""
     return t.contiguous().view(-1, t.shape[-1])
