@@ -26,7 +26,7 @@ from benchmarks.llama import CONFIGS, LlamaDecoder
 
 
 # FP8 recipes torchao has under the same names (a torchao column is added for each one requested).
-TORCHAO_RECIPES = ("tensorwise", "rowwise")
+TORCHAO_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 
 
 def time_ms(step, device: str) -> float:

@@ -42,7 +42,7 @@ def test_op_meets_the_snr_gates_forward_and_backward(recipe, dtype):
     assert y.dtype == dtype and y.shape == (3, 48, 128)
     assert snr_db(y, ref) >= 25
     assert snr_db(x.grad, x32.grad) >= gate
-    assert snr_db(w.grad, w32.grad) >= gate
+    assert snr_db(w.grad, w32.grad) >= (40 if RECIPES[recipe].high_precision_wgrad else gate)
     torch.testing.assert_close(b.grad.float(), b32.grad, rtol=2e-2, atol=2e-2 * b32.grad.abs().max().item())
 
 
@@ -99,7 +99,8 @@ def test_rewrite_turns_every_eligible_linear_into_fp8(recipe):
     outs, grads = run(model, [x], "primus_turbo", options={"fp8": recipe, "impl": "reference"})
     assert turbo_inductor.rewrite_counts()["fp8"] == 3
     assert ops_after("turbo_inductor.fp8_linear") == 3 and ops_after("linear") == 1
-    assert_ran("fp8_gemm", 3 * 3)  # one GEMM forward and two backward per FP8 linear
+    # one FP8 GEMM forward and two backward per linear (wgrad in high precision: one)
+    assert_ran("fp8_gemm", 3 * (2 if RECIPES[recipe].high_precision_wgrad else 3))
     twin = fp8_twin(model, recipe)
     xt = x.clone().requires_grad_()
     expected = twin(xt)

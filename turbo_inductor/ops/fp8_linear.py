@@ -37,11 +37,13 @@ class Recipe:
     weight_block: tuple[int, int]
     gradient_format: str  # "e4m3" or "e5m2"
     power_of_two: bool = False
+    high_precision_wgrad: bool = False  # wgrad = dy^T x in the input dtype (the GEMM most sensitive to FP8 error)
 
 
 RECIPES = {
     "tensorwise": Recipe((0, 0), (0, 0), "e5m2"),
     "rowwise": Recipe((1, 0), (1, 0), "e4m3"),
+    "rowwise_with_gw_hp": Recipe((1, 0), (1, 0), "e4m3", high_precision_wgrad=True),  # torchao's name for it
     "blockwise": Recipe((1, 128), (128, 128), "e4m3"),
     "mxfp8": Recipe((1, 32), (1, 32), "e4m3", power_of_two=True),
 }
@@ -103,8 +105,11 @@ def fp8_linear_bwd(dy: Tensor, x: Tensor, weight: Tensor, recipe: str,
         return torch.zeros_like(x), torch.zeros_like(weight)
     dx = _gemm(_operand(dy2, r.activation_block, grad_dtype, False, r, impl),
                _operand(weight, r.weight_block, e4m3, True, r, impl), x.dtype, impl)
-    dweight = _gemm(_operand(dy2, r.activation_block, grad_dtype, True, r, impl),
-                    _operand(x2, r.activation_block, e4m3, True, r, impl), weight.dtype, impl)
+    if r.high_precision_wgrad:
+        dweight = (dy2.t() @ x2).to(weight.dtype)
+    else:
+        dweight = _gemm(_operand(dy2, r.activation_block, grad_dtype, True, r, impl),
+                        _operand(x2, r.activation_block, e4m3, True, r, impl), weight.dtype, impl)
     return dx.view(x.shape), dweight
 
 
