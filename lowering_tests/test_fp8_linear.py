@@ -140,3 +140,32 @@ def test_training_follows_the_high_precision_loss_curve(recipe):
     # documented tolerance (README): every step within 2% of the high-precision loss
     deviation = max_deviation(fp8, base)
     assert deviation < 0.02, (deviation, base.tolist(), fp8.tolist())
+
+
+class MatmulSpellings(nn.Module):
+    """Linears written as matmuls: against W [N, K] transposed three ways, and against V [K, N] directly."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(32, 64) * 0.1)
+        self.v = nn.Parameter(torch.randn(64, 32) * 0.1)
+        self.odd = nn.Parameter(torch.randn(64, 20) * 0.1)  # 20 outputs: not an FP8 GEMM shape
+
+    def forward(self, x):
+        y = x @ self.w.t() + x @ self.w.T + torch.matmul(x, self.w.transpose(0, 1)) + x.matmul(self.v)
+        return y, x @ self.odd, x.unsqueeze(1) @ self.w.t().expand(2, 64, 32).unsqueeze(1)
+
+
+def test_matmul_spellings_become_fp8_linears_and_train():
+    torch.manual_seed(0)
+    model, x = MatmulSpellings(), torch.randn(2, 8, 64)
+    outs, grads = run(model, [x], "primus_turbo", options={"fp8": "rowwise", "impl": "reference"})
+    assert turbo_inductor.rewrite_counts()["fp8"] == 4  # not the odd shape, not the batched matmul
+    xt = x.clone().requires_grad_()
+    lin = lambda t, weight: turbo_inductor.ops.fp8_linear(t, weight, None, "rowwise", impl="reference")  # noqa: E731
+    y = lin(xt, model.w) + lin(xt, model.w) + lin(xt, model.w) + lin(xt, model.v.t())
+    torch.testing.assert_close(outs[0], y.detach(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(outs[1], (x @ model.odd).detach(), rtol=1e-5, atol=1e-5)
+    high = run(model, [x], "inductor")
+    for got, want in zip(grads, high[1]):  # every gradient within the FP8 gate of the high-precision one
+        assert snr_db(got, want) >= 20

@@ -5,11 +5,13 @@ Off by default. The option takes a recipe name ("tensorwise", "rowwise", "blockw
 ``{"recipe": ..., "exclude": REGEX, "min_size": N}``: parameters whose name matches ``exclude`` (e.g. "lm_head")
 stay in high precision, and so do linears with fewer than ``min_size`` input or output features.
 Matched: ``nn.Linear`` / ``F.linear`` whose weight is [N, K] with N and K multiples of 16, in x's dtype
-(fp32/bf16/fp16), bias optional.
+(fp32/bf16/fp16), bias optional; and ``x @ W.t()`` / ``x @ W.T`` / ``torch.matmul(x, W.transpose(0, 1))`` (weight W)
+and ``x @ V`` (weight V^T) with a 2-D right operand.
 """
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 from typing import Any
 
@@ -40,6 +42,47 @@ def parameter_name(node: fx.Node) -> str:
     return ".".join(re.findall(r"_(?:modules|parameters|buffers)\['([^']+)'\]", name))
 
 
+_MATMULS = (operator.matmul, torch.matmul, torch.Tensor.matmul)
+
+
+def _transpose_source(node) -> fx.Node | None:
+    """W for ``W.t()``, ``W.T``, ``W.transpose(0, 1)`` (either order, or -1/-2) of a 2-D W."""
+    if not isinstance(node, fx.Node) or not node.args or not isinstance(node.args[0], fx.Node):
+        return None
+    source, rest = node.args[0], tuple(node.args[1:])
+    if node.op == "call_method":
+        method = node.target
+    elif node.target in (torch.t, torch.transpose):
+        method = node.target.__name__
+    elif node.target is getattr and rest in (("T",), ("mT",)):
+        method, rest = "t", ()
+    else:
+        return None
+    is_t = method == "t" and not rest
+    is_swap = method == "transpose" and len(rest) == 2 and {d % 2 for d in rest if isinstance(d, int)} == {0, 1}
+    st = m.fake(source)
+    return source if (is_t or is_swap) and st is not None and st.dim() == 2 else None
+
+
+def linear_of(node: fx.Node):
+    """(x, weight, bias, transposed) for a linear spelled ``F.linear`` or as a matmul with a 2-D right operand:
+    ``transposed`` when the weight is that operand's transpose (``x @ V``: weight V^T), not a node of the graph yet;
+    None for anything else."""
+    if node.op == "call_function" and node.target is torch._C._nn.linear:
+        bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+        return node.args[0], node.args[1], bias, False
+    is_matmul = (node.op == "call_function" and node.target in _MATMULS) or (
+        node.op == "call_method" and node.target == "matmul")
+    if not is_matmul or len(node.args) != 2 or node.kwargs:
+        return None
+    x, rhs = node.args
+    rt = m.fake(rhs)
+    if rt is None or rt.dim() != 2:
+        return None
+    weight = _transpose_source(rhs)
+    return (x, weight, None, False) if weight is not None else (x, rhs, None, True)
+
+
 class FP8LinearPass(RewritePass):
     name = "fp8"
     default = OFF
@@ -63,15 +106,19 @@ class FP8LinearPass(RewritePass):
         exclude = re.compile(option.exclude) if option.exclude else None
         count = 0
         for node in list(graph.nodes):
-            if node.op != "call_function" or node.target is not torch._C._nn.linear:
+            found = linear_of(node)
+            if found is None:
                 continue
-            x, weight = node.args[0], node.args[1]
-            bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+            x, weight, bias, transposed = found
             xt, wt, bt = m.fake(x), m.fake(weight), m.fake(bias)
-            if xt is None or wt is None or (bias is not None and bt is None) or not can_rewrite(xt, wt, bt):
+            wt = wt.t() if transposed and wt is not None else wt
+            eligible = (xt is not None and wt is not None and (bias is None or bt is not None)
+                        and can_rewrite(xt, wt, bt) and min(wt.shape) >= option.min_size
+                        and not (exclude and exclude.search(parameter_name(weight))))
+            if not eligible:
                 continue
-            if min(wt.shape) < option.min_size or (exclude and exclude.search(parameter_name(weight))):
-                continue
+            if transposed:
+                weight = m.insert_op(graph, node, torch.ops.aten.t.default, (weight,))
             new = m.insert_op(graph, node, torch.ops.turbo_inductor.fp8_linear.default,
                               (x, weight, bias, option.recipe, options.impl))
             node.replace_all_uses_with(new)
