@@ -1,12 +1,14 @@
 """Rewrite passes, in the order they run. A new fusion is a new module here and one line in PASSES."""
 from .fp8_linear import FP8LinearPass
+from .fp8_scaled_mm import FP8ScaledMMPass
 from .gemm_allreduce import GemmAllReducePass
 from .glu import GLUPass
 from .manager import CompileRecord, PassManager, RewritePass, compile_records, reset_records, rewrite_counts
 from .rmsnorm import RMSNormPass
 from .rmsnorm_residual import RMSNormResidualPass
 
-PASSES: list[RewritePass] = [RMSNormPass(), RMSNormResidualPass(), GLUPass(), GemmAllReducePass(), FP8LinearPass()]
+PASSES: list[RewritePass] = [RMSNormPass(), RMSNormResidualPass(), GLUPass(), GemmAllReducePass(), FP8ScaledMMPass(),
+                             FP8LinearPass()]
 
 __all__ = ["PASSES", "CompileRecord", "PassManager", "RewritePass", "compile_records", "reset_records",
            "rewrite_counts"]

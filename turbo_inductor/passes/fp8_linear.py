@@ -45,25 +45,6 @@ def parameter_name(node: fx.Node) -> str:
 _MATMULS = (operator.matmul, torch.matmul, torch.Tensor.matmul)
 
 
-def _transpose_source(node) -> fx.Node | None:
-    """W for ``W.t()``, ``W.T``, ``W.transpose(0, 1)`` (either order, or -1/-2) of a 2-D W."""
-    if not isinstance(node, fx.Node) or not node.args or not isinstance(node.args[0], fx.Node):
-        return None
-    source, rest = node.args[0], tuple(node.args[1:])
-    if node.op == "call_method":
-        method = node.target
-    elif node.target in (torch.t, torch.transpose):
-        method = node.target.__name__
-    elif node.target is getattr and rest in (("T",), ("mT",)):
-        method, rest = "t", ()
-    else:
-        return None
-    is_t = method == "t" and not rest
-    is_swap = method == "transpose" and len(rest) == 2 and {d % 2 for d in rest if isinstance(d, int)} == {0, 1}
-    st = m.fake(source)
-    return source if (is_t or is_swap) and st is not None and st.dim() == 2 else None
-
-
 def linear_of(node: fx.Node):
     """(x, weight, bias, transposed) for a linear spelled ``F.linear`` or as a matmul with a 2-D right operand:
     ``transposed`` when the weight is that operand's transpose (``x @ V``: weight V^T), not a node of the graph yet;
@@ -79,7 +60,7 @@ def linear_of(node: fx.Node):
     rt = m.fake(rhs)
     if rt is None or rt.dim() != 2:
         return None
-    weight = _transpose_source(rhs)
+    weight = m.transpose_source(rhs)
     return (x, weight, None, False) if weight is not None else (x, rhs, None, True)
 
 

@@ -178,6 +178,25 @@ def erase_unused(nodes: Iterable[fx.Node]) -> None:
             n.graph.erase_node(n)
 
 
+def transpose_source(node) -> fx.Node | None:
+    """W for ``W.t()``, ``W.T``, ``W.transpose(0, 1)`` (either order, or -1/-2) of a 2-D W."""
+    if not isinstance(node, fx.Node) or not node.args or not isinstance(node.args[0], fx.Node):
+        return None
+    source, rest = node.args[0], tuple(node.args[1:])
+    if node.op == "call_method":
+        method = node.target
+    elif node.target in (torch.t, torch.transpose):
+        method = node.target.__name__
+    elif node.target is getattr and rest in (("T",), ("mT",)):
+        method, rest = "t", ()
+    else:
+        return None
+    is_t = method == "t" and not rest
+    is_swap = method == "transpose" and len(rest) == 2 and {d % 2 for d in rest if isinstance(d, int)} == {0, 1}
+    st = fake(source)
+    return source if (is_t or is_swap) and st is not None and st.dim() == 2 else None
+
+
 def op_name(node: fx.Node) -> str:
     """A readable name for the op a node runs, for op counts before and after the passes."""
     if node.op == "call_method":
@@ -188,5 +207,7 @@ def op_name(node: fx.Node) -> str:
             target = target.overloadpacket
         if isinstance(target, torch._ops.OpOverloadPacket):
             return str(target._qualified_op_name).replace("::", ".")
-        return getattr(target, "__qualname__", None) or getattr(target, "__name__", str(target))
+        name = getattr(target, "__qualname__", None) or getattr(target, "__name__", str(target))
+        # torch's C functions (torch.rsqrt, torch._scaled_mm) carry the class that implements them in their name
+        return "torch." + target.__name__ if name.startswith("_VariableFunctionsClass.") else name
     return node.op

@@ -1,0 +1,119 @@
+"""Hand-written dynamic FP8 quantization feeding ``torch._scaled_mm`` -> ``turbo_inductor.fp8_linear``: code that
+quantizes by hand, as torchao-style code writes it, runs on our quantization kernels (one kernel per operand in
+place of abs, amax, clamp, divide, clamp and cast) and the same scaled GEMM.
+
+Matched, for each operand t of ``torch._scaled_mm(q_x, q_w.t(), scale_a=s_x, scale_b=s_w, out_dtype=x.dtype)``:
+    s = t.abs().amax()[.float()].clamp(min=1e-12) / FMAX         (also torch.amax / torch.abs / clamp_min)
+    q = (t[.float()] / s).clamp(-FMAX, FMAX).to(<the device's e4m3>)
+with FMAX that format's largest value and the floor our quantization's (AMAX_FLOOR): exactly the math of our
+tensorwise quantization, so results are the same. Left alone: other floors or maxima, per-row amax (``dim=``), other
+formats, ``_scaled_mm`` with a bias, a result scale or fast accumulation.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from ..kernels.reference.fp8_quant import AMAX_FLOOR
+from ..ops.fp8 import fp8_formats
+from ..ops.fp8_linear import can_rewrite
+from ..options import Options
+from . import matcher as m
+from .manager import RewritePass
+
+
+def _is(node, method: str, *functions) -> bool:
+    return isinstance(node, fx.Node) and (
+        (node.op == "call_method" and node.target == method)
+        or (node.op == "call_function" and node.target in functions))
+
+
+def _clamp_bounds(node) -> tuple | None:
+    """(min, max) of ``clamp`` / ``clamp_min`` given as numbers, None for anything else."""
+    if _is(node, "clamp_min", torch.clamp_min):
+        return m.arg(m.Call("", tuple(node.args), dict(node.kwargs)), 1, "min"), None
+    if not _is(node, "clamp", torch.clamp):
+        return None
+    c = m.Call("", tuple(node.args), dict(node.kwargs))
+    return m.arg(c, 1, "min"), m.arg(c, 2, "max")
+
+
+def _tensorwise_scale_source(scale, fmax: float) -> fx.Node | None:
+    """t when ``scale`` is ``t.abs().amax()[.float()].clamp(min=AMAX_FLOOR) / fmax``."""
+    c = m.call(scale)
+    if c is None or c.op != "div" or m.binary_operands(c) is None or m.binary_operands(c)[1] != fmax:
+        return None
+    floored = m.binary_operands(c)[0]
+    if _clamp_bounds(floored) != (AMAX_FLOOR, None):
+        return None
+    amax = m.strip_casts(floored.args[0])
+    if not _is(amax, "amax", torch.amax) or len(amax.args) != 1 or amax.kwargs:  # no dim: the whole tensor
+        return None
+    absolute = amax.args[0]
+    return absolute.args[0] if _is(absolute, "abs", torch.abs) and len(absolute.args) == 1 else None
+
+
+def tensorwise_quantized(q, fp8_dtype: torch.dtype) -> tuple[fx.Node, fx.Node] | None:
+    """(t, its scale node) when ``q`` is ``(t / s).clamp(-FMAX, FMAX).to(fp8_dtype)`` with s t's tensorwise scale."""
+    c = m.call(q)
+    if c is None or c.op != "cast" or c.kwargs["dtype"] != fp8_dtype:
+        return None
+    fmax = torch.finfo(fp8_dtype).max
+    clamp = c.args[0]
+    if _clamp_bounds(clamp) != (-fmax, fmax):
+        return None
+    divided = m.call(clamp.args[0])
+    operands = m.binary_operands(divided) if divided is not None and divided.op == "div" else None
+    if operands is None:
+        return None
+    t, scale = m.strip_casts(operands[0]), operands[1]
+    return (t, scale) if _tensorwise_scale_source(scale, fmax) is t else None
+
+
+class FP8ScaledMMPass(RewritePass):
+    name = "fp8_scaled_mm"
+
+    def apply(self, graph: fx.Graph, options: Options) -> int:
+        count = 0
+        for node in list(graph.nodes):
+            if node.op != "call_function" or node.target is not torch._scaled_mm or len(node.args) != 2:
+                continue
+            extra = {k: v for k, v in node.kwargs.items() if k not in ("scale_a", "scale_b", "out_dtype")}
+            if any(v not in (None, False) for v in extra.values()):  # bias, scale_result, use_fast_accum
+                continue
+            qx, qw_t = node.args
+            qw = m.transpose_source(qw_t)
+            xt = m.fake(qx)
+            if qw is None or xt is None:
+                continue
+            e4m3 = fp8_formats(xt.device)[0]
+            x_side, w_side = tensorwise_quantized(qx, e4m3), tensorwise_quantized(qw, e4m3)
+            if x_side is None or w_side is None:
+                continue
+            (x, x_scale), (w, w_scale) = x_side, w_side
+            if node.kwargs.get("scale_a") is not x_scale or node.kwargs.get("scale_b") is not w_scale:
+                continue
+            x_fake, w_fake = m.fake(x), m.fake(w)
+            if x_fake is None or w_fake is None or node.kwargs.get("out_dtype") != x_fake.dtype \
+                    or not can_rewrite(x_fake, w_fake, None):
+                continue
+            new = m.insert_op(graph, node, torch.ops.turbo_inductor.fp8_linear.default,
+                              (x, w, None, "tensorwise", options.impl))
+            node.replace_all_uses_with(new)
+            graph.erase_node(node)
+            m.erase_unused(_producers([qx, qw_t], stop={x, w}))
+            count += 1
+        return count
+
+
+def _producers(roots: list[fx.Node], stop: set) -> list[fx.Node]:
+    """``roots`` and what they were computed from, down to the nodes in ``stop``, producers first."""
+    order = {n: i for i, n in enumerate(roots[0].graph.nodes)}
+    seen, todo = set(), list(roots)
+    while todo:
+        n = todo.pop()
+        if n in seen or n in stop or not isinstance(n, fx.Node) or n.op == "placeholder":
+            continue
+        seen.add(n)
+        todo.extend(a for a in n.all_input_nodes)
+    return sorted(seen, key=order.__getitem__)
