@@ -227,3 +227,14 @@ def test_all_reduce_then_residual_add_and_rmsnorm_become_two_fused_ops(fake_grou
     assert turbo_inductor.rewrite_counts() == {"rmsnorm": 1, "rmsnorm_residual": 1, "glu": 0, "gemm_allreduce": 1, "fp8_scaled_mm": 0}
     for got, want in zip(outs["primus_turbo"], outs["inductor"]):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_dynamic_batch_does_not_recompile(fake_group):
+    model = RowParallel("funcol", fake_group)
+    compiled = torch.compile(model, backend="primus_turbo")
+    for batch in (3, 5, 9):
+        x = torch.randn(batch, 4, 32)
+        torch._dynamo.mark_dynamic(x, 0)
+        torch.testing.assert_close(compiled(x), torch.relu(model.proj(x)) * 2)  # the fake all-reduce: identity
+    assert len(turbo_inductor.compile_records()) == 1, "a new size must not recompile"
+    assert turbo_inductor.rewrite_counts()["gemm_allreduce"] == 1
