@@ -19,10 +19,10 @@ WORLD = 2
 class RowParallel(nn.Module):
     """A row-parallel linear as tensor-parallel code writes it: its partial result all-reduced over the group."""
 
-    def __init__(self, spelling, group, bias=True):
+    def __init__(self, spelling, group, bias=True, out_features=24):
         super().__init__()
         self.spelling, self.group = spelling, group
-        self.proj = nn.Linear(32, 24, bias=bias)
+        self.proj = nn.Linear(32, out_features, bias=bias)
 
     def forward(self, x):
         y = self.proj(x)
@@ -238,3 +238,11 @@ def test_dynamic_batch_does_not_recompile(fake_group):
         torch.testing.assert_close(compiled(x), torch.relu(model.proj(x)) * 2)  # the fake all-reduce: identity
     assert len(turbo_inductor.compile_records()) == 1, "a new size must not recompile"
     assert turbo_inductor.rewrite_counts()["gemm_allreduce"] == 1
+
+
+def test_fp8_keeps_its_linears_and_their_all_reduce(fake_group):
+    model = RowParallel("funcol", fake_group, out_features=32)  # an FP8 GEMM shape
+    compiled = torch.compile(model, backend="primus_turbo", options={"fp8": "rowwise", "impl": "reference"})
+    compiled(torch.randn(3, 5, 32)).sum().backward()
+    assert turbo_inductor.rewrite_counts()["gemm_allreduce"] == 0 and turbo_inductor.rewrite_counts()["fp8"] == 1
+    assert turbo_inductor.compile_records()[-1].ops_after["_c10d_functional.all_reduce"] == 1

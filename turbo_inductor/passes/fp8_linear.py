@@ -82,22 +82,26 @@ class FP8LinearPass(RewritePass):
     def enabled(self, value: FP8Option) -> bool:
         return value.recipe != OFF
 
+    def takes(self, node: fx.Node, options: Options) -> bool:
+        """Whether this pass, as the options configure it, turns ``node`` into an FP8 linear."""
+        option: FP8Option = options.value(self.name)
+        found = linear_of(node) if self.enabled(option) else None
+        if found is None:
+            return False
+        x, weight, bias, transposed = found
+        xt, wt, bt = m.fake(x), m.fake(weight), m.fake(bias)
+        wt = wt.t() if transposed and wt is not None else wt
+        return (xt is not None and wt is not None and (bias is None or bt is not None)
+                and can_rewrite(xt, wt, bt) and min(wt.shape) >= option.min_size
+                and not (option.exclude and re.search(option.exclude, parameter_name(weight))))
+
     def apply(self, graph: fx.Graph, options: Options) -> int:
         option: FP8Option = options.value(self.name)
-        exclude = re.compile(option.exclude) if option.exclude else None
         count = 0
         for node in list(graph.nodes):
-            found = linear_of(node)
-            if found is None:
+            if not self.takes(node, options):
                 continue
-            x, weight, bias, transposed = found
-            xt, wt, bt = m.fake(x), m.fake(weight), m.fake(bias)
-            wt = wt.t() if transposed and wt is not None else wt
-            eligible = (xt is not None and wt is not None and (bias is None or bt is not None)
-                        and can_rewrite(xt, wt, bt) and min(wt.shape) >= option.min_size
-                        and not (exclude and exclude.search(parameter_name(weight))))
-            if not eligible:
-                continue
+            x, weight, bias, transposed = linear_of(node)
             if transposed:
                 weight = m.insert_op(graph, node, torch.ops.aten.t.default, (weight,))
             new = m.insert_op(graph, node, torch.ops.turbo_inductor.fp8_linear.default,

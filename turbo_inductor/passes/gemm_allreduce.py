@@ -7,7 +7,8 @@ Both spellings Dynamo produces are matched (``shared/platform.md``), in training
   - in-place ``dist.all_reduce(y, group=group)``: the same pair, then ``y.copy_(wait)``; the users of y after the
     copy read the fused op, and the copy goes.
 Left alone: other reductions than sum, a linear whose unreduced result is read elsewhere, a process group given by
-anything but its name.
+anything but its name, and a linear the ``fp8`` option turns into an FP8 linear (its all-reduce then stays as
+written: a user who asked for FP8 gets FP8; an FP8 form of this op is to come).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch.fx as fx
 from ..ops.gemm_allreduce import can_rewrite
 from ..options import Options
 from . import matcher as m
+from .fp8_linear import FP8LinearPass
 from .manager import RewritePass
 
 
@@ -48,6 +50,8 @@ class GemmAllReducePass(RewritePass):
             if found is None:
                 continue
             linear, reduce, group_name = found
+            if FP8LinearPass().takes(linear, options):
+                continue
             x, weight = linear.args[0], linear.args[1]
             bias = linear.args[2] if len(linear.args) > 2 else linear.kwargs.get("bias")
             xt, wt, bt = m.fake(x), m.fake(weight), m.fake(bias)
