@@ -31,11 +31,10 @@ def _is(node, method: str, *functions) -> bool:
 def _clamp_bounds(node) -> tuple | None:
     """(min, max) of ``clamp`` / ``clamp_min`` given as numbers, None for anything else."""
     if _is(node, "clamp_min", torch.clamp_min):
-        return m.arg(m.Call("", tuple(node.args), dict(node.kwargs)), 1, "min"), None
+        return m.arg(node, 1, "min"), None
     if not _is(node, "clamp", torch.clamp):
         return None
-    c = m.Call("", tuple(node.args), dict(node.kwargs))
-    return m.arg(c, 1, "min"), m.arg(c, 2, "max")
+    return m.arg(node, 1, "min"), m.arg(node, 2, "max")
 
 
 def _tensorwise_scale_source(scale, fmax: float) -> fx.Node | None:

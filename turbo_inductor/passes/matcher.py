@@ -136,8 +136,8 @@ def users_within(nodes: Iterable[fx.Node], allowed: set[fx.Node]) -> bool:
     return all(user in allowed for n in nodes for user in n.users)
 
 
-def arg(c: Call, index: int, name: str, default: Any = None) -> Any:
-    """Argument ``name`` of a call, given at position ``index`` or by keyword."""
+def arg(c: Call | fx.Node, index: int, name: str, default: Any = None) -> Any:
+    """Argument ``name`` of a call (or of a node as written), given at position ``index`` or by keyword."""
     return c.args[index] if len(c.args) > index else c.kwargs.get(name, default)
 
 
