@@ -38,13 +38,19 @@ _IMPLS: dict[str, dict[str, Implementation]] = collections.defaultdict(dict)
 _CALLS: collections.Counter = collections.Counter()
 
 
-def _always(device: torch.device) -> bool:
+def always(device: torch.device) -> bool:
+    """Traceable on every device: plain torch calls (the default)."""
     return True
+
+
+def never(device: torch.device) -> bool:
+    """Traceable nowhere: the implementation stays one call in a compiled graph."""
+    return False
 
 
 def implementation(kernel: str, name: str, *, priority: int,
                    unavailable_reason: Callable[[torch.device], str | None],
-                   traceable: Callable[[torch.device], bool] = _always):
+                   traceable: Callable[[torch.device], bool] = always):
     """Decorator: register ``fn`` as implementation ``name`` of ``kernel``."""
 
     def register(fn: Callable) -> Callable:

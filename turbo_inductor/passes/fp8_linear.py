@@ -82,26 +82,29 @@ class FP8LinearPass(RewritePass):
     def enabled(self, value: FP8Option) -> bool:
         return value.recipe != OFF
 
-    def takes(self, node: fx.Node, options: Options) -> bool:
-        """Whether this pass, as the options configure it, turns ``node`` into an FP8 linear."""
+    def match(self, node: fx.Node, options: Options):
+        """``linear_of(node)`` when this pass, as the options configure it, turns ``node`` into an FP8 linear;
+        None otherwise."""
         option: FP8Option = options.value(self.name)
         found = linear_of(node) if self.enabled(option) else None
         if found is None:
-            return False
+            return None
         x, weight, bias, transposed = found
         xt, wt, bt = m.fake(x), m.fake(weight), m.fake(bias)
         wt = wt.t() if transposed and wt is not None else wt
-        return (xt is not None and wt is not None and (bias is None or bt is not None)
-                and can_rewrite(xt, wt, bt) and min(wt.shape) >= option.min_size
-                and not (option.exclude and re.search(option.exclude, parameter_name(weight))))
+        eligible = (xt is not None and wt is not None and (bias is None or bt is not None)
+                    and can_rewrite(xt, wt, bt) and min(wt.shape) >= option.min_size
+                    and not (option.exclude and re.search(option.exclude, parameter_name(weight))))
+        return found if eligible else None
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
         option: FP8Option = options.value(self.name)
         count = 0
         for node in list(graph.nodes):
-            if not self.takes(node, options):
+            found = self.match(node, options)
+            if found is None:
                 continue
-            x, weight, bias, transposed = linear_of(node)
+            x, weight, bias, transposed = found
             if transposed:
                 weight = m.insert_op(graph, node, torch.ops.aten.t.default, (weight,))
             new = m.insert_op(graph, node, torch.ops.turbo_inductor.fp8_linear.default,

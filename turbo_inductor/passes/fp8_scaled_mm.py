@@ -22,17 +22,11 @@ from . import matcher as m
 from .manager import RewritePass
 
 
-def _is(node, method: str, *functions) -> bool:
-    return isinstance(node, fx.Node) and (
-        (node.op == "call_method" and node.target == method)
-        or (node.op == "call_function" and node.target in functions))
-
-
 def _clamp_bounds(node) -> tuple | None:
     """(min, max) of ``clamp`` / ``clamp_min`` given as numbers, None for anything else."""
-    if _is(node, "clamp_min", torch.clamp_min):
+    if m.calls(node, "clamp_min", (torch.clamp_min,)):
         return m.arg(node, 1, "min"), None
-    if not _is(node, "clamp", torch.clamp):
+    if not m.calls(node, "clamp", (torch.clamp,)):
         return None
     return m.arg(node, 1, "min"), m.arg(node, 2, "max")
 
@@ -46,10 +40,10 @@ def _tensorwise_scale_source(scale, fmax: float) -> fx.Node | None:
     if _clamp_bounds(floored) != (AMAX_FLOOR, None):
         return None
     amax = m.strip_casts(floored.args[0])
-    if not _is(amax, "amax", torch.amax) or len(amax.args) != 1 or amax.kwargs:  # no dim: the whole tensor
+    if not m.calls(amax, "amax", (torch.amax,)) or len(amax.args) != 1 or amax.kwargs:  # no dim: the whole tensor
         return None
     absolute = amax.args[0]
-    return absolute.args[0] if _is(absolute, "abs", torch.abs) and len(absolute.args) == 1 else None
+    return absolute.args[0] if m.calls(absolute, "abs", (torch.abs,)) and len(absolute.args) == 1 else None
 
 
 def tensorwise_quantized(q, fp8_dtype: torch.dtype) -> tuple[fx.Node, fx.Node] | None:

@@ -22,14 +22,11 @@ from .fp8_linear import FP8LinearPass
 from .manager import RewritePass
 
 
-def _is(node, packet) -> bool:
-    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in (packet, packet.default)
-
-
 def _reduced_linear(wait: fx.Node):
     """(linear, all_reduce, group name) when ``wait`` waits on a sum all-reduce of an F.linear."""
     functional = torch.ops._c10d_functional
-    if not _is(wait, functional.wait_tensor) or not _is(wait.args[0], functional.all_reduce):
+    if not (m.calls(wait, functions=(functional.wait_tensor, functional.wait_tensor.default))
+            and m.calls(wait.args[0], functions=(functional.all_reduce, functional.all_reduce.default))):
         return None
     reduce = wait.args[0]
     linear, op, group_name = (list(reduce.args) + [None, None, None])[:3]
@@ -50,7 +47,7 @@ class GemmAllReducePass(RewritePass):
             if found is None:
                 continue
             linear, reduce, group_name = found
-            if FP8LinearPass().takes(linear, options):
+            if FP8LinearPass().match(linear, options) is not None:
                 continue
             x, weight = linear.args[0], linear.args[1]
             bias = linear.args[2] if len(linear.args) > 2 else linear.kwargs.get("bias")

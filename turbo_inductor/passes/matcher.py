@@ -81,6 +81,13 @@ def _cast(node: fx.Node) -> Call | None:
     return Call("cast", (node.args[0],), {"dtype": out.dtype})
 
 
+def calls(node: Any, method: str = "", functions: tuple = ()) -> bool:
+    """Whether ``node`` calls the Tensor method ``method`` or one of ``functions``, exactly as written (for ops
+    :func:`call` has no canonical view of)."""
+    return isinstance(node, fx.Node) and (
+        (node.op == "call_method" and node.target == method) or (node.op == "call_function" and node.target in functions))
+
+
 def is_op(node: Any, op: str) -> bool:
     c = call(node)
     return c is not None and c.op == op

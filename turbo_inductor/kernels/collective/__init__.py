@@ -6,8 +6,3 @@ import torch
 
 def unavailable_reason(device: torch.device) -> str | None:
     return None if torch.distributed.is_available() else "this torch has no torch.distributed"
-
-
-def never_traceable(device: torch.device) -> bool:
-    # They drive a ProcessGroup object (async work handles), which a functional graph cannot hold.
-    return False

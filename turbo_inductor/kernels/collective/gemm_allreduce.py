@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 from ..reference import gemm_allreduce as sequential
-from ..registry import implementation
-from . import never_traceable, unavailable_reason
+from ..registry import implementation, never
+from . import unavailable_reason
 
 CHUNKS = 4
 CHUNK_MIN_ROWS = 256
@@ -30,7 +30,7 @@ def row_chunks(rows: int, row_bytes: int) -> list[tuple[int, int]]:
 
 
 @implementation("gemm_allreduce_fwd", "overlap", priority=10, unavailable_reason=unavailable_reason,
-                traceable=never_traceable)
+                traceable=never)
 def gemm_allreduce_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, group) -> torch.Tensor:
     chunks = row_chunks(x.shape[0], weight.shape[0] * x.element_size())
     if len(chunks) == 1:
@@ -50,7 +50,7 @@ def gemm_allreduce_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 
 
 @implementation("gemm_allreduce_bwd", "overlap", priority=10, unavailable_reason=unavailable_reason,
-                traceable=never_traceable)
+                traceable=never)
 def gemm_allreduce_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, group):
     chunks = row_chunks(dy.shape[0], max(dy.shape[1], weight.shape[1]) * dy.element_size())
     if len(chunks) == 1:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import implementation
+from ..registry import implementation, never
 from . import unavailable_reason
 
 
@@ -33,13 +33,9 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.float() * expand_scale(scale, q.shape)
 
 
-def _never(device: torch.device) -> bool:
-    # Traced into a graph, the block-scale expansion fails Inductor's codegen in torch 2.11, on CPU and GPU
-    # ("unexpected group"): the emulation stays one call.
-    return False
-
-
-@implementation("fp8_gemm", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=_never)
+# Never traced: in a graph, the block-scale expansion fails Inductor's codegen in torch 2.11, on CPU and GPU
+# ("unexpected group"); the emulation stays one call.
+@implementation("fp8_gemm", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=never)
 def fp8_gemm(a, a_scale, b, b_scale, out_dtype):
     """a [M, K], b [N, K] fp8 with block scales; returns dequant(a) @ dequant(b)^T in ``out_dtype``."""
     return (dequantize(a, a_scale) @ dequantize(b, b_scale).t()).to(out_dtype)

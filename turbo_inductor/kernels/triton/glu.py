@@ -4,8 +4,9 @@ per row (dropped tokens). Semantics: see ``..reference.glu``; the signatures are
 Layout of the work
 ------------------
 Both kernels see a [rows, F] problem as tiles of BLOCK_ROWS x BLOCK_F elements (BLOCK_ROWS > 1 only when rows are
-short, so that a program still moves a few KiB). ``gate``/``up`` (and ``dgate``/``dup``) take any row stride, so
-the two halves of one [rows, 2F] tensor are read (written) in place, with no copy.
+short, so that a program still moves a few KiB). ``gate``/``up`` take any row stride, so the two halves of one
+[rows, 2F] tensor are read in place, with no copy; for such a fused input the backward writes its gradient as one
+[rows, 2F] tensor too.
 
 Forward: purely elementwise, one tile per program; programs are numbered row-major (the column chunks of a row
 block are neighbours), so the grid sweeps memory in order like Inductor's flat pointwise kernel.
