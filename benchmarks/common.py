@@ -1,6 +1,7 @@
 """Shared by the op benchmarks: timing, environment facts, the result table."""
 from __future__ import annotations
 
+import collections
 import datetime
 import json
 import os
@@ -20,6 +21,26 @@ def bench_ms(fn) -> float:
     return do_bench(fn, warmup=50, rep=300, return_mode="median")
 
 
+def kernel_us(fn, steps: int = 10) -> dict[str, float]:
+    """GPU time per call of ``fn``, per kernel name, in us: the profiler's device events only, so host time (Python,
+    launches, waiting) never counts. Where a step is host-bound, wall-clock ratios measure the host; these do not."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    times = collections.defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            times[event.name] += event.device_time / steps
+    return dict(times)
+
+
+def gpu_ms(fn) -> float:
+    return sum(kernel_us(fn).values()) / 1e3
+
+
 def fwd_bwd_step(fn, *inputs):
     """A closure that runs forward and backward of ``fn(*inputs)`` with a fixed random cotangent."""
     out = fn(*inputs)
@@ -37,8 +58,9 @@ def fwd_bwd_step(fn, *inputs):
 
 def bench_backends(rows: list, label: str, fn, inputs, direct, fwd_bytes: int, total_bytes: int) -> None:
     """Forward (no grad) and forward+backward of ``fn(*inputs)``: eager, the op called directly (``direct``), and
-    ``fn`` compiled with backend="inductor" and "primus_turbo"; one row each in ``rows``, rate in TB/s. Plain
-    launches: host time counts wherever the host cannot stay ahead of the GPU, as a user without CUDA graphs sees."""
+    ``fn`` compiled with backend="inductor" and "primus_turbo"; one row each in ``rows``. Two times per row: wall
+    clock with plain launches (host time counts wherever the host cannot stay ahead of the GPU, as a user without
+    CUDA graphs sees) and GPU time (kernels only); the rate in TB/s is from the GPU time."""
     variants = [("eager", fn), ("op (eager call)", direct)]
     variants += [(backend, torch.compile(fn, backend=backend)) for backend in ("inductor", "primus_turbo")]
     for backend, f in variants:
@@ -46,10 +68,14 @@ def bench_backends(rows: list, label: str, fn, inputs, direct, fwd_bytes: int, t
         # with none, so that no variant pays for the others' (fn is compiled for grad and no-grad below).
         torch._dynamo.reset()
         with torch.no_grad():
-            ms = bench_ms(lambda: f(*inputs))
-        rows.append({"shape": label, "mode": "fwd", "backend": backend, "ms": ms, "rate": fwd_bytes / ms / 1e9})
-        ms = bench_ms(fwd_bwd_step(f, *inputs))
-        rows.append({"shape": label, "mode": "fwd+bwd", "backend": backend, "ms": ms, "rate": total_bytes / ms / 1e9})
+            forward = lambda: f(*inputs)  # noqa: E731
+            ms, gpu = bench_ms(forward), gpu_ms(forward)
+        rows.append({"shape": label, "mode": "fwd", "backend": backend, "ms": ms, "gpu_ms": gpu,
+                     "rate": fwd_bytes / gpu / 1e9})
+        step = fwd_bwd_step(f, *inputs)
+        ms, gpu = bench_ms(step), gpu_ms(step)
+        rows.append({"shape": label, "mode": "fwd+bwd", "backend": backend, "ms": ms, "gpu_ms": gpu,
+                     "rate": total_bytes / gpu / 1e9})
 
 
 def environment() -> dict:
@@ -61,17 +87,24 @@ def environment() -> dict:
 
 def report(name: str, rows: list[dict], rate_unit: str = "TB/s") -> None:
     """Print a markdown table (ratio to Inductor of the same shape and mode) and write $OUT/<name>.json.
-    Each row: shape, mode, backend, ms, rate (in ``rate_unit``)."""
+    Each row: shape, mode, backend, ms, rate (in ``rate_unit``), and optionally gpu_ms (kernel time alone): then the
+    table also gets the ratio of GPU times."""
     env = environment()
+    gpu = all("gpu_ms" in row for row in rows)
     print(f"\n{name}: {env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['date']}")
-    print(f"| shape | mode | backend | ms | {rate_unit} | speedup vs inductor |")
-    print("|---|---|---|---|---|---|")
+    print(f"| shape | mode | backend | ms | {'GPU ms | ' if gpu else ''}{rate_unit} | speedup vs inductor |"
+          + (" GPU-time speedup |" if gpu else ""))
+    print("|---|---|---|---|---|---|" + ("---|---|" if gpu else ""))
     for row in rows:
-        base = next(r["ms"] for r in rows if r["shape"] == row["shape"] and r["mode"] == row["mode"]
+        base = next(r for r in rows if r["shape"] == row["shape"] and r["mode"] == row["mode"]
                     and r["backend"] == "inductor")
-        row["speedup_vs_inductor"] = base / row["ms"]
-        print(f"| {row['shape']} | {row['mode']} | {row['backend']} | {row['ms']:.4f} | {row['rate']:.2f} "
-              f"| {row['speedup_vs_inductor']:.2f}x |")
+        row["speedup_vs_inductor"] = base["ms"] / row["ms"]
+        line = f"| {row['shape']} | {row['mode']} | {row['backend']} | {row['ms']:.4f} | "
+        if gpu:
+            row["gpu_speedup_vs_inductor"] = base["gpu_ms"] / row["gpu_ms"]
+            line += f"{row['gpu_ms']:.4f} | "
+        line += f"{row['rate']:.2f} | {row['speedup_vs_inductor']:.2f}x |"
+        print(line + (f" {row['gpu_speedup_vs_inductor']:.2f}x |" if gpu else ""))
     out = os.environ.get("OUT", ".")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"{name}.json"), "w") as f:

@@ -1,6 +1,9 @@
 """Where the time of a primus_turbo-compiled forward+backward goes (torch.profiler, CPU and CUDA), next to
-Inductor's, and the GPU time per step (the sum of kernel times, free of host overhead):
+Inductor's: the GPU time per step (the sum of kernel times, free of host overhead), the host time per step (issuing
+the step without waiting for the GPU) and the host's top entries:
 python benchmarks/profile_compiled.py"""
+import time
+
 import torch
 
 from bench_glu import swiglu
@@ -16,6 +19,11 @@ def profile(name, fn, *inputs):
         for _ in range(3):
             step()
         torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(STEPS):
+            step()
+        host_us = (time.perf_counter() - start) / STEPS * 1e6  # the GPU queue is deep enough for STEPS steps
+        torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                 torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(STEPS):
@@ -23,8 +31,10 @@ def profile(name, fn, *inputs):
             torch.cuda.synchronize()
         events = prof.key_averages()
         gpu_us = sum(getattr(e, "self_device_time_total", 0) for e in events) / STEPS
-        print(f"\n== {name} fwd+bwd x{STEPS}, backend={backend}: GPU time per step {gpu_us:.1f} us")
+        print(f"\n== {name} fwd+bwd x{STEPS}, backend={backend}: GPU time per step {gpu_us:.1f} us, "
+              f"host time per step {host_us:.1f} us")
         print(events.table(sort_by="self_cuda_time_total", row_limit=8, max_name_column_width=60))
+        print(events.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
 
 
 if __name__ == "__main__":

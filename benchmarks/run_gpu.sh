@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What the GPU machine checks, in one call (device tool): install, GPU tests, op and model benchmarks.
-#   bash benchmarks/run_gpu.sh [tests] [rmsnorm] [glu] [fp8] [model] [convergence] [profile] [gemm_ar]   (default: tests rmsnorm glu model)   logs and JSON land in $OUT
-#   TESTS="lowering_tests/test_gpu.py ..." limits the tests step to those files.
+#   bash benchmarks/run_gpu.sh [tests] [rmsnorm] [glu] [fp8] [fp8_quant] [model] [convergence] [profile] [gemm_ar]   (default: tests rmsnorm glu model)   logs and JSON land in $OUT
+#   TESTS="lowering_tests/test_gpu.py ..." limits the tests step to those files; MODEL_ARGS="--kernels 12 ..." adds
+#   arguments to the model step.
 set -o pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/turbo_out}
 mkdir -p "$OUT"
@@ -15,10 +16,11 @@ for step in $steps; do
   case $step in
     tests)   timeout 300 python3 -m pytest ${TESTS:-lowering_tests} -q -n 8 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
     rmsnorm) (cd benchmarks && python3 bench_rmsnorm.py) 2>&1 | tee "$OUT/bench_rmsnorm.log" | grep -v Warning ;;
-    model)   python3 -m benchmarks.run_model --out "$OUT" 2>&1 | tee "$OUT/run_model.log" | tail -8 ;;
+    model)   python3 -m benchmarks.run_model --out "$OUT" ${MODEL_ARGS:-} 2>&1 | tee "$OUT/run_model.log" | tail -8 ;;
     profile) (cd benchmarks && python3 profile_compiled.py) 2>&1 | tee "$OUT/profile.log" | grep -v Warning ;;
     convergence) python3 -m benchmarks.convergence --out "$OUT" 2>&1 | tee "$OUT/convergence.log" | grep -v Warning ;;
     fp8)     (cd benchmarks && python3 bench_fp8.py) 2>&1 | tee "$OUT/bench_fp8.log" | grep -v Warning ;;
+    fp8_quant) (cd benchmarks && python3 bench_fp8_quant.py) 2>&1 | tee "$OUT/bench_fp8_quant.log" | grep -v Warning ;;
     gemm_ar) (cd benchmarks && torchrun --nproc-per-node "$(nvidia-smi -L | wc -l)" bench_gemm_allreduce.py) 2>&1 | tee "$OUT/bench_gemm_allreduce.log" | grep -v Warning ;;  # kind nvidia-h200-x2
     glu)     (cd benchmarks && python3 bench_glu.py) 2>&1 | tee "$OUT/bench_glu.log" | grep -v Warning ;;
     *)       echo "unknown step $step"; exit 2 ;;

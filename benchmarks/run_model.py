@@ -53,6 +53,7 @@ def main(argv=None):
     parser.add_argument("--fp8", default="tensorwise,rowwise" if on_gpu else "",
                         help="FP8 recipes to add as primus_turbo columns (comma-separated; empty: none)")
     parser.add_argument("--mode", default="train", choices=("train", "inference"))
+    parser.add_argument("--kernels", type=int, default=0, help="GPU: print the N kernels taking most GPU time per column")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results"), help="folder for the JSON and PNG")
     args = parser.parse_args(argv)
     device, dtype = ("cuda" if on_gpu else "cpu"), getattr(torch, args.dtype)
@@ -101,7 +102,7 @@ def main(argv=None):
             return out
 
         try:
-            results[name] = measure(step, x, device)
+            results[name] = measure(step, x, device, args.kernels)
         except Exception as error:  # a column that fails is reported, the others still run
             cause = getattr(error, "inner_exception", None) or error  # Dynamo wraps backend errors
             results[name] = {"error": f"{type(cause).__name__}: {str(cause).strip()[:160]}"}
@@ -118,7 +119,7 @@ def main(argv=None):
         if "error" in r:
             table.append({"column": name, "error": r["error"]})
             continue
-        table.append({"column": name, "step_ms": r["ms"], "tokens_per_s": tokens / r["ms"] * 1e3,
+        table.append({"column": name, "step_ms": r["ms"], "gpu_ms": r["gpu_ms"], "tokens_per_s": tokens / r["ms"] * 1e3,
                       "model_tflops": flops / r["ms"] / 1e9, "speedup_vs_inductor": ref["ms"] / r["ms"],
                       "peak_gib": r["peak_gib"], "compile_s": r["compile_s"],
                       "out_snr_db": snr_db(r["out"], ref["out"]),
@@ -128,9 +129,10 @@ def main(argv=None):
     write_outputs(args, config, device, table)
 
 
-def measure(step, x, device: str) -> dict:
-    """Compile (first step, with an empty Inductor cache: a cold compile), then time the step; outputs and input
-    gradient for the numerical comparison."""
+def measure(step, x, device: str, kernels: int = 0) -> dict:
+    """Compile (first step, with an empty Inductor cache: a cold compile), then time the step (wall clock and, on a
+    GPU, kernel time alone; ``kernels``: print the top kernels); outputs and input gradient for the numerical
+    comparison."""
     from torch._inductor.utils import fresh_inductor_cache
 
     start = time.perf_counter()
@@ -144,7 +146,15 @@ def measure(step, x, device: str) -> dict:
     ms = time_ms(step, device)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
     grad = x.grad.detach().clone() if x.grad is not None else None
-    return {"ms": ms, "compile_s": compile_s, "out": out, "grad": grad, "peak_gib": peak}
+    gpu = float("nan")
+    if device == "cuda":
+        from benchmarks.common import kernel_us
+
+        per_kernel = sorted(kernel_us(step, steps=5).items(), key=lambda item: -item[1])
+        gpu = sum(us for _, us in per_kernel) / 1e3
+        for kernel, us in per_kernel[:kernels]:
+            print(f"    {us:9.1f} us  {kernel[:110]}")
+    return {"ms": ms, "gpu_ms": gpu, "compile_s": compile_s, "out": out, "grad": grad, "peak_gib": peak}
 
 
 def model_flops(model, config, batch: int, seq: int) -> float:
@@ -155,13 +165,13 @@ def model_flops(model, config, batch: int, seq: int) -> float:
 
 
 def print_table(table: list[dict]) -> None:
-    print(f"{'backend':28s} {'step ms':>9s} {'tokens/s':>10s} {'TFLOP/s':>8s} {'vs inductor':>12s} {'peak GiB':>9s} "
+    print(f"{'backend':28s} {'step ms':>9s} {'GPU ms':>8s} {'tokens/s':>10s} {'TFLOP/s':>8s} {'vs inductor':>12s} {'peak GiB':>9s} "
           f"{'compile s':>10s} {'out SNR dB':>11s} {'dx SNR dB':>10s}")
     for row in table:
         if "error" in row:
             print(f"{row['column']:28s} failed: {row['error']}")
             continue
-        print(f"{row['column']:28s} {row['step_ms']:9.3f} {row['tokens_per_s']:10.0f} {row['model_tflops']:8.1f} "
+        print(f"{row['column']:28s} {row['step_ms']:9.3f} {row['gpu_ms']:8.3f} {row['tokens_per_s']:10.0f} {row['model_tflops']:8.1f} "
               f"{row['speedup_vs_inductor']:11.2f}x {row['peak_gib']:9.2f} {row['compile_s']:10.1f} "
               f"{row['out_snr_db']:11.1f} {row['dx_snr_db']:10.1f}")
 

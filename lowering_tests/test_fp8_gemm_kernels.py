@@ -12,6 +12,11 @@ from turbo_inductor.kernels.reference import fp8_gemm as reference_gemm
 from turbo_inductor.kernels.reference import fp8_quant as reference_quant
 from turbo_inductor.kernels.triton import fp8_gemm as triton_gemm
 
+# fp8 products are exact and summed in fp32: in the interpreter the result differs from the emulation only by the
+# order of the sums. Hopper's FP8 tensor cores accumulate with fewer mantissa bits (about 14, the DeepSeek-V3
+# report): on a GPU, up to ~3e-4 of the largest output (measured on an H200).
+FP32_TOL = 1e-5 if DEVICE == "cpu" else 1e-3
+
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 # name: (a block, b block, power-of-two scales); 0 = the whole dimension
 GRANULARITIES = {
@@ -42,7 +47,7 @@ def test_matches_the_emulation(granularity, M, N, K, out_dtype):
     want = reference_gemm.fp8_gemm(a, a_scale, b, b_scale, torch.float32)
     assert got.shape == (M, N) and got.dtype == out_dtype and got.is_contiguous()
     # fp32: the same exact products summed in another order; bf16: one rounding of that
-    tol = 1e-5 if out_dtype == torch.float32 else 8e-3
+    tol = FP32_TOL if out_dtype == torch.float32 else 8e-3
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max().item())
 
 
@@ -51,7 +56,7 @@ def test_mixed_formats_e5m2_gradient_times_e4m3_weight():
     w, w_scale = _quantized(64, 128, (128, 128), E4M3, False, seed=4)
     got = triton_gemm.fp8_gemm(dy, dy_scale, w, w_scale, torch.float32)
     want = reference_gemm.fp8_gemm(dy, dy_scale, w, w_scale, torch.float32)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    torch.testing.assert_close(got, want, rtol=FP32_TOL, atol=FP32_TOL * want.abs().max().item())
 
 
 def test_chunk_never_straddles_a_scaling_block():
@@ -80,5 +85,6 @@ def test_fp8_linear_forward_and_backward_on_the_triton_gemm(recipe):
         dx, dw = torch.autograd.grad(out, (x, w), torch.ones_like(out))
         results.append((out, dx, dw))
     turbo_inductor.reset_kernel_calls()
+    tol = max(FP32_TOL, 1e-4)
     for got, want in zip(*results):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol * want.abs().max().item())

@@ -324,12 +324,14 @@ def test_odd_block_shapes(impl_name):
 @pytest.fixture
 def tiny_tiles(monkeypatch):
     """Shrink the tiles so that every block shape takes the two-pass path (amax, scale, cast), with several
-    sub-tiles per block and several loop iterations in the scale kernel, on small shapes."""
+    sub-tiles per block, several tiles per amax program where a block spans all rows, and several loop iterations
+    in the scale kernel, on small shapes."""
     monkeypatch.setattr(triton_fp8, "TILE_ELEMENTS", 128)
     monkeypatch.setattr(triton_fp8, "MAX_TILE_ELEMENTS", 16)
     monkeypatch.setattr(triton_fp8, "MAX_TILE_COLS", 32)
     monkeypatch.setattr(triton_fp8, "TRANSPOSE_MIN_ROWS", 8)
     monkeypatch.setattr(triton_fp8, "REDUCE_TILE_ELEMENTS", 4)
+    monkeypatch.setattr(triton_fp8, "AMAX_PROGRAMS", 2)  # blocks spanning all rows: the amax pass loops
 
 
 @pytest.mark.parametrize("transpose", [False, True], ids=["rowmajor", "transposed"])
@@ -365,6 +367,9 @@ def test_tiling_heuristics():
     assert tiling(8192, 4096, 1, 128, True) == T.Fp8Tiling(True, 1, 128, 32, 1, 8)
     assert tiling(8192, 4096, 1, 32, True) == T.Fp8Tiling(True, 1, 32, 32, 4, 8)
     assert tiling(8192, 4096, 1, 4096, True) == T.Fp8Tiling(False, 1, 128, 32, 1, 8)
+    # Column blocks (a transposed rowwise operand): two passes over coalesced 32-row tiles, not one tall column.
+    assert tiling(8192, 4096, 8192, 1, True) == T.Fp8Tiling(False, 32, 1, 1, 128, 8)
+    assert tiling(8192, 1, 8192, 1, True).fused  # a one-column x is contiguous down its rows
     # Tensorwise: two passes; one sub-tile per tile (one partial max per program).
     assert tiling(8192, 4096, 8192, 4096, False) == T.Fp8Tiling(False, 4, 1024, 1, 1, 8)
     assert tiling(8192, 4096, 8192, 4096, True) == T.Fp8Tiling(False, 32, 128, 1, 1, 8)

@@ -82,6 +82,23 @@ def test_compiled_graph_launches_our_kernels_itself():
     assert "torch.ops.turbo_inductor" not in code
 
 
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_compiled_fp8_linear_copies_nothing(recipe):
+    """The FP8 linear's quantization kernels are traced into the graph, and Inductor proves which arguments they
+    write: no copy of x or W around them (when its analysis gives up, it copies every argument back as written)."""
+    from torch._inductor.utils import run_and_get_code
+
+    x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, w: torch.nn.functional.linear(x, w), backend="primus_turbo",
+                             options={"fp8": recipe})
+    _, codes = run_and_get_code(lambda: compiled(x, w).float().square().sum().backward())
+    code = "\n".join(codes)
+    assert "_fp8_tile_kernel" in code
+    assert "aten.copy_" not in code and "aten.clone" not in code
+
+
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "blockwise", "mxfp8"])
 def test_fp8_linear_on_gpu_matches_its_emulation(recipe):
     """The vendor GEMM (tensorwise, rowwise) and the Triton quantization against the fp32 emulation, at a real

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 import turbo_inductor
+from conftest import DEVICE
 from benchmarks.llama import CONFIGS, LlamaDecoder
 
 
@@ -127,8 +128,9 @@ def _saved_for_backward(model, x, rewrite_options=None):
 @pytest.mark.parametrize("impl", ["triton", "reference"])  # ops as calls (interpreter) / traced into the graph
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_fused_ops_save_no_more_for_backward_than_inductor(impl, dtype):
-    model = LlamaDecoder(type(CONFIGS["tiny"])(hidden=128, intermediate=256, heads=4, kv_heads=2, layers=2)).to(dtype)
-    x = torch.randn(2, 32, 128, dtype=dtype, requires_grad=True)
+    model = LlamaDecoder(type(CONFIGS["tiny"])(hidden=128, intermediate=256, heads=4, kv_heads=2, layers=2))
+    model = model.to(DEVICE, dtype)
+    x = torch.randn(2, 32, 128, device=DEVICE, dtype=dtype, requires_grad=True)
     unfused = _saved_for_backward(model, x)
     fused = _saved_for_backward(model, x, {"impl": impl})
     assert turbo_inductor.rewrite_counts() == {"rmsnorm": 5, "rmsnorm_residual": 4, "glu": 2, "gemm_allreduce": 0, "fp8_scaled_mm": 0}

@@ -3,7 +3,7 @@
 Ops in ``torch.ops.turbo_inductor`` (functional, exact fakes; not differentiable: ``fp8_linear`` carries autograd):
   fp8_quantize(x, fp8_dtype, block_rows, block_cols, transpose, power_of_two, impl) -> (q, scale)
       x [M, K] in blocks of block_rows x block_cols: scale = max(amax, 1e-12) / fmax per block (a power of two
-      for MXFP8), q = saturate(x / scale); q is x^T's layout [K, M] when ``transpose``; scale [cdiv(M, br), cdiv(K, bc)]
+      for MXFP8), q = saturate(x * (1 / scale)); q is x^T's layout [K, M] when ``transpose``; scale [cdiv(M, br), cdiv(K, bc)]
   fp8_gemm(a, a_scale, b, b_scale, out_dtype, impl) -> a_deq @ b_deq^T
       a [M, K] and b [N, K] fp8 with their block scales ([M or 1 or M/bm, K/bk] and [N..., K/bk])
 

@@ -11,19 +11,19 @@ the tile's axes 1 and 3, and broadcasting a [GR, GC] scale back over the tile ne
 its two strides (any layout); q is written row-major, or column-major (x^T's [K, M]) when transposing: Triton
 stages that tile through shared memory so that the loads and the stores are both coalesced.
 
-* One pass ("fused"), when a scaling block fits a sub-tile (its dims are powers of two, or it spans the dim) and
-  the tile fits in registers (MAX_TILE_ELEMENTS): each program loads its tile once, takes the amax of each block,
+* One pass ("fused"), when a scaling block fits a sub-tile (its dims are powers of two, or it spans the dim), the
+  sub-tile reads whole sectors of x's rows (MIN_SUBTILE_COLS) and the tile fits in registers (MAX_TILE_ELEMENTS): each program loads its tile once, takes the amax of each block,
   writes the blocks' scales and the fp8 values. Covers 1x32, 1x128, 128x128 (transposed or not) and rowwise up to
   K = 32768 (transposed: K <= 1024). Tiles group several small blocks (about TILE_ELEMENTS elements per program);
   transposing tiles hold >= TRANSPOSE_MIN_ROWS rows so that each row of q^T gets whole 32-byte sectors.
-* Two passes otherwise (tensorwise; rowwise with K > 32768, or transposed with K > 1024; block shapes that are not
-  powers of two): (1) an amax kernel writes the maximum of every sub-tile to a small fp32
-  array, (2) one program per scaling block reduces its sub-tiles' maxima into the scale (no atomics: the result
+* Two passes otherwise (tensorwise; rowwise with K > 32768, or transposed with K > 1024; column blocks, as a
+  transposed rowwise operand's; block shapes that are not powers of two): (1) an amax kernel writes the maximum of every sub-tile to a small fp32
+  array (where one block spans all rows, each program first loops down over several tiles: AMAX_PROGRAMS), (2) one program per scaling block reduces its sub-tiles' maxima into the scale (no atomics: the result
   is deterministic), (3) the cast kernel reads the scales back from memory (no host sync) and writes q. x is read
   twice; the extra traffic is the price of needing the amax of a block before its first value can be cast.
 
 Numerics (identical to the reference): fp32 math; amax is an integer max over the bit patterns of |x| (exact,
-and NaN propagates); floor AMAX_FLOOR; ``scale = amax / fmax`` and ``x / scale`` with IEEE division (``div_rn``:
+and NaN propagates); floor AMAX_FLOOR; ``scale = amax / fmax`` and ``x * (1 / scale)`` with IEEE division (``div_rn``:
 Triton's ``/`` is approximate in fp32); clamp to +-fmax before the cast (saturating; the clamp keeps NaN); round
 to nearest even by the hardware's cast.
 Power-of-two scales are built from the bits of ``amax / fmax`` (exact: exponent + 1 unless the mantissa is zero).
@@ -56,12 +56,18 @@ MAX_NUM_WARPS = 16
 # A scaling block is quantized in one pass when its padded area (times the rows a transposing tile needs) is at
 # most this: 32768 fp32 values are 64 per thread at 16 warps.
 MAX_TILE_ELEMENTS = 32768
+# One-pass sub-tiles are at least this many columns wide, unless they span the row (16 bf16 values: a 32-byte sector).
+MIN_SUBTILE_COLS = 16
 # Transposing tiles hold at least this many rows: each row of q^T then receives >= 32 contiguous fp8 bytes.
 TRANSPOSE_MIN_ROWS = 32
 # Two-pass tiles: up to this many columns when q is row-major (TILE_ELEMENTS // TRANSPOSE_MIN_ROWS when not).
 MAX_TILE_COLS = 1024
 # Elements per iteration of the scale kernel (the reduction of the sub-tile maxima of one block).
 REDUCE_TILE_ELEMENTS = 1024
+# Where one scaling block spans all rows (tensorwise; a transposed rowwise operand's columns), the amax pass stops
+# adding programs at about this many and loops over tiles instead: the scale kernel then reduces few maxima per block
+# (one program reducing one partial per tile of a tensorwise 8192 x 28672 operand took ~50 us on an H200).
+AMAX_PROGRAMS = 2048
 
 MODE_FUSED, MODE_AMAX, MODE_CAST = 0, 1, 2
 
@@ -115,7 +121,10 @@ def fp8_tiling(M: int, K: int, block_rows: int, block_cols: int, transpose: bool
 
     sr = p2m if single_br else (br if _is_pow2(br) else 0)
     sc = p2k if single_bc else (bc if _is_pow2(bc) else 0)
-    if sr and sc and max(sr, min_rows) * sc <= MAX_TILE_ELEMENTS:
+    # One pass also needs sub-tiles that read whole 32-byte sectors of x's rows: a column block (a transposed
+    # rowwise operand's M x 1) as one tall tile read 2 useful bytes per sector (0.45 TB/s on an H200).
+    coalesced = sc >= MIN_SUBTILE_COLS or sc == p2k
+    if sr and sc and coalesced and max(sr, min_rows) * sc <= MAX_TILE_ELEMENTS:
         # One pass: group whole blocks, across first (the contiguous dim of x), then down.
         gr, gc = max(1, min_rows // sr), 1
         while gc * 2 * sc <= p2k and gr * sr * gc * sc * 2 <= TILE_ELEMENTS:
@@ -164,55 +173,66 @@ def _fp8_tile_kernel(
     M, K, stride_xm, stride_xk, block_rows, block_cols, n_scale_cols, n_partial_cols, n_tile_cols,
     MODE: tl.constexpr, FORMAT: tl.constexpr, FMAX: tl.constexpr, POW2: tl.constexpr, TRANSPOSE: tl.constexpr,
     FIX_NAN: tl.constexpr, NAN_BITS: tl.constexpr,
-    GR: tl.constexpr, SR: tl.constexpr, GC: tl.constexpr, SC: tl.constexpr,
+    GR: tl.constexpr, SR: tl.constexpr, GC: tl.constexpr, SC: tl.constexpr, ROW_TILES: tl.constexpr,
 ):
-    """One [GR*SR, GC*SC] tile of x per program (programs numbered row-major), as [GR, SR, GC, SC].
+    """ROW_TILES [GR*SR, GC*SC] tiles of x per program, one below the other (programs numbered row-major over
+    groups of ROW_TILES tile rows), each as [GR, SR, GC, SC].
     MODE_FUSED: sub-tiles are scaling blocks; computes and writes their scales and q.
-    MODE_AMAX: writes the max |x| of each sub-tile to PARTIAL [cdiv(M, SR), n_partial_cols].
-    MODE_CAST: reads each sub-tile's scale from SCALE and writes q."""
+    MODE_AMAX: writes the max |x| of each of the program's [GR, GC] sub-tile positions, over its ROW_TILES tiles
+    (more than one only where a scaling block spans all rows), to PARTIAL [cdiv(tile rows, ROW_TILES) * GR,
+    n_partial_cols].
+    MODE_CAST: reads each sub-tile's scale from SCALE and writes q.
+    (One loop body serves every mode, without a helper returning several values: torch 2.11's analysis of which
+    arguments a kernel writes gave up on an earlier form that called one inside the loop, and Inductor then
+    copied x back after the kernel, as if written.)"""
     pid = tl.program_id(0)
     pid_r = pid // n_tile_cols
     pid_c = pid % n_tile_cols
-    sub_r = pid_r * GR + tl.arange(0, GR)  # sub-tile coordinates
-    sub_c = pid_c * GC + tl.arange(0, GC)
-    first_row = sub_r * SR                 # each sub-tile's first row / column
-    first_col = sub_c * SC
-    rows = first_row[:, None] + tl.arange(0, SR)[None, :]  # [GR, SR]
-    cols = first_col[:, None] + tl.arange(0, SC)[None, :]  # [GC, SC]
-    rows4 = rows[:, :, None, None]
-    cols4 = cols[None, None, :, :]
-    in_bounds = (rows4 < M) & (cols4 < K)
-    # int64 offsets: row * stride overflows int32 beyond 2^31 elements.
-    rows64 = rows4.to(tl.int64)
-    cols64 = cols4.to(tl.int64)
-    # Elements outside x load as 0: |0| never raises a block's amax.
-    x = tl.load(X + rows64 * stride_xm + cols64 * stride_xk, mask=in_bounds, other=0.0).to(tl.float32)
-    sub_in = (first_row < M)[:, None] & (first_col < K)[None, :]  # sub-tiles holding at least one element
-    if MODE != 2:
-        amax = tl.max(tl.max(_abs_bits(x), 3), 1).to(tl.float32, bitcast=True)  # [GR, GC]
+    amax_bits = tl.zeros([GR, GC], dtype=tl.int32)
+    for i in range(ROW_TILES):
+        first_row = ((pid_r * ROW_TILES + i) * GR + tl.arange(0, GR)) * SR  # each sub-tile's first row / column
+        first_col = (pid_c * GC + tl.arange(0, GC)) * SC
+        rows = first_row[:, None] + tl.arange(0, SR)[None, :]  # [GR, SR]
+        cols = first_col[:, None] + tl.arange(0, SC)[None, :]  # [GC, SC]
+        rows4 = rows[:, :, None, None]
+        cols4 = cols[None, None, :, :]
+        in_bounds = (rows4 < M) & (cols4 < K)
+        # int64 offsets: row * stride overflows int32 beyond 2^31 elements.
+        rows64 = rows4.to(tl.int64)
+        cols64 = cols4.to(tl.int64)
+        # Elements outside x load as 0: |0| never raises a block's amax.
+        x = tl.load(X + rows64 * stride_xm + cols64 * stride_xk, mask=in_bounds, other=0.0).to(tl.float32)
+        if MODE == 1:
+            amax_bits = tl.maximum(amax_bits, tl.max(tl.max(_abs_bits(x), 3), 1))
+        else:
+            sub_in = (first_row < M)[:, None] & (first_col < K)[None, :]  # sub-tiles holding at least one element
+            # The scaling block of each sub-tile (a block larger than x has index 0).
+            scale_offsets = ((first_row // block_rows).to(tl.int64)[:, None] * n_scale_cols
+                             + (first_col // block_cols)[None, :])
+            if MODE == 0:
+                amax = tl.max(tl.max(_abs_bits(x), 3), 1).to(tl.float32, bitcast=True)  # [GR, GC]
+                scale = _scale_from_amax(amax, FMAX, POW2)
+                tl.store(SCALE + scale_offsets, scale, mask=sub_in)
+            else:
+                scale = tl.load(SCALE + scale_offsets, mask=sub_in, other=1.0)
+            y = x * tl.math.div_rn(1.0, scale)[:, None, :, None]
+            # Saturate before the cast; the clamp keeps NaN.
+            y = tl.clamp(y, -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
+            bits = to_fp8_bits(y, FORMAT)
+            if FIX_NAN:
+                # The interpreter's cast turns NaN into a finite e4m3 value; GPUs' casts keep NaN.
+                bits = tl.where(y != y, tl.full(bits.shape, NAN_BITS, tl.uint8), bits)
+            if TRANSPOSE:
+                q_offsets = cols64 * M + rows64
+            else:
+                q_offsets = rows64 * K + cols64
+            tl.store(Q + q_offsets, bits, mask=in_bounds)
     if MODE == 1:
-        tl.store(PARTIAL + sub_r.to(tl.int64)[:, None] * n_partial_cols + sub_c[None, :], amax, mask=sub_in)
-    else:
-        # The scaling block of each sub-tile (a block larger than x has index 0).
-        scale_offsets = ((first_row // block_rows).to(tl.int64)[:, None] * n_scale_cols
-                         + (first_col // block_cols)[None, :])
-        if MODE == 0:
-            scale = _scale_from_amax(amax, FMAX, POW2)
-            tl.store(SCALE + scale_offsets, scale, mask=sub_in)
-        else:
-            scale = tl.load(SCALE + scale_offsets, mask=sub_in, other=1.0)
-        y = tl.math.div_rn(x, scale[:, None, :, None])
-        # Saturate before the cast; the clamp keeps NaN.
-        y = tl.clamp(y, -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
-        bits = to_fp8_bits(y, FORMAT)
-        if FIX_NAN:
-            # The interpreter's cast turns NaN into a finite e4m3 value; GPUs' casts keep NaN.
-            bits = tl.where(y != y, tl.full(bits.shape, NAN_BITS, tl.uint8), bits)
-        if TRANSPOSE:
-            q_offsets = cols64 * M + rows64
-        else:
-            q_offsets = rows64 * K + cols64
-        tl.store(Q + q_offsets, bits, mask=in_bounds)
+        # Sub-tile positions past x's edge hold 0, which never raises a block's amax.
+        sub_r = pid_r * GR + tl.arange(0, GR)
+        sub_c = pid_c * GC + tl.arange(0, GC)
+        tl.store(PARTIAL + sub_r.to(tl.int64)[:, None] * n_partial_cols + sub_c[None, :],
+                 amax_bits.to(tl.float32, bitcast=True), mask=(sub_c < n_partial_cols)[None, :])
 
 
 @triton.jit
@@ -270,14 +290,18 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
         if tiling.fused:
             launch(_fp8_tile_kernel)[grid](
                 x, q_bits, scale, scale, M, K, x.stride(0), x.stride(1), br, bc, n_bc, 1, n_tile_cols,
-                MODE=MODE_FUSED, **constexprs)
+                MODE=MODE_FUSED, ROW_TILES=1, **constexprs)
             return q, scale
-        n_partial_rows = triton.cdiv(M, tiling.sub_rows)
+        n_tile_rows = triton.cdiv(M, tiling.tile_rows)
+        row_tiles = 1
+        while n_br == 1 and row_tiles * 2 <= n_tile_rows and n_tile_rows * n_tile_cols // row_tiles > AMAX_PROGRAMS:
+            row_tiles *= 2
+        n_partial_rows = triton.cdiv(n_tile_rows, row_tiles) * tiling.group_rows
         n_partial_cols = triton.cdiv(K, tiling.sub_cols)
         partial = torch.empty((n_partial_rows, n_partial_cols), dtype=torch.float32, device=x.device)
-        launch(_fp8_tile_kernel)[grid](
+        launch(_fp8_tile_kernel)[(triton.cdiv(n_tile_rows, row_tiles) * n_tile_cols,)](
             x, q_bits, scale, partial, M, K, x.stride(0), x.stride(1), br, bc, n_bc, n_partial_cols, n_tile_cols,
-            MODE=MODE_AMAX, **constexprs)
+            MODE=MODE_AMAX, ROW_TILES=row_tiles, **constexprs)
         # Sub-tiles per block (all of them along a dim that one block spans).
         rows_per_block = n_partial_rows if n_br == 1 else br // tiling.sub_rows
         cols_per_block = n_partial_cols if n_bc == 1 else bc // tiling.sub_cols
@@ -289,7 +313,7 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
             num_warps=num_warps_for(reduce_r * reduce_c))
         launch(_fp8_tile_kernel)[grid](
             x, q_bits, scale, partial, M, K, x.stride(0), x.stride(1), br, bc, n_bc, n_partial_cols, n_tile_cols,
-            MODE=MODE_CAST, **constexprs)
+            MODE=MODE_CAST, ROW_TILES=1, **constexprs)
     return q, scale
 
 

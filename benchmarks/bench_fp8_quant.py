@@ -1,0 +1,55 @@
+"""FP8 quantization (tensorwise and rowwise, row-major and transposed) of the operands a Llama-3-8B layer's FP8
+linears quantize (batch 2 x seq 4096), on the GPU: our Triton kernels under a few launch heuristics next to
+Inductor's compilation of the reference implementation, in one run. TB/s counts reading x (2 bytes per element)
+and writing q (1 byte); a two-pass quantization reads x twice and cannot reach it.
+python benchmarks/bench_fp8_quant.py [--heuristics default,...]"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from common import bench_ms, report
+
+# [rows, cols] of x, activations' gradients and weights (K: 4096 and 14336; N: 6144, 4096, 28672).
+SHAPES = ((8192, 4096), (8192, 14336), (8192, 28672), (28672, 4096), (4096, 14336))
+# Launch-heuristic variants (module constants of kernels.triton.fp8_quant).
+HEURISTICS = {
+    "default": {},
+    "long rows in two passes (MAX_TILE_ELEMENTS=8192)": {"MAX_TILE_ELEMENTS": 8192},
+    "bigger tiles (TILE_ELEMENTS=8192)": {"TILE_ELEMENTS": 8192},
+    "8 elements per thread": {"ELEMENTS_PER_THREAD": 8},
+}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--heuristics", default=",".join(HEURISTICS), help="comma-separated names of HEURISTICS")
+    args = parser.parse_args()
+    from turbo_inductor.kernels.reference import fp8_quant as reference
+    from turbo_inductor.kernels.triton import fp8_quant as triton_fp8
+
+    compiled_reference = torch.compile(reference.fp8_quantize)
+    defaults = {name: getattr(triton_fp8, name) for variant in HEURISTICS.values() for name in variant}
+    rows = []
+    for M, K in SHAPES:
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        for recipe, (br, bc) in (("tensorwise", (M, K)), ("rowwise", (1, K))):
+            for transpose in (False, True):
+                # A transposed operand's rowwise blocks are x's columns.
+                blocks = (M, 1) if transpose and recipe == "rowwise" else (br, bc)
+                mode = f"{recipe}{' transposed' if transpose else ''}"
+                args_ = (x, torch.float8_e4m3fn, *blocks, transpose)
+                variants = [("inductor", {}, compiled_reference)]
+                variants += [(name, HEURISTICS[name], triton_fp8.fp8_quantize) for name in args.heuristics.split(",")]
+                for name, constants, quantize in variants:
+                    for constant, value in {**defaults, **constants}.items():
+                        setattr(triton_fp8, constant, value)
+                    ms = bench_ms(lambda: quantize(*args_))
+                    rows.append({"shape": f"{M}x{K}", "mode": mode, "backend": name, "ms": ms,
+                                 "rate": 3 * x.numel() / ms / 1e9})
+    report("fp8_quant", rows)
+
+
+if __name__ == "__main__":
+    main()
