@@ -351,6 +351,28 @@ def test_triton_two_pass_path(tiny_tiles, block, transpose):
                                               q2.view(torch.uint8))
 
 
+@pytest.mark.parametrize("two_pass", [False, True], ids=["default_tiles", "tiny_tiles"])
+@pytest.mark.parametrize("block", list(BLOCKS))
+@pytest.mark.parametrize("impl_name", list(IMPLS))
+def test_both_layouts_from_one_pass(impl_name, block, two_pass, request):
+    """``both_layouts``: q and q^T from one call, bit for bit what two calls (row-major, transposed) give."""
+    if two_pass:
+        request.getfixturevalue("tiny_tiles")
+    M, K = 130, 140
+    br, bc, pow2 = _block(block, M, K)
+    x = _rand(M, K, torch.bfloat16, seed=31)
+    quantize = IMPLS[impl_name].fp8_quantize
+    q, scale, qt = quantize(x, torch.float8_e4m3fn, br, bc, False, power_of_two=pow2, both_layouts=True)
+    q_rows, scale_rows = quantize(x, torch.float8_e4m3fn, br, bc, False, power_of_two=pow2)
+    q_cols, _ = quantize(x, torch.float8_e4m3fn, br, bc, True, power_of_two=pow2)
+    assert q.shape == (M, K) and qt.shape == (K, M) and q.is_contiguous() and qt.is_contiguous()
+    assert torch.equal(scale, scale_rows)
+    assert torch.equal(q.view(torch.uint8), q_rows.view(torch.uint8))
+    assert torch.equal(qt.view(torch.uint8), q_cols.view(torch.uint8))
+    with pytest.raises(ValueError, match="both layouts only with transpose=False"):
+        quantize(x, torch.float8_e4m3fn, br, bc, True, both_layouts=True)
+
+
 def test_tiling_heuristics():
     T, tiling = triton_fp8, triton_fp8.fp8_tiling
     # One pass, about TILE_ELEMENTS per program: whole rows of 1x128 / 1x32 blocks, one 128x128 block.

@@ -7,6 +7,7 @@ from torch._dynamo.utils import counters
 
 import turbo_inductor
 from conftest import DEVICE
+from turbo_inductor.passes import manager
 from benchmarks.llama import CONFIGS, LlamaDecoder
 
 
@@ -24,7 +25,7 @@ def train_step(model, x, options=None):
     return out.detach(), x.grad, [p.grad.clone() for p in model.parameters()]
 
 
-def test_warm_cache_reproduces_rewrites_and_results_and_options_invalidate_it(tmp_path, monkeypatch):
+def test_warm_cache_reproduces_rewrites_and_results_and_options_and_versions_invalidate_it(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     x = torch.randn(2, 8, 64)
     with torch._inductor.config.patch(fx_graph_cache=True, fx_graph_remote_cache=False):
@@ -44,6 +45,14 @@ def test_warm_cache_reproduces_rewrites_and_results_and_options_invalidate_it(tm
         counters.clear()
         train_step(tiny_decoder(), x, {"glu": False})
         assert counters["inductor"]["fxgraph_cache_miss"] > 0, "other options, other graph: no stale hit"
+        # Another version of the package (its sources make the cache key): the same rewritten graph and options, but
+        # no AOTAutograd hit: its entries hold what the forward saves and how the backward calls our ops. (Inductor
+        # may still reuse a graph whose text, which spells out every call of ours with its arguments, is unchanged.)
+        monkeypatch.setattr(manager, "_source_hash", lambda: "another version")
+        torch._dynamo.reset()
+        counters.clear()
+        train_step(tiny_decoder(), x)
+        assert counters["aot_autograd"]["autograd_cache_hit"] == 0 < counters["aot_autograd"]["autograd_cache_miss"]
 
 
 def test_compiled_forward_and_backward_are_bitwise_reproducible():

@@ -27,4 +27,9 @@ def primus_turbo(gm: torch.fx.GraphModule, example_inputs: list[Any], options: M
         # Run the passes before the cache lookup (torch >= 2.12 would otherwise run a pass that has a uuid only on a
         # miss): every compile then reports its rewrites, and the cache key covers the rewritten graph.
         patches["pre_grad_pass_timing"] = "early"
-    return compile_fx(gm, example_inputs, config_patches=patches)
+    # Our uuid (sources, options) tags the cache key itself: with the passes run early, Inductor keys on the rewritten
+    # graph alone, which names our ops but not what they do, and a new version of an op met an old version's
+    # compiled graph calling it with the old arguments.
+    tag = f"{torch.compiler.config.cache_key_tag}primus_turbo-{patches['pre_grad_custom_pass'].uuid()}"
+    with torch.compiler.config.patch(cache_key_tag=tag):
+        return compile_fx(gm, example_inputs, config_patches=patches)

@@ -1,8 +1,10 @@
 """FP8 linear: ``y = x W^T (+ bias)`` with x and W quantized by a recipe, forward and backward.
 
 Ops in ``torch.ops.turbo_inductor``:
-  fp8_linear(x, weight, bias, recipe, impl) -> y                   custom op; backward: fp8_linear_bwd (+ dbias)
-  fp8_linear_bwd(dy, x, weight, recipe, impl) -> (dx, dweight)
+  fp8_linear(x, weight, bias, recipe, impl) -> y                 public op: fp8_linear_fwd(...)[0]
+  fp8_linear_fwd(x, weight, bias, recipe, impl) -> (y, x_t, x_t_scale, w_t, w_t_scale)
+                                                                 custom op; backward: fp8_linear_bwd (+ dbias)
+  fp8_linear_bwd(dy, x, weight, x_t, x_t_scale, w_t, w_t_scale, recipe, impl) -> (dx, dweight)
 
 Every GEMM operand [R, C] (C the contracted dimension) is quantized with dynamic scaling in blocks set by the
 recipe and its role (activation/gradient or weight):
@@ -16,7 +18,11 @@ recipe and its role (activation/gradient or weight):
 
 Forward: x [M, K] and W [N, K]. Backward: dx = dy W (operands dy [M, N] and W^T [K, N]) and dW = dy^T x (operands
 dy^T [N, M] and x^T [K, M]); the transposed operands are quantized straight into their transposed layout.
-Saved for backward: x and W in their own precision (what a high-precision linear saves).
+Where an operand's blocks are square (the whole tensor, 128 x 128), quantizing its transpose gives its quantization
+transposed, bit for bit: one pass then writes both layouts. The forward saves x^T and W^T that way (fp8: half the
+bytes of saving x), so that the backward quantizes neither again, and dy and dy^T come from one pass; per training
+step that moves 4 bytes less per element of x, W and dy. Otherwise x_t and w_t are empty and the backward
+quantizes x^T and W^T from x and W, saved in their own precision.
 """
 from __future__ import annotations
 
@@ -28,7 +34,8 @@ from torch import Tensor
 
 from ..kernels import registry
 from .fp8 import GEMM_KERNEL, QUANTIZE_KERNEL, fp8_formats
-from .library import SUPPORTED_FLOAT_DTYPES, check, check_linear, kernel_op, register_linear_autograd
+from .library import (SUPPORTED_FLOAT_DTYPES, check, check_linear, define_composite, kernel_op,
+                      register_linear_autograd)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +70,21 @@ def _operand(t: Tensor, block: tuple[int, int], dtype: torch.dtype, transposed: 
     return q, scale.t().contiguous()
 
 
+def _square(block: tuple[int, int]) -> bool:
+    """Whether an operand's quantization, transposed, is its transpose's (blocks of the whole tensor, 128 x 128)."""
+    return block[0] == block[1]
+
+
+def _operand_both(t: Tensor, block: tuple[int, int], dtype: torch.dtype, recipe: Recipe,
+                  impl: str) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """The GEMM operand ``t`` [R, C] and ``t^T`` quantized in square blocks, from one pass."""
+    quantize = registry.select(QUANTIZE_KERNEL, t.device, impl)
+    block_rows, block_cols = block[0] or t.shape[0], block[1] or t.shape[1]
+    q, scale, q_t = quantize(t, dtype, block_rows, block_cols, False, power_of_two=recipe.power_of_two,
+                             both_layouts=True)
+    return (q, scale), (q_t, scale.t().contiguous())
+
+
 def _gemm(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor], out_dtype: torch.dtype, impl: str) -> Tensor:
     return registry.select(GEMM_KERNEL, a[0].device, impl)(a[0], a[1], b[0], b[1], out_dtype)
 
@@ -74,52 +96,111 @@ def _check(op: str, x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: s
           lambda: f"weight dimensions must be multiples of {ALIGNMENT} for the FP8 GEMM, got {list(weight.shape)}")
 
 
-@kernel_op("fp8_linear", (QUANTIZE_KERNEL, GEMM_KERNEL), symbolic_sizes=False)
-def fp8_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, impl: str = "auto") -> Tensor:
+def _saves_transposes(recipe: str) -> tuple[bool, bool]:
+    """Whether the forward saves x^T (and W^T) quantized for the backward (see the module docstring)."""
+    r = RECIPES[recipe]
+    return _square(r.activation_block) and not r.high_precision_wgrad, _square(r.weight_block)
+
+
+@kernel_op("fp8_linear_fwd", (QUANTIZE_KERNEL, GEMM_KERNEL), symbolic_sizes=False)
+def fp8_linear_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str,
+                   impl: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     _check("fp8_linear", x, weight, bias, recipe)
     r, (e4m3, _) = RECIPES[recipe], fp8_formats(x.device)
     x2 = x.reshape(-1, x.shape[-1])
     if x2.shape[0] == 0:
-        return x.new_zeros(x.shape[:-1] + (weight.shape[0],)) + (0 if bias is None else bias)
-    y = _gemm(_operand(x2, r.activation_block, e4m3, False, r, impl),
-              _operand(weight, r.weight_block, e4m3, False, r, impl), x.dtype, impl)
+        y = x.new_zeros(x.shape[:-1] + (weight.shape[0],)) + (0 if bias is None else bias)
+        return y, *_saved_transposes(x2, weight, recipe)
+    save_x_t, save_w_t = _saves_transposes(recipe)
+    if save_x_t:
+        x_q, x_t = _operand_both(x2, r.activation_block, e4m3, r, impl)
+    else:
+        x_q, x_t = _operand(x2, r.activation_block, e4m3, False, r, impl), _unsaved(x, e4m3)
+    if save_w_t:
+        w_q, w_t = _operand_both(weight, r.weight_block, e4m3, r, impl)
+    else:
+        w_q, w_t = _operand(weight, r.weight_block, e4m3, False, r, impl), _unsaved(x, e4m3)
+    y = _gemm(x_q, w_q, x.dtype, impl)
     if bias is not None:
         y = y + bias
-    return y.view(x.shape[:-1] + (weight.shape[0],))
+    return y.view(x.shape[:-1] + (weight.shape[0],)), *x_t, *w_t
 
 
-@fp8_linear.register_fake
+def _unsaved(t: Tensor, fp8_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """The (q^T, scale) the forward returns for an operand whose transpose it does not save: empty."""
+    return t.new_empty(0, dtype=fp8_dtype), t.new_empty(0, dtype=torch.float32)
+
+
+def _saved_transposes(x2: Tensor, weight: Tensor, recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Uninitialized tensors of the saved transposes' shapes (the fake; a forward with no rows)."""
+    r, e4m3 = RECIPES[recipe], fp8_formats(x2.device)[0]
+    saved = []
+    for save, t, block in zip(_saves_transposes(recipe), (x2, weight), (r.activation_block, r.weight_block)):
+        rows, cols = t.shape
+        block_rows, block_cols = block[0] or max(rows, 1), block[1] or max(cols, 1)
+        saved += ((t.new_empty((cols, rows), dtype=e4m3),
+                   t.new_empty((-(-cols // block_cols), -(-rows // block_rows)), dtype=torch.float32))
+                  if save else _unsaved(t, e4m3))
+    return tuple(saved)
+
+
+@fp8_linear_fwd.register_fake
 def _(x, weight, bias, recipe, impl="auto"):
     _check("fp8_linear", x, weight, bias, recipe)
-    return x.new_empty(x.shape[:-1] + (weight.shape[0],))
+    y = x.new_empty(x.shape[:-1] + (weight.shape[0],))
+    return y, *_saved_transposes(x.reshape(-1, x.shape[-1]), weight, recipe)
 
 
 @kernel_op("fp8_linear_bwd", (QUANTIZE_KERNEL, GEMM_KERNEL), symbolic_sizes=False)
-def fp8_linear_bwd(dy: Tensor, x: Tensor, weight: Tensor, recipe: str,
-                   impl: str = "auto") -> tuple[Tensor, Tensor]:
-    _check("fp8_linear_bwd", x, weight, None, recipe)
-    r, (e4m3, e5m2) = RECIPES[recipe], fp8_formats(x.device)
+def fp8_linear_bwd(dy: Tensor, x: Optional[Tensor], weight: Tensor, x_t: Tensor, x_t_scale: Tensor, w_t: Tensor,
+                   w_t_scale: Tensor, recipe: str, impl: str = "auto") -> tuple[Tensor, Tensor]:
+    _check_backward(dy, x, weight, recipe)
+    r, (e4m3, e5m2) = RECIPES[recipe], fp8_formats(dy.device)
+    save_x_t, save_w_t = _saves_transposes(recipe)
     grad_dtype = e5m2 if r.gradient_format == "e5m2" else e4m3
-    x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, weight.shape[0])
-    if x2.shape[0] == 0:
-        return torch.zeros_like(x), torch.zeros_like(weight)
-    dx = _gemm(_operand(dy2, r.activation_block, grad_dtype, False, r, impl),
-               _operand(weight, r.weight_block, e4m3, True, r, impl), x.dtype, impl)
-    if r.high_precision_wgrad:
-        dweight = (dy2.t() @ x2).to(weight.dtype)
+    k = weight.shape[1]
+    dy2 = dy.reshape(-1, weight.shape[0])
+    dx_shape = dy.shape[:-1] + (k,)
+    if dy2.shape[0] == 0:
+        return dy.new_zeros(dx_shape), torch.zeros_like(weight)
+    if _square(r.activation_block):
+        dy_q, dy_t = _operand_both(dy2, r.activation_block, grad_dtype, r, impl)
     else:
-        dweight = _gemm(_operand(dy2, r.activation_block, grad_dtype, True, r, impl),
-                        _operand(x2, r.activation_block, e4m3, True, r, impl), weight.dtype, impl)
-    return dx.view(x.shape), dweight
+        dy_q = _operand(dy2, r.activation_block, grad_dtype, False, r, impl)
+    w_t_q = (w_t, w_t_scale) if save_w_t else _operand(weight, r.weight_block, e4m3, True, r, impl)
+    dx = _gemm(dy_q, w_t_q, dy.dtype, impl)
+    if r.high_precision_wgrad:
+        dweight = (dy2.t() @ x.reshape(-1, k)).to(weight.dtype)
+    else:
+        if not _square(r.activation_block):
+            dy_t = _operand(dy2, r.activation_block, grad_dtype, True, r, impl)
+        x_t_q = (x_t, x_t_scale) if save_x_t else _operand(x.reshape(-1, k), r.activation_block, e4m3, True, r, impl)
+        dweight = _gemm(dy_t, x_t_q, weight.dtype, impl)
+    return dx.view(dx_shape), dweight
+
+
+def _check_backward(dy: Tensor, x: Optional[Tensor], weight: Tensor, recipe: str) -> None:
+    op = "fp8_linear_bwd"
+    check(recipe in RECIPES, op, lambda: f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}")
+    check(dy.dim() >= 1 and dy.shape[-1] == weight.shape[0] and dy.dtype == weight.dtype, op,
+          lambda: f"dy must be [..., {weight.shape[0]}] in {weight.dtype}, got {list(dy.shape)} {dy.dtype}")
+    check((x is None) == _saves_transposes(recipe)[0], op,
+          lambda: f"x must be {'None: x^T comes quantized' if x is None else 'given'} for recipe {recipe!r}")
+    if x is not None:
+        check_linear(op, x, weight, None)
 
 
 @fp8_linear_bwd.register_fake
-def _(dy, x, weight, recipe, impl="auto"):
-    _check("fp8_linear_bwd", x, weight, None, recipe)
-    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+def _(dy, x, weight, x_t, x_t_scale, w_t, w_t_scale, recipe, impl="auto"):
+    _check_backward(dy, x, weight, recipe)
+    return dy.new_empty(dy.shape[:-1] + (weight.shape[1],)), weight.new_empty(weight.shape)
 
 
-register_linear_autograd(fp8_linear, fp8_linear_bwd)
+register_linear_autograd(fp8_linear_fwd, fp8_linear_bwd, keeps_x=lambda recipe: not _saves_transposes(recipe)[0])
+
+fp8_linear = define_composite(
+    "fp8_linear(Tensor x, Tensor weight, Tensor? bias, str recipe, str impl='auto') -> Tensor",
+    lambda x, weight, bias, recipe, impl="auto": fp8_linear_fwd(x, weight, bias, recipe, impl)[0])
 
 
 def can_rewrite(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:

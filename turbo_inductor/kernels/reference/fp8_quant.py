@@ -19,7 +19,8 @@ This file sets the semantics every other implementation must match:
   scale NaN and every ``q`` of the block NaN; an inf makes the scale inf (the block's other values quantize to 0,
   the inf itself to NaN). Either way the block dequantizes to NaN: a divergence stays visible.
 * Returns ``(q, scale)``: ``q`` [M, K] fp8 contiguous, or with ``transpose=True`` the same values in x^T's layout
-  [K, M] contiguous; ``scale`` fp32 [cdiv(M, block_rows), cdiv(K, block_cols)] contiguous.
+  [K, M] contiguous; with ``both_layouts=True`` (and ``transpose=False``), ``(q, scale, q^T)``: both layouts from
+  one pass, for an operand used untransposed and transposed by the same GEMMs' blocks (tensorwise, square blocks); ``scale`` fp32 [cdiv(M, block_rows), cdiv(K, block_cols)] contiguous.
   Dequantization: ``x ~= q * scale`` broadcast over each block.
 """
 from __future__ import annotations
@@ -34,8 +35,11 @@ INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 AMAX_FLOOR = 1e-12
 
 
-def check_args(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int) -> None:
+def check_args(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool = False,
+               both_layouts: bool = False) -> None:
     """The argument checks both implementations make (ValueError)."""
+    if transpose and both_layouts:
+        raise ValueError("turbo_inductor: fp8_quantize writes both layouts only with transpose=False")
     if x.dim() != 2 or x.dtype not in INPUT_DTYPES:
         raise ValueError(f"turbo_inductor: fp8_quantize expects a 2-D fp32/bf16/fp16 tensor, got "
                          f"{tuple(x.shape)} {x.dtype}")
@@ -67,15 +71,16 @@ def saturating_cast(y: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
 
 @implementation("fp8_quantize", "reference", priority=0, unavailable_reason=unavailable_reason)
 def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool,
-                 power_of_two: bool = False):
-    """``(q, scale)``; see the module docstring. ``power_of_two``: MXFP8-style E8M0 scales (exact powers of two)."""
-    check_args(x, fp8_dtype, block_rows, block_cols)
+                 power_of_two: bool = False, both_layouts: bool = False):
+    """``(q, scale)`` (``(q, scale, q^T)`` with ``both_layouts``); see the module docstring. ``power_of_two``:
+    MXFP8-style E8M0 scales (exact powers of two)."""
+    check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts)
     M, K = x.shape
     n_br, n_bc = scale_shape(M, K, block_rows, block_cols)
-    q_shape = (K, M) if transpose else (M, K)
     if M == 0 or K == 0:
-        return (torch.empty(q_shape, dtype=fp8_dtype, device=x.device),
-                torch.ones((n_br, n_bc), dtype=torch.float32, device=x.device))
+        q = torch.empty((M, K), dtype=fp8_dtype, device=x.device)
+        scale = torch.ones((n_br, n_bc), dtype=torch.float32, device=x.device)
+        return (q, scale, q.t().contiguous()) if both_layouts else (q.t().contiguous() if transpose else q, scale)
     br, bc = min(block_rows, M), min(block_cols, K)  # a block larger than the tensor is the tensor
     x32 = x.float()
     # Zero padding up to whole blocks: |0| never raises an amax, and the padding is cut off again below.
@@ -87,6 +92,8 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
     if power_of_two:
         scale = power_of_two_ceil(scale)
     q = saturating_cast(blocks * (torch.ones_like(scale) / scale)[:, None, :, None], fp8_dtype).view(n_br * br, n_bc * bc)[:M, :K]
+    if both_layouts:
+        return q.contiguous(), scale.contiguous(), q.t().contiguous()
     q = q.t() if transpose else q
     return q.contiguous(), scale.contiguous()
 

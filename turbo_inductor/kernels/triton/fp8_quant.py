@@ -169,10 +169,10 @@ def _scale_from_amax(amax, FMAX: tl.constexpr, POW2: tl.constexpr):
 
 @triton.jit
 def _fp8_tile_kernel(
-    X, Q, SCALE, PARTIAL,
+    X, Q, QT, SCALE, PARTIAL,
     M, K, stride_xm, stride_xk, block_rows, block_cols, n_scale_cols, n_partial_cols, n_tile_cols,
-    MODE: tl.constexpr, FORMAT: tl.constexpr, FMAX: tl.constexpr, POW2: tl.constexpr, TRANSPOSE: tl.constexpr,
-    FIX_NAN: tl.constexpr, NAN_BITS: tl.constexpr,
+    MODE: tl.constexpr, FORMAT: tl.constexpr, FMAX: tl.constexpr, POW2: tl.constexpr,
+    WRITE_Q: tl.constexpr, WRITE_QT: tl.constexpr, FIX_NAN: tl.constexpr, NAN_BITS: tl.constexpr,
     GR: tl.constexpr, SR: tl.constexpr, GC: tl.constexpr, SC: tl.constexpr, ROW_TILES: tl.constexpr,
 ):
     """ROW_TILES [GR*SR, GC*SC] tiles of x per program, one below the other (programs numbered row-major over
@@ -182,6 +182,7 @@ def _fp8_tile_kernel(
     (more than one only where a scaling block spans all rows), to PARTIAL [cdiv(tile rows, ROW_TILES) * GR,
     n_partial_cols].
     MODE_CAST: reads each sub-tile's scale from SCALE and writes q.
+    q goes to Q in x's layout [M, K] (WRITE_Q) and / or to QT in x^T's [K, M] (WRITE_QT).
     (One loop body serves every mode, without a helper returning several values: torch 2.11's analysis of which
     arguments a kernel writes gave up on an earlier form that called one inside the loop, and Inductor then
     copied x back after the kernel, as if written.)"""
@@ -222,11 +223,10 @@ def _fp8_tile_kernel(
             if FIX_NAN:
                 # The interpreter's cast turns NaN into a finite e4m3 value; GPUs' casts keep NaN.
                 bits = tl.where(y != y, tl.full(bits.shape, NAN_BITS, tl.uint8), bits)
-            if TRANSPOSE:
-                q_offsets = cols64 * M + rows64
-            else:
-                q_offsets = rows64 * K + cols64
-            tl.store(Q + q_offsets, bits, mask=in_bounds)
+            if WRITE_Q:
+                tl.store(Q + rows64 * K + cols64, bits, mask=in_bounds)
+            if WRITE_QT:
+                tl.store(QT + cols64 * M + rows64, bits, mask=in_bounds)
     if MODE == 1:
         # Sub-tile positions past x's edge hold 0, which never raises a block's amax.
         sub_r = pid_r * GR + tl.arange(0, GR)
@@ -266,32 +266,38 @@ def _fp8_scale_kernel(
 @implementation("fp8_quantize", "triton", priority=20, unavailable_reason=unavailable_reason,
                 traceable=traceable)
 def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool,
-                 power_of_two: bool = False):
-    """``(q, scale)``; see ``..reference.fp8_quant.fp8_quantize``."""
-    check_args(x, fp8_dtype, block_rows, block_cols)
+                 power_of_two: bool = False, both_layouts: bool = False):
+    """``(q, scale)``, or ``(q, scale, q^T)`` with ``both_layouts``; see ``..reference.fp8_quant.fp8_quantize``."""
+    check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts)
     fp8_format = format_id(fp8_dtype, x.device)
     M, K = x.shape
     n_br, n_bc = scale_shape(M, K, block_rows, block_cols)
-    q = torch.empty((K, M) if transpose else (M, K), dtype=fp8_dtype, device=x.device)
+    write_q, write_qt = not transpose, transpose or both_layouts
+    q = torch.empty((M, K), dtype=fp8_dtype, device=x.device) if write_q else None
+    qt = torch.empty((K, M), dtype=fp8_dtype, device=x.device) if write_qt else None
     scale = torch.empty((n_br, n_bc), dtype=torch.float32, device=x.device)
+    outputs = (q, scale, qt) if both_layouts else (qt if transpose else q, scale)
     if M == 0 or K == 0:
-        return q, scale.fill_(1.0)
+        scale.fill_(1.0)
+        return outputs
     br, bc = min(block_rows, M), min(block_cols, K)
-    tiling = fp8_tiling(M, K, block_rows, block_cols, transpose)
+    tiling = fp8_tiling(M, K, block_rows, block_cols, write_qt)
     n_tile_cols = triton.cdiv(K, tiling.tile_cols)
     grid = (triton.cdiv(M, tiling.tile_rows) * n_tile_cols,)
-    q_bits = q.view(torch.uint8)  # stored as raw bytes: the same on every backend
+    # Stored as raw bytes (the same on every backend); an output not written is passed as the other one.
+    q_bits = (q if write_q else qt).view(torch.uint8)
+    qt_bits = (qt if write_qt else q).view(torch.uint8)
     constexprs = dict(
-        FORMAT=fp8_format, FMAX=float(torch.finfo(fp8_dtype).max), POW2=bool(power_of_two), TRANSPOSE=bool(transpose),
-        FIX_NAN=interpreting(), NAN_BITS=_NAN_BITS[fp8_dtype],
+        FORMAT=fp8_format, FMAX=float(torch.finfo(fp8_dtype).max), POW2=bool(power_of_two),
+        WRITE_Q=write_q, WRITE_QT=write_qt, FIX_NAN=interpreting(), NAN_BITS=_NAN_BITS[fp8_dtype],
         GR=tiling.group_rows, SR=tiling.sub_rows, GC=tiling.group_cols, SC=tiling.sub_cols,
         num_warps=tiling.num_warps)
     with on_device(x.device):
         if tiling.fused:
             launch(_fp8_tile_kernel)[grid](
-                x, q_bits, scale, scale, M, K, x.stride(0), x.stride(1), br, bc, n_bc, 1, n_tile_cols,
+                x, q_bits, qt_bits, scale, scale, M, K, x.stride(0), x.stride(1), br, bc, n_bc, 1, n_tile_cols,
                 MODE=MODE_FUSED, ROW_TILES=1, **constexprs)
-            return q, scale
+            return outputs
         n_tile_rows = triton.cdiv(M, tiling.tile_rows)
         row_tiles = 1
         while n_br == 1 and row_tiles * 2 <= n_tile_rows and n_tile_rows * n_tile_cols // row_tiles > AMAX_PROGRAMS:
@@ -300,8 +306,8 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
         n_partial_cols = triton.cdiv(K, tiling.sub_cols)
         partial = torch.empty((n_partial_rows, n_partial_cols), dtype=torch.float32, device=x.device)
         launch(_fp8_tile_kernel)[(triton.cdiv(n_tile_rows, row_tiles) * n_tile_cols,)](
-            x, q_bits, scale, partial, M, K, x.stride(0), x.stride(1), br, bc, n_bc, n_partial_cols, n_tile_cols,
-            MODE=MODE_AMAX, ROW_TILES=row_tiles, **constexprs)
+            x, q_bits, qt_bits, scale, partial, M, K, x.stride(0), x.stride(1), br, bc, n_bc, n_partial_cols,
+            n_tile_cols, MODE=MODE_AMAX, ROW_TILES=row_tiles, **constexprs)
         # Sub-tiles per block (all of them along a dim that one block spans).
         rows_per_block = n_partial_rows if n_br == 1 else br // tiling.sub_rows
         cols_per_block = n_partial_cols if n_bc == 1 else bc // tiling.sub_cols
@@ -312,9 +318,9 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
             FMAX=constexprs["FMAX"], POW2=constexprs["POW2"], BLOCK_R=reduce_r, BLOCK_C=reduce_c,
             num_warps=num_warps_for(reduce_r * reduce_c))
         launch(_fp8_tile_kernel)[grid](
-            x, q_bits, scale, partial, M, K, x.stride(0), x.stride(1), br, bc, n_bc, n_partial_cols, n_tile_cols,
-            MODE=MODE_CAST, ROW_TILES=1, **constexprs)
-    return q, scale
+            x, q_bits, qt_bits, scale, partial, M, K, x.stride(0), x.stride(1), br, bc, n_bc, n_partial_cols,
+            n_tile_cols, MODE=MODE_CAST, ROW_TILES=1, **constexprs)
+    return outputs
 
 
 __all__ = ["fp8_quantize", "fp8_tiling", "Fp8Tiling", "num_warps_for"]
