@@ -284,9 +284,10 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
     tiling = fp8_tiling(M, K, block_rows, block_cols, write_qt)
     n_tile_cols = triton.cdiv(K, tiling.tile_cols)
     grid = (triton.cdiv(M, tiling.tile_rows) * n_tile_cols,)
-    # Stored as raw bytes (the same on every backend); an output not written is passed as the other one.
-    q_bits = (q if write_q else qt).view(torch.uint8)
-    qt_bits = (qt if write_qt else q).view(torch.uint8)
+    # Stored as raw bytes (the same on every backend). In place of an output not written, x, which the kernel only
+    # reads: passing the other output would alias a written argument in the traced graph.
+    q_bits = q.view(torch.uint8) if write_q else x
+    qt_bits = qt.view(torch.uint8) if write_qt else x
     constexprs = dict(
         FORMAT=fp8_format, FMAX=float(torch.finfo(fp8_dtype).max), POW2=bool(power_of_two),
         WRITE_Q=write_q, WRITE_QT=write_qt, FIX_NAN=interpreting(), NAN_BITS=_NAN_BITS[fp8_dtype],
