@@ -91,6 +91,25 @@ def test_op_with_an_untraceable_kernel_stays_one_call():
     assert [_ours(g) for g in ops] == [{"fp8_linear_fwd"}, {"fp8_linear_bwd"}]
 
 
+def test_fp8_linear_without_gradients_runs_the_forward_alone():
+    """Where no gradient is wanted, fp8_linear decomposes to fp8_linear_inference, which writes no transposed
+    operands for a backward; with gradients, to fp8_linear_fwd (which does, for tensorwise) and fp8_linear_bwd."""
+    def linear(x, w):
+        return turbo_inductor.ops.fp8_linear(x, w, None, "tensorwise", impl=REFERENCE)
+
+    graphs = []
+
+    def keep(gm, _):
+        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return make_boxed_func(gm.forward)
+
+    x, w = _inputs((6, 32), (16, 32))
+    aot_function(linear, fw_compiler=keep)(x.detach(), w.detach())
+    assert [_ours(g) for g in graphs] == [{"fp8_linear_inference"}]
+    ops, _, _ = _aot_graph_ops(linear, [x, w])
+    assert [_ours(g) for g in ops] == [{"fp8_linear_fwd"}, {"fp8_linear_bwd"}]
+
+
 class _Block(nn.Module):
     def __init__(self):
         super().__init__()

@@ -1,7 +1,9 @@
 """FP8 linear: ``y = x W^T (+ bias)`` with x and W quantized by a recipe, forward and backward.
 
 Ops in ``torch.ops.turbo_inductor``:
-  fp8_linear(x, weight, bias, recipe, impl) -> y                 public op: fp8_linear_fwd(...)[0]
+  fp8_linear(x, weight, bias, recipe, impl) -> y                 public op: fp8_linear_fwd(...)[0] where a
+                                                                 gradient is wanted, else fp8_linear_inference
+  fp8_linear_inference(x, weight, bias, recipe, impl) -> y       the forward alone
   fp8_linear_fwd(x, weight, bias, recipe, impl) -> (y, x_t, x_t_scale, w_t, w_t_scale)
                                                                  custom op; backward: fp8_linear_bwd (+ dbias)
   fp8_linear_bwd(dy, x, weight, x_t, x_t_scale, w_t, w_t_scale, recipe, impl) -> (dx, dweight)
@@ -102,16 +104,16 @@ def _saves_transposes(recipe: str) -> tuple[bool, bool]:
     return _square(r.activation_block) and not r.high_precision_wgrad, _square(r.weight_block)
 
 
-@kernel_op("fp8_linear_fwd", (QUANTIZE_KERNEL, GEMM_KERNEL), symbolic_sizes=False)
-def fp8_linear_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str,
-                   impl: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, impl: str,
+             for_backward: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """y and what the backward takes from the forward (empty unless ``for_backward``)."""
     _check("fp8_linear", x, weight, bias, recipe)
     r, (e4m3, _) = RECIPES[recipe], fp8_formats(x.device)
     x2 = x.reshape(-1, x.shape[-1])
     if x2.shape[0] == 0:
         y = x.new_zeros(x.shape[:-1] + (weight.shape[0],)) + (0 if bias is None else bias)
         return y, *_saved_transposes(x2, weight, recipe)
-    save_x_t, save_w_t = _saves_transposes(recipe)
+    save_x_t, save_w_t = _saves_transposes(recipe) if for_backward else (False, False)
     if save_x_t:
         x_q, x_t = _operand_both(x2, r.activation_block, e4m3, r, impl)
     else:
@@ -144,11 +146,30 @@ def _saved_transposes(x2: Tensor, weight: Tensor, recipe: str) -> tuple[Tensor, 
     return tuple(saved)
 
 
+@kernel_op("fp8_linear_fwd", (QUANTIZE_KERNEL, GEMM_KERNEL), symbolic_sizes=False)
+def fp8_linear_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str,
+                   impl: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return _forward(x, weight, bias, recipe, impl, for_backward=True)
+
+
 @fp8_linear_fwd.register_fake
 def _(x, weight, bias, recipe, impl="auto"):
     _check("fp8_linear", x, weight, bias, recipe)
     y = x.new_empty(x.shape[:-1] + (weight.shape[0],))
     return y, *_saved_transposes(x.reshape(-1, x.shape[-1]), weight, recipe)
+
+
+@kernel_op("fp8_linear_inference", (QUANTIZE_KERNEL, GEMM_KERNEL), symbolic_sizes=False)
+def fp8_linear_inference(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str,
+                         impl: str = "auto") -> Tensor:
+    """The forward alone, when no gradient is wanted: no transposed operands written for a backward."""
+    return _forward(x, weight, bias, recipe, impl, for_backward=False)[0]
+
+
+@fp8_linear_inference.register_fake
+def _(x, weight, bias, recipe, impl="auto"):
+    _check("fp8_linear", x, weight, bias, recipe)
+    return x.new_empty(x.shape[:-1] + (weight.shape[0],))
 
 
 @kernel_op("fp8_linear_bwd", (QUANTIZE_KERNEL, GEMM_KERNEL), symbolic_sizes=False)
@@ -198,9 +219,18 @@ def _(dy, x, weight, x_t, x_t_scale, w_t, w_t_scale, recipe, impl="auto"):
 
 register_linear_autograd(fp8_linear_fwd, fp8_linear_bwd, keeps_x=lambda recipe: not _saves_transposes(recipe)[0])
 
+
+
+def _fp8_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, impl: str = "auto") -> Tensor:
+    # Decided where the op is decomposed, under autograd (AOTAutograd traces training and inference graphs apart).
+    wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+    if wants_grad:
+        return fp8_linear_fwd(x, weight, bias, recipe, impl)[0]
+    return fp8_linear_inference(x, weight, bias, recipe, impl)
+
+
 fp8_linear = define_composite(
-    "fp8_linear(Tensor x, Tensor weight, Tensor? bias, str recipe, str impl='auto') -> Tensor",
-    lambda x, weight, bias, recipe, impl="auto": fp8_linear_fwd(x, weight, bias, recipe, impl)[0])
+    "fp8_linear(Tensor x, Tensor weight, Tensor? bias, str recipe, str impl='auto') -> Tensor", _fp8_linear)
 
 
 def can_rewrite(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:

@@ -5,8 +5,9 @@ place of abs, amax, clamp, divide, clamp and cast) and the same scaled GEMM.
 Matched, for each operand t of ``torch._scaled_mm(q_x, q_w.t(), scale_a=s_x, scale_b=s_w, out_dtype=x.dtype)``:
     s = t.abs().amax()[.float()].clamp(min=1e-12) / FMAX         (also torch.amax / torch.abs / clamp_min)
     q = (t[.float()] / s).clamp(-FMAX, FMAX).to(<the device's e4m3>)
-with FMAX that format's largest value and the floor our quantization's (AMAX_FLOOR): exactly the math of our
-tensorwise quantization, so results are the same. Left alone: other floors or maxima, per-row amax (``dim=``), other
+with FMAX that format's largest value and the floor our quantization's (AMAX_FLOOR): the math of our tensorwise
+quantization, which multiplies by 1/s where this divides by s: the two differ by at most one fp32 ulp, which moves
+the fp8 value one step only where it lands on a rounding boundary. Left alone: other floors or maxima, per-row amax (``dim=``), other
 formats, ``_scaled_mm`` with a bias, a result scale or fast accumulation.
 """
 from __future__ import annotations
