@@ -32,6 +32,7 @@ SIZES = [1, 17, 128, 300]
 BLOCKS = {
     "tensorwise": (None, None, False),
     "rowwise": (1, None, False),
+    "column": (None, 1, False),  # a transposed rowwise operand's blocks
     "act_1x128": (1, 128, False),
     "weight_128x128": (128, 128, False),
     "mx_1x32": (1, 32, True),

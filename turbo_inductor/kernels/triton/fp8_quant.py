@@ -64,6 +64,8 @@ TRANSPOSE_MIN_ROWS = 32
 MAX_TILE_COLS = 1024
 # Elements per iteration of the scale kernel (the reduction of the sub-tile maxima of one block).
 REDUCE_TILE_ELEMENTS = 1024
+# Scaling blocks one partial wide (column blocks) reduced side by side per program of the scale kernel.
+SCALE_BLOCKS_PER_PROGRAM = 128
 # Where one scaling block spans all rows (tensorwise; a transposed rowwise operand's columns), the amax pass stops
 # adding programs at about this many and loops over tiles instead: the scale kernel then reduces few maxima per block
 # (one program reducing one partial per tile of a tensorwise 8192 x 28672 operand took ~50 us on an H200).
@@ -238,16 +240,21 @@ def _fp8_tile_kernel(
 @triton.jit
 def _fp8_scale_kernel(
     PARTIAL, SCALE,
-    n_partial_rows, n_partial_cols, rows_per_block, cols_per_block, n_scale_cols,
+    n_partial_rows, n_partial_cols, rows_per_block, cols_per_block, n_scale_cols, n_program_cols,
     FMAX: tl.constexpr, POW2: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    SIDE_BY_SIDE: tl.constexpr,
 ):
-    """SCALE[pid] from the maxima of the sub-tiles of scaling block pid: PARTIAL[rows_per_block x cols_per_block]
-    window at the block's position (clipped at the array's edge), reduced in a fixed order."""
+    """Scales from the maxima of the sub-tiles of their scaling blocks: each block's PARTIAL[rows_per_block x
+    cols_per_block] window at its position (clipped at the array's edge), reduced in a fixed order. One block per
+    program, or with SIDE_BY_SIDE (blocks one partial wide: a transposed rowwise operand's columns) BLOCK_C
+    neighbouring blocks per program, read together."""
     pid = tl.program_id(0)
-    r_lo = (pid // n_scale_cols) * rows_per_block
-    c_lo = (pid % n_scale_cols) * cols_per_block
+    block_row = pid // n_program_cols
+    pid_c = pid % n_program_cols
+    r_lo = block_row * rows_per_block
     r_hi = tl.minimum(r_lo + rows_per_block, n_partial_rows)
-    c_hi = tl.minimum(c_lo + cols_per_block, n_partial_cols)
+    c_lo = pid_c * (BLOCK_C if SIDE_BY_SIDE else cols_per_block)
+    c_hi = tl.minimum(c_lo + (BLOCK_C if SIDE_BY_SIDE else cols_per_block), n_partial_cols)
     acc = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.int32)  # maxima as bit patterns (see _abs_bits)
     for r0 in range(r_lo, r_hi, BLOCK_R):
         rows = r0 + tl.arange(0, BLOCK_R)
@@ -256,8 +263,14 @@ def _fp8_scale_kernel(
             mask = (rows < r_hi)[:, None] & (cols < c_hi)[None, :]
             p = tl.load(PARTIAL + rows.to(tl.int64)[:, None] * n_partial_cols + cols[None, :], mask=mask, other=0.0)
             acc = tl.maximum(acc, _abs_bits(p))
-    amax = tl.max(tl.max(acc, 1), 0).to(tl.float32, bitcast=True)
-    tl.store(SCALE + pid, _scale_from_amax(amax, FMAX, POW2))
+    column_amax = tl.max(acc, 0)
+    if SIDE_BY_SIDE:
+        cols = c_lo + tl.arange(0, BLOCK_C)
+        scale = _scale_from_amax(column_amax.to(tl.float32, bitcast=True), FMAX, POW2)
+        tl.store(SCALE + block_row.to(tl.int64) * n_scale_cols + cols, scale, mask=cols < c_hi)
+    else:
+        amax = tl.max(column_amax, 0).to(tl.float32, bitcast=True)
+        tl.store(SCALE + pid, _scale_from_amax(amax, FMAX, POW2))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -312,12 +325,18 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
         # Sub-tiles per block (all of them along a dim that one block spans).
         rows_per_block = n_partial_rows if n_br == 1 else br // tiling.sub_rows
         cols_per_block = n_partial_cols if n_bc == 1 else bc // tiling.sub_cols
-        reduce_c = min(_pow2(cols_per_block), REDUCE_TILE_ELEMENTS)
+        # Blocks one partial wide (column blocks) are reduced SCALE_BLOCKS_PER_PROGRAM to a program, from coalesced
+        # rows of partials: one program per block read one strided column each, and cost the interpreter a program
+        # per column of x.
+        side_by_side = cols_per_block == 1 and n_bc > 1
+        reduce_c = min(_pow2(n_bc if side_by_side else cols_per_block), REDUCE_TILE_ELEMENTS,
+                       SCALE_BLOCKS_PER_PROGRAM if side_by_side else REDUCE_TILE_ELEMENTS)
         reduce_r = min(_pow2(rows_per_block), max(1, REDUCE_TILE_ELEMENTS // reduce_c))
-        launch(_fp8_scale_kernel)[(n_br * n_bc,)](
-            partial, scale, n_partial_rows, n_partial_cols, rows_per_block, cols_per_block, n_bc,
+        n_program_cols = triton.cdiv(n_bc, reduce_c) if side_by_side else n_bc
+        launch(_fp8_scale_kernel)[(n_br * n_program_cols,)](
+            partial, scale, n_partial_rows, n_partial_cols, rows_per_block, cols_per_block, n_bc, n_program_cols,
             FMAX=constexprs["FMAX"], POW2=constexprs["POW2"], BLOCK_R=reduce_r, BLOCK_C=reduce_c,
-            num_warps=num_warps_for(reduce_r * reduce_c))
+            SIDE_BY_SIDE=side_by_side, num_warps=num_warps_for(reduce_r * reduce_c))
         launch(_fp8_tile_kernel)[grid](
             x, q_bits, qt_bits, scale, partial, M, K, x.stride(0), x.stride(1), br, bc, n_bc, n_partial_cols,
             n_tile_cols, MODE=MODE_CAST, ROW_TILES=1, **constexprs)
