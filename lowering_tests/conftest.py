@@ -27,9 +27,12 @@ def assert_close(actual, expected, dtype=None):
 
 @pytest.fixture(autouse=True)
 def fresh_state():
-    """Each test starts with no compile records, no kernel-call counts and no compiled frames."""
+    """Each test starts with no compile records, no kernel-call counts and no compiled frames, and compiles without
+    the FX graph and AOTAutograd caches: traced kernels are counted when a graph is compiled, which a hit on another
+    test's graph would skip. (Compiled kernels are still cached; the cache test turns the two back on.)"""
     torch._dynamo.reset()
     turbo_inductor.reset_records()
     turbo_inductor.reset_kernel_calls()
-    yield
+    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+        yield
     torch._dynamo.reset()

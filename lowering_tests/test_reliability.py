@@ -28,7 +28,8 @@ def train_step(model, x, options=None):
 def test_warm_cache_reproduces_rewrites_and_results_and_options_and_versions_invalidate_it(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     x = torch.randn(2, 8, 64)
-    with torch._inductor.config.patch(fx_graph_cache=True, fx_graph_remote_cache=False):
+    with (torch._inductor.config.patch(fx_graph_cache=True, fx_graph_remote_cache=False),
+          torch._functorch.config.patch(enable_autograd_cache=True)):
         cold = train_step(tiny_decoder(), x)
         cold_counts = turbo_inductor.rewrite_counts()
         torch._dynamo.reset()
