@@ -9,8 +9,9 @@ that chunk, added to the fp32 accumulator; one rounding to out's dtype at the en
 BLOCK_N] tile of its [N, K] rows, K contiguous: the K-major operand layout Hopper's FP8 MMA takes. The interpreter's
 dot is not reliable below fp32 (platform.md): there the tiles are converted to fp32 first.
 
-Opt-in (``impl="fp8_gemm=triton"``) until measured on a GPU: ``auto`` keeps the vendor GEMM for tensorwise and
-rowwise scales and the emulation for the block granularities.
+Opt-in (``impl="fp8_gemm=triton"``): ``auto`` keeps the vendor GEMM for tensorwise and rowwise scales and the
+emulation for the block granularities. On an H200 (8192x4096 -> 14336) it took 2.55 ms blockwise and 7.99 ms MXFP8,
+against 19.1 ms emulated but 1.38 ms for the bf16 linear (benchmarks/README.md): the default until it beats bf16.
 """
 from __future__ import annotations
 

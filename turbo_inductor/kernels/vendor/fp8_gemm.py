@@ -1,7 +1,7 @@
 """Scaled FP8 GEMM through ``torch._scaled_mm`` (cuBLASLt / hipBLASLt): tensorwise and rowwise scales.
 
 Other granularities (blockwise 1x128 / 128x128, MXFP8) have no vendor path in torch 2.11: they run emulated
-(``reference.fp8_gemm``) until our Triton FP8 GEMM lands.
+(``reference.fp8_gemm``); our Triton FP8 GEMM is opt-in (``..triton.fp8_gemm`` says why).
 """
 from __future__ import annotations
 
