@@ -53,7 +53,8 @@ def main(argv=None):
     parser.add_argument("--fp8", default="tensorwise,rowwise" if on_gpu else "",
                         help="FP8 recipes to add as primus_turbo columns (comma-separated; empty: none)")
     parser.add_argument("--mode", default="train", choices=("train", "inference"))
-    parser.add_argument("--kernels", type=int, default=0, help="GPU: print the N kernels taking most GPU time per column")
+    parser.add_argument("--kernels", type=int, default=0,
+                        help="GPU: print the N kernels taking most GPU time per column")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results"), help="folder for the JSON and PNG")
     args = parser.parse_args(argv)
     device, dtype = ("cuda" if on_gpu else "cpu"), getattr(torch, args.dtype)
@@ -165,14 +166,14 @@ def model_flops(model, config, batch: int, seq: int) -> float:
 
 
 def print_table(table: list[dict]) -> None:
-    print(f"{'backend':28s} {'step ms':>9s} {'GPU ms':>8s} {'tokens/s':>10s} {'TFLOP/s':>8s} {'vs inductor':>12s} {'peak GiB':>9s} "
-          f"{'compile s':>10s} {'out SNR dB':>11s} {'dx SNR dB':>10s}")
+    print(f"{'backend':28s} {'step ms':>9s} {'GPU ms':>8s} {'tokens/s':>10s} {'TFLOP/s':>8s} {'vs inductor':>12s} "
+          f"{'peak GiB':>9s} {'compile s':>10s} {'out SNR dB':>11s} {'dx SNR dB':>10s}")
     for row in table:
         if "error" in row:
             print(f"{row['column']:28s} failed: {row['error']}")
             continue
-        print(f"{row['column']:28s} {row['step_ms']:9.3f} {row['gpu_ms']:8.3f} {row['tokens_per_s']:10.0f} {row['model_tflops']:8.1f} "
-              f"{row['speedup_vs_inductor']:11.2f}x {row['peak_gib']:9.2f} {row['compile_s']:10.1f} "
+        print(f"{row['column']:28s} {row['step_ms']:9.3f} {row['gpu_ms']:8.3f} {row['tokens_per_s']:10.0f} "
+              f"{row['model_tflops']:8.1f} {row['speedup_vs_inductor']:11.2f}x {row['peak_gib']:9.2f} {row['compile_s']:10.1f} "
               f"{row['out_snr_db']:11.1f} {row['dx_snr_db']:10.1f}")
 
 
