@@ -184,44 +184,48 @@ E4M3_MAX = 448.0
 
 
 class HandQuantized(nn.Module):
-    """FP8 inference written by hand, torchao style: dynamic tensorwise scales, then torch._scaled_mm."""
+    """FP8 inference written by hand, torchao style: dynamic scales (tensorwise, per row: dim -1, or per column:
+    dim 0), then torch._scaled_mm."""
 
-    def __init__(self, floor=1e-12, rowwise=False):
+    def __init__(self, floor=1e-12, x_dim=None, w_dim=None):
         super().__init__()
-        self.floor, self.rowwise = floor, rowwise
+        self.floor, self.x_dim, self.w_dim = floor, x_dim, w_dim
         self.w = nn.Parameter(torch.randn(48, 64, dtype=torch.bfloat16) * 0.05)
 
-    def scale(self, t):
-        amax = t.abs().amax(dim=-1, keepdim=True) if self.rowwise else t.abs().amax()
+    def scale(self, t, dim):
+        amax = t.abs().amax() if dim is None else t.abs().amax(dim=dim, keepdim=True)
         return amax.float().clamp(min=self.floor) / E4M3_MAX
 
     def forward(self, x):
-        sx, sw = self.scale(x), self.scale(self.w)
+        sx, sw = self.scale(x, self.x_dim), self.scale(self.w, self.w_dim)
         x8 = (x.float() / sx).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
         w8 = (self.w.float() / sw).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-        if self.rowwise:
-            sw = sw.t()
-        return torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16)
+        return torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw if self.w_dim is None else sw.t(),
+                                out_dtype=torch.bfloat16)
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's torch._scaled_mm; the GPU's is the vendor path")
-def test_hand_quantized_scaled_mm_runs_on_our_quantization():
-    model, x = HandQuantized(), torch.randn(32, 64, dtype=torch.bfloat16)
+@pytest.mark.parametrize("dim", [None, -1], ids=["tensorwise", "rowwise"])
+def test_hand_quantized_scaled_mm_runs_on_our_quantization(dim):
+    model, x = HandQuantized(x_dim=dim, w_dim=dim), torch.randn(32, 64, dtype=torch.bfloat16)
     with torch.no_grad():
         want = torch.compile(model, backend="inductor")(x)
         torch._dynamo.reset()
-        got = torch.compile(model, backend="primus_turbo", options={"impl": "reference"})(x)
+        got = torch.compile(model, backend="primus_turbo", options={"impl": "reference", "record_graphs": True})(x)
     assert turbo_inductor.rewrite_counts()["fp8_scaled_mm"] == 1
     record = turbo_inductor.compile_records()[-1]
     assert record.ops_before["torch._scaled_mm"] == 1 and record.ops_after["torch._scaled_mm"] == 0
     assert record.ops_after["Tensor.amax"] == 0 and record.ops_after["Tensor.clamp"] == 0
     assert record.ops_after["turbo_inductor.fp8_linear"] == 1
+    assert any(f"'{'tensorwise' if dim is None else 'rowwise'}'" in line for line in record.graph_after.splitlines()
+               if "fp8_linear" in line)
     # the same quantization math and the same GEMM in a different order of accumulation
     torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2 * want.abs().max().item())
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's torch._scaled_mm; the GPU's is the vendor path")
-@pytest.mark.parametrize("variant", [{"floor": 1e-6}, {"rowwise": True}])
+@pytest.mark.parametrize("variant", [{"floor": 1e-6}, {"floor": 1e-6, "x_dim": -1, "w_dim": -1}],
+                         ids=["tensorwise_other_floor", "rowwise_other_floor"])
 def test_other_hand_quantization_is_left_alone(variant):
     model, x = HandQuantized(**variant), torch.randn(32, 64, dtype=torch.bfloat16)
     with torch.no_grad():

@@ -5,10 +5,12 @@ place of abs, amax, clamp, divide, clamp and cast) and the same scaled GEMM.
 Matched, for each operand t of ``torch._scaled_mm(q_x, q_w.t(), scale_a=s_x, scale_b=s_w, out_dtype=x.dtype)``:
     s = t.abs().amax()[.float()].clamp(min=1e-12) / FMAX         (also torch.amax / torch.abs / clamp_min)
     q = (t[.float()] / s).clamp(-FMAX, FMAX).to(<the device's e4m3>)
-with FMAX that format's largest value and the floor our quantization's (AMAX_FLOOR): the math of our tensorwise
-quantization, which multiplies by 1/s where this divides by s: the two differ by at most one fp32 ulp, which moves
-the fp8 value one step only where it lands on a rounding boundary. Left alone: other floors or maxima, per-row amax (``dim=``), other
-formats, ``_scaled_mm`` with a bias, a result scale or fast accumulation.
+-> the "tensorwise" recipe; or, per row, ``t.abs().amax(dim=-1, keepdim=True)...`` for both operands with
+``scale_b=s_w.t()`` -> "rowwise". FMAX is that format's largest value and the floor our quantization's
+(AMAX_FLOOR): the math of our quantization, which multiplies by 1/s where this divides by s (the two differ by at
+most one fp32 ulp, which moves an fp8 value one step only where it lands on a rounding boundary). Left alone: other
+floors or maxima, amax over other dims, mixed granularities, other formats, ``_scaled_mm`` with a bias, a result
+scale or fast accumulation.
 """
 from __future__ import annotations
 
@@ -32,8 +34,9 @@ def _clamp_bounds(node) -> tuple | None:
     return m.arg(node, 1, "min"), m.arg(node, 2, "max")
 
 
-def _tensorwise_scale_source(scale, fmax: float) -> fx.Node | None:
-    """t when ``scale`` is ``t.abs().amax()[.float()].clamp(min=AMAX_FLOOR) / fmax``."""
+def _scale_source(scale, fmax: float) -> tuple[fx.Node, str] | None:
+    """(t, recipe) when ``scale`` is ``t.abs().amax()[.float()].clamp(min=AMAX_FLOOR) / fmax`` ("tensorwise"), or
+    the same with ``amax(dim=-1, keepdim=True)`` of a 2-D t ("rowwise")."""
     c = m.call(scale)
     if c is None or c.op != "div" or m.binary_operands(c) is None or m.binary_operands(c)[1] != fmax:
         return None
@@ -41,14 +44,26 @@ def _tensorwise_scale_source(scale, fmax: float) -> fx.Node | None:
     if _clamp_bounds(floored) != (AMAX_FLOOR, None):
         return None
     amax = m.strip_casts(floored.args[0])
-    if not m.calls(amax, "amax", (torch.amax,)) or len(amax.args) != 1 or amax.kwargs:  # no dim: the whole tensor
+    if not m.calls(amax, "amax", (torch.amax,)):
+        return None
+    if len(amax.args) == 1 and not amax.kwargs:  # no dim: the whole tensor
+        recipe = "tensorwise"
+    elif m.last_dim_only(m.arg(amax, 1, "dim"), 2) and m.arg(amax, 2, "keepdim") is True:
+        recipe = "rowwise"
+    else:
         return None
     absolute = amax.args[0]
-    return absolute.args[0] if m.calls(absolute, "abs", (torch.abs,)) and len(absolute.args) == 1 else None
+    if not m.calls(absolute, "abs", (torch.abs,)) or len(absolute.args) != 1:
+        return None
+    source = m.fake(absolute.args[0])
+    if recipe == "rowwise" and (source is None or source.dim() != 2):
+        return None
+    return absolute.args[0], recipe
 
 
-def tensorwise_quantized(q, fp8_dtype: torch.dtype) -> tuple[fx.Node, fx.Node] | None:
-    """(t, its scale node) when ``q`` is ``(t / s).clamp(-FMAX, FMAX).to(fp8_dtype)`` with s t's tensorwise scale."""
+def quantized(q, fp8_dtype: torch.dtype) -> tuple[fx.Node, fx.Node, str] | None:
+    """(t, its scale node, recipe) when ``q`` is ``(t / s).clamp(-FMAX, FMAX).to(fp8_dtype)`` with s t's tensorwise
+    or rowwise scale."""
     c = m.call(q)
     if c is None or c.op != "cast" or c.kwargs["dtype"] != fp8_dtype:
         return None
@@ -61,7 +76,8 @@ def tensorwise_quantized(q, fp8_dtype: torch.dtype) -> tuple[fx.Node, fx.Node] |
     if operands is None:
         return None
     t, scale = m.strip_casts(operands[0]), operands[1]
-    return (t, scale) if _tensorwise_scale_source(scale, fmax) is t else None
+    source = _scale_source(scale, fmax)
+    return (t, scale, source[1]) if source is not None and source[0] is t else None
 
 
 class FP8ScaledMMPass(RewritePass):
@@ -81,21 +97,23 @@ class FP8ScaledMMPass(RewritePass):
             if qw is None or xt is None:
                 continue
             e4m3 = fp8_formats(xt.device)[0]
-            x_side, w_side = tensorwise_quantized(qx, e4m3), tensorwise_quantized(qw, e4m3)
-            if x_side is None or w_side is None:
+            x_side, w_side = quantized(qx, e4m3), quantized(qw, e4m3)
+            if x_side is None or w_side is None or x_side[2] != w_side[2]:
                 continue
-            (x, x_scale), (w, w_scale) = x_side, w_side
-            if node.kwargs.get("scale_a") is not x_scale or node.kwargs.get("scale_b") is not w_scale:
+            (x, x_scale, recipe), (w, w_scale, _) = x_side, w_side
+            scale_b = node.kwargs.get("scale_b")  # rowwise: W's per-row scales as a [1, N] row
+            if node.kwargs.get("scale_a") is not x_scale or \
+                    (scale_b if recipe == "tensorwise" else m.transpose_source(scale_b)) is not w_scale:
                 continue
             x_fake, w_fake = m.fake(x), m.fake(w)
             if x_fake is None or w_fake is None or node.kwargs.get("out_dtype") != x_fake.dtype \
                     or not can_rewrite(x_fake, w_fake, None):
                 continue
             new = m.insert_op(graph, node, torch.ops.turbo_inductor.fp8_linear.default,
-                              (x, w, None, "tensorwise", options.impl))
+                              (x, w, None, recipe, options.impl))
             node.replace_all_uses_with(new)
             graph.erase_node(node)
-            m.erase_unused(_producers([qx, qw_t], stop={x, w}))
+            m.erase_unused(_producers([qx, qw_t, scale_b], stop={x, w}))  # scale_b: rowwise, a transpose
             count += 1
         return count
 
