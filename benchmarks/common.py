@@ -30,6 +30,12 @@ def kernel_us(fn, steps: int = 10) -> dict[str, float]:
         for _ in range(steps):
             fn()
         torch.cuda.synchronize()
+    return device_us(prof, steps)
+
+
+def device_us(prof, steps: int) -> dict[str, float]:
+    """Device time per step of each kernel a finished ``torch.profiler`` run recorded over ``steps`` steps, in us
+    (device events only: a CPU op's own "device time" would count its kernels twice)."""
     times = collections.defaultdict(float)
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:

@@ -8,7 +8,7 @@ import torch
 
 from bench_glu import swiglu
 from bench_rmsnorm import hf_rmsnorm
-from common import fwd_bwd_step
+from common import device_us, fwd_bwd_step
 
 STEPS = 10
 
@@ -30,7 +30,7 @@ def profile(name, fn, *inputs):
                 step()
             torch.cuda.synchronize()
         events = prof.key_averages()
-        gpu_us = sum(getattr(e, "self_device_time_total", 0) for e in events) / STEPS
+        gpu_us = sum(device_us(prof, STEPS).values())
         print(f"\n== {name} fwd+bwd x{STEPS}, backend={backend}: GPU time per step {gpu_us:.1f} us, "
               f"host time per step {host_us:.1f} us")
         print(events.table(sort_by="self_cuda_time_total", row_limit=8, max_name_column_width=60))

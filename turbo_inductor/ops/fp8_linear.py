@@ -60,12 +60,17 @@ RECIPES = {
 ALIGNMENT = 16
 
 
+def _block_shape(block: tuple[int, int], rows, cols) -> tuple:
+    """A recipe's block (0: the whole dimension) on an operand [rows, cols]."""
+    return block[0] or rows, block[1] or cols
+
+
 def _operand(t: Tensor, block: tuple[int, int], dtype: torch.dtype, transposed: bool, recipe: Recipe,
              impl: str) -> tuple[Tensor, Tensor]:
     """Quantize the GEMM operand ``t`` (or ``t^T`` when ``transposed``), [R, C], in ``block``-shaped blocks."""
     quantize = registry.select(QUANTIZE_KERNEL, t.device, impl)
     rows, cols = (t.shape[1], t.shape[0]) if transposed else t.shape
-    block_rows, block_cols = block[0] or rows, block[1] or cols
+    block_rows, block_cols = _block_shape(block, rows, cols)
     if not transposed:
         return quantize(t, dtype, block_rows, block_cols, False, power_of_two=recipe.power_of_two)
     q, scale = quantize(t, dtype, block_cols, block_rows, True, power_of_two=recipe.power_of_two)
@@ -81,7 +86,7 @@ def _operand_both(t: Tensor, block: tuple[int, int], dtype: torch.dtype, recipe:
                   impl: str) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
     """The GEMM operand ``t`` [R, C] and ``t^T`` quantized in square blocks, from one pass."""
     quantize = registry.select(QUANTIZE_KERNEL, t.device, impl)
-    block_rows, block_cols = block[0] or t.shape[0], block[1] or t.shape[1]
+    block_rows, block_cols = _block_shape(block, *t.shape)
     q, scale, q_t = quantize(t, dtype, block_rows, block_cols, False, power_of_two=recipe.power_of_two,
                              both_layouts=True)
     return (q, scale), (q_t, scale.t().contiguous())
@@ -139,7 +144,7 @@ def _saved_transposes(x2: Tensor, weight: Tensor, recipe: str) -> tuple[Tensor, 
     saved = []
     for save, t, block in zip(_saves_transposes(recipe), (x2, weight), (r.activation_block, r.weight_block)):
         rows, cols = t.shape
-        block_rows, block_cols = block[0] or max(rows, 1), block[1] or max(cols, 1)
+        block_rows, block_cols = _block_shape(block, max(rows, 1), max(cols, 1))
         saved += ((t.new_empty((cols, rows), dtype=e4m3),
                    t.new_empty((-(-cols // block_cols), -(-rows // block_rows)), dtype=torch.float32))
                   if save else _unsaved(t, e4m3))

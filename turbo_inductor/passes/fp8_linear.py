@@ -50,7 +50,7 @@ def linear_of(node: fx.Node):
     ``transposed`` when the weight is that operand's transpose (``x @ V``: weight V^T), not a node of the graph yet;
     None for anything else."""
     if node.op == "call_function" and node.target is torch._C._nn.linear:
-        bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+        bias = m.arg(node, 2, "bias")
         return node.args[0], node.args[1], bias, False
     is_matmul = (node.op == "call_function" and node.target in _MATMULS) or (
         node.op == "call_method" and node.target == "matmul")

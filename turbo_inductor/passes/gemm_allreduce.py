@@ -50,7 +50,7 @@ class GemmAllReducePass(RewritePass):
             if FP8LinearPass().match(linear, options) is not None:
                 continue
             x, weight = linear.args[0], linear.args[1]
-            bias = linear.args[2] if len(linear.args) > 2 else linear.kwargs.get("bias")
+            bias = m.arg(linear, 2, "bias")
             xt, wt, bt = m.fake(x), m.fake(weight), m.fake(bias)
             if xt is None or wt is None or (bias is not None and bt is None) or not can_rewrite(xt, wt, bt):
                 continue

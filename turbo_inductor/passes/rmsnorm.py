@@ -60,8 +60,8 @@ def match_decomposed(mean: fx.Node) -> RMSNormMatch | None:
     if c is None or c.op != "mean" or len(c.args) < 1 or c.kwargs.get("dtype") is not None:
         return None
     squares = c.args[0]
-    dim = c.args[1] if len(c.args) > 1 else c.kwargs.get("dim")
-    keepdim = c.args[2] if len(c.args) > 2 else c.kwargs.get("keepdim", False)
+    dim = m.arg(c, 1, "dim")
+    keepdim = m.arg(c, 2, "keepdim", False)
     xf = _squared(squares)
     xft = m.fake(xf)
     if xft is None or keepdim is not True or not m.last_dim_only(dim, xft.dim()) or m.only_user(squares) is not mean:

@@ -329,10 +329,12 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
         # rows of partials: one program per block read one strided column each, and cost the interpreter a program
         # per column of x.
         side_by_side = cols_per_block == 1 and n_bc > 1
-        reduce_c = min(_pow2(n_bc if side_by_side else cols_per_block), REDUCE_TILE_ELEMENTS,
-                       SCALE_BLOCKS_PER_PROGRAM if side_by_side else REDUCE_TILE_ELEMENTS)
+        if side_by_side:
+            reduce_c = min(_pow2(n_bc), SCALE_BLOCKS_PER_PROGRAM, REDUCE_TILE_ELEMENTS)
+            n_program_cols = triton.cdiv(n_bc, reduce_c)
+        else:
+            reduce_c, n_program_cols = min(_pow2(cols_per_block), REDUCE_TILE_ELEMENTS), n_bc
         reduce_r = min(_pow2(rows_per_block), max(1, REDUCE_TILE_ELEMENTS // reduce_c))
-        n_program_cols = triton.cdiv(n_bc, reduce_c) if side_by_side else n_bc
         launch(_fp8_scale_kernel)[(n_br * n_program_cols,)](
             partial, scale, n_partial_rows, n_partial_cols, rows_per_block, cols_per_block, n_bc, n_program_cols,
             FMAX=constexprs["FMAX"], POW2=constexprs["POW2"], BLOCK_R=reduce_r, BLOCK_C=reduce_c,
