@@ -9,7 +9,7 @@ import argparse
 
 import torch
 
-from common import bench_ms, report
+from common import available_impls, bench_ms, report
 
 # [rows, cols] of x, activations' gradients and weights (K: 4096 and 14336; N: 6144, 4096, 28672).
 SHAPES = ((8192, 4096), (8192, 14336), (8192, 28672), (28672, 4096), (4096, 14336))
@@ -24,8 +24,9 @@ HEURISTICS = {
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--heuristics", default=",".join(HEURISTICS), help="comma-separated names of HEURISTICS")
+    parser.add_argument("--heuristics", default="default", help="comma-separated names of HEURISTICS")
     args = parser.parse_args()
+    from turbo_inductor.kernels import registry
     from turbo_inductor.kernels.reference import fp8_quant as reference
     from turbo_inductor.kernels.triton import fp8_quant as triton_fp8
 
@@ -42,12 +43,16 @@ def main():
                 args_ = (x, torch.float8_e4m3fn, *blocks, transpose)
                 variants = [("inductor", {}, compiled_reference)]
                 variants += [(name, HEURISTICS[name], triton_fp8.fp8_quantize) for name in args.heuristics.split(",")]
+                variants += [("native", {}, registry.implementations("fp8_quantize")["native"].fn)
+                             for _ in available_impls("fp8_quantize", ("native",))]
                 for name, constants, quantize in variants:
                     for constant, value in {**defaults, **constants}.items():
                         setattr(triton_fp8, constant, value)
                     ms = bench_ms(lambda: quantize(*args_))
                     rows.append({"shape": f"{M}x{K}", "mode": mode, "backend": name, "ms": ms,
                                  "rate": 3 * x.numel() / ms / 1e9})
+        copy_ms = bench_ms(lambda: x.clone())
+        print(f"copy {M}x{K}: {copy_ms:.4f} ms, {2 * x.nbytes / copy_ms / 1e9:.2f} TB/s")
     report("fp8_quant", rows)
 
 

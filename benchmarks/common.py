@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import functools
 import json
 import os
 
@@ -62,13 +63,27 @@ def fwd_bwd_step(fn, *inputs):
     return step
 
 
-def bench_backends(rows: list, label: str, fn, inputs, direct, fwd_bytes: int, total_bytes: int) -> None:
+def available_impls(kernel: str, names=("triton", "native")) -> list[str]:
+    """Which of ``names`` implement ``kernel`` on this GPU (native: where the extension was built)."""
+    from turbo_inductor.kernels import registry
+
+    impls = registry.implementations(kernel)
+    return [n for n in names if n in impls and impls[n].unavailable_reason(torch.device("cuda")) is None]
+
+
+def bench_backends(rows: list, label: str, fn, inputs, direct, fwd_bytes: int, total_bytes: int,
+                   impls: tuple[str, ...] = ()) -> None:
     """Forward (no grad) and forward+backward of ``fn(*inputs)``: eager, the op called directly (``direct``), and
-    ``fn`` compiled with backend="inductor" and "primus_turbo"; one row each in ``rows``. Two times per row: wall
-    clock with plain launches (host time counts wherever the host cannot stay ahead of the GPU, as a user without
-    CUDA graphs sees) and GPU time (kernels only); the rate in TB/s is from the GPU time."""
+    ``fn`` compiled with backend="inductor" and "primus_turbo"; one row each in ``rows``. With ``impls``, the op
+    called directly and primus_turbo once per named implementation (``direct(*inputs, impl=name)``, options
+    ``{"impl": name}``). Two times per row: wall clock with plain launches (host time counts wherever the host
+    cannot stay ahead of the GPU, as a user without CUDA graphs sees) and GPU time (kernels only); the rate in
+    TB/s is from the GPU time."""
     variants = [("eager", fn), ("op (eager call)", direct)]
+    variants += [(f"op impl={impl}", functools.partial(direct, impl=impl)) for impl in impls]
     variants += [(backend, torch.compile(fn, backend=backend)) for backend in ("inductor", "primus_turbo")]
+    variants += [(f"primus_turbo impl={impl}", torch.compile(fn, backend="primus_turbo", options={"impl": impl}))
+                 for impl in impls]
     for backend, f in variants:
         # Dynamo checks the guards of every earlier compilation of fn's code on each call: start each variant
         # with none, so that no variant pays for the others' (fn is compiled for grad and no-grad below).

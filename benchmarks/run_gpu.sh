@@ -2,12 +2,21 @@
 # What the GPU machine checks, in one call (device tool): install, GPU tests, op and model benchmarks.
 #   bash benchmarks/run_gpu.sh [tests] [rmsnorm] [glu] [fp8] [fp8_quant] [model] [convergence] [profile] [gemm_ar]   (default: tests rmsnorm glu model)   logs and JSON land in $OUT
 #   TESTS="lowering_tests/test_gpu.py ..." limits the tests step to those files; MODEL_ARGS="--kernels 12 ..." adds
-#   arguments to the model step.
+#   arguments to the model step; MAX_JOBS sets the native build's jobs; INSTALLED=1 skips the install.
 set -o pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/turbo_out}
 mkdir -p "$OUT"
 steps=${*:-tests rmsnorm glu model}
-python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+# The install builds the native kernels (csrc/) for this GPU; a failed build is shown, then the package is installed
+# without them.
+export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+if [ -n "${INSTALLED:-}" ]; then :  # INSTALLED=1: an earlier run_gpu.sh in the same command installed it
+elif ! python3 -m pip install -v --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1; then
+  grep -E -m 40 "error|Error" "$OUT/install.log"
+  echo "native build failed: installing without the native kernels"
+  TURBO_INDUCTOR_NATIVE=0 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$OUT/install.log" 2>&1 || { tail -30 "$OUT/install.log"; exit 1; }
+fi
+grep -E "turbo_inductor: (native|building)" "$OUT/install.log"
 # torchao (the FP8 peer's columns in the model benchmark), where its wheel was carried along: device tool
 # carry=["wheels"], the wheel from `pip download --no-deps --only-binary=:all: --python-version 3.12 torchao==0.18.0 -d wheels`
 for wheel in wheels/torchao-*.whl; do [ -e "$wheel" ] && python3 -m pip install -q --no-deps "$wheel" >> "$OUT/install.log" 2>&1; done

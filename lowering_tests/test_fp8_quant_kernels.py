@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 
+from conftest import native_on_device
 from turbo_inductor.kernels import registry
 from turbo_inductor.kernels.reference import fp8_quant as reference_fp8
 from turbo_inductor.kernels.triton import fp8_quant as triton_fp8
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim
 
 DEVICE = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 INTERPRETED = interpreting()
-IMPLS = {"reference": reference_fp8, "triton": triton_fp8}
+IMPLS = {"reference": reference_fp8, "triton": triton_fp8, **native_on_device()}
 OCP = [torch.float8_e4m3fn, torch.float8_e5m2]
 FNUZ = [torch.float8_e4m3fnuz, torch.float8_e5m2fnuz]
 # Mantissa bits (torch.finfo(float8_e5m2fnuz).eps says 0.125: wrong, it has two).
@@ -158,8 +159,8 @@ def _check(impl_name, x, fp8_dtype, block_rows, block_cols, transpose, power_of_
     if not power_of_two:
         assert bool((_block_amax64(qx, br, bc) == fmax).all())
 
-    # On a GPU the Triton kernel equals the reference bit for bit.
-    if impl_name == "triton" and not INTERPRETED:
+    # On a GPU the Triton and native kernels equal the reference bit for bit.
+    if impl_name != "reference" and not INTERPRETED:
         q_ref, s_ref = reference_fp8.fp8_quantize(x, fp8_dtype, block_rows, block_cols, transpose,
                                                   power_of_two=power_of_two)
         assert torch.equal(scale, s_ref)
@@ -372,6 +373,19 @@ def test_both_layouts_from_one_pass(impl_name, block, two_pass, request):
     assert torch.equal(qt.view(torch.uint8), q_cols.view(torch.uint8))
     with pytest.raises(ValueError, match="both layouts only with transpose=False"):
         quantize(x, torch.float8_e4m3fn, br, bc, True, both_layouts=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("M,K", [(128, 256), (144, 256), (256, 128)])
+@pytest.mark.parametrize("block", ["tensorwise", "weight_128x128"])
+@pytest.mark.parametrize("impl_name", list(IMPLS))
+def test_both_layouts_at_linear_sizes(impl_name, block, M, K, dtype):
+    """Where Triton 3.6's kernel storing both layouts in one launch wrote a wrong x^T on the H200 (fp32 at every
+    size, bf16 at some): q^T must be q transposed, bit for bit."""
+    br, bc, _ = _block(block, M, K)
+    x = _rand(M, K, dtype, seed=37)
+    q, _, qt = IMPLS[impl_name].fp8_quantize(x, torch.float8_e4m3fn, br, bc, False, both_layouts=True)
+    assert torch.equal(qt.view(torch.uint8), q.t().contiguous().view(torch.uint8))
 
 
 def test_tiling_heuristics():

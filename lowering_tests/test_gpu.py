@@ -1,12 +1,15 @@
 """On the GPU (skipped without CUDA): the kernels at real sizes against float64, Triton against the reference,
 and a Llama-style block compiled with primus_turbo against inductor. Run there with
 ``python -m pytest lowering_tests -q`` (see benchmarks/run_gpu.sh)."""
+import re
+
 import pytest
 import torch
 
 import turbo_inductor
 from compare import assert_matches_inductor
 from conftest import assert_close
+from turbo_inductor.kernels import registry
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
@@ -95,7 +98,10 @@ def test_compiled_fp8_linear_copies_nothing(recipe):
                              options={"fp8": recipe})
     _, codes = run_and_get_code(lambda: compiled(x, w).float().square().sum().backward())
     code = "\n".join(codes)
-    assert "_fp8_tile_kernel" in code
+    launched = sorted(set(re.findall(r"_fp8_\w+_kernel|turbo_inductor\w*\.\w+", code)))
+    quantize = registry.implementations("fp8_quantize")
+    native = quantize["native"].unavailable_reason(torch.device("cuda")) is None
+    assert ("turbo_inductor_native.fp8_quantize" if native else "_fp8_tile_kernel") in launched, launched
     assert "aten.copy_" not in code and "aten.clone" not in code
 
 

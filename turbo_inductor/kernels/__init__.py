@@ -2,6 +2,7 @@
 from . import registry
 from .reference import rmsnorm as _reference_rmsnorm  # noqa: F401
 from .triton import rmsnorm as _triton_rmsnorm  # noqa: F401
+from .native import rmsnorm as _native_rmsnorm  # noqa: F401
 from .reference import glu as _reference_glu  # noqa: F401
 from .triton import glu as _triton_glu  # noqa: F401
 from .reference import fp8_gemm as _reference_fp8_gemm  # noqa: F401
@@ -9,5 +10,6 @@ from .vendor import fp8_gemm as _vendor_fp8_gemm  # noqa: F401
 from .triton import fp8_gemm as _triton_fp8_gemm  # noqa: F401
 from .reference import fp8_quant as _reference_fp8_quant  # noqa: F401
 from .triton import fp8_quant as _triton_fp8_quant  # noqa: F401
+from .native import fp8_quant as _native_fp8_quant  # noqa: F401
 from .reference import gemm_allreduce as _reference_gemm_allreduce  # noqa: F401
 from .collective import gemm_allreduce as _collective_gemm_allreduce  # noqa: F401

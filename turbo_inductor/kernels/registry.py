@@ -1,10 +1,14 @@
 """The kernel dispatcher: which implementation of a kernel runs on which device.
 
 Every kernel (``rmsnorm_fwd``, ``rmsnorm_bwd``, ...) can have several implementations ("triton",
-"native", "reference", ...). Each registers itself here with a priority and an availability test;
-the op layer asks :func:`select` for one per call. A user forces one with the op's ``impl``
-argument (which the backend fills from ``options={"impl": ...}``) or with the environment
-variable ``TURBO_INDUCTOR_IMPL`` (``triton`` for every kernel, or ``rmsnorm_fwd=reference,...``).
+"native", "reference", ...). Each registers itself here with a priority, an availability test per device and,
+where it takes only some arguments, a ``supports`` test per call; the op layer asks :func:`select` for one.
+By default the highest-priority implementation that runs on the device and takes the arguments is used (the
+priorities follow what ``benchmarks/`` measured). A user forces one with the op's ``impl`` argument (which the
+backend fills from ``options={"impl": ...}``) or with the environment variable ``TURBO_INDUCTOR_IMPL``
+(``triton`` for every kernel, or ``rmsnorm_fwd=reference,...``); a forced implementation that cannot run is an
+error, never a silent substitute. ``autotune`` (for every kernel or per kernel) measures every candidate once
+per argument signature (shapes, dtypes, other arguments) and device, and keeps the fastest for the process.
 """
 from __future__ import annotations
 
@@ -13,13 +17,18 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import logging
 import os
+import time
 from typing import Callable
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 IMPL_ENV = "TURBO_INDUCTOR_IMPL"
 AUTO = "auto"
+AUTOTUNE = "autotune"
+log = logging.getLogger("turbo_inductor")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +41,8 @@ class Implementation:
     unavailable_reason: Callable[[torch.device], str | None]
     # device -> whether its work can be traced into a compiled graph (plain torch calls can; see ops/library.py)
     traceable: Callable[[torch.device], bool]
+    # the kernel's arguments -> None when it takes them, else why not; None: it takes every argument
+    supports: Callable[..., str | None] | None = None
 
 
 _IMPLS: dict[str, dict[str, Implementation]] = collections.defaultdict(dict)
@@ -50,14 +61,16 @@ def never(device: torch.device) -> bool:
 
 def implementation(kernel: str, name: str, *, priority: int,
                    unavailable_reason: Callable[[torch.device], str | None],
-                   traceable: Callable[[torch.device], bool] = always):
-    """Decorator: register ``fn`` as implementation ``name`` of ``kernel``."""
+                   traceable: Callable[[torch.device], bool] = always,
+                   supports: Callable[..., str | None] | None = None):
+    """Decorator: register ``fn`` as implementation ``name`` of ``kernel``. ``supports(*args)``: for an
+    implementation that takes only some of the kernel's arguments, None when it takes these, else why not."""
 
     def register(fn: Callable) -> Callable:
         if name in _IMPLS[kernel]:
             raise RuntimeError(f"turbo_inductor: implementation {name!r} of {kernel!r} registered twice")
-        _IMPLS[kernel][name] = Implementation(kernel, name, fn, priority, unavailable_reason, traceable)
-        _select.cache_clear()  # a new implementation can change earlier choices
+        _IMPLS[kernel][name] = Implementation(kernel, name, fn, priority, unavailable_reason, traceable, supports)
+        _candidates.cache_clear()  # a new implementation can change earlier choices
         return fn
 
     return register
@@ -81,10 +94,11 @@ def parse_spec(spec: str) -> list[tuple[str, str]]:
 
 
 def known_names(kernel: str = "") -> set[str]:
-    """Implementation names of ``kernel``, or of any kernel when it is empty."""
+    """What an ``impl`` spec may name for ``kernel`` (or for any kernel when it is empty): its implementations,
+    and ``autotune``."""
     if kernel:
-        return set(implementations(kernel))
-    return {name for impls in _IMPLS.values() for name in impls}
+        return set(implementations(kernel)) | {AUTOTUNE}
+    return {name for impls in _IMPLS.values() for name in impls} | {AUTOTUNE}
 
 
 def _requested_by(spec: str, kernel: str) -> str:
@@ -100,41 +114,163 @@ def available_on(kernel: str, device: torch.device) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _select(kernel: str, device_type: str, impl: str, env: str) -> Implementation:
+def _candidates(kernel: str, device_type: str, impl: str, env: str) -> tuple[str, tuple[Implementation, ...]]:
+    """``(how, candidates)``: how ("forced", "auto" or "autotune") the call picks among the candidates, which are
+    the implementations that run on the device, best first."""
     impls = implementations(kernel)
     device = torch.device(device_type)
     requested = _requested_by(impl, kernel)
     if requested == AUTO:
         requested = _requested_by(env, kernel)
-    if requested != AUTO:
+    if requested not in (AUTO, AUTOTUNE):
         if requested not in impls:
             raise ValueError(
                 f"turbo_inductor: {kernel} has no implementation {requested!r} "
-                f"(choose from {sorted(impls)} or 'auto')")
+                f"(choose from {sorted(impls)}, 'auto' or 'autotune')")
         reason = impls[requested].unavailable_reason(device)
         if reason is not None:
             raise RuntimeError(
                 f"turbo_inductor: implementation {requested!r} of {kernel} cannot run on {device_type}: {reason}")
-        return impls[requested]
-    usable = [i for i in impls.values() if i.unavailable_reason(device) is None]
+        return "forced", (impls[requested],)
+    usable = sorted((i for i in impls.values() if i.unavailable_reason(device) is None),
+                    key=lambda i: i.priority, reverse=True)
     if not usable:
         reasons = "; ".join(f"{i.name}: {i.unavailable_reason(device)}" for i in impls.values())
         raise RuntimeError(f"turbo_inductor: no implementation of {kernel} runs on {device_type} ({reasons})")
-    return max(usable, key=lambda i: i.priority)
+    if requested == AUTO:  # only those up to the first that takes every argument can ever be chosen
+        first_total = next((n for n, i in enumerate(usable) if i.supports is None), len(usable) - 1)
+        usable = usable[:first_total + 1]
+    return ("auto" if requested == AUTO else "autotune"), tuple(usable)
+
+
+def _resolve(kernel: str, device: torch.device, impl: str) -> tuple[str, tuple[Implementation, ...]]:
+    return _candidates(kernel, device.type, impl, os.environ.get(IMPL_ENV, ""))
 
 
 def select(kernel: str, device: torch.device, impl: str = AUTO) -> Callable:
-    """The function implementing ``kernel`` on ``device``: the one ``impl`` names ("name" or
-    "kernel=name,..."), else the one ``TURBO_INDUCTOR_IMPL`` names, else the highest-priority available one.
-    Counts the call (see :func:`kernel_calls`). Resolved once per (kernel, device type, impl, environment)."""
-    chosen = _select(kernel, device.type, impl, os.environ.get(IMPL_ENV, ""))
-    _CALLS[(kernel, chosen.name)] += 1
-    return chosen.fn
+    """The function implementing ``kernel`` on ``device``: the one ``impl`` names ("name" or "kernel=name,..."),
+    else the one ``TURBO_INDUCTOR_IMPL`` names, else the best available one that takes the call's arguments, or
+    with ``autotune`` the fastest measured. Counts the calls (see :func:`kernel_calls`). The candidates are
+    resolved once per (kernel, device type, impl, environment)."""
+    how, candidates = _resolve(kernel, device, impl)
+    if how == "autotune":
+        return functools.partial(_call_autotuned, kernel, candidates)
+    if candidates[0].supports is None:
+        _CALLS[(kernel, candidates[0].name)] += 1
+        return candidates[0].fn
+    return functools.partial(_call_first_supporting, kernel, candidates, how == "forced")
+
+
+def _call_first_supporting(kernel: str, candidates: tuple[Implementation, ...], forced: bool, *args, **kwargs):
+    for candidate in candidates:
+        reason = candidate.supports(*args, **kwargs) if candidate.supports is not None else None
+        if reason is None:
+            _CALLS[(kernel, candidate.name)] += 1
+            return candidate.fn(*args, **kwargs)
+        if forced:
+            raise ValueError(f"turbo_inductor: implementation {candidate.name!r} of {kernel} cannot take these "
+                             f"arguments: {reason}")
+    raise AssertionError("unreachable: the last auto candidate takes every argument")
 
 
 def traceable(kernel: str, device: torch.device, impl: str = AUTO) -> bool:
-    """Whether the implementation :func:`select` would pick can be traced into a compiled graph."""
-    return _select(kernel, device.type, impl, os.environ.get(IMPL_ENV, "")).traceable(device)
+    """Whether the implementation :func:`select` prefers can be traced into a compiled graph (with autotune:
+    every candidate). The arguments are not known here: where the preferred one declines them, the next one is
+    traced in its place (the emulated FP8 GEMM behind torch._scaled_mm's granularities, say)."""
+    how, candidates = _resolve(kernel, device, impl)
+    return all(c.traceable(device) for c in (candidates if how == "autotune" else candidates[:1]))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Autotuning: each candidate that takes the arguments is timed on arguments like the call's, once per signature.
+# --------------------------------------------------------------------------------------------------------------
+_WINNERS: dict[tuple, Implementation] = {}
+AUTOTUNE_SECONDS = 0.01  # measured time per candidate, after one warm-up call (which also compiles Triton kernels)
+
+
+def _size(n) -> int:
+    """A size as a number: a symbolic size (tracing with dynamic shapes) by the value it was traced with."""
+    if isinstance(n, torch.SymInt):
+        hint = n.node.hint
+        return int(hint) if hint is not None else 4096  # unbacked: no example value; a typical size
+    return int(n)
+
+
+def _signature(device: torch.device, args: tuple, kwargs: dict) -> tuple:
+    return (str(device),) + tuple(
+        (tuple(_size(n) for n in a.shape), a.dtype) if isinstance(a, torch.Tensor) else a
+        for a in args + tuple(sorted(kwargs.items())))
+
+
+def _real_arguments(args) -> tuple:
+    """``args`` where every tensor is real, for timing: tensors being traced (fake or functional) are replaced
+    by random ones of the same size, dtype and device (contiguous)."""
+    if all(type(a) in (torch.Tensor, torch.nn.Parameter) for a in args if isinstance(a, torch.Tensor)):
+        return tuple(args)
+
+    def real(a):
+        if not isinstance(a, torch.Tensor):
+            return a
+        shape = [_size(n) for n in a.shape]
+        if a.dtype.is_floating_point:
+            return torch.randn(shape, device=a.device).to(a.dtype)
+        return torch.randint(0, 2, shape, device=a.device).to(a.dtype)
+
+    return tuple(real(a) for a in args)
+
+
+def _seconds_per_call(fn: Callable, args: tuple, kwargs: dict, device: torch.device) -> float:
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    fn(*args, **kwargs)  # warm-up: compiles and caches what the first call needs
+    sync()
+    calls, start = 0, time.perf_counter()
+    while calls == 0 or time.perf_counter() - start < AUTOTUNE_SECONDS:
+        fn(*args, **kwargs)
+        calls += 1
+        if device.type == "cuda":  # a few launches between synchronizations keep the queue busy
+            if calls % 8 == 0:
+                sync()
+    sync()
+    return (time.perf_counter() - start) / calls
+
+
+def _call_autotuned(kernel: str, candidates: tuple[Implementation, ...], *args, **kwargs):
+    device = next(a.device for a in args if isinstance(a, torch.Tensor))
+    key = (kernel,) + _signature(device, args, kwargs)
+    winner = _WINNERS.get(key)
+    if winner is None:
+        taking = [c for c in candidates if c.supports is None or c.supports(*args, **kwargs) is None]
+        if not taking:
+            raise ValueError(f"turbo_inductor: no implementation of {kernel} takes these arguments")
+        times = {}
+        token = _TRACING.set(False)  # measured as eager launches, even while the call itself is traced
+        try:
+            # Outside the fake, functional and proxy modes of a trace: the measurement runs real kernels.
+            with torch.no_grad(), _disable_current_modes():
+                real = _real_arguments(args)
+                for candidate in taking:
+                    try:
+                        times[candidate.name] = _seconds_per_call(candidate.fn, real, kwargs, device)
+                    except Exception as error:  # a candidate that fails here is not chosen; the others still run
+                        log.warning("turbo_inductor: autotune %s: %s failed (%s)", kernel, candidate.name, error)
+        finally:
+            _TRACING.reset(token)
+        if not times:
+            raise RuntimeError(f"turbo_inductor: autotune {kernel}: every candidate failed; see the warnings")
+        winner = next(c for c in taking if c.name == min(times, key=times.get))
+        _WINNERS[key] = winner
+        log.info("turbo_inductor: autotune %s %s -> %s (%s)", kernel, key[1:], winner.name,
+                 ", ".join(f"{name} {t * 1e6:.1f} us" for name, t in times.items()))
+    _CALLS[(kernel, winner.name)] += 1
+    return winner.fn(*args, **kwargs)
+
+
+def autotuned() -> dict[tuple, str]:
+    """The winners autotuning chose so far: (kernel, device, argument signature...) -> implementation name."""
+    return {key: impl.name for key, impl in _WINNERS.items()}
 
 
 _TRACING = contextvars.ContextVar("turbo_inductor_tracing", default=False)

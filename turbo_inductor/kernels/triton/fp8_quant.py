@@ -303,14 +303,20 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
     qt_bits = qt.view(torch.uint8) if write_qt else x
     constexprs = dict(
         FORMAT=fp8_format, FMAX=float(torch.finfo(fp8_dtype).max), POW2=bool(power_of_two),
-        WRITE_Q=write_q, WRITE_QT=write_qt, FIX_NAN=interpreting(), NAN_BITS=_NAN_BITS[fp8_dtype],
+        FIX_NAN=interpreting(), NAN_BITS=_NAN_BITS[fp8_dtype],
         GR=tiling.group_rows, SR=tiling.sub_rows, GC=tiling.group_cols, SC=tiling.sub_cols,
         num_warps=tiling.num_warps)
+    # Each layout is written by a launch of its own: compiled for the H200 by Triton 3.6, the kernel storing both
+    # wrote a wrong x^T layout (fp32 inputs at every size, bf16 at some), while each store alone is exact. Writing
+    # both layouts then reads x twice; the native kernels write both from one read.
+    writes = [dict(WRITE_Q=True, WRITE_QT=False), dict(WRITE_Q=False, WRITE_QT=True)] if both_layouts else [
+        dict(WRITE_Q=write_q, WRITE_QT=write_qt)]
     with on_device(x.device):
         if tiling.fused:
-            launch(_fp8_tile_kernel)[grid](
-                x, q_bits, qt_bits, scale, scale, M, K, x.stride(0), x.stride(1), br, bc, n_bc, 1, n_tile_cols,
-                MODE=MODE_FUSED, ROW_TILES=1, **constexprs)
+            for write in writes:
+                launch(_fp8_tile_kernel)[grid](
+                    x, q_bits, qt_bits, scale, scale, M, K, x.stride(0), x.stride(1), br, bc, n_bc, 1, n_tile_cols,
+                    MODE=MODE_FUSED, ROW_TILES=1, **write, **constexprs)
             return outputs
         n_tile_rows = triton.cdiv(M, tiling.tile_rows)
         row_tiles = 1
@@ -321,7 +327,7 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
         partial = torch.empty((n_partial_rows, n_partial_cols), dtype=torch.float32, device=x.device)
         launch(_fp8_tile_kernel)[(triton.cdiv(n_tile_rows, row_tiles) * n_tile_cols,)](
             x, q_bits, qt_bits, scale, partial, M, K, x.stride(0), x.stride(1), br, bc, n_bc, n_partial_cols,
-            n_tile_cols, MODE=MODE_AMAX, ROW_TILES=row_tiles, **constexprs)
+            n_tile_cols, MODE=MODE_AMAX, ROW_TILES=row_tiles, **writes[0], **constexprs)
         # Sub-tiles per block (all of them along a dim that one block spans).
         rows_per_block = n_partial_rows if n_br == 1 else br // tiling.sub_rows
         cols_per_block = n_partial_cols if n_bc == 1 else bc // tiling.sub_cols
@@ -339,9 +345,10 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
             partial, scale, n_partial_rows, n_partial_cols, rows_per_block, cols_per_block, n_bc, n_program_cols,
             FMAX=constexprs["FMAX"], POW2=constexprs["POW2"], BLOCK_R=reduce_r, BLOCK_C=reduce_c,
             SIDE_BY_SIDE=side_by_side, num_warps=num_warps_for(reduce_r * reduce_c))
-        launch(_fp8_tile_kernel)[grid](
-            x, q_bits, qt_bits, scale, partial, M, K, x.stride(0), x.stride(1), br, bc, n_bc, n_partial_cols,
-            n_tile_cols, MODE=MODE_CAST, ROW_TILES=1, **constexprs)
+        for write in writes:
+            launch(_fp8_tile_kernel)[grid](
+                x, q_bits, qt_bits, scale, partial, M, K, x.stride(0), x.stride(1), br, bc, n_bc, n_partial_cols,
+                n_tile_cols, MODE=MODE_CAST, ROW_TILES=1, **write, **constexprs)
     return outputs
 
 

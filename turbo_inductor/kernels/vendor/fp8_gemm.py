@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..reference import fp8_gemm as reference
 from ..registry import implementation
 from . import unavailable_reason
 
@@ -16,13 +15,24 @@ from . import unavailable_reason
 ALIGN = 16
 
 
-@implementation("fp8_gemm", "vendor", priority=30, unavailable_reason=unavailable_reason)
+def _tensorwise(a_scale, b_scale) -> bool:
+    return a_scale.numel() == 1 and b_scale.numel() == 1
+
+
+def supports(a, a_scale, b, b_scale, out_dtype) -> str | None:
+    m, n = a.shape[0], b.shape[0]
+    if not (_tensorwise(a_scale, b_scale) or (a_scale.shape == (m, 1) and b_scale.shape == (n, 1))):
+        return "torch._scaled_mm takes tensorwise and rowwise scales only"
+    if a.shape[1] % ALIGN or n % ALIGN:
+        return f"torch._scaled_mm needs K and N multiples of {ALIGN}"
+    return None
+
+
+@implementation("fp8_gemm", "vendor", priority=30, unavailable_reason=unavailable_reason, supports=supports)
 def fp8_gemm(a, a_scale, b, b_scale, out_dtype):
     m, n = a.shape[0], b.shape[0]
-    tensorwise = a_scale.numel() == 1 and b_scale.numel() == 1
-    rowwise = a_scale.shape == (m, 1) and b_scale.shape == (n, 1)
-    if not (tensorwise or rowwise) or a.shape[1] % ALIGN or n % ALIGN:
-        return reference.fp8_gemm(a, a_scale, b, b_scale, out_dtype)
+    tensorwise = _tensorwise(a_scale, b_scale)
+    rowwise = not tensorwise
     pad = -m % ALIGN
     if pad:
         a = F.pad(a.view(torch.uint8), (0, 0, 0, pad)).view(a.dtype)

@@ -1,0 +1,57 @@
+// The turbo_inductor_native operator library: schemas and Meta (shape-only) kernels, shared by every backend.
+// The CUDA kernels register themselves beside their code (rmsnorm.cu, fp8_quant.cu). Python reaches these ops only
+// through turbo_inductor/kernels/native (the dispatcher), never from model code.
+#include <torch/extension.h>
+#include <torch/library.h>
+
+namespace {
+
+using at::Tensor;
+
+std::tuple<Tensor, Tensor, Tensor> rmsnorm_fwd_meta(const Tensor& x, const std::optional<Tensor>& weight,
+                                                    const std::optional<Tensor>& residual, double eps) {
+  Tensor y = at::empty_symint(x.sym_sizes(), x.options());
+  Tensor sum_out = residual.has_value() ? at::empty_symint(x.sym_sizes(), x.options()) : at::empty({0}, x.options());
+  Tensor rstd = at::empty_symint({x.sym_size(0)}, x.options().dtype(at::kFloat));
+  return {y, sum_out, rstd};
+}
+
+std::tuple<Tensor, Tensor> rmsnorm_bwd_meta(const Tensor& dy, const Tensor& x, const std::optional<Tensor>& weight,
+                                            const Tensor& rstd, const std::optional<Tensor>& dresidual) {
+  Tensor dx = at::empty_symint(x.sym_sizes(), x.options());
+  Tensor dw = weight.has_value() ? at::empty_symint(weight->sym_sizes(), weight->options())
+                                 : at::empty({0}, x.options());
+  return {dx, dw};
+}
+
+std::tuple<Tensor, Tensor, Tensor> fp8_quantize_meta(const Tensor& x, at::ScalarType fp8_dtype, int64_t block_rows,
+                                                     int64_t block_cols, bool transpose, bool power_of_two,
+                                                     bool both_layouts) {
+  const c10::SymInt rows = x.sym_size(0), cols = x.sym_size(1);
+  const auto fp8_options = x.options().dtype(fp8_dtype);
+  Tensor q = transpose ? at::empty_symint({cols, rows}, fp8_options) : at::empty_symint({rows, cols}, fp8_options);
+  Tensor scale = at::empty_symint({(rows + block_rows - 1) / block_rows, (cols + block_cols - 1) / block_cols},
+                                  x.options().dtype(at::kFloat));
+  Tensor qt = both_layouts ? at::empty_symint({cols, rows}, fp8_options) : at::empty({0}, fp8_options);
+  return {q, scale, qt};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(turbo_inductor_native, m) {
+  // Optional outputs are empty tensors: rmsnorm_fwd's sum without a residual, rmsnorm_bwd's dw without a weight,
+  // fp8_quantize's x^T layout unless both_layouts.
+  m.def("rmsnorm_fwd(Tensor x, Tensor? weight, Tensor? residual, float eps) -> (Tensor, Tensor, Tensor)");
+  m.def("rmsnorm_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor rstd, Tensor? dresidual) -> (Tensor, Tensor)");
+  m.def("fp8_quantize(Tensor x, ScalarType fp8_dtype, int block_rows, int block_cols, bool transpose, "
+        "bool power_of_two, bool both_layouts) -> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(turbo_inductor_native, Meta, m) {
+  m.impl("rmsnorm_fwd", &rmsnorm_fwd_meta);
+  m.impl("rmsnorm_bwd", &rmsnorm_bwd_meta);
+  m.impl("fp8_quantize", &fp8_quantize_meta);
+}
+
+// Importing the module (turbo_inductor._native) loads the library, which registers the ops above.
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {}

@@ -1,0 +1,47 @@
+"""Native implementations: the CUDA/HIP kernels of ``csrc/``, which ``setup.py`` builds into
+``turbo_inductor._native`` where torch has CUDA or ROCm and a toolkit. Loading that module registers the
+``turbo_inductor_native`` operators (CUDA kernels and Meta shapes); these modules reach them through the dispatcher.
+Where the extension was not built, these implementations say so and the dispatcher passes over them."""
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+
+import torch
+
+log = logging.getLogger("turbo_inductor")
+
+
+@functools.lru_cache(maxsize=None)
+def load_error() -> str | None:
+    """None once the extension is loaded, else why it cannot be."""
+    try:
+        importlib.import_module("turbo_inductor._native")
+    except ImportError as error:
+        return f"the native extension is not built ({error}); the README says how to build it"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _say_once(reason: str) -> None:
+    log.warning("turbo_inductor: %s: the Triton kernels stand in for the native ones", reason)
+
+
+def unavailable_reason(device: torch.device) -> str | None:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return "the native kernels run on GPUs only"
+    reason = load_error()
+    if reason is not None:
+        _say_once(reason)
+    return reason
+
+
+def ops():
+    """The ``turbo_inductor_native`` operators (the extension must be loaded: ``unavailable_reason`` is None)."""
+    return torch.ops.turbo_inductor_native
+
+
+def fp8_fnuz(device: torch.device) -> bool:
+    """Whether the GPU's FP8 encoding is the fnuz one (gfx942, MI300), as the native kernels are compiled for it."""
+    return torch.version.hip is not None and "gfx942" in torch.cuda.get_device_properties(device).gcnArchName

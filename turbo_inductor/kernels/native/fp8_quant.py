@@ -1,0 +1,40 @@
+"""FP8 quantization through the native kernels (``csrc/fp8_quant.cu``): blocks of the whole tensor, of rows or of
+columns (tensorwise, rowwise and transposed-rowwise operands); other blocks go to the next implementation.
+Semantics: ``..reference.fp8_quant``."""
+from __future__ import annotations
+
+import torch
+
+from ..reference.fp8_quant import check_args
+from ..registry import implementation
+from . import fp8_fnuz, ops, unavailable_reason
+
+# Above Triton's (20): on the H200 they tie on tensorwise blocks and the native kernels are twice as fast on column
+# blocks (benchmarks/README.md); other blocks go to Triton.
+PRIORITY = 30
+FNUZ = (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+
+
+def supports(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool,
+             power_of_two: bool = False, both_layouts: bool = False) -> str | None:
+    if x.dim() != 2 or block_rows < 1 or block_cols < 1:
+        return None  # invalid for every implementation: the call raises the error that names it
+    M, K = x.shape
+    br, bc = min(block_rows, M), min(block_cols, K)
+    if not ((br == M and bc == K) or (br == 1 and bc == K) or (br == M and bc == 1)):
+        return f"blocks of the whole tensor, of rows or of columns only, got {block_rows} x {block_cols}"
+    if not x.is_contiguous():
+        return "contiguous input only"
+    if (fp8_dtype in FNUZ) != fp8_fnuz(x.device):
+        return f"{fp8_dtype} is not this GPU's FP8 encoding"
+    return None
+
+
+@implementation("fp8_quantize", "native", priority=PRIORITY, unavailable_reason=unavailable_reason,
+                supports=supports)
+def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool,
+                 power_of_two: bool = False, both_layouts: bool = False):
+    """``(q, scale)``, or ``(q, scale, q^T)`` with ``both_layouts``; see ``..reference.fp8_quant.fp8_quantize``."""
+    check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts)
+    q, scale, q_t = ops().fp8_quantize(x, fp8_dtype, block_rows, block_cols, transpose, power_of_two, both_layouts)
+    return (q, scale, q_t) if both_layouts else (q, scale)

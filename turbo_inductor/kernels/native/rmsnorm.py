@@ -1,0 +1,48 @@
+"""RMSNorm through the native kernels (``csrc/rmsnorm.cu``); semantics: ``..reference.rmsnorm``."""
+from __future__ import annotations
+
+import torch
+
+from ..registry import implementation
+from . import ops, unavailable_reason
+
+# A row lives in registers between the kernels' passes over it: at most 32 KiB (16384 bf16, 8192 fp32 elements).
+MAX_ROW_BYTES = 32768
+# Below Triton's (20): on the H200 the forward ties and the backward is slower (benchmarks/README.md).
+PRIORITY = 10
+
+
+def _contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
+    return t.contiguous() if t is not None else None
+
+
+def _supports(x: torch.Tensor, weight: torch.Tensor | None) -> str | None:
+    if x.shape[-1] * x.element_size() > MAX_ROW_BYTES:
+        return f"rows of at most {MAX_ROW_BYTES} bytes, got {x.shape[-1]} x {x.element_size()}"
+    if weight is not None and weight.dtype not in (x.dtype, torch.float32):
+        return f"a weight of x's dtype or float32, got {weight.dtype} for {x.dtype}"
+    return None
+
+
+def supports_fwd(x, weight, residual, eps) -> str | None:
+    return _supports(x, weight)
+
+
+def supports_bwd(dy, x, weight, rstd, dresidual) -> str | None:
+    return _supports(x, weight)
+
+
+@implementation("rmsnorm_fwd", "native", priority=PRIORITY, unavailable_reason=unavailable_reason,
+                supports=supports_fwd)
+def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float):
+    y, s_out, rstd = ops().rmsnorm_fwd(x.contiguous(), _contiguous(weight), _contiguous(residual), eps)
+    return y, (s_out if residual is not None else None), rstd
+
+
+@implementation("rmsnorm_bwd", "native", priority=PRIORITY, unavailable_reason=unavailable_reason,
+                supports=supports_bwd)
+def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,
+                dresidual: torch.Tensor | None):
+    dx, dw = ops().rmsnorm_bwd(dy.contiguous(), x.contiguous(), _contiguous(weight), rstd.contiguous(),
+                               _contiguous(dresidual))
+    return dx, (dw if weight is not None else None)
