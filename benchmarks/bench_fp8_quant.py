@@ -1,7 +1,8 @@
 """FP8 quantization (tensorwise and rowwise, row-major and transposed) of the operands a Llama-3-8B layer's FP8
-linears quantize (batch 2 x seq 4096), on the GPU: our Triton kernels under a few launch heuristics next to
-Inductor's compilation of the reference implementation, in one run. TB/s counts reading x (2 bytes per element)
-and writing q (1 byte); a two-pass quantization reads x twice and cannot reach it.
+linears quantize (batch 2 x seq 4096), on the GPU: the reference implementation eager and compiled by Inductor, our
+Triton kernels (under launch-heuristic variants on request) and the native kernels where built, in one run. TB/s
+counts reading x (2 bytes per element) and writing q (1 byte); a two-pass quantization reads x twice and cannot
+reach it.
 python benchmarks/bench_fp8_quant.py [--heuristics default,...]"""
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def main():
                 blocks = (M, 1) if transpose and recipe == "rowwise" else (br, bc)
                 mode = f"{recipe}{' transposed' if transpose else ''}"
                 args_ = (x, torch.float8_e4m3fn, *blocks, transpose)
-                variants = [("inductor", {}, compiled_reference)]
+                variants = [("eager", {}, reference.fp8_quantize), ("inductor", {}, compiled_reference)]
                 variants += [(name, HEURISTICS[name], triton_fp8.fp8_quantize) for name in args.heuristics.split(",")]
                 variants += [("native", {}, registry.implementations("fp8_quantize")["native"].fn)
                              for _ in available_impls("fp8_quantize", ("native",))]

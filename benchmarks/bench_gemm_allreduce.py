@@ -64,7 +64,9 @@ def main():
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
         variants = {"mm then all-reduce": sequential,
                     "inductor": torch.compile(row_parallel, backend="inductor"),
-                    "primus_turbo": torch.compile(row_parallel, backend="primus_turbo")}
+                    "primus_turbo": torch.compile(row_parallel, backend="primus_turbo"),
+                    "primus_turbo impl=overlap": torch.compile(row_parallel, backend="primus_turbo",
+                                                               options={"impl": "overlap"})}
         for name, fn in variants.items():
             with torch.no_grad():
                 ms = time_ms(lambda: fn(x, w))

@@ -271,7 +271,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_quantize(const at::Tensor& x,
         const scalar_t* x_ptr = x.data_ptr<scalar_t>();
         if (blocks == Blocks::kRow) {
           // Rows are reduced and (in x's layout) written by one kernel; x^T's layout takes the cast kernel.
-          fp8_row_kernel<scalar_t, V, KIND><<<static_cast<unsigned>(rows), row_threads(cols / V, kRowItems), 0, stream>>>(
+          const int threads = row_threads(cols / V, kRowItems);
+          fp8_row_kernel<scalar_t, V, KIND><<<static_cast<unsigned>(rows), threads, 0, stream>>>(
               x_ptr, q_ptr, scale.data_ptr<float>(), recip.data_ptr<float>(), static_cast<int>(cols), format.fmax,
               power_of_two);
           check_launch("fp8_row_kernel");

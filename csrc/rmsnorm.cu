@@ -15,9 +15,9 @@ constexpr int kItems = V == 1 ? 16 : 2;
 
 // Rows take up to 1024 threads: the register budget must allow that many (64 registers each).
 template <typename T, typename W, int V>
-__global__ void __launch_bounds__(1024) rmsnorm_fwd_kernel(const T* __restrict__ x, const W* __restrict__ weight,
-                                   const T* __restrict__ residual, T* __restrict__ y, T* __restrict__ sum_out,
-                                   float* __restrict__ rstd, int H, float eps) {
+__global__ void __launch_bounds__(1024)
+    rmsnorm_fwd_kernel(const T* __restrict__ x, const W* __restrict__ weight, const T* __restrict__ residual,
+                       T* __restrict__ y, T* __restrict__ sum_out, float* __restrict__ rstd, int H, float eps) {
   constexpr int kN = kItems<V>;
   __shared__ float shared[kMaxWarps];
   const int n_vec = H / V;
@@ -64,9 +64,10 @@ __global__ void __launch_bounds__(1024) rmsnorm_fwd_kernel(const T* __restrict__
 }
 
 template <typename T, typename W, int V>
-__global__ void __launch_bounds__(1024) rmsnorm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ weight,
-                                   const float* __restrict__ rstd, const T* __restrict__ dresidual,
-                                   T* __restrict__ dx, float* __restrict__ dw_partial, int64_t n_rows, int H) {
+__global__ void __launch_bounds__(1024)
+    rmsnorm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ weight,
+                       const float* __restrict__ rstd, const T* __restrict__ dresidual, T* __restrict__ dx,
+                       float* __restrict__ dw_partial, int64_t n_rows, int H) {
   constexpr int kN = kItems<V>;
   __shared__ float shared[kMaxWarps];
   const int n_vec = H / V;

@@ -1,7 +1,10 @@
 """GEMM + all-reduce: the rewrite of both spellings Dynamo gives, the op forward and backward against the unfused
 computation, overlap chunking, and ranks that disagree on shapes. Two real processes on gloo (CPU); the graph-level
 tests use one process in a fake process group of two."""
+import os
+import re
 import socket
+import sys
 
 import pytest
 import torch
@@ -33,10 +36,10 @@ class RowParallel(nn.Module):
         return torch.relu(y) * 2
 
 
-def _run(model, x, backend):
+def _run(model, x, backend, options=None):
     torch._dynamo.reset()
     x = x.detach().clone().requires_grad_()
-    out = torch.compile(model, backend=backend)(x)
+    out = torch.compile(model, backend=backend, options=options)(x)
     out.backward(torch.ones_like(out))
     return out.detach(), x.grad, [p.grad.clone() for p in model.parameters()]
 
@@ -105,6 +108,25 @@ def test_near_misses_are_left_alone(fake_group, variant):
     torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("impl, chunks", [("auto", 1), ("overlap", 4)])
+def test_traced_into_the_graph_as_functional_collectives(fake_group, impl, chunks, monkeypatch):
+    """The op's body is traced: the compiled code issues the functional all-reduces itself (one per chunk, in
+    forward and backward) and never calls back into a turbo_inductor op, so no host work is added per call."""
+    from torch._inductor.utils import run_and_get_code
+
+    monkeypatch.setattr(overlap, "CHUNK_MIN_ROWS", 2)
+    monkeypatch.setattr(overlap, "CHUNK_MIN_BYTES", 0)
+    model = RowParallel("funcol", fake_group)
+    x = torch.randn(4, 5, 32, requires_grad=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="primus_turbo", options={"impl": impl})
+    _, codes = run_and_get_code(lambda: compiled(x).sum().backward())
+    assert turbo_inductor.rewrite_counts()["gemm_allreduce"] == 1
+    for code in codes:
+        assert "turbo_inductor" not in code
+        assert len(re.findall(r"_c10d_functional\.all_reduce_?\.default\(", code)) == chunks, code
+
+
 def test_opcheck(fake_group):
     x, w, b = torch.randn(6, 32), torch.randn(24, 32), torch.randn(24)
     torch.library.opcheck(torch.ops.turbo_inductor.gemm_allreduce, (x, w, b, fake_group.group_name, "auto"))
@@ -141,7 +163,17 @@ def _free_port() -> int:
 
 def _spawn(worker, *args):
     port = _free_port()
-    mp.spawn(worker, args=(port, *args), nprocs=WORLD, join=True)
+    mp.spawn(_run_then_exit, args=(worker, port, *args), nprocs=WORLD, join=True)
+
+
+def _run_then_exit(rank, worker, port, *args):
+    """``worker`` on this rank, then an immediate exit: about one run in ten, a background thread of the
+    distributed / compile stack still ran at interpreter shutdown and the process aborted ("terminate called without
+    an active exception") after the test had passed. A failure still raises (and is reported) before this."""
+    worker(rank, port, *args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _init(rank: int, port: int):
@@ -160,7 +192,7 @@ def _init(rank: int, port: int):
 def _compiled_matches_unfused(rank, port, spelling, chunked):
     group, device = _init(rank, port)
     try:
-        if chunked:  # small thresholds: the overlap path on small tensors
+        if chunked:  # small thresholds: the overlap path (opt-in) on small tensors
             overlap.CHUNK_MIN_ROWS, overlap.CHUNK_MIN_BYTES = 2, 0
         torch.manual_seed(0)  # the same weights on both ranks
         model = RowParallel(spelling, group).to(device)
@@ -169,7 +201,7 @@ def _compiled_matches_unfused(rank, port, spelling, chunked):
         want = _run(model, x, "inductor")
         model.zero_grad(set_to_none=True)
         turbo_inductor.reset_records()
-        got = _run(model, x, "primus_turbo")
+        got = _run(model, x, "primus_turbo", {"impl": "overlap" if chunked else "auto"})
         assert turbo_inductor.rewrite_counts()["gemm_allreduce"] == 1
         for g, w in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
@@ -197,6 +229,25 @@ def _disagreeing_shapes(rank, port):
 
 def test_ranks_that_disagree_on_shapes_all_get_an_error_not_a_hang():
     _spawn(_disagreeing_shapes)
+
+
+def _disagreeing_shapes_compiled(rank, port):
+    os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    dist.set_debug_level_from_env()
+    group, device = _init(rank, port)
+    try:
+        model = RowParallel("funcol", group).to(device)
+        x = torch.randn(4 + 2 * rank, 32, device=device)  # rank 1 has two more rows
+        with pytest.raises(RuntimeError, match="Detected mismatch between collectives"):
+            torch.compile(model, backend="primus_turbo")(x)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_compiled_ranks_that_disagree_get_an_error_from_c10d_debug_checks():
+    """Compiled code does not check shapes per call (a host round trip); TORCH_DISTRIBUTED_DEBUG=DETAIL, as the
+    README says, turns a mismatch into an error on every rank instead of a hang."""
+    _spawn(_disagreeing_shapes_compiled)
 
 
 class TensorParallelBlock(nn.Module):

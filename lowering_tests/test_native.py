@@ -201,6 +201,8 @@ def test_native_agrees_with_triton_at_real_sizes(rows, H, dtype):
     torch.testing.assert_close(nat[0], tri[0], rtol=tol, atol=tol)
     torch.testing.assert_close(nat[2], tri[2], rtol=1e-5, atol=1e-6)
     nat_b = registry.implementations("rmsnorm_bwd")["native"].fn(dy, nat[1], w, nat[2], r)
+    again = registry.implementations("rmsnorm_bwd")["native"].fn(dy, nat[1], w, nat[2], r)
+    assert torch.equal(nat_b[0], again[0]) and torch.equal(nat_b[1], again[1])  # deterministic, dw included
     tri_b = triton_rmsnorm.rmsnorm_bwd(dy, nat[1], w, nat[2], r)
     torch.testing.assert_close(nat_b[0], tri_b[0], rtol=tol, atol=tol)
     torch.testing.assert_close(nat_b[1].float(), tri_b[1].float(), rtol=tol, atol=tol * rows ** 0.5)

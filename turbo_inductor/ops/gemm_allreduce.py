@@ -1,5 +1,6 @@
 """GEMM + all-reduce: ``y = sum over the ranks of a process group of F.linear(x, weight, bias)``, the end of a
-tensor-parallel row-parallel linear, with the reduction overlapped with the GEMM (``kernels/collective``).
+tensor-parallel row-parallel linear, in functional collectives traced into the compiled graph
+(``kernels/reference``; chunked to overlap the reduction with the GEMM: ``kernels/collective``, opt-in).
 
 Ops in ``torch.ops.turbo_inductor``:
   gemm_allreduce(x, weight, bias, group_name, impl) -> y                     custom op; backward: gemm_allreduce_bwd
@@ -7,9 +8,9 @@ Ops in ``torch.ops.turbo_inductor``:
 
 The backward is torch's for the unfused graph: the all-reduce's gradient is the all-reduce of the gradient
 (``_c10d_functional.all_reduce``'s registered autograd), then the linear's. ``group_name`` is the process group's
-name as functional collectives carry it (``ProcessGroup.group_name``). Before reducing, the ranks check that they
-agree on the shapes (one small all-reduce): a rank whose shapes differ gets an error naming them, on every rank,
-instead of a collective that hangs or mixes mismatched buffers.
+name as functional collectives carry it (``ProcessGroup.group_name``). Called eagerly, the ranks first check that
+they agree on the shapes (one small all-reduce): a rank whose shapes differ gets an error naming them, on every
+rank, instead of a collective that hangs or mixes mismatched buffers.
 """
 from __future__ import annotations
 
@@ -46,14 +47,24 @@ def check_ranks_agree(op: str, group, sizes: list[int], device: torch.device) ->
         f"has {sizes}, the group ranges from {smallest} to {largest} (every rank must call it with the same shapes)"))
 
 
+def _checked_group(op: str, group_name: str, sizes: list, device: torch.device) -> None:
+    """The group exists, and (in an eager call) its ranks agree on the sizes. Not while the op is traced into a
+    compiled graph: the check is a collective whose result the host must read on every call, and a check at
+    compile time would itself hang where one rank's compile hits a cache and another's does not. Compiled code
+    with mismatched ranks behaves as Inductor's own graph does; TORCH_DISTRIBUTED_DEBUG=DETAIL makes c10d compare
+    every collective's shapes across the ranks and raise instead."""
+    group = process_group(op, group_name)
+    if not registry.is_tracing():
+        check_ranks_agree(op, group, [int(s) for s in sizes], device)
+
+
 @kernel_op("gemm_allreduce", (FWD_KERNEL,))
 def gemm_allreduce(x: Tensor, weight: Tensor, bias: Optional[Tensor], group_name: str,
                    impl: str = "auto") -> Tensor:
     check_linear("gemm_allreduce", x, weight, bias)
-    group = process_group("gemm_allreduce", group_name)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
-    check_ranks_agree("gemm_allreduce", group, [x2.shape[0], weight.shape[0], x2.shape[1]], x.device)
-    out = registry.select(FWD_KERNEL, x.device, impl)(x2, weight.contiguous(), bias, group)
+    _checked_group("gemm_allreduce", group_name, [x2.shape[0], weight.shape[0], x2.shape[1]], x.device)
+    out = registry.select(FWD_KERNEL, x.device, impl)(x2, weight.contiguous(), bias, group_name)
     return out.view(x.shape[:-1] + (weight.shape[0],))
 
 
@@ -67,10 +78,9 @@ def _(x, weight, bias, group_name, impl="auto"):
 def gemm_allreduce_bwd(dy: Tensor, x: Tensor, weight: Tensor, group_name: str,
                        impl: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
     check_linear("gemm_allreduce_bwd", x, weight, None)
-    group = process_group("gemm_allreduce_bwd", group_name)
     dy2, x2 = dy.reshape(-1, weight.shape[0]).contiguous(), x.reshape(-1, x.shape[-1]).contiguous()
-    check_ranks_agree("gemm_allreduce_bwd", group, [dy2.shape[0], weight.shape[0], x2.shape[1]], x.device)
-    dx, dweight, dbias = registry.select(BWD_KERNEL, x.device, impl)(dy2, x2, weight.contiguous(), group)
+    _checked_group("gemm_allreduce_bwd", group_name, [dy2.shape[0], weight.shape[0], x2.shape[1]], x.device)
+    dx, dweight, dbias = registry.select(BWD_KERNEL, x.device, impl)(dy2, x2, weight.contiguous(), group_name)
     return dx.view(x.shape), dweight, dbias
 
 
