@@ -162,6 +162,7 @@ def select(kernel: str, device: torch.device, impl: str = AUTO) -> Callable:
 
 
 def _call_first_supporting(kernel: str, candidates: tuple[Implementation, ...], forced: bool, *args, **kwargs):
+    reasons = []
     for candidate in candidates:
         reason = candidate.supports(*args, **kwargs) if candidate.supports is not None else None
         if reason is None:
@@ -170,7 +171,8 @@ def _call_first_supporting(kernel: str, candidates: tuple[Implementation, ...], 
         if forced:
             raise ValueError(f"turbo_inductor: implementation {candidate.name!r} of {kernel} cannot take these "
                              f"arguments: {reason}")
-    raise AssertionError("unreachable: the last auto candidate takes every argument")
+        reasons.append(f"{candidate.name}: {reason}")
+    raise ValueError(f"turbo_inductor: no implementation of {kernel} takes these arguments ({'; '.join(reasons)})")
 
 
 def traceable(kernel: str, device: torch.device, impl: str = AUTO) -> bool:
