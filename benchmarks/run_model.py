@@ -52,6 +52,9 @@ def main(argv=None):
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--fp8", default="tensorwise,rowwise" if on_gpu else "",
                         help="FP8 recipes to add as primus_turbo columns (comma-separated; empty: none)")
+    parser.add_argument("--impl", default="",
+                        help="kernel implementations to add as primus_turbo columns, each as options={'impl': ...} "
+                             "(comma-separated, e.g. triton,native,autotune; with --fp8, also per recipe)")
     parser.add_argument("--mode", default="train", choices=("train", "inference"))
     parser.add_argument("--kernels", type=int, default=0,
                         help="GPU: print the N kernels taking most GPU time per column")
@@ -73,6 +76,9 @@ def main(argv=None):
     columns = [("eager", "eager", None), ("inductor", "inductor", None), ("primus_turbo", "primus_turbo", None)]
     recipes = [recipe for recipe in args.fp8.split(",") if recipe]
     columns += [(f"primus_turbo fp8 {recipe}", "primus_turbo", {"fp8": recipe}) for recipe in recipes]
+    impls = [impl for impl in args.impl.split(",") if impl]
+    columns += [(f"primus_turbo{f' fp8 {recipe}' if recipe else ''} impl={impl}", "primus_turbo",
+                 {"impl": impl, **({"fp8": recipe} if recipe else {})}) for impl in impls for recipe in [""] + recipes]
     columns += [(f"torchao fp8 {recipe}", "torchao", recipe) for recipe in recipes if recipe in TORCHAO_RECIPES
                 and importlib.util.find_spec("torchao") is not None]
     results = {}

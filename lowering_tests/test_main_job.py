@@ -28,11 +28,12 @@ def test_main_job_runs_and_reports_every_column(capsys, tmp_path):
 
 def test_main_job_measures_inference(capsys, tmp_path):
     run_model.main(["--config", "tiny", "--layers", "1", "--seq", "16", "--fp8", "", "--mode", "inference",
-                    "--out", str(tmp_path)])
+                    "--impl", "reference", "--out", str(tmp_path)])
     written = json.loads((tmp_path / "model_tiny_inference.json").read_text())
     assert written["mode"] == "inference"
     columns = {c["column"]: c for c in written["columns"]}
-    assert list(columns) == ["eager", "inductor", "primus_turbo"]
+    assert list(columns) == ["eager", "inductor", "primus_turbo", "primus_turbo impl=reference"]
+    assert columns["primus_turbo impl=reference"]["out_snr_db"] > 30
     assert columns["primus_turbo"]["rewrites"] == {"rmsnorm": 3, "rmsnorm_residual": 2, "glu": 1, "gemm_allreduce": 0, "fp8_scaled_mm": 0}
     assert columns["primus_turbo"]["out_snr_db"] > 30
     assert (tmp_path / "model_tiny_inference.png").exists()

@@ -5,6 +5,7 @@ test_fp8_quant_kernels.py, which take the native implementation where it is buil
 import pathlib
 import re
 import shutil
+import sys
 
 import pytest
 import torch
@@ -222,3 +223,32 @@ def test_compiled_model_runs_native_kernels_forward_and_backward():
     counts = assert_matches_inductor(model, [x], options={"impl": "native"})
     assert counts["rmsnorm"] == 1
     assert {("rmsnorm_fwd", "native"), ("rmsnorm_bwd", "native")} <= set(turbo_inductor.kernel_calls())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# setup.py: a failed native build installs the package without it, unless the native kernels are required
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("required", [False, True])
+def test_failed_native_build_installs_without_it_unless_required(tmp_path, monkeypatch, capsys, required):
+    import runpy
+
+    import setuptools
+    from torch.utils import cpp_extension
+
+    helpers = runpy.run_path(str(CSRC.parent / "setup.py"), run_name="turbo_inductor_setup")
+    (tmp_path / "broken.cpp").write_text("int broken( {\n")  # a compiler error, as a mismatched toolkit would give
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["setup.py", "build_ext", "--inplace"])  # a build (pip's metadata runs say nothing)
+    build = helpers["optional_build"](cpp_extension.BuildExtension, required)
+
+    def run():
+        setuptools.setup(name="broken", script_args=["-q", "build_ext", "--inplace"], cmdclass={"build_ext": build},
+                         ext_modules=[cpp_extension.CppExtension("broken", ["broken.cpp"])])
+
+    if required:
+        with pytest.raises(RuntimeError, match="Error compiling objects"):
+            run()
+    else:
+        run()
+        assert "native kernels skipped (their build failed" in capsys.readouterr().err
+        assert not list(tmp_path.glob("broken*.so"))
