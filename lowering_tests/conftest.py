@@ -51,7 +51,7 @@ class TakingSome:
         implementation = registry.implementations(kernel)[self.name]
 
         def call(*args, **kwargs):
-            reason = implementation.supports(*args, **kwargs)
+            reason = implementation.declines(*args, **kwargs)
             if reason is not None:
                 pytest.skip(f"{self.name} {kernel}: {reason}")
             return implementation.fn(*args, **kwargs)

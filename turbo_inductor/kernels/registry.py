@@ -44,6 +44,10 @@ class Implementation:
     # the kernel's arguments -> None when it takes them, else why not; None: it takes every argument
     supports: Callable[..., str | None] | None = None
 
+    def declines(self, *args, **kwargs) -> str | None:
+        """Why this implementation cannot take these arguments, or None when it can."""
+        return self.supports(*args, **kwargs) if self.supports is not None else None
+
 
 _IMPLS: dict[str, dict[str, Implementation]] = collections.defaultdict(dict)
 _CALLS: collections.Counter = collections.Counter()
@@ -164,7 +168,7 @@ def select(kernel: str, device: torch.device, impl: str = AUTO) -> Callable:
 def _call_first_supporting(kernel: str, candidates: tuple[Implementation, ...], forced: bool, *args, **kwargs):
     reasons = []
     for candidate in candidates:
-        reason = candidate.supports(*args, **kwargs) if candidate.supports is not None else None
+        reason = candidate.declines(*args, **kwargs)
         if reason is None:
             _CALLS[(kernel, candidate.name)] += 1
             return candidate.fn(*args, **kwargs)
@@ -244,7 +248,7 @@ def _call_autotuned(kernel: str, candidates: tuple[Implementation, ...], *args, 
     key = (kernel,) + _signature(device, args, kwargs)
     winner = _WINNERS.get(key)
     if winner is None:
-        taking = [c for c in candidates if c.supports is None or c.supports(*args, **kwargs) is None]
+        taking = [c for c in candidates if c.declines(*args, **kwargs) is None]
         if not taking:
             raise ValueError(f"turbo_inductor: no implementation of {kernel} takes these arguments")
         times = {}

@@ -11,27 +11,17 @@ Formats follow the device: e4m3fn / e5m2 on NVIDIA and MI350 (gfx950), e4m3fnuz 
 """
 from __future__ import annotations
 
-import functools
 
 import torch
 from torch import Tensor
 
 from ..kernels import registry
 from ..kernels.reference.fp8_gemm import block_size
+from ..kernels.reference.fp8_quant import FP8_DTYPES, device_formats
 from .library import check, check_float, kernel_op
 
-FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
 QUANTIZE_KERNEL, GEMM_KERNEL = "fp8_quantize", "fp8_gemm"
-
-
-@functools.lru_cache(maxsize=None)
-def fp8_formats(device: torch.device) -> tuple[torch.dtype, torch.dtype]:
-    """(e4m3, e5m2) dtypes for ``device``: the fnuz pair on gfx942 (MI300), the OCP pair elsewhere."""
-    if device.type == "cuda" and torch.version.hip is not None:
-        arch = torch.cuda.get_device_properties(device).gcnArchName
-        if "gfx942" in arch:
-            return torch.float8_e4m3fnuz, torch.float8_e5m2fnuz
-    return torch.float8_e4m3fn, torch.float8_e5m2
+fp8_formats = device_formats  # (e4m3, e5m2) for a device: the kernels' and the ops' choice are one
 
 
 def _blocks(block: int, size: int) -> int:

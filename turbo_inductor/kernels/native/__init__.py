@@ -40,8 +40,3 @@ def unavailable_reason(device: torch.device) -> str | None:
 def ops():
     """The ``turbo_inductor_native`` operators (the extension must be loaded: ``unavailable_reason`` is None)."""
     return torch.ops.turbo_inductor_native
-
-
-def fp8_fnuz(device: torch.device) -> bool:
-    """Whether the GPU's FP8 encoding is the fnuz one (gfx942, MI300), as the native kernels are compiled for it."""
-    return torch.version.hip is not None and "gfx942" in torch.cuda.get_device_properties(device).gcnArchName

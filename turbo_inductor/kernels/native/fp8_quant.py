@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import torch
 
-from ..reference.fp8_quant import check_args
+from ..reference.fp8_quant import FP8_DTYPES, check_args, device_formats
 from ..registry import implementation
-from . import fp8_fnuz, ops, unavailable_reason
+from . import ops, unavailable_reason
 
 # Above Triton's (20): on the H200 they tie on tensorwise blocks and the native kernels are twice as fast on column
 # blocks (benchmarks/README.md); other blocks go to Triton.
 PRIORITY = 30
-FNUZ = (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
 
 
 def supports(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool,
              power_of_two: bool = False, both_layouts: bool = False) -> str | None:
-    if x.dim() != 2 or block_rows < 1 or block_cols < 1:
+    if x.dim() != 2 or block_rows < 1 or block_cols < 1 or fp8_dtype not in FP8_DTYPES:
         return None  # invalid for every implementation: the call raises the error that names it
     M, K = x.shape
     br, bc = min(block_rows, M), min(block_cols, K)
@@ -25,7 +24,7 @@ def supports(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_col
         return f"blocks of the whole tensor, of rows or of columns only, got {block_rows} x {block_cols}"
     if not x.is_contiguous():
         return "contiguous input only"
-    if (fp8_dtype in FNUZ) != fp8_fnuz(x.device):
+    if fp8_dtype not in device_formats(x.device):  # the kernels are compiled for the GPU's encoding only
         return f"{fp8_dtype} is not this GPU's FP8 encoding"
     return None
 

@@ -25,6 +25,8 @@ This file sets the semantics every other implementation must match:
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..registry import implementation
@@ -33,6 +35,15 @@ from . import unavailable_reason
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 AMAX_FLOOR = 1e-12
+
+
+@functools.lru_cache(maxsize=None)
+def device_formats(device: torch.device) -> tuple[torch.dtype, torch.dtype]:
+    """(e4m3, e5m2) dtypes for ``device``: the fnuz pair on gfx942 (MI300), the OCP pair elsewhere."""
+    if device.type == "cuda" and torch.version.hip is not None:
+        if "gfx942" in torch.cuda.get_device_properties(device).gcnArchName:
+            return torch.float8_e4m3fnuz, torch.float8_e5m2fnuz
+    return torch.float8_e4m3fn, torch.float8_e5m2
 
 
 def check_args(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool = False,
@@ -98,5 +109,5 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
     return q.contiguous(), scale.contiguous()
 
 
-__all__ = ["fp8_quantize", "saturating_cast", "check_args", "scale_shape", "power_of_two_ceil", "FP8_DTYPES",
-           "AMAX_FLOOR"]
+__all__ = ["fp8_quantize", "saturating_cast", "check_args", "scale_shape", "power_of_two_ceil", "device_formats",
+           "FP8_DTYPES", "AMAX_FLOOR"]
