@@ -1,13 +1,18 @@
-"""FP8 linear forward with dynamic quantization of x and W (8192x4096 -> 14336, bf16 in and out) on the GPU:
-the bare FP8 GEMM, Inductor's compilation of the same math (amax, scale, cast, torch._scaled_mm), F.linear compiled
-with backend="primus_turbo" and options={"fp8": recipe} per recipe, and the bf16 linear, in one run.
-python benchmarks/bench_fp8.py"""
+"""FP8 linear on the GPU, in one run:
+- forward with dynamic quantization of x and W (8192x4096 -> 14336, bf16 in and out): the bare FP8 GEMM, Inductor's
+  compilation of the same math (amax, scale, cast, torch._scaled_mm), F.linear compiled with backend="primus_turbo"
+  and options={"fp8": recipe} per recipe, and the bf16 linear;
+- a training step (forward + backward) of square linears 8192 x d -> d by size, bf16 under Inductor against
+  primus_turbo's FP8 recipes: where FP8 starts to pay, the value to recommend for the fp8 option's min_size.
+python benchmarks/bench_fp8.py [--sizes 512,1024,2048,4096,8192]"""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from common import bench_ms, report
+import argparse
+
+from common import bench_ms, fwd_bwd_step, report
 
 E4M3_MAX = 448.0
 
@@ -21,7 +26,27 @@ def inductor_fp8_linear(x, w):
     return torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16)
 
 
+def training_by_size(sizes: list[int], tokens: int = 8192) -> list[dict]:
+    rows = []
+    for d in sizes:
+        torch._dynamo.reset()  # each size compiles afresh, static: no recompile limit, no dynamic-shape fallback
+        x = torch.randn(tokens, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        w = (torch.randn(d, d, device="cuda", dtype=torch.bfloat16) * d ** -0.5).requires_grad_()
+        columns = {"inductor": torch.compile(F.linear, backend="inductor")}
+        for recipe in ("tensorwise", "rowwise"):
+            columns[f"primus_turbo fp8 {recipe}"] = torch.compile(lambda x, w: F.linear(x, w), backend="primus_turbo",
+                                                                  options={"fp8": recipe})
+        for name, fn in columns.items():
+            ms = bench_ms(fwd_bwd_step(fn, x, w))
+            rows.append({"shape": f"linear {tokens}x{d}->{d}", "mode": "fwd+bwd", "backend": name, "ms": ms,
+                         "rate": 3 * 2 * tokens * d * d / ms / 1e9})
+    return rows
+
+
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="512,1024,2048,4096,8192")
+    args = parser.parse_args()
     import turbo_inductor
 
     tokens, k, n = 8192, 4096, 14336
@@ -52,6 +77,7 @@ def main():
                          "rate": flops / ms / 1e9})
     print("rewrites:", turbo_inductor.rewrite_counts())
     report("fp8_linear", rows, rate_unit="TFLOP/s")
+    report("fp8_linear_by_size", training_by_size([int(d) for d in args.sizes.split(",")]), rate_unit="TFLOP/s")
 
 
 if __name__ == "__main__":

@@ -3,14 +3,17 @@
 // Semantics: turbo_inductor/kernels/reference/fp8_quant.py (scale = max(amax, 1e-12) / fmax, q = sat(x * (1/scale))).
 //   row blocks:    fp8_row_kernel reduces a row and writes its q in one thread block, from registers;
 //   tensor blocks: amax_tensor_kernel (grid-stride, one atomic per thread block) then scale_kernel;
-//   column blocks: amax_column_kernel (column sums over row splits, one atomic per column and split) then
-//                  scale_kernel;
+//   column blocks: amax_column_kernel (column maxima per row split) then scale_kernel over the splits;
+//   both layouts of a rowwise operand (x per row, x^T per row of x^T: per column of x): amax_column_kernel takes
+//                  the row maxima (per column block) in the same read, then scale_kernel for each;
 // then fp8_cast_kernel writes the 64 x 64 tiles, transposing through shared memory for x^T's layout.
-// Maxima of |x| are combined with atomicMax on their bits: non-negative floats (and NaN, whose bits are larger
-// still) order as integers.
+// Maxima of |x| are combined as the integers of their bits (atomicMax for the tensor's): non-negative floats (and
+// NaN, whose bits are larger still) order as integers.
 #include "common.cuh"
 
 #include <torch/library.h>
+
+#include <optional>
 
 namespace turbo_inductor {
 namespace {
@@ -103,49 +106,101 @@ __global__ void amax_tensor_kernel(const T* __restrict__ x, int64_t n_vec, int* 
   if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_int(amax));
 }
 
-// Thread blocks of 32 column lanes (V columns each) x 8 row lanes, over rows [row0, row0 + rows_per_split).
-template <typename T, int V>
-__global__ void amax_column_kernel(const T* __restrict__ x, int64_t rows, int cols, int64_t rows_per_split,
-                                   int* __restrict__ amax_bits) {
-  __shared__ float partial[8][32 * V];
-  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
-  const int64_t col = (static_cast<int64_t>(blockIdx.x) * 32 + tx) * V;
-  const int64_t row0 = blockIdx.y * rows_per_split;
-  const int64_t row1 = row0 + rows_per_split < rows ? row0 + rows_per_split : rows;
-  float amax[V] = {};
-  if (col < cols) {
-    for (int64_t r = row0 + ty; r < row1; r += 8) {
-      const Vec<T, V> v = load_vec<T, V>(x + r * cols + col);
-#pragma unroll
-      for (int j = 0; j < V; ++j) amax[j] = MaxOp()(amax[j], fabsf(static_cast<float>(v.v[j])));
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < V; ++j) partial[ty][tx * V + j] = amax[j];
-  __syncthreads();
-  if (ty != 0 || col >= cols) return;
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    for (int t = 1; t < 8; ++t) amax[j] = MaxOp()(amax[j], partial[t][tx * V + j]);
-    atomicMax(amax_bits + col + j, __float_as_int(amax[j]));
-  }
+// The maximum over the 32 lanes of a row lane: warps of 32 (half a wavefront on AMD, where the shuffles stay in
+// that half).
+__device__ __forceinline__ float max_over_32_lanes(float v) {
+  for (int offset = 16; offset > 0; offset /= 2) v = MaxOp()(v, WARP_SHFL_XOR(v, offset, 32));
+  return v;
 }
 
-__global__ void scale_kernel(const int* __restrict__ amax_bits, float* __restrict__ scale, float* __restrict__ recip,
-                             int64_t n, float fmax, bool power_of_two) {
-  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (i >= n) return;
-  const float s = block_scale(__int_as_float(amax_bits[i]), fmax, power_of_two);
+// Column (and row) maxima: thread blocks of kColumnWarps warps side by side on a row, 32 lanes x V columns each (4 KB
+// of a bf16 row read whole). The gridDim.y row splits interleave: split y takes rows y, y + gridDim.y, ..., so that
+// the thread blocks running at one time read neighbouring rows, as a grid-stride loop over the whole tensor does
+// (blocks each reading their own contiguous range of rows ran at under half the copy rate on the H200: concurrent
+// reads a fixed large stride apart). kRowsInFlight rows are loaded before any is reduced. Each thread keeps the
+// maxima of its own V columns; with row_partial, the block also reduces each row across its warps. Results go to
+// partial maxima (as bits), one row of them per split (columns) or column block (rows), which scale_kernel reduces:
+// no atomics, and deterministic.
+constexpr int kColumnWarps = 8;
+constexpr int kRowsInFlight = 8;
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kColumnWarps * 32)
+    amax_column_kernel(const T* __restrict__ x, int64_t rows, int cols, int* __restrict__ column_partial,
+                       int* __restrict__ row_partial) {
+  __shared__ float row_amax[kRowsInFlight][kColumnWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t col = ((static_cast<int64_t>(blockIdx.x) * kColumnWarps + warp) * 32 + lane) * V;
+  const int64_t splits = gridDim.y;
+  float amax[V] = {};
+  // Rows r0 + u * splits, u < kRowsInFlight, per step; uniform over the block: every thread takes the barriers.
+  for (int64_t r0 = blockIdx.y; r0 < rows; r0 += splits * kRowsInFlight) {
+    Vec<T, V> v[kRowsInFlight];
+#pragma unroll
+    for (int u = 0; u < kRowsInFlight; ++u) {
+      const int64_t r = r0 + u * splits;
+      if (col < cols && r < rows) v[u] = load_vec<T, V>(x + r * cols + col);
+    }
+#pragma unroll
+    for (int u = 0; u < kRowsInFlight; ++u) {
+      const bool loaded = col < cols && r0 + u * splits < rows;
+      float amax_row = 0.f;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float a = loaded ? fabsf(static_cast<float>(v[u].v[j])) : 0.f;
+        amax[j] = MaxOp()(amax[j], a);
+        amax_row = MaxOp()(amax_row, a);
+      }
+      if (row_partial != nullptr) {
+        amax_row = max_over_32_lanes(amax_row);
+        if (lane == 0) row_amax[u][warp] = amax_row;
+      }
+    }
+    if (row_partial != nullptr) {
+      __syncthreads();
+      const int64_t r = r0 + threadIdx.x * splits;
+      if (threadIdx.x < kRowsInFlight && r < rows) {
+        float m = row_amax[threadIdx.x][0];
+        for (int w = 1; w < kColumnWarps; ++w) m = MaxOp()(m, row_amax[threadIdx.x][w]);
+        row_partial[blockIdx.x * rows + r] = __float_as_int(m);
+      }
+      __syncthreads();  // row_amax is written again for the next rows
+    }
+  }
+  if (col >= cols) return;
+#pragma unroll
+  for (int j = 0; j < V; ++j) column_partial[blockIdx.y * int64_t{cols} + col + j] = __float_as_int(amax[j]);
+}
+
+// scale and 1/scale of n blocks from n_partials partial maxima each (bits; partial p of block i at p * n + i).
+// Thread blocks of kScaleLanes x kScalePartialLanes threads: 32 blocks side by side (coalesced reads of the
+// partials), their partials split over 8 lanes and reduced through shared memory.
+constexpr int kScaleLanes = 32, kScalePartialLanes = 8;
+
+__global__ void scale_kernel(const int* __restrict__ amax_bits, int64_t n_partials, float* __restrict__ scale,
+                             float* __restrict__ recip, int64_t n, float fmax, bool power_of_two) {
+  __shared__ int partial[kScalePartialLanes][kScaleLanes];
+  const int tx = threadIdx.x % kScaleLanes, ty = threadIdx.x / kScaleLanes;
+  const int64_t i = blockIdx.x * int64_t{kScaleLanes} + tx;
+  int bits = 0;
+  if (i < n) {
+    for (int64_t p = ty; p < n_partials; p += kScalePartialLanes) bits = max(bits, amax_bits[p * n + i]);
+  }
+  partial[ty][tx] = bits;
+  __syncthreads();
+  if (ty != 0 || i >= n) return;
+  for (int t = 1; t < kScalePartialLanes; ++t) bits = max(bits, partial[t][tx]);
+  const float s = block_scale(__int_as_float(bits), fmax, power_of_two);
   scale[i] = s;
   recip[i] = 1.f / s;
 }
 
 // One 64 x 64 tile of x per thread block: q in x's layout and/or (qt) in x^T's, through shared memory so that both
-// are written in whole rows.
+// are written in whole rows. qt takes q's values, or with recip_t (the reciprocal scales of x's columns) its own.
 template <typename T, int V, Fp8Kind K>
 __global__ void fp8_cast_kernel(const T* __restrict__ x, const float* __restrict__ recip, Blocks blocks,
-                                uint8_t* __restrict__ q, uint8_t* __restrict__ qt, int64_t rows, int64_t cols,
-                                int64_t n_tile_cols) {
+                                const float* __restrict__ recip_t, uint8_t* __restrict__ q, uint8_t* __restrict__ qt,
+                                int64_t rows, int64_t cols, int64_t n_tile_cols) {
   constexpr int kThreadsPerRow = kTile / V;
   constexpr int kRowsPerPass = kThreads / kThreadsPerRow;
   __shared__ uint8_t tile_t[kTile][kTile + 4];  // [column][row]; the padding spreads a column's bytes over banks
@@ -160,14 +215,12 @@ __global__ void fp8_cast_kernel(const T* __restrict__ x, const float* __restrict
       Vec<uint8_t, V> out;
 #pragma unroll
       for (int j = 0; j < V; ++j) {
+        const float value = static_cast<float>(v.v[j]);
         const float inv = blocks == Blocks::kRow ? recip[r] : blocks == Blocks::kColumn ? recip[c + j] : recip[0];
-        out.v[j] = to_fp8<K>(static_cast<float>(v.v[j]) * inv);
+        out.v[j] = to_fp8<K>(value * inv);
+        if (qt != nullptr) tile_t[tc + j][lr] = recip_t == nullptr ? out.v[j] : to_fp8<K>(value * recip_t[c + j]);
       }
       if (q != nullptr) store_vec<uint8_t, V>(q + r * cols + c, out);
-      if (qt != nullptr) {
-#pragma unroll
-        for (int j = 0; j < V; ++j) tile_t[tc + j][lr] = out.v[j];
-      }
     }
   }
   if (qt == nullptr) return;
@@ -219,11 +272,27 @@ void with_fp8_kind(Fp8Kind kind, F&& f) {
   }
 }
 
-// (q, scale, q^T): q in x's layout unless `transpose` (then x^T's, and the third output is empty), q^T also with
-// `both_layouts`.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_quantize(const at::Tensor& x, at::ScalarType fp8_dtype,
-                                                            int64_t block_rows, int64_t block_cols, bool transpose,
-                                                            bool power_of_two, bool both_layouts) {
+// The blocks of a [rows, cols] tensor these kernels take, if any (blocks larger than the tensor are clipped to it).
+std::optional<Blocks> blocks_of(int64_t rows, int64_t cols, int64_t block_rows, int64_t block_cols) {
+  const int64_t br = std::min(block_rows, rows), bc = std::min(block_cols, cols);
+  if (br == rows && bc == cols) return Blocks::kTensor;
+  if (br == 1 && bc == cols) return Blocks::kRow;
+  if (br == rows && bc == 1) return Blocks::kColumn;
+  return std::nullopt;
+}
+
+void launch_scales(const int* amax_bits, int64_t n_partials, float* scale, float* recip, int64_t n,
+                   const Fp8Format& format, bool power_of_two, cudaStream_t stream) {
+  scale_kernel<<<static_cast<unsigned>((n + kScaleLanes - 1) / kScaleLanes), kScaleLanes * kScalePartialLanes, 0,
+                 stream>>>(amax_bits, n_partials, scale, recip, n, format.fmax, power_of_two);
+  check_launch("scale_kernel");
+}
+
+// (q, scale, q_t, scale_t): q in x's layout unless `transpose` (then x^T's); with `both_layouts` also x^T
+// quantized in blocks of the same shape over x^T (semantics: reference/fp8_quant.py), else q_t and scale_t empty.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fp8_quantize(
+    const at::Tensor& x, at::ScalarType fp8_dtype, int64_t block_rows, int64_t block_cols, bool transpose,
+    bool power_of_two, bool both_layouts) {
   constexpr const char* op = "turbo_inductor_native::fp8_quantize";
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), op, ": x must be a contiguous 2-D CUDA tensor");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, op,
@@ -233,32 +302,36 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_quantize(const at::Tensor& x,
   const c10::cuda::CUDAGuard guard(x.device());
   const Fp8Format format = fp8_format(fp8_dtype, x.device());
   const int64_t rows = x.size(0), cols = x.size(1);
-  const int64_t br = std::min(block_rows, rows), bc = std::min(block_cols, cols);
-  Blocks blocks;
-  if (br == rows && bc == cols) {
-    blocks = Blocks::kTensor;
-  } else if (br == 1 && bc == cols) {
-    blocks = Blocks::kRow;
-  } else {
-    TORCH_CHECK(br == rows && bc == 1, op, ": blocks of the whole tensor, of rows or of columns only, got ",
-                block_rows, " x ", block_cols, " on ", rows, " x ", cols);
-    blocks = Blocks::kColumn;
-  }
-  TORCH_CHECK(cols <= std::numeric_limits<int>::max(), op, ": too many columns");
-  const auto fp8_options = x.options().dtype(fp8_dtype);
+  const auto fp8_options = x.options().dtype(fp8_dtype), float_options = x.options().dtype(at::kFloat);
   const bool write_q = !transpose, write_qt = transpose || both_layouts;
   at::Tensor q = write_q ? at::empty({rows, cols}, fp8_options) : at::Tensor();
   at::Tensor qt = write_qt ? at::empty({cols, rows}, fp8_options) : at::Tensor();
-  const int64_t n_scales = blocks == Blocks::kTensor ? 1 : blocks == Blocks::kRow ? rows : cols;
   at::Tensor scale = at::empty({(rows + block_rows - 1) / block_rows, (cols + block_cols - 1) / block_cols},
-                               x.options().dtype(at::kFloat));
-  at::Tensor empty = at::empty({0}, fp8_options);
-  auto outputs = [&] { return std::make_tuple(transpose ? qt : q, scale, both_layouts ? qt : empty); };
+                               float_options);
+  at::Tensor scale_t = both_layouts ? at::empty({(cols + block_rows - 1) / block_rows,
+                                                 (rows + block_cols - 1) / block_cols}, float_options)
+                                    : at::empty({0}, float_options);
+  auto outputs = [&] {
+    return std::make_tuple(transpose ? qt : q, scale, both_layouts ? qt : at::empty({0}, fp8_options), scale_t);
+  };
   if (rows == 0 || cols == 0) {
     scale.fill_(1.f);
+    scale_t.fill_(1.f);
     return outputs();
   }
-  at::Tensor recip = at::empty({n_scales}, x.options().dtype(at::kFloat));
+  const std::optional<Blocks> x_blocks = blocks_of(rows, cols, block_rows, block_cols);
+  TORCH_CHECK(x_blocks.has_value(), op, ": blocks of the whole tensor, of rows or of columns only, got ", block_rows,
+              " x ", block_cols, " on ", rows, " x ", cols);
+  const Blocks blocks = *x_blocks;
+  // Both layouts: x^T's blocks are x's (the whole tensor), or x^T's rows are x's columns (rowwise).
+  TORCH_CHECK(!both_layouts || (blocks != Blocks::kColumn && blocks_of(cols, rows, block_rows, block_cols) == blocks),
+              op, ": both layouts in blocks of the whole tensor or of whole rows (of x and of x^T) only, got ",
+              block_rows, " x ", block_cols, " on ", rows, " x ", cols);
+  const bool column_scales_t = both_layouts && blocks == Blocks::kRow;
+  TORCH_CHECK(cols <= std::numeric_limits<int>::max(), op, ": too many columns");
+  const int64_t n_scales = blocks == Blocks::kTensor ? 1 : blocks == Blocks::kRow ? rows : cols;
+  at::Tensor recip = at::empty({n_scales + (column_scales_t ? cols : 0)}, float_options);
+  float* recip_t = column_scales_t ? recip.data_ptr<float>() + n_scales : nullptr;
   uint8_t* q_ptr = write_q ? reinterpret_cast<uint8_t*>(q.data_ptr()) : nullptr;
   uint8_t* qt_ptr = write_qt ? reinterpret_cast<uint8_t*>(qt.data_ptr()) : nullptr;
   const bool vectorized = aligned16(x.data_ptr()) && (cols * x.element_size()) % 16 == 0;
@@ -269,7 +342,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_quantize(const at::Tensor& x,
       with_fp8_kind(format.kind, [&](auto kind) {
         constexpr Fp8Kind KIND = decltype(kind)::value;
         const scalar_t* x_ptr = x.data_ptr<scalar_t>();
-        if (blocks == Blocks::kRow) {
+        if (blocks == Blocks::kRow && !column_scales_t) {
           // Rows are reduced and (in x's layout) written by one kernel; x^T's layout takes the cast kernel.
           const int threads = row_threads(cols / V, kRowItems);
           fp8_row_kernel<scalar_t, V, KIND><<<static_cast<unsigned>(rows), threads, 0, stream>>>(
@@ -279,36 +352,49 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_quantize(const at::Tensor& x,
           q_ptr = nullptr;
           if (qt_ptr == nullptr) return;
         } else {
-          at::Tensor amax_bits = at::zeros({n_scales}, x.options().dtype(at::kInt));
+          const auto int_options = x.options().dtype(at::kInt);
           if (blocks == Blocks::kTensor) {
+            at::Tensor amax_bits = at::zeros({1}, int_options);
             const int64_t n_vec = rows * cols / V;
             const int64_t n_blocks = std::min<int64_t>((n_vec + kThreads - 1) / kThreads, int64_t{sm_count()} * 8);
             amax_tensor_kernel<scalar_t, V><<<static_cast<unsigned>(n_blocks), kThreads, 0, stream>>>(
                 x_ptr, n_vec, amax_bits.data_ptr<int>());
             check_launch("amax_tensor_kernel");
+            launch_scales(amax_bits.data_ptr<int>(), 1, scale.data_ptr<float>(), recip.data_ptr<float>(), 1, format,
+                          power_of_two, stream);
           } else {
-            const int64_t col_blocks = (cols / V + 31) / 32;
-            const int64_t splits = std::max<int64_t>(
-                1, std::min<int64_t>((rows + 7) / 8, int64_t{sm_count()} * 4 / col_blocks));
-            const int64_t rows_per_split = (rows + splits - 1) / splits;
+            // Column maxima (the blocks', or x^T's rows' for both layouts of a rowwise operand) and, for both
+            // layouts, row maxima: partial maxima per row split and per column block. About 4 thread blocks per SM.
+            const int64_t col_blocks = (cols / V + kColumnWarps * 32 - 1) / (kColumnWarps * 32);
+            const int64_t splits = std::max<int64_t>(1, std::min<int64_t>((rows + kRowsInFlight - 1) / kRowsInFlight,
+                                                                          int64_t{sm_count()} * 4 / col_blocks));
+            at::Tensor column_partial = at::empty({splits, cols}, int_options);
+            at::Tensor row_partial = column_scales_t ? at::empty({col_blocks, rows}, int_options) : at::Tensor();
+            int* row_ptr = column_scales_t ? row_partial.data_ptr<int>() : nullptr;
             amax_column_kernel<scalar_t, V><<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(splits)),
-                                              kThreads, 0, stream>>>(x_ptr, rows, static_cast<int>(cols),
-                                                                     rows_per_split, amax_bits.data_ptr<int>());
+                                              kColumnWarps * 32, 0, stream>>>(
+                x_ptr, rows, static_cast<int>(cols), column_partial.data_ptr<int>(), row_ptr);
             check_launch("amax_column_kernel");
+            if (column_scales_t) {
+              launch_scales(row_ptr, col_blocks, scale.data_ptr<float>(), recip.data_ptr<float>(), rows, format,
+                            power_of_two, stream);
+              launch_scales(column_partial.data_ptr<int>(), splits, scale_t.data_ptr<float>(), recip_t, cols, format,
+                            power_of_two, stream);
+            } else {
+              launch_scales(column_partial.data_ptr<int>(), splits, scale.data_ptr<float>(), recip.data_ptr<float>(),
+                            cols, format, power_of_two, stream);
+            }
           }
-          scale_kernel<<<static_cast<unsigned>((n_scales + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-              amax_bits.data_ptr<int>(), scale.data_ptr<float>(), recip.data_ptr<float>(), n_scales, format.fmax,
-              power_of_two);
-          check_launch("scale_kernel");
         }
         const int64_t n_tile_cols = (cols + kTile - 1) / kTile;
         const int64_t n_tiles = (rows + kTile - 1) / kTile * n_tile_cols;
         fp8_cast_kernel<scalar_t, V, KIND><<<static_cast<unsigned>(n_tiles), kThreads, 0, stream>>>(
-            x_ptr, recip.data_ptr<float>(), blocks, q_ptr, qt_ptr, rows, cols, n_tile_cols);
+            x_ptr, recip.data_ptr<float>(), blocks, recip_t, q_ptr, qt_ptr, rows, cols, n_tile_cols);
         check_launch("fp8_cast_kernel");
       });
     });
   });
+  if (both_layouts && !column_scales_t) scale_t.copy_(scale);  // the whole tensor's one scale
   return outputs();
 }
 

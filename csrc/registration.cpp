@@ -24,27 +24,28 @@ std::tuple<Tensor, Tensor> rmsnorm_bwd_meta(const Tensor& dy, const Tensor& x, c
   return {dx, dw};
 }
 
-std::tuple<Tensor, Tensor, Tensor> fp8_quantize_meta(const Tensor& x, at::ScalarType fp8_dtype, int64_t block_rows,
-                                                     int64_t block_cols, bool transpose, bool power_of_two,
-                                                     bool both_layouts) {
+std::tuple<Tensor, Tensor, Tensor, Tensor> fp8_quantize_meta(const Tensor& x, at::ScalarType fp8_dtype,
+                                                             int64_t block_rows, int64_t block_cols, bool transpose,
+                                                             bool power_of_two, bool both_layouts) {
   const c10::SymInt rows = x.sym_size(0), cols = x.sym_size(1);
-  const auto fp8_options = x.options().dtype(fp8_dtype);
+  const auto fp8_options = x.options().dtype(fp8_dtype), float_options = x.options().dtype(at::kFloat);
   Tensor q = transpose ? at::empty_symint({cols, rows}, fp8_options) : at::empty_symint({rows, cols}, fp8_options);
   Tensor scale = at::empty_symint({(rows + block_rows - 1) / block_rows, (cols + block_cols - 1) / block_cols},
-                                  x.options().dtype(at::kFloat));
-  Tensor qt = both_layouts ? at::empty_symint({cols, rows}, fp8_options) : at::empty({0}, fp8_options);
-  return {q, scale, qt};
+                                  float_options);
+  if (!both_layouts) return {q, scale, at::empty({0}, fp8_options), at::empty({0}, float_options)};
+  return {q, scale, at::empty_symint({cols, rows}, fp8_options),
+          at::empty_symint({(cols + block_rows - 1) / block_rows, (rows + block_cols - 1) / block_cols}, float_options)};
 }
 
 }  // namespace
 
 TORCH_LIBRARY(turbo_inductor_native, m) {
   // Optional outputs are empty tensors: rmsnorm_fwd's sum without a residual, rmsnorm_bwd's dw without a weight,
-  // fp8_quantize's x^T layout unless both_layouts.
+  // fp8_quantize's x^T layout and its scales unless both_layouts.
   m.def("rmsnorm_fwd(Tensor x, Tensor? weight, Tensor? residual, float eps) -> (Tensor, Tensor, Tensor)");
   m.def("rmsnorm_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor rstd, Tensor? dresidual) -> (Tensor, Tensor)");
   m.def("fp8_quantize(Tensor x, ScalarType fp8_dtype, int block_rows, int block_cols, bool transpose, "
-        "bool power_of_two, bool both_layouts) -> (Tensor, Tensor, Tensor)");
+        "bool power_of_two, bool both_layouts) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(turbo_inductor_native, Meta, m) {

@@ -1,6 +1,7 @@
 // RMSNorm forward and backward, plain and with a residual add. Semantics: turbo_inductor/kernels/reference/rmsnorm.py.
-// One thread block per row in the forward; in the backward a grid of thread blocks strides over the rows and each
-// sums its rows' weight gradient in registers, reduced afterwards in a fixed order (deterministic, no atomics).
+// One thread block per row in the forward; in the backward a persistent grid of row groups strides over the rows,
+// loading each group's next row while it finishes the current one, and sums the weight gradient in registers, reduced
+// afterwards in a fixed order (deterministic, no atomics).
 #include "common.cuh"
 
 #include <torch/library.h>
@@ -13,9 +14,13 @@ namespace {
 template <int V>
 constexpr int kItems = V == 1 ? 16 : 2;
 
-// Rows take up to 1024 threads: the register budget must allow that many (64 registers each).
-template <typename T, typename W, int V>
-__global__ void __launch_bounds__(1024)
+// Rows of up to kNarrowRowThreads threads are compiled for blocks of at most that many (up to 128 registers a
+// thread); wider rows for 1024 (64 registers a thread, which rows of 14336 bf16 in 896 threads need to launch; rows
+// of 8192 bf16 ran 25% slower on the H200 under that bound than without it).
+constexpr int kNarrowRowThreads = 512;
+
+template <typename T, typename W, int V, int kMaxThreads>
+__global__ void __launch_bounds__(kMaxThreads)
     rmsnorm_fwd_kernel(const T* __restrict__ x, const W* __restrict__ weight, const T* __restrict__ residual,
                        T* __restrict__ y, T* __restrict__ sum_out, float* __restrict__ rstd, int H, float eps) {
   constexpr int kN = kItems<V>;
@@ -63,64 +68,177 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
-template <typename T, typename W, int V>
-__global__ void __launch_bounds__(1024)
+// Backward thread blocks: rows of up to kNarrowRowThreads threads share blocks of that many as row groups (blockDim.y
+// groups of blockDim.x threads); wider rows take blocks of 1024. A thread holds its items of the current row, those
+// of the next one in flight (prefetch) and its dw sums: about 100-120 registers with 16 elements a thread, which
+// __launch_bounds__(kNarrowRowThreads) allows (128). A 1024-thread row has 64 registers a thread: it holds one row and
+// loads it when it starts on it (no prefetch; the register file could not hold two such rows anyway).
+
+// V elements of T as a thread loads and keeps them: in 32-bit words where they fill whole words, so that a row in
+// flight takes one register per word and the words are unpacked where they are used (16-bit elements kept as
+// elements would take a register each, and unpacking them right after the load would wait for it).
+template <typename T, int V>
+using Packed = std::conditional_t<sizeof(T) * V % 4 == 0, Vec<uint32_t, sizeof(T) * V / 4>, Vec<T, V>>;
+
+template <typename T, int V>
+__device__ __forceinline__ Packed<T, V> load_packed(const T* p) {
+  return *reinterpret_cast<const Packed<T, V>*>(p);
+}
+
+template <typename T, int V>
+__device__ __forceinline__ Vec<T, V> unpack(const Packed<T, V>& packed) {
+  static_assert(sizeof(Packed<T, V>) == sizeof(Vec<T, V>), "a packed vector holds V elements");
+  Vec<T, V> v;
+  memcpy(&v, &packed, sizeof(v));
+  return v;
+}
+
+// v as float; bfloat16 by its bits (c10's portable conversion: integer operations, which the compiler redoes where a
+// value is used again rather than keep the converted value in a register across the row's barrier).
+template <typename T>
+__device__ __forceinline__ float to_float(T v) {
+  return static_cast<float>(v);
+}
+
+template <>
+__device__ __forceinline__ float to_float(c10::BFloat16 v) {
+  return c10::detail::f32_from_bits(v.x);
+}
+
+// What a thread loads of one row: its items of dy and x, and the row's rstd.
+template <typename T, int V>
+struct BwdRow {
+  Packed<T, V> dy[kItems<V>];
+  Packed<T, V> x[kItems<V>];
+  float rstd;
+};
+
+// Row `row` of this thread's group, or zeros past the last row.
+template <typename T, int V>
+__device__ __forceinline__ BwdRow<T, V> load_bwd_row(const T* __restrict__ dy, const T* __restrict__ x,
+                                                     const float* __restrict__ rstd, int64_t row, int64_t n_rows,
+                                                     int H) {
+  BwdRow<T, V> loaded{};
+  if (row < n_rows) {
+    const int64_t base = row * H;
+#pragma unroll
+    for (int n = 0; n < kItems<V>; ++n) {
+      const int i = threadIdx.x + n * blockDim.x;
+      if (i < H / V) {
+        loaded.dy[n] = load_packed<T, V>(dy + base + i * V);
+        loaded.x[n] = load_packed<T, V>(x + base + i * V);
+      }
+    }
+    loaded.rstd = rstd[row];
+  }
+  return loaded;
+}
+
+// The sum of v over this thread's row group (whole warps), returned to each of its threads. One barrier per row:
+// consecutive rows use alternate halves of `sums` (`parity`), and no thread writes a half again before every thread
+// has passed the next row's barrier, hence has finished reading that half.
+__device__ __forceinline__ float group_sum(float v, float (*sums)[kMaxWarps], int parity) {
+  const int tid = threadIdx.x + threadIdx.y * blockDim.x;
+  v = warp_reduce(v, SumOp());
+  if (tid % C10_WARP_SIZE == 0) sums[parity][tid / C10_WARP_SIZE] = v;
+  __syncthreads();
+  const int group_warps = blockDim.x / C10_WARP_SIZE, first = threadIdx.y * group_warps;
+  float sum = sums[parity][first];
+  for (int w = 1; w < group_warps; ++w) sum += sums[parity][first + w];
+  return sum;
+}
+
+// Persistent: row group (block b, group y) of G handles rows b * G + y, then G * gridDim.x further each step, and
+// sums dw over its rows in fp32 registers; the block's groups then add theirs in a fixed order and write one partial
+// row, which dw_reduce_kernel sums in a fixed order (deterministic, no atomics). With kThreads = kNarrowRowThreads a
+// thread loads the next row before it reduces and stores the current one, so that the loads arrive meanwhile.
+// Dynamic shared memory: blockDim.x * V floats when G > 1.
+template <typename T, typename W, int V, int kThreads>
+__global__ void __launch_bounds__(kThreads)
     rmsnorm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ weight,
                        const float* __restrict__ rstd, const T* __restrict__ dresidual, T* __restrict__ dx,
                        float* __restrict__ dw_partial, int64_t n_rows, int H) {
   constexpr int kN = kItems<V>;
-  __shared__ float shared[kMaxWarps];
+  constexpr bool kPrefetch = kThreads <= kNarrowRowThreads;
+  __shared__ float sums[2][kMaxWarps];
+  extern __shared__ float group_dw[];
   const int n_vec = H / V;
+  const int64_t rows_per_step = static_cast<int64_t>(gridDim.x) * blockDim.y;
   float dw[kN][V] = {};
-  for (int64_t row = blockIdx.x; row < n_rows; row += gridDim.x) {
+  int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  BwdRow<T, V> cur;
+  if constexpr (kPrefetch) cur = load_bwd_row<T, V>(dy, x, rstd, row, n_rows, H);
+  // The block steps on while its first group has a row, so that all its threads take every barrier.
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.y, step = 0; first < n_rows;
+       first += rows_per_step, row += rows_per_step, ++step) {
+    BwdRow<T, V> next;
+    if constexpr (kPrefetch) {
+      next = load_bwd_row<T, V>(dy, x, rstd, row + rows_per_step, n_rows, H);
+    } else {
+      cur = load_bwd_row<T, V>(dy, x, rstd, row, n_rows, H);
+    }
+    const bool active = row < n_rows;
     const int64_t base = row * H;
-    float s[kN][V], g[kN][V];  // the normalized input and dy
-    float dot = 0.f;           // sum(dy * w * s)
+    const float r = cur.rstd;
+    Packed<T, V> res[kN];
+    float dot = 0.f;  // sum(dy * w * s)
 #pragma unroll
     for (int n = 0; n < kN; ++n) {
       const int i = threadIdx.x + n * blockDim.x;
-      if (i < n_vec) {
-        const Vec<T, V> xv = load_vec<T, V>(x + base + i * V);
-        const Vec<T, V> gv = load_vec<T, V>(dy + base + i * V);
+      if (active && i < n_vec) {
+        if (dresidual != nullptr) res[n] = load_packed<T, V>(dresidual + base + i * V);  // in flight meanwhile
         Vec<W, V> wv;
         if (weight != nullptr) wv = load_vec<W, V>(weight + i * V);
+        const Vec<T, V> gv = unpack<T, V>(cur.dy[n]), sv = unpack<T, V>(cur.x[n]);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          s[n][j] = static_cast<float>(xv.v[j]);
-          g[n][j] = static_cast<float>(gv.v[j]);
-          dot += (weight != nullptr ? g[n][j] * static_cast<float>(wv.v[j]) : g[n][j]) * s[n][j];
+          const float g = to_float(gv.v[j]), s = to_float(sv.v[j]);
+          dot += (weight != nullptr ? g * to_float(wv.v[j]) : g) * s;
+          dw[n][j] += g * s * r;
         }
       }
     }
-    const float c = block_reduce(dot, SumOp(), shared) / H;
-    const float r = rstd[row];
+    const float c = group_sum(dot, sums, static_cast<int>(step & 1)) / H;
 #pragma unroll
     for (int n = 0; n < kN; ++n) {
       const int i = threadIdx.x + n * blockDim.x;
-      if (i < n_vec) {
+      if (active && i < n_vec) {
         Vec<W, V> wv;
-        Vec<T, V> rv, out;
-        if (weight != nullptr) wv = load_vec<W, V>(weight + i * V);
-        if (dresidual != nullptr) rv = load_vec<T, V>(dresidual + base + i * V);
+        Vec<T, V> out;
+        if (weight != nullptr) wv = load_vec<W, V>(weight + i * V);  // an L1 hit: every row of the SM reads it
+        const Vec<T, V> gv = unpack<T, V>(cur.dy[n]), sv = unpack<T, V>(cur.x[n]);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          const float gw = weight != nullptr ? g[n][j] * static_cast<float>(wv.v[j]) : g[n][j];
-          float d = r * (gw - s[n][j] * (r * r * c));
-          if (dresidual != nullptr) d += static_cast<float>(rv.v[j]);
+          const float g = to_float(gv.v[j]), s = to_float(sv.v[j]);
+          const float gw = weight != nullptr ? g * to_float(wv.v[j]) : g;
+          float d = r * (gw - s * (r * r * c));
+          if (dresidual != nullptr) d += to_float(unpack<T, V>(res[n]).v[j]);
           out.v[j] = static_cast<T>(d);
-          dw[n][j] += g[n][j] * s[n][j] * r;
         }
         store_vec<T, V>(dx + base + i * V, out);
       }
     }
+    if constexpr (kPrefetch) cur = next;
   }
   if (dw_partial == nullptr) return;
+  // Groups 0, 1, ... add their dw in turn, item by item, into group_dw (laid out [j][thread]: no bank conflicts);
+  // the last group writes the block's partial row.
 #pragma unroll
   for (int n = 0; n < kN; ++n) {
     const int i = threadIdx.x + n * blockDim.x;
-    if (i < n_vec) {
+    for (int group = 0; group < static_cast<int>(blockDim.y); ++group) {
+      if (threadIdx.y == group && i < n_vec) {
+        Vec<float, V> sum;
 #pragma unroll
-      for (int j = 0; j < V; ++j) dw_partial[static_cast<int64_t>(blockIdx.x) * H + i * V + j] = dw[n][j];
+        for (int j = 0; j < V; ++j) sum.v[j] = group > 0 ? group_dw[j * blockDim.x + threadIdx.x] + dw[n][j] : dw[n][j];
+        if (group + 1 < static_cast<int>(blockDim.y)) {
+#pragma unroll
+          for (int j = 0; j < V; ++j) group_dw[j * blockDim.x + threadIdx.x] = sum.v[j];
+        } else {
+          store_vec<float, V>(dw_partial + static_cast<int64_t>(blockIdx.x) * H + i * V, sum);
+        }
+      }
+      __syncthreads();
     }
   }
 }
@@ -182,13 +300,30 @@ struct TypeTag {
   using type = T;
 };
 
-// Calls f with TypeTag<W>: W = float for an fp32 weight (of 16-bit activations), else the activations' type T.
-template <typename T, typename F>
-void with_weight_type(const std::optional<at::Tensor>& weight, F&& f) {
-  if (weight.has_value() && weight->scalar_type() == at::kFloat) {
-    f(TypeTag<float>{});
+// Calls f(TypeTag<T>{}, TypeTag<W>{}, std::integral_constant<int, V>{}): x's type T, the weight's W (float for an
+// fp32 weight of 16-bit activations, else T) and the vector width V (with_vector_width).
+template <typename F>
+void with_row_types(const at::Tensor& x, const std::optional<at::Tensor>& weight, bool vectorized, F&& f) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rmsnorm", [&] {
+    const auto with_weight = [&](auto weight_type) {
+      with_vector_width<scalar_t>(vectorized, [&](auto vec) { f(TypeTag<scalar_t>{}, weight_type, vec); });
+    };
+    if (weight.has_value() && weight->scalar_type() == at::kFloat) {
+      with_weight(TypeTag<float>{});
+    } else {
+      with_weight(TypeTag<scalar_t>{});
+    }
+  });
+}
+
+// Calls f(std::integral_constant<int, N>{}): N, the block size a kernel for rows of `threads` threads is compiled
+// for (its __launch_bounds__).
+template <typename F>
+void with_thread_bound(int threads, F&& f) {
+  if (threads <= kNarrowRowThreads) {
+    f(std::integral_constant<int, kNarrowRowThreads>{});
   } else {
-    f(TypeTag<T>{});
+    f(std::integral_constant<int, 1024>{});
   }
 }
 
@@ -213,19 +348,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rmsnorm_fwd(const at::Tensor& x, 
   at::Tensor rstd = at::empty({n_rows}, x.options().dtype(at::kFloat));
   if (n_rows == 0 || H == 0) return {y, sum_out, rstd};
   const bool vectorized = vectorizable(x, weight, {&x, maybe(residual), &y, &sum_out});
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rmsnorm_fwd", [&] {
-    with_weight_type<scalar_t>(weight, [&](auto weight_type) {
-      using W = typename decltype(weight_type)::type;
-      with_vector_width<scalar_t>(vectorized, [&](auto vec) {
-        constexpr int V = decltype(vec)::value;
-        rmsnorm_fwd_kernel<scalar_t, W, V><<<static_cast<unsigned>(n_rows), row_threads(H / V, kItems<V>), 0,
-                                             at::cuda::getCurrentCUDAStream()>>>(
-            x.data_ptr<scalar_t>(), ptr_or_null<W>(weight), ptr_or_null<scalar_t>(residual),
-            y.data_ptr<scalar_t>(), residual.has_value() ? sum_out.data_ptr<scalar_t>() : nullptr,
-            rstd.data_ptr<float>(), H, static_cast<float>(eps));
-        check_launch("rmsnorm_fwd_kernel");
-      });
+  with_row_types(x, weight, vectorized, [&](auto x_type, auto weight_type, auto vec) {
+    using T = typename decltype(x_type)::type;
+    using W = typename decltype(weight_type)::type;
+    constexpr int V = decltype(vec)::value;
+    const int threads = row_threads(H / V, kItems<V>);
+    with_thread_bound(threads, [&](auto bound) {
+      rmsnorm_fwd_kernel<T, W, V, decltype(bound)::value>
+          <<<static_cast<unsigned>(n_rows), threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+              x.data_ptr<T>(), ptr_or_null<W>(weight), ptr_or_null<T>(residual), y.data_ptr<T>(),
+              residual.has_value() ? sum_out.data_ptr<T>() : nullptr, rstd.data_ptr<float>(), H,
+              static_cast<float>(eps));
     });
+    check_launch("rmsnorm_fwd_kernel");
   });
   return {y, sum_out, rstd};
 }
@@ -247,28 +382,36 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd(const at::Tensor& dy, const at::T
   at::Tensor dw = weight.has_value() ? at::zeros_like(*weight) : at::empty({0}, x.options());
   if (n_rows == 0 || H == 0) return {dx, dw};
   const bool vectorized = vectorizable(x, weight, {&x, &dy, maybe(dresidual), &dx});
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rmsnorm_bwd", [&] {
-    with_weight_type<scalar_t>(weight, [&](auto weight_type) {
-      using W = typename decltype(weight_type)::type;
-      with_vector_width<scalar_t>(vectorized, [&](auto vec) {
-        constexpr int V = decltype(vec)::value;
-        const int threads = row_threads(H / V, kItems<V>);
-        const int64_t n_blocks = std::min<int64_t>(n_rows, int64_t{sm_count()} * std::max(1, 2048 / threads));
-        at::Tensor partial;
-        if (weight.has_value()) partial = at::empty({n_blocks, H}, x.options().dtype(at::kFloat));
-        const auto stream = at::cuda::getCurrentCUDAStream();
-        rmsnorm_bwd_kernel<scalar_t, W, V><<<static_cast<unsigned>(n_blocks), threads, 0, stream>>>(
-            dy.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), ptr_or_null<W>(weight), rstd.data_ptr<float>(),
-            ptr_or_null<scalar_t>(dresidual), dx.data_ptr<scalar_t>(),
-            weight.has_value() ? partial.data_ptr<float>() : nullptr, n_rows, H);
-        check_launch("rmsnorm_bwd_kernel");
-        if (weight.has_value()) {
-          dw_reduce_kernel<W><<<(H + 31) / 32, 256, 0, stream>>>(partial.data_ptr<float>(), dw.data_ptr<W>(),
-                                                                 static_cast<int>(n_blocks), H);
-          check_launch("dw_reduce_kernel");
-        }
-      });
+  with_row_types(x, weight, vectorized, [&](auto x_type, auto weight_type, auto vec) {
+    using T = typename decltype(x_type)::type;
+    using W = typename decltype(weight_type)::type;
+    constexpr int V = decltype(vec)::value;
+    const int threads = row_threads(H / V, kItems<V>);
+    const auto stream = at::cuda::getCurrentCUDAStream();
+    at::Tensor partial;
+    with_thread_bound(threads, [&](auto bound) {
+      constexpr int kBlockThreads = decltype(bound)::value;
+      const auto kernel = rmsnorm_bwd_kernel<T, W, V, kBlockThreads>;
+      const dim3 block(threads, kBlockThreads / threads);
+      const size_t group_dw_bytes = block.y > 1 ? threads * V * sizeof(float) : 0;
+      int blocks_per_sm = 0;
+      TORCH_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, block.x * block.y,
+                                                                group_dw_bytes) == cudaSuccess,
+                  op, ": occupancy query failed");
+      const int64_t n_blocks = std::min<int64_t>((n_rows + block.y - 1) / block.y,
+                                                 int64_t{sm_count()} * std::max(1, blocks_per_sm));
+      if (weight.has_value()) partial = at::empty({n_blocks, H}, x.options().dtype(at::kFloat));
+      kernel<<<static_cast<unsigned>(n_blocks), block, group_dw_bytes, stream>>>(
+          dy.data_ptr<T>(), x.data_ptr<T>(), ptr_or_null<W>(weight), rstd.data_ptr<float>(),
+          ptr_or_null<T>(dresidual), dx.data_ptr<T>(), weight.has_value() ? partial.data_ptr<float>() : nullptr,
+          n_rows, H);
     });
+    check_launch("rmsnorm_bwd_kernel");
+    if (weight.has_value()) {
+      dw_reduce_kernel<W><<<(H + 31) / 32, 256, 0, stream>>>(partial.data_ptr<float>(), dw.data_ptr<W>(),
+                                                             static_cast<int>(partial.size(0)), H);
+      check_launch("dw_reduce_kernel");
+    }
   });
   return {dx, dw};
 }

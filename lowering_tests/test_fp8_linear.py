@@ -56,9 +56,9 @@ def test_opcheck(recipe):
     no_schema = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     fwd = torch.ops.turbo_inductor.fp8_linear_fwd
     torch.library.opcheck(fwd, (x, w, b, recipe, "reference"), test_utils=no_schema[:2])
-    # x^T and W^T come quantized from the forward (tensorwise) or are quantized again from x (rowwise)
+    # x^T and W^T come quantized from the forward; x itself only for a high-precision wgrad
     saved = fwd(x.detach(), w.detach(), b.detach(), recipe, "reference")[1:]
-    x_saved = None if recipe == "tensorwise" else x.detach()
+    x_saved = x.detach() if RECIPES[recipe].high_precision_wgrad else None
     torch.library.opcheck(torch.ops.turbo_inductor.fp8_linear_bwd,
                           (torch.randn(2, 16, 32, device=DEVICE), x_saved, w.detach(), *saved, recipe, "reference"),
                           test_utils=no_schema)

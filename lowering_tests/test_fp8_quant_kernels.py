@@ -353,39 +353,58 @@ def test_triton_two_pass_path(tiny_tiles, block, transpose):
                                               q2.view(torch.uint8))
 
 
+def _both_layouts_block(name, M, K):
+    """A block for both layouts: the whole dimension as the larger of the two, which spans it in either layout."""
+    br, bc, pow2 = BLOCKS[name]
+    return br or max(M, K), bc or max(M, K), pow2
+
+
 @pytest.mark.parametrize("two_pass", [False, True], ids=["default_tiles", "tiny_tiles"])
+@pytest.mark.parametrize("M,K", [(130, 140), (140, 130)])
 @pytest.mark.parametrize("block", list(BLOCKS))
 @pytest.mark.parametrize("impl_name", list(IMPLS))
-def test_both_layouts_from_one_pass(impl_name, block, two_pass, request):
-    """``both_layouts``: q and q^T from one call, bit for bit what two calls (row-major, transposed) give."""
+def test_both_layouts_from_one_call(impl_name, block, M, K, two_pass, request):
+    """``both_layouts``: x in its blocks and x^T in blocks of the same shape over x^T, from one call, bit for bit what
+    quantizing x and x^T apart gives; q_t is q transposed where the blocks are the same in both layouts."""
     if two_pass:
         request.getfixturevalue("tiny_tiles")
-    M, K = 130, 140
-    br, bc, pow2 = _block(block, M, K)
+    br, bc, pow2 = _both_layouts_block(block, M, K)
     x = _rand(M, K, torch.bfloat16, seed=31)
     quantize = IMPLS[impl_name].fp8_quantize
-    q, scale, qt = quantize(x, torch.float8_e4m3fn, br, bc, False, power_of_two=pow2, both_layouts=True)
-    q_rows, scale_rows = quantize(x, torch.float8_e4m3fn, br, bc, False, power_of_two=pow2)
-    q_cols, _ = quantize(x, torch.float8_e4m3fn, br, bc, True, power_of_two=pow2)
-    assert q.shape == (M, K) and qt.shape == (K, M) and q.is_contiguous() and qt.is_contiguous()
-    assert torch.equal(scale, scale_rows)
-    assert torch.equal(q.view(torch.uint8), q_rows.view(torch.uint8))
-    assert torch.equal(qt.view(torch.uint8), q_cols.view(torch.uint8))
+    q, scale, q_t, scale_t = quantize(x, torch.float8_e4m3fn, br, bc, False, power_of_two=pow2, both_layouts=True)
+    want_q, want_scale = quantize(x, torch.float8_e4m3fn, br, bc, False, power_of_two=pow2)
+    want_q_t, want_scale_t = quantize(x.t().contiguous(), torch.float8_e4m3fn, br, bc, False, power_of_two=pow2)
+    assert q.shape == (M, K) and q_t.shape == (K, M) and all(t.is_contiguous() for t in (q, scale, q_t, scale_t))
+    assert torch.equal(scale, want_scale) and torch.equal(scale_t, want_scale_t)
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(q_t.view(torch.uint8), want_q_t.view(torch.uint8))
+    if reference_fp8.layouts_share_blocks(M, K, br, bc):
+        assert torch.equal(q_t.view(torch.uint8), q.t().contiguous().view(torch.uint8))
     with pytest.raises(ValueError, match="both layouts only with transpose=False"):
         quantize(x, torch.float8_e4m3fn, br, bc, True, both_layouts=True)
 
 
+def test_layouts_share_blocks():
+    share = reference_fp8.layouts_share_blocks
+    assert share(300, 200, 300, 300) and share(300, 200, 128, 128) and share(300, 200, 1000, 1000)
+    assert not share(300, 200, 300, 200)  # the whole of x is not the whole of x^T: x^T's rows are only 200 long
+    assert not share(300, 200, 1, 300) and not share(300, 200, 1, 128)
+    assert share(1, 1, 1, 300)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("M,K", [(128, 256), (144, 256), (256, 128)])
-@pytest.mark.parametrize("block", ["tensorwise", "weight_128x128"])
+@pytest.mark.parametrize("block", ["tensorwise", "rowwise", "weight_128x128"])
 @pytest.mark.parametrize("impl_name", list(IMPLS))
 def test_both_layouts_at_linear_sizes(impl_name, block, M, K, dtype):
     """Where Triton 3.6's kernel storing both layouts in one launch wrote a wrong x^T on the H200 (fp32 at every
-    size, bf16 at some): q^T must be q transposed, bit for bit."""
-    br, bc, _ = _block(block, M, K)
+    size, bf16 at some): q_t must be what quantizing x^T gives, bit for bit."""
+    br, bc, _ = _both_layouts_block(block, M, K)
     x = _rand(M, K, dtype, seed=37)
-    q, _, qt = IMPLS[impl_name].fp8_quantize(x, torch.float8_e4m3fn, br, bc, False, both_layouts=True)
-    assert torch.equal(qt.view(torch.uint8), q.t().contiguous().view(torch.uint8))
+    quantize = IMPLS[impl_name].fp8_quantize
+    _, _, q_t, scale_t = quantize(x, torch.float8_e4m3fn, br, bc, False, both_layouts=True)
+    want_q_t, want_scale_t = quantize(x.t().contiguous(), torch.float8_e4m3fn, br, bc, False)
+    assert torch.equal(scale_t, want_scale_t) and torch.equal(q_t.view(torch.uint8), want_q_t.view(torch.uint8))
 
 
 def test_tiling_heuristics():

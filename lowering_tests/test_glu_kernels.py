@@ -240,12 +240,12 @@ def test_triton_multi_chunk_and_multi_row_tiles(tiny_tiles, dtype, F, form):
 
 def test_tiling_heuristics():
     # Common FFN widths: whole 2048-column chunks where they divide F, halved where the tail would idle lanes.
-    assert triton_glu.glu_tiling(14336) == triton_glu.GluTiling(1, 2048, 4)
+    assert triton_glu.glu_tiling(14336) == triton_glu.GluTiling(1, 2048, 8)
     assert triton_glu.glu_tiling(4096).block_f == 2048
-    assert triton_glu.glu_tiling(11008) == triton_glu.GluTiling(2, 1024, 4)
+    assert triton_glu.glu_tiling(11008) == triton_glu.GluTiling(2, 1024, 8)
     assert triton_glu.block_f_for(4097) == triton_glu.MIN_BLOCK_F
     # Short rows: padded to a power of two, several per tile.
-    assert triton_glu.glu_tiling(127) == triton_glu.GluTiling(16, 128, 4)
+    assert triton_glu.glu_tiling(127) == triton_glu.GluTiling(16, 128, 8)
     assert triton_glu.glu_tiling(1).block_rows == triton_glu.TILE_ELEMENTS
     for F in (1, 127, 4097, 11008, 14336, 100000):
         tiling = triton_glu.glu_tiling(F)

@@ -19,12 +19,11 @@ recipe and its role (activation/gradient or weight):
 | mxfp8      | 1 x 32                 | 1 x 32         | e4m3            | powers of two   |
 
 Forward: x [M, K] and W [N, K]. Backward: dx = dy W (operands dy [M, N] and W^T [K, N]) and dW = dy^T x (operands
-dy^T [N, M] and x^T [K, M]); the transposed operands are quantized straight into their transposed layout.
-Where an operand's blocks are square (the whole tensor, 128 x 128), quantizing its transpose gives its quantization
-transposed, bit for bit: one pass then writes both layouts. The forward saves x^T and W^T that way (fp8: half the
-bytes of saving x), so that the backward quantizes neither again, and dy and dy^T come from one pass; per training
-step that moves 4 bytes less per element of x, W and dy. Otherwise x_t and w_t are empty and the backward
-quantizes x^T and W^T from x and W, saved in their own precision.
+dy^T [N, M] and x^T [K, M]). Each operand and its transpose are quantized by one call (``both_layouts``: one pass
+where the blocks are the same in both layouts, two reads of the operand for rowwise in the native kernels): the
+forward saves x^T and W^T quantized (1 byte per element, against 2 for saving x in bf16), so that the backward
+reads neither x nor W again, and dy and dy^T come from one call. With ``high_precision_wgrad`` the forward saves x
+itself instead of x^T, for wgrad in x's dtype.
 """
 from __future__ import annotations
 
@@ -35,6 +34,7 @@ import torch
 from torch import Tensor
 
 from ..kernels import registry
+from ..kernels.reference.fp8_quant import scale_shape
 from .fp8 import GEMM_KERNEL, QUANTIZE_KERNEL, fp8_formats
 from .library import (SUPPORTED_FLOAT_DTYPES, check, check_linear, define_composite, kernel_op,
                       register_linear_autograd)
@@ -60,36 +60,26 @@ RECIPES = {
 ALIGNMENT = 16
 
 
-def _block_shape(block: tuple[int, int], rows, cols) -> tuple:
-    """A recipe's block (0: the whole dimension) on an operand [rows, cols]."""
-    return block[0] or rows, block[1] or cols
+def _kernel_block(block: tuple[int, int], t: Tensor) -> tuple[int, int]:
+    """A recipe's block (0: the whole dimension) for the quantization kernels, on the operand ``t`` and its transpose:
+    the kernels clip a block to the tensor, so the larger of t's dimensions spans the dimension in either layout."""
+    whole = max(*t.shape, 1)
+    return block[0] or whole, block[1] or whole
 
 
-def _operand(t: Tensor, block: tuple[int, int], dtype: torch.dtype, transposed: bool, recipe: Recipe,
-             impl: str) -> tuple[Tensor, Tensor]:
-    """Quantize the GEMM operand ``t`` (or ``t^T`` when ``transposed``), [R, C], in ``block``-shaped blocks."""
+def _operand(t: Tensor, block: tuple[int, int], dtype: torch.dtype, recipe: Recipe, impl: str) -> tuple[Tensor, Tensor]:
+    """The GEMM operand ``t`` [R, C] quantized in ``block``-shaped blocks: (q, scale)."""
     quantize = registry.select(QUANTIZE_KERNEL, t.device, impl)
-    rows, cols = (t.shape[1], t.shape[0]) if transposed else t.shape
-    block_rows, block_cols = _block_shape(block, rows, cols)
-    if not transposed:
-        return quantize(t, dtype, block_rows, block_cols, False, power_of_two=recipe.power_of_two)
-    q, scale = quantize(t, dtype, block_cols, block_rows, True, power_of_two=recipe.power_of_two)
-    return q, scale.t().contiguous()
-
-
-def _square(block: tuple[int, int]) -> bool:
-    """Whether an operand's quantization, transposed, is its transpose's (blocks of the whole tensor, 128 x 128)."""
-    return block[0] == block[1]
+    return quantize(t, dtype, *_kernel_block(block, t), False, power_of_two=recipe.power_of_two)
 
 
 def _operand_both(t: Tensor, block: tuple[int, int], dtype: torch.dtype, recipe: Recipe,
                   impl: str) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
-    """The GEMM operand ``t`` [R, C] and ``t^T`` quantized in square blocks, from one pass."""
+    """The GEMM operand ``t`` [R, C] and ``t^T`` [C, R], each quantized in ``block``-shaped blocks, from one call."""
     quantize = registry.select(QUANTIZE_KERNEL, t.device, impl)
-    block_rows, block_cols = _block_shape(block, *t.shape)
-    q, scale, q_t = quantize(t, dtype, block_rows, block_cols, False, power_of_two=recipe.power_of_two,
-                             both_layouts=True)
-    return (q, scale), (q_t, scale.t().contiguous())
+    q, scale, q_t, scale_t = quantize(t, dtype, *_kernel_block(block, t), False, power_of_two=recipe.power_of_two,
+                                      both_layouts=True)
+    return (q, scale), (q_t, scale_t)
 
 
 def _gemm(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor], out_dtype: torch.dtype, impl: str) -> Tensor:
@@ -103,10 +93,9 @@ def _check(op: str, x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: s
           lambda: f"weight dimensions must be multiples of {ALIGNMENT} for the FP8 GEMM, got {list(weight.shape)}")
 
 
-def _saves_transposes(recipe: str) -> tuple[bool, bool]:
-    """Whether the forward saves x^T (and W^T) quantized for the backward (see the module docstring)."""
-    r = RECIPES[recipe]
-    return _square(r.activation_block) and not r.high_precision_wgrad, _square(r.weight_block)
+def _keeps_x(recipe: str) -> bool:
+    """Whether the backward takes x in its own precision (for a high-precision wgrad) rather than x^T quantized."""
+    return RECIPES[recipe].high_precision_wgrad
 
 
 def _forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, impl: str,
@@ -118,15 +107,14 @@ def _forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, imp
     if x2.shape[0] == 0:
         y = x.new_zeros(x.shape[:-1] + (weight.shape[0],)) + (0 if bias is None else bias)
         return y, *_saved_transposes(x2, weight, recipe)
-    save_x_t, save_w_t = _saves_transposes(recipe) if for_backward else (False, False)
-    if save_x_t:
+    if for_backward and not _keeps_x(recipe):
         x_q, x_t = _operand_both(x2, r.activation_block, e4m3, r, impl)
     else:
-        x_q, x_t = _operand(x2, r.activation_block, e4m3, False, r, impl), _unsaved(x, e4m3)
-    if save_w_t:
+        x_q, x_t = _operand(x2, r.activation_block, e4m3, r, impl), _unsaved(x, e4m3)
+    if for_backward:
         w_q, w_t = _operand_both(weight, r.weight_block, e4m3, r, impl)
     else:
-        w_q, w_t = _operand(weight, r.weight_block, e4m3, False, r, impl), _unsaved(x, e4m3)
+        w_q, w_t = _operand(weight, r.weight_block, e4m3, r, impl), _unsaved(x, e4m3)
     y = _gemm(x_q, w_q, x.dtype, impl)
     if bias is not None:
         y = y + bias
@@ -142,11 +130,11 @@ def _saved_transposes(x2: Tensor, weight: Tensor, recipe: str) -> tuple[Tensor, 
     """Uninitialized tensors of the saved transposes' shapes (the fake; a forward with no rows)."""
     r, e4m3 = RECIPES[recipe], fp8_formats(x2.device)[0]
     saved = []
-    for save, t, block in zip(_saves_transposes(recipe), (x2, weight), (r.activation_block, r.weight_block)):
+    for save, t, block in ((not _keeps_x(recipe), x2, r.activation_block), (True, weight, r.weight_block)):
         rows, cols = t.shape
-        block_rows, block_cols = _block_shape(block, max(rows, 1), max(cols, 1))
+        block_rows, block_cols = _kernel_block(block, t)
         saved += ((t.new_empty((cols, rows), dtype=e4m3),
-                   t.new_empty((-(-cols // block_cols), -(-rows // block_rows)), dtype=torch.float32))
+                   t.new_empty(scale_shape(cols, rows, block_rows, block_cols), dtype=torch.float32))
                   if save else _unsaved(t, e4m3))
     return tuple(saved)
 
@@ -182,26 +170,18 @@ def fp8_linear_bwd(dy: Tensor, x: Optional[Tensor], weight: Tensor, x_t: Tensor,
                    w_t_scale: Tensor, recipe: str, impl: str = "auto") -> tuple[Tensor, Tensor]:
     _check_backward(dy, x, weight, recipe)
     r, (e4m3, e5m2) = RECIPES[recipe], fp8_formats(dy.device)
-    save_x_t, save_w_t = _saves_transposes(recipe)
     grad_dtype = e5m2 if r.gradient_format == "e5m2" else e4m3
     k = weight.shape[1]
     dy2 = dy.reshape(-1, weight.shape[0])
     dx_shape = dy.shape[:-1] + (k,)
     if dy2.shape[0] == 0:
         return dy.new_zeros(dx_shape), torch.zeros_like(weight)
-    if _square(r.activation_block):
-        dy_q, dy_t = _operand_both(dy2, r.activation_block, grad_dtype, r, impl)
-    else:
-        dy_q = _operand(dy2, r.activation_block, grad_dtype, False, r, impl)
-    w_t_q = (w_t, w_t_scale) if save_w_t else _operand(weight, r.weight_block, e4m3, True, r, impl)
-    dx = _gemm(dy_q, w_t_q, dy.dtype, impl)
+    dy_q, dy_t = _operand_both(dy2, r.activation_block, grad_dtype, r, impl)
+    dx = _gemm(dy_q, (w_t, w_t_scale), dy.dtype, impl)
     if r.high_precision_wgrad:
         dweight = (dy2.t() @ x.reshape(-1, k)).to(weight.dtype)
     else:
-        if not _square(r.activation_block):
-            dy_t = _operand(dy2, r.activation_block, grad_dtype, True, r, impl)
-        x_t_q = (x_t, x_t_scale) if save_x_t else _operand(x.reshape(-1, k), r.activation_block, e4m3, True, r, impl)
-        dweight = _gemm(dy_t, x_t_q, weight.dtype, impl)
+        dweight = _gemm(dy_t, (x_t, x_t_scale), weight.dtype, impl)
     return dx.view(dx_shape), dweight
 
 
@@ -210,7 +190,7 @@ def _check_backward(dy: Tensor, x: Optional[Tensor], weight: Tensor, recipe: str
     check(recipe in RECIPES, op, lambda: f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}")
     check(dy.dim() >= 1 and dy.shape[-1] == weight.shape[0] and dy.dtype == weight.dtype, op,
           lambda: f"dy must be [..., {weight.shape[0]}] in {weight.dtype}, got {list(dy.shape)} {dy.dtype}")
-    check((x is None) == _saves_transposes(recipe)[0], op,
+    check((x is None) != _keeps_x(recipe), op,
           lambda: f"x must be {'None: x^T comes quantized' if x is None else 'given'} for recipe {recipe!r}")
     if x is not None:
         check_linear(op, x, weight, None)
@@ -222,7 +202,7 @@ def _(dy, x, weight, x_t, x_t_scale, w_t, w_t_scale, recipe, impl="auto"):
     return dy.new_empty(dy.shape[:-1] + (weight.shape[1],)), weight.new_empty(weight.shape)
 
 
-register_linear_autograd(fp8_linear_fwd, fp8_linear_bwd, keeps_x=lambda recipe: not _saves_transposes(recipe)[0])
+register_linear_autograd(fp8_linear_fwd, fp8_linear_bwd, keeps_x=_keeps_x)
 
 
 

@@ -1,6 +1,6 @@
 """FP8 quantization through the native kernels (``csrc/fp8_quant.cu``): blocks of the whole tensor, of rows or of
-columns (tensorwise, rowwise and transposed-rowwise operands); other blocks go to the next implementation.
-Semantics: ``..reference.fp8_quant``."""
+columns (tensorwise, rowwise and transposed-rowwise operands), and both layouts of a tensorwise or rowwise operand
+from two reads of x; other blocks go to the next implementation. Semantics: ``..reference.fp8_quant``."""
 from __future__ import annotations
 
 import torch
@@ -19,9 +19,12 @@ def supports(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_col
     if x.dim() != 2 or block_rows < 1 or block_cols < 1 or fp8_dtype not in FP8_DTYPES:
         return None  # invalid for every implementation: the call raises the error that names it
     M, K = x.shape
-    br, bc = min(block_rows, M), min(block_cols, K)
-    if not ((br == M and bc == K) or (br == 1 and bc == K) or (br == M and bc == 1)):
+    blocks = _blocks_of(M, K, block_rows, block_cols)
+    if blocks is None:
         return f"blocks of the whole tensor, of rows or of columns only, got {block_rows} x {block_cols}"
+    if both_layouts and (blocks == "columns" or _blocks_of(K, M, block_rows, block_cols) != blocks):
+        return (f"both layouts in blocks of the whole tensor or of whole rows (of x and of x^T) only, got "
+                f"{block_rows} x {block_cols} on {M} x {K}")
     if not x.is_contiguous():
         return "contiguous input only"
     if fp8_dtype not in device_formats(x.device):  # the kernels are compiled for the GPU's encoding only
@@ -33,7 +36,18 @@ def supports(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_col
                 supports=supports)
 def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool,
                  power_of_two: bool = False, both_layouts: bool = False):
-    """``(q, scale)``, or ``(q, scale, q^T)`` with ``both_layouts``; see ``..reference.fp8_quant.fp8_quantize``."""
+    """``(q, scale)``, or ``(q, scale, q_t, scale_t)`` with ``both_layouts``; see
+    ``..reference.fp8_quant.fp8_quantize``."""
     check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts)
-    q, scale, q_t = ops().fp8_quantize(x, fp8_dtype, block_rows, block_cols, transpose, power_of_two, both_layouts)
-    return (q, scale, q_t) if both_layouts else (q, scale)
+    outputs = ops().fp8_quantize(x, fp8_dtype, block_rows, block_cols, transpose, power_of_two, both_layouts)
+    return tuple(outputs) if both_layouts else tuple(outputs[:2])
+
+
+def _blocks_of(rows: int, cols: int, block_rows: int, block_cols: int) -> str | None:
+    """The kernels' name for the blocks of a [rows, cols] tensor (``blocks_of`` in csrc/fp8_quant.cu), if any."""
+    br, bc = min(block_rows, rows), min(block_cols, cols)
+    if br == rows and bc == cols:
+        return "tensor"
+    if br == 1 and bc == cols:
+        return "rows"
+    return "columns" if br == rows and bc == 1 else None

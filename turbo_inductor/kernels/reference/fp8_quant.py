@@ -19,9 +19,14 @@ This file sets the semantics every other implementation must match:
   scale NaN and every ``q`` of the block NaN; an inf makes the scale inf (the block's other values quantize to 0,
   the inf itself to NaN). Either way the block dequantizes to NaN: a divergence stays visible.
 * Returns ``(q, scale)``: ``q`` [M, K] fp8 contiguous, or with ``transpose=True`` the same values in x^T's layout
-  [K, M] contiguous; with ``both_layouts=True`` (and ``transpose=False``), ``(q, scale, q^T)``: both layouts from
-  one pass, for an operand used untransposed and transposed by the same GEMMs' blocks (tensorwise, square blocks); ``scale`` fp32 [cdiv(M, block_rows), cdiv(K, block_cols)] contiguous.
-  Dequantization: ``x ~= q * scale`` broadcast over each block.
+  [K, M] contiguous; ``scale`` fp32 [cdiv(M, block_rows), cdiv(K, block_cols)] contiguous. Dequantization:
+  ``x ~= q * scale`` broadcast over each block.
+* ``both_layouts=True`` (with ``transpose=False``) returns ``(q, scale, q_t, scale_t)``: also x^T [K, M]
+  quantized in blocks of the same shape *over x^T* (block_rows of its rows by block_cols of its columns), row-major,
+  with ``scale_t`` [cdiv(K, block_rows), cdiv(M, block_cols)]: a GEMM operand and its transpose as the forward and
+  the backward GEMMs take them, from one call. Where the blocks match in both layouts (``layouts_share_blocks``: the
+  whole tensor, square blocks) ``q_t`` is ``q`` transposed; rowwise (1 x whole row) makes ``q_t`` x's columns
+  scaled per column.
 """
 from __future__ import annotations
 
@@ -60,6 +65,12 @@ def check_args(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_c
         raise ValueError(f"turbo_inductor: fp8_quantize blocks must be >= 1, got {block_rows} x {block_cols}")
 
 
+def layouts_share_blocks(M: int, K: int, block_rows: int, block_cols: int) -> bool:
+    """Whether x [M, K] in blocks of block_rows x block_cols and x^T in blocks of the same shape (over x^T) cut the
+    same blocks, so that ``both_layouts``'s ``q_t`` is ``q`` transposed (the whole tensor, square blocks)."""
+    return min(block_rows, M) == min(block_cols, M) and min(block_rows, K) == min(block_cols, K)
+
+
 def scale_shape(M: int, K: int, block_rows: int, block_cols: int) -> tuple[int, int]:
     return -(-M // block_rows), -(-K // block_cols)
 
@@ -83,15 +94,16 @@ def saturating_cast(y: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
 @implementation("fp8_quantize", "reference", priority=0, unavailable_reason=unavailable_reason)
 def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool,
                  power_of_two: bool = False, both_layouts: bool = False):
-    """``(q, scale)`` (``(q, scale, q^T)`` with ``both_layouts``); see the module docstring. ``power_of_two``:
-    MXFP8-style E8M0 scales (exact powers of two)."""
+    """``(q, scale)`` (``(q, scale, q_t, scale_t)`` with ``both_layouts``); see the module docstring.
+    ``power_of_two``: MXFP8-style E8M0 scales (exact powers of two)."""
     check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts)
+    if both_layouts:
+        return both_layouts_by_two_calls(fp8_quantize, x, fp8_dtype, block_rows, block_cols, power_of_two)
     M, K = x.shape
     n_br, n_bc = scale_shape(M, K, block_rows, block_cols)
     if M == 0 or K == 0:
-        q = torch.empty((M, K), dtype=fp8_dtype, device=x.device)
-        scale = torch.ones((n_br, n_bc), dtype=torch.float32, device=x.device)
-        return (q, scale, q.t().contiguous()) if both_layouts else (q.t().contiguous() if transpose else q, scale)
+        q = torch.empty((K, M) if transpose else (M, K), dtype=fp8_dtype, device=x.device)
+        return q, torch.ones((n_br, n_bc), dtype=torch.float32, device=x.device)
     br, bc = min(block_rows, M), min(block_cols, K)  # a block larger than the tensor is the tensor
     x32 = x.float()
     # Zero padding up to whole blocks: |0| never raises an amax, and the padding is cut off again below.
@@ -103,11 +115,18 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
     if power_of_two:
         scale = power_of_two_ceil(scale)
     q = saturating_cast(blocks * (torch.ones_like(scale) / scale)[:, None, :, None], fp8_dtype).view(n_br * br, n_bc * bc)[:M, :K]
-    if both_layouts:
-        return q.contiguous(), scale.contiguous(), q.t().contiguous()
     q = q.t() if transpose else q
     return q.contiguous(), scale.contiguous()
 
 
+def both_layouts_by_two_calls(quantize, x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int,
+                              power_of_two: bool):
+    """``both_layouts``'s four outputs from two calls of ``quantize``: x^T's blocks over x^T are x's blocks of
+    the transposed shape, written in x^T's layout."""
+    q, scale = quantize(x, fp8_dtype, block_rows, block_cols, False, power_of_two=power_of_two)
+    q_t, scale_t = quantize(x, fp8_dtype, block_cols, block_rows, True, power_of_two=power_of_two)
+    return q, scale, q_t, scale_t.t().contiguous()
+
+
 __all__ = ["fp8_quantize", "saturating_cast", "check_args", "scale_shape", "power_of_two_ceil", "device_formats",
-           "FP8_DTYPES", "AMAX_FLOOR"]
+           "layouts_share_blocks", "both_layouts_by_two_calls", "FP8_DTYPES", "AMAX_FLOOR"]

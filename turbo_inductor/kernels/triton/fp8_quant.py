@@ -41,7 +41,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..reference.fp8_quant import AMAX_FLOOR, check_args, scale_shape
+from ..reference.fp8_quant import (AMAX_FLOOR, both_layouts_by_two_calls, check_args, layouts_share_blocks,
+                                   scale_shape)
 from ..registry import implementation
 from . import interpreting, launch, on_device, traceable, unavailable_reason
 from .fp8_formats import format_id, to_fp8_bits
@@ -280,19 +281,25 @@ def _fp8_scale_kernel(
                 traceable=traceable)
 def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool,
                  power_of_two: bool = False, both_layouts: bool = False):
-    """``(q, scale)``, or ``(q, scale, q^T)`` with ``both_layouts``; see ``..reference.fp8_quant.fp8_quantize``."""
+    """``(q, scale)``, or ``(q, scale, q_t, scale_t)`` with ``both_layouts``; see
+    ``..reference.fp8_quant.fp8_quantize``."""
     check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts)
     fp8_format = format_id(fp8_dtype, x.device)
     M, K = x.shape
+    if both_layouts and not layouts_share_blocks(M, K, block_rows, block_cols):
+        return both_layouts_by_two_calls(fp8_quantize, x, fp8_dtype, block_rows, block_cols, power_of_two)
     n_br, n_bc = scale_shape(M, K, block_rows, block_cols)
     write_q, write_qt = not transpose, transpose or both_layouts
     q = torch.empty((M, K), dtype=fp8_dtype, device=x.device) if write_q else None
     qt = torch.empty((K, M), dtype=fp8_dtype, device=x.device) if write_qt else None
     scale = torch.empty((n_br, n_bc), dtype=torch.float32, device=x.device)
-    outputs = (q, scale, qt) if both_layouts else (qt if transpose else q, scale)
+
+    def outputs():  # once the scales are written
+        return (q, scale, qt, scale.t().contiguous()) if both_layouts else (qt if transpose else q, scale)
+
     if M == 0 or K == 0:
         scale.fill_(1.0)
-        return outputs
+        return outputs()
     br, bc = min(block_rows, M), min(block_cols, K)
     tiling = fp8_tiling(M, K, block_rows, block_cols, write_qt)
     n_tile_cols = triton.cdiv(K, tiling.tile_cols)
@@ -317,7 +324,7 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
                 launch(_fp8_tile_kernel)[grid](
                     x, q_bits, qt_bits, scale, scale, M, K, x.stride(0), x.stride(1), br, bc, n_bc, 1, n_tile_cols,
                     MODE=MODE_FUSED, ROW_TILES=1, **write, **constexprs)
-            return outputs
+            return outputs()
         n_tile_rows = triton.cdiv(M, tiling.tile_rows)
         row_tiles = 1
         while n_br == 1 and row_tiles * 2 <= n_tile_rows and n_tile_rows * n_tile_cols // row_tiles > AMAX_PROGRAMS:
@@ -349,7 +356,7 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
             launch(_fp8_tile_kernel)[grid](
                 x, q_bits, qt_bits, scale, partial, M, K, x.stride(0), x.stride(1), br, bc, n_bc, n_partial_cols,
                 n_tile_cols, MODE=MODE_CAST, ROW_TILES=1, **write, **constexprs)
-    return outputs
+    return outputs()
 
 
 __all__ = ["fp8_quantize", "fp8_tiling", "Fp8Tiling", "num_warps_for"]

@@ -36,11 +36,12 @@ from . import launch, on_device, traceable, unavailable_reason
 # --------------------------------------------------------------------------------------------------------------
 # Launch heuristics (module constants so that tests can shrink them to exercise the looped paths).
 # --------------------------------------------------------------------------------------------------------------
-# Elements per program tile. With TILE_ELEMENTS_PER_THREAD = 16 that is 4 warps, and each thread loads two 16-byte
-# vectors per bf16 input (four per fp32 input): enough bytes in flight per thread for a streaming kernel, few enough
-# registers that the backward (three inputs, activation and derivative live) does not spill.
+# Elements per program tile. With TILE_ELEMENTS_PER_THREAD = 8 that is 8 warps, each thread loading one 16-byte
+# vector per bf16 input. Chosen by benchmarks/sweep_glu_tiles.py on the H200 (F = 14336): the only settings at
+# Inductor's GPU time (0.998-1.000x); 16 per thread (4 warps) ran 0.6% slower, 32 per thread or 8192-element tiles
+# 2-7% slower.
 TILE_ELEMENTS = 2048
-TILE_ELEMENTS_PER_THREAD = 16
+TILE_ELEMENTS_PER_THREAD = 8
 MAX_NUM_WARPS = 8
 # Column chunk width bounds. A row wider than MAX_BLOCK_F is cut into chunks; the chunk is halved (down to
 # MIN_BLOCK_F) while the row's last chunk would leave more than MAX_TAIL_WASTE of the row's lanes idle
