@@ -144,7 +144,8 @@ def measure(step, x, device: str, kernels: int = 0) -> dict:
 
     start = time.perf_counter()
     with fresh_inductor_cache():
-        out = step().detach()
+        # Kept on the host: a column's outputs left on the GPU would count in the peak memory of every later column.
+        out = step().detach().cpu()
     if device == "cuda":
         torch.cuda.synchronize()
     compile_s = time.perf_counter() - start
@@ -152,7 +153,7 @@ def measure(step, x, device: str, kernels: int = 0) -> dict:
         torch.cuda.reset_peak_memory_stats()
     ms = time_ms(step, device)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
-    grad = x.grad.detach().clone() if x.grad is not None else None
+    grad = x.grad.detach().cpu() if x.grad is not None else None
     gpu = float("nan")
     if device == "cuda":
         from benchmarks.common import kernel_us

@@ -105,33 +105,40 @@ def test_inf_in_one_row_stays_in_that_row(op):
     assert not torch.isfinite(y[1]).all()
 
 
-def _saved_for_backward(model, x, rewrite_options=None):
-    """Bytes of the tensors the forward graph saves for backward, as AOTAutograd's min-cut partitioner (Inductor's)
-    splits it, with the rewrites applied first when ``rewrite_options`` is given."""
+def _forward_and_backward(model, x, rewrite_options=None):
+    """The forward and backward graphs of ``model`` as AOTAutograd's min-cut partitioner (Inductor's) splits them,
+    with the rewrites applied first when ``rewrite_options`` is given."""
     from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
     from torch._functorch.aot_autograd import aot_module_simplified
 
     from turbo_inductor.options import Options
     from turbo_inductor.passes import PASSES, PassManager
 
-    saved = []
+    graphs = []
 
     def backend(gm, inputs):
         if rewrite_options is not None:
             PassManager(PASSES, Options.parse(rewrite_options, PASSES))(gm.graph)
             gm.recompile()
 
-        def forward_compiler(graph_module, _):
-            outputs = next(n for n in graph_module.graph.nodes if n.op == "output").args[0]
-            saved.extend(o.meta["val"] for o in outputs[1:] if isinstance(o.meta.get("val"), torch.Tensor))
+        def compiler(graph_module, _):
+            graphs.append(graph_module)
             return make_boxed_func(graph_module.forward)
 
-        return aot_module_simplified(gm, inputs, fw_compiler=forward_compiler,
-                                     bw_compiler=lambda g, _: make_boxed_func(g.forward),
+        return aot_module_simplified(gm, inputs, fw_compiler=compiler, bw_compiler=compiler,
                                      partition_fn=min_cut_rematerialization_partition)
 
     torch._dynamo.reset()
     torch.compile(model, backend=backend)(x).sum().backward()
+    forward, backward = graphs
+    return forward, backward
+
+
+def _saved_for_backward(model, x, rewrite_options=None):
+    """Bytes of the tensors the forward graph saves for backward (its outputs after the user's one)."""
+    forward, _ = _forward_and_backward(model, x, rewrite_options)
+    outputs = next(n for n in forward.graph.nodes if n.op == "output").args[0]
+    saved = [o.meta["val"] for o in outputs[1:] if isinstance(o.meta.get("val"), torch.Tensor)]
     return sum(t.numel() * t.element_size() for t in saved)
 
 
@@ -145,3 +152,18 @@ def test_fused_ops_save_no_more_for_backward_than_inductor(impl, dtype):
     fused = _saved_for_backward(model, x, {"impl": impl})
     assert turbo_inductor.rewrite_counts() == {"rmsnorm": 5, "rmsnorm_residual": 4, "glu": 2, "gemm_allreduce": 0, "fp8_scaled_mm": 0}
     assert 0 < fused <= unfused, (fused, unfused)
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_a_residual_sum_only_the_norm_reads_gets_no_zero_filled_gradient(impl):
+    """The final norm's rmsnorm(x + residual): nothing else reads the sum, so its backward gets no gradient for it
+    (None), not a full-size zero tensor written and read for nothing (Inductor's unfused backward has none)."""
+    model = LlamaDecoder(type(CONFIGS["tiny"])(hidden=128, intermediate=256, heads=4, kv_heads=2, layers=1))
+    model = model.to(DEVICE)
+    x = torch.randn(2, 32, 128, device=DEVICE, requires_grad=True)
+    for options in (None, {"impl": impl}):
+        _, backward = _forward_and_backward(model, x, options)
+        fills = (torch.ops.aten.full.default, torch.ops.aten.zeros.default)
+        zeros = [n for n in backward.graph.nodes if n.target in fills and n.meta["val"].numel() >= x.numel()]
+        assert not zeros, (options, [n.format_node() for n in zeros])
+    assert turbo_inductor.rewrite_counts()["rmsnorm_residual"] == 2

@@ -140,10 +140,15 @@ def _setup_residual_fwd(ctx, inputs, output):
     _x, _residual, weight, _eps, impl = inputs
     ctx.save_for_backward(output[1], weight, output[2])
     ctx.impl = impl
+    # An output nothing used gets None, not zeros: the sum is often read by the norm alone (a model's final norm),
+    # and a zero dresidual would be a full-size tensor written and read for nothing (Inductor, unfused, has none).
+    ctx.set_materialize_grads(False)
 
 
 def _backward_residual_fwd(ctx, dy, dtotal, _drstd):
     total, weight, rstd = ctx.saved_tensors
+    if dy is None:  # only the sum was used: its gradient passes to both addends
+        return dtotal, dtotal, None, None, None
     dx, dweight = rmsnorm_bwd(dy, total, weight, rstd, dtotal, ctx.impl)
     return dx, dx, None if weight is None else dweight, None, None
 
