@@ -115,12 +115,13 @@ __device__ __forceinline__ float max_over_32_lanes(float v) {
 
 // Column (and row) maxima: thread blocks of kColumnWarps warps side by side on a row, 32 lanes x V columns each (4 KB
 // of a bf16 row read whole). The gridDim.y row splits interleave: split y takes rows y, y + gridDim.y, ..., so that
-// the thread blocks running at one time read neighbouring rows, as a grid-stride loop over the whole tensor does
-// (blocks each reading their own contiguous range of rows ran at under half the copy rate on the H200: concurrent
-// reads a fixed large stride apart). kRowsInFlight rows are loaded before any is reduced. Each thread keeps the
-// maxima of its own V columns; with row_partial, the block also reduces each row across its warps. Results go to
-// partial maxima (as bits), one row of them per split (columns) or column block (rows), which scale_kernel reduces:
-// no atomics, and deterministic.
+// the thread blocks running at one time read neighbouring rows, as a grid-stride loop over the whole tensor does.
+// kRowsInFlight rows are loaded before any is reduced. Each thread keeps the maxima of its own V columns; with
+// row_partial, the block also reduces each row across its warps. Results go to partial maxima (as bits), one row of
+// them per split (columns) or column block (rows), which scale_kernel reduces: no atomics, and deterministic.
+// Measured on the H200 at 1.8 TB/s over a layer's operands, half the rate of amax_tensor_kernel over the same
+// tensors; two other layouts (8 rows x 512 bytes per thread block; contiguous row ranges per split) measured the
+// same, so the access pattern is not the cause. Not found yet: the next thing to look at with a profiler.
 constexpr int kColumnWarps = 8;
 constexpr int kRowsInFlight = 8;
 

@@ -33,8 +33,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fp8_quantize_meta(const Tensor& x, at
   Tensor scale = at::empty_symint({(rows + block_rows - 1) / block_rows, (cols + block_cols - 1) / block_cols},
                                   float_options);
   if (!both_layouts) return {q, scale, at::empty({0}, fp8_options), at::empty({0}, float_options)};
-  return {q, scale, at::empty_symint({cols, rows}, fp8_options),
-          at::empty_symint({(cols + block_rows - 1) / block_rows, (rows + block_cols - 1) / block_cols}, float_options)};
+  Tensor scale_t = at::empty_symint({(cols + block_rows - 1) / block_rows, (rows + block_cols - 1) / block_cols},
+                                    float_options);
+  return {q, scale, at::empty_symint({cols, rows}, fp8_options), scale_t};
 }
 
 }  // namespace

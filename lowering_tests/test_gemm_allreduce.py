@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 
 import turbo_inductor
+from turbo_inductor.kernels import registry
 from turbo_inductor.kernels.collective import gemm_allreduce as overlap
 
 WORLD = 2
@@ -189,10 +190,10 @@ def _init(rank: int, port: int):
     return dist.group.WORLD, device
 
 
-def _compiled_matches_unfused(rank, port, spelling, chunked):
+def _compiled_matches_unfused(rank, port, spelling, impl, chunked):
     group, device = _init(rank, port)
     try:
-        if chunked:  # small thresholds: the overlap path (opt-in) on small tensors
+        if chunked:  # small thresholds: row chunks (overlap, symm_mem) on small tensors
             overlap.CHUNK_MIN_ROWS, overlap.CHUNK_MIN_BYTES = 2, 0
         torch.manual_seed(0)  # the same weights on both ranks
         model = RowParallel(spelling, group).to(device)
@@ -201,7 +202,9 @@ def _compiled_matches_unfused(rank, port, spelling, chunked):
         want = _run(model, x, "inductor")
         model.zero_grad(set_to_none=True)
         turbo_inductor.reset_records()
-        got = _run(model, x, "primus_turbo", {"impl": "overlap" if chunked else "auto"})
+        got = _run(model, x, "primus_turbo", {"impl": impl})
+        chosen = "reference" if impl == "auto" else impl
+        assert turbo_inductor.kernel_calls().get(("gemm_allreduce_fwd", chosen), 0) >= 1
         assert turbo_inductor.rewrite_counts()["gemm_allreduce"] == 1
         for g, w in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
@@ -212,9 +215,25 @@ def _compiled_matches_unfused(rank, port, spelling, chunked):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("spelling, chunked", [("funcol", False), ("in_place", True)])
-def test_two_ranks_on_gloo_match_the_unfused_model(spelling, chunked):
-    _spawn(_compiled_matches_unfused, spelling, chunked)
+@pytest.mark.parametrize("spelling, impl, chunked", [("funcol", "auto", False), ("in_place", "overlap", True)])
+def test_two_ranks_on_gloo_match_the_unfused_model(spelling, impl, chunked):
+    _spawn(_compiled_matches_unfused, spelling, impl, chunked)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < WORLD, reason="symmetric memory: one GPU per rank")
+@pytest.mark.parametrize("chunked", [False, True])
+def test_two_ranks_through_symmetric_memory_match_the_unfused_model(chunked):
+    _spawn(_compiled_matches_unfused, "funcol", "symm_mem", chunked)
+
+
+def test_symmetric_memory_is_a_gpu_implementation_and_autotune_leaves_collectives_alone():
+    symm_mem = registry.implementations("gemm_allreduce_fwd")["symm_mem"]
+    assert symm_mem.unavailable_reason(torch.device("cpu")) == "symmetric memory needs a GPU"
+    assert not symm_mem.traceable(torch.device("cuda"))  # runtime buffers: a compiled graph calls the op
+    # Each rank would time and choose alone: ranks choosing differently would issue mismatched collectives.
+    for kernel in ("gemm_allreduce_fwd", "gemm_allreduce_bwd"):
+        assert registry._resolve(kernel, torch.device("cpu"), "autotune")[0] == "auto"
+    assert registry._resolve("rmsnorm_fwd", torch.device("cpu"), "autotune")[0] == "autotune"
 
 
 def _disagreeing_shapes(rank, port):

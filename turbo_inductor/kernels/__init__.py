@@ -13,3 +13,4 @@ from .triton import fp8_quant as _triton_fp8_quant  # noqa: F401
 from .native import fp8_quant as _native_fp8_quant  # noqa: F401
 from .reference import gemm_allreduce as _reference_gemm_allreduce  # noqa: F401
 from .collective import gemm_allreduce as _collective_gemm_allreduce  # noqa: F401
+from .symm_mem import gemm_allreduce as _symm_mem_gemm_allreduce  # noqa: F401

@@ -51,6 +51,9 @@ class Implementation:
 
 _IMPLS: dict[str, dict[str, Implementation]] = collections.defaultdict(dict)
 _CALLS: collections.Counter = collections.Counter()
+# Kernels whose implementations run collectives. Autotune would time and choose on each rank alone, and ranks that
+# chose differently would issue mismatched collectives (a hang): these choose as under "auto".
+_COLLECTIVE: set[str] = set()
 
 
 def always(device: torch.device) -> bool:
@@ -78,6 +81,12 @@ def implementation(kernel: str, name: str, *, priority: int,
         return fn
 
     return register
+
+
+def collective(*kernels: str) -> None:
+    """Mark ``kernels`` as running collectives: ``autotune`` leaves them to the default choice."""
+    _COLLECTIVE.update(kernels)
+    _candidates.cache_clear()
 
 
 def implementations(kernel: str) -> dict[str, Implementation]:
@@ -126,6 +135,8 @@ def _candidates(kernel: str, device_type: str, impl: str, env: str) -> tuple[str
     requested = _requested_by(impl, kernel)
     if requested == AUTO:
         requested = _requested_by(env, kernel)
+    if requested == AUTOTUNE and kernel in _COLLECTIVE:
+        requested = AUTO
     if requested not in (AUTO, AUTOTUNE):
         if requested not in impls:
             raise ValueError(

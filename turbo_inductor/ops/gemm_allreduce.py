@@ -1,6 +1,7 @@
 """GEMM + all-reduce: ``y = sum over the ranks of a process group of F.linear(x, weight, bias)``, the end of a
 tensor-parallel row-parallel linear, in functional collectives traced into the compiled graph
-(``kernels/reference``; chunked to overlap the reduction with the GEMM: ``kernels/collective``, opt-in).
+(``kernels/reference``; chunked to overlap the reduction with the GEMM: ``kernels/collective``, opt-in; through
+symmetric memory: ``kernels/symm_mem``, opt-in, called by the compiled graph).
 
 Ops in ``torch.ops.turbo_inductor``:
   gemm_allreduce(x, weight, bias, group_name, impl) -> y                     custom op; backward: gemm_allreduce_bwd

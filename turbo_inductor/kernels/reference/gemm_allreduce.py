@@ -6,8 +6,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .. import registry
 from ..registry import implementation
 from . import unavailable_reason
+
+registry.collective("gemm_allreduce_fwd", "gemm_allreduce_bwd")
 
 
 def start_all_reduce(t: torch.Tensor, group_name: str) -> torch.Tensor:
