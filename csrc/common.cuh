@@ -110,6 +110,12 @@ inline void check_launch(const char* kernel) {
   TORCH_CHECK(error == cudaSuccess, "turbo_inductor native ", kernel, ": ", cudaGetErrorString(error));
 }
 
+// AT_DISPATCH over the dtypes the kernels take, float32, float16 and bfloat16 (scalar_t in the body): float64, which
+// the ops reject before dispatching, is not compiled.
+#define TURBO_INDUCTOR_DISPATCH_FLOATS(TYPE, NAME, ...)                                                    \
+  AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__) \
+                         AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
+
 // Calls f with std::integral_constant<int, V>: V = kVec<T> (16-byte accesses) when `vectorized`, else 1.
 template <typename T, typename F>
 void with_vector_width(bool vectorized, F&& f) {

@@ -7,8 +7,10 @@
 //   both layouts of a rowwise operand (x per row, x^T per row of x^T: per column of x): amax_column_kernel takes
 //                  the row maxima (per column block) in the same read, then scale_kernel for each;
 // then fp8_cast_kernel writes the 64 x 64 tiles, transposing through shared memory for x^T's layout.
-// Maxima of |x| are combined as the integers of their bits (atomicMax for the tensor's): non-negative floats (and
-// NaN, whose bits are larger still) order as integers.
+// Maxima of |x| are taken on the bits of |x| as a float32 (abs_bits): non-negative floats order as unsigned integers,
+// and NaN, whose bits are larger than inf's, wins every maximum, as torch.amax's NaN does. An integer max is one
+// instruction where a NaN-propagating float max takes four (see amax_column_kernel: the passes are instruction-bound).
+
 #include "common.cuh"
 
 #include <torch/library.h>
@@ -23,6 +25,12 @@ enum class Blocks : int { kTensor, kRow, kColumn };
 constexpr float kAmaxFloor = 1e-12f;
 constexpr int kThreads = 256;
 constexpr int kTile = 64;
+
+// |v| as a float32's bits (a bfloat16 is its float32's upper half: one shift).
+template <typename T>
+__device__ __forceinline__ uint32_t abs_bits(T v) {
+  return __float_as_uint(static_cast<float>(v)) & 0x7fffffffu;
+}
 
 __device__ __forceinline__ float block_scale(float amax, float fmax, bool power_of_two) {
   float scale = amax != amax ? amax : fmaxf(amax, kAmaxFloor);
@@ -48,7 +56,7 @@ __global__ void __launch_bounds__(1024) fp8_row_kernel(const T* __restrict__ x, 
   const int n_vec = cols / V;
   const int64_t base = static_cast<int64_t>(blockIdx.x) * cols;
   float kept[kRowItems][V];
-  float amax = 0.f;
+  uint32_t amax = 0;
 #pragma unroll
   for (int n = 0; n < kRowItems; ++n) {
     const int i = threadIdx.x + n * blockDim.x;
@@ -57,17 +65,16 @@ __global__ void __launch_bounds__(1024) fp8_row_kernel(const T* __restrict__ x, 
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         kept[n][j] = static_cast<float>(v.v[j]);
-        amax = MaxOp()(amax, fabsf(kept[n][j]));
+        amax = max(amax, abs_bits(kept[n][j]));
       }
     }
   }
   for (int i = threadIdx.x + kRowItems * blockDim.x; i < n_vec; i += blockDim.x) {
     const Vec<T, V> v = load_vec<T, V>(x + base + i * V);
 #pragma unroll
-    for (int j = 0; j < V; ++j) amax = MaxOp()(amax, fabsf(static_cast<float>(v.v[j])));
+    for (int j = 0; j < V; ++j) amax = max(amax, abs_bits(v.v[j]));
   }
-  amax = block_reduce(amax, MaxOp(), shared);
-  const float s = block_scale(amax, fmax, power_of_two);
+  const float s = block_scale(block_reduce(__uint_as_float(amax), MaxOp(), shared), fmax, power_of_two);
   const float inv = 1.f / s;
   if (threadIdx.x == 0) {
     scale[blockIdx.x] = s;
@@ -96,20 +103,19 @@ __global__ void __launch_bounds__(1024) fp8_row_kernel(const T* __restrict__ x, 
 template <typename T, int V>
 __global__ void amax_tensor_kernel(const T* __restrict__ x, int64_t n_vec, int* __restrict__ amax_bits) {
   __shared__ float shared[kMaxWarps];
-  float amax = 0.f;
+  uint32_t amax = 0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n_vec; i += int64_t{gridDim.x} * blockDim.x) {
     const Vec<T, V> v = load_vec<T, V>(x + i * V);
 #pragma unroll
-    for (int j = 0; j < V; ++j) amax = MaxOp()(amax, fabsf(static_cast<float>(v.v[j])));
+    for (int j = 0; j < V; ++j) amax = max(amax, abs_bits(v.v[j]));
   }
-  amax = block_reduce(amax, MaxOp(), shared);
-  if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_int(amax));
+  const float block_amax = block_reduce(__uint_as_float(amax), MaxOp(), shared);
+  if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_int(block_amax));
 }
 
-// The maximum over the 32 lanes of a row lane: warps of 32 (half a wavefront on AMD, where the shuffles stay in
-// that half).
-__device__ __forceinline__ float max_over_32_lanes(float v) {
-  for (int offset = 16; offset > 0; offset /= 2) v = MaxOp()(v, WARP_SHFL_XOR(v, offset, 32));
+// The maximum over 32 lanes: warps of 32 (half a wavefront on AMD, where the shuffles stay in that half).
+__device__ __forceinline__ uint32_t max_over_32_lanes(uint32_t v) {
+  for (int offset = 16; offset > 0; offset /= 2) v = max(v, WARP_SHFL_XOR(v, offset, 32));
   return v;
 }
 
@@ -119,9 +125,10 @@ __device__ __forceinline__ float max_over_32_lanes(float v) {
 // kRowsInFlight rows are loaded before any is reduced. Each thread keeps the maxima of its own V columns; with
 // row_partial, the block also reduces each row across its warps. Results go to partial maxima (as bits), one row of
 // them per split (columns) or column block (rows), which scale_kernel reduces: no atomics, and deterministic.
-// Measured on the H200 at 1.8 TB/s over a layer's operands, half the rate of amax_tensor_kernel over the same
-// tensors; two other layouts (8 rows x 512 bytes per thread block; contiguous row ranges per split) measured the
-// same, so the access pattern is not the cause. Not found yet: the next thing to look at with a profiler.
+// With float maxima it ran at 1.8 TB/s over a layer's operands on the H200 and amax_tensor_kernel at 3.4 TB/s: about
+// 12 and 6 instructions per element, both near 10^13 instructions a second, and two other layouts of this kernel
+// (8 rows x 512 bytes per thread block; contiguous row ranges per split) ran at the same rate: bound by
+// instructions, not by memory. On abs_bits a maximum is one instruction (4 per element here): not measured yet.
 constexpr int kColumnWarps = 8;
 constexpr int kRowsInFlight = 8;
 
@@ -129,28 +136,27 @@ template <typename T, int V>
 __global__ void __launch_bounds__(kColumnWarps * 32)
     amax_column_kernel(const T* __restrict__ x, int64_t rows, int cols, int* __restrict__ column_partial,
                        int* __restrict__ row_partial) {
-  __shared__ float row_amax[kRowsInFlight][kColumnWarps];
+  __shared__ uint32_t row_amax[kRowsInFlight][kColumnWarps];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t col = ((static_cast<int64_t>(blockIdx.x) * kColumnWarps + warp) * 32 + lane) * V;
   const int64_t splits = gridDim.y;
-  float amax[V] = {};
+  uint32_t amax[V] = {};
   // Rows r0 + u * splits, u < kRowsInFlight, per step; uniform over the block: every thread takes the barriers.
   for (int64_t r0 = blockIdx.y; r0 < rows; r0 += splits * kRowsInFlight) {
     Vec<T, V> v[kRowsInFlight];
 #pragma unroll
     for (int u = 0; u < kRowsInFlight; ++u) {
       const int64_t r = r0 + u * splits;
-      if (col < cols && r < rows) v[u] = load_vec<T, V>(x + r * cols + col);
+      v[u] = col < cols && r < rows ? load_vec<T, V>(x + r * cols + col) : Vec<T, V>{};  // zeros raise no maximum
     }
 #pragma unroll
     for (int u = 0; u < kRowsInFlight; ++u) {
-      const bool loaded = col < cols && r0 + u * splits < rows;
-      float amax_row = 0.f;
+      uint32_t amax_row = 0;
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        const float a = loaded ? fabsf(static_cast<float>(v[u].v[j])) : 0.f;
-        amax[j] = MaxOp()(amax[j], a);
-        amax_row = MaxOp()(amax_row, a);
+        const uint32_t a = abs_bits(v[u].v[j]);
+        amax[j] = max(amax[j], a);
+        amax_row = max(amax_row, a);
       }
       if (row_partial != nullptr) {
         amax_row = max_over_32_lanes(amax_row);
@@ -161,16 +167,16 @@ __global__ void __launch_bounds__(kColumnWarps * 32)
       __syncthreads();
       const int64_t r = r0 + threadIdx.x * splits;
       if (threadIdx.x < kRowsInFlight && r < rows) {
-        float m = row_amax[threadIdx.x][0];
-        for (int w = 1; w < kColumnWarps; ++w) m = MaxOp()(m, row_amax[threadIdx.x][w]);
-        row_partial[blockIdx.x * rows + r] = __float_as_int(m);
+        uint32_t m = row_amax[threadIdx.x][0];
+        for (int w = 1; w < kColumnWarps; ++w) m = max(m, row_amax[threadIdx.x][w]);
+        row_partial[blockIdx.x * rows + r] = static_cast<int>(m);
       }
       __syncthreads();  // row_amax is written again for the next rows
     }
   }
   if (col >= cols) return;
 #pragma unroll
-  for (int j = 0; j < V; ++j) column_partial[blockIdx.y * int64_t{cols} + col + j] = __float_as_int(amax[j]);
+  for (int j = 0; j < V; ++j) column_partial[blockIdx.y * int64_t{cols} + col + j] = static_cast<int>(amax[j]);
 }
 
 // scale and 1/scale of n blocks from n_partials partial maxima each (bits; partial p of block i at p * n + i).
@@ -207,19 +213,30 @@ __global__ void fp8_cast_kernel(const T* __restrict__ x, const float* __restrict
   __shared__ uint8_t tile_t[kTile][kTile + 4];  // [column][row]; the padding spreads a column's bytes over banks
   const int64_t r0 = (blockIdx.x / n_tile_cols) * kTile, c0 = (blockIdx.x % n_tile_cols) * kTile;
   const int tc = (threadIdx.x % kThreadsPerRow) * V, tr = threadIdx.x / kThreadsPerRow;
+  const int64_t c = c0 + tc;
+  const bool in_cols = c < cols;  // cols % V == 0: a vector is all in or all out
+  // The reciprocal scales of this thread's columns, read once: the column blocks' (or the whole tensor's) for q,
+  // and x^T's rows' (x's columns) for qt; per element, a row's scale is one register too. The casts appear bound
+  // by instructions (as the amax passes), and a selection and a load per element doubled their count.
+  float inv_col[V], inv_col_t[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    inv_col[j] = !in_cols ? 0.f : blocks == Blocks::kColumn ? recip[c + j] : recip[0];
+    inv_col_t[j] = in_cols && recip_t != nullptr ? recip_t[c + j] : 0.f;
+  }
 #pragma unroll
   for (int pass = 0; pass < kTile / kRowsPerPass; ++pass) {
     const int lr = tr + pass * kRowsPerPass;
-    const int64_t r = r0 + lr, c = c0 + tc;
-    if (r < rows && c < cols) {  // cols % V == 0: a vector is all in or all out
+    const int64_t r = r0 + lr;
+    if (r < rows && in_cols) {
       const Vec<T, V> v = load_vec<T, V>(x + r * cols + c);
+      const float inv_row = blocks == Blocks::kRow ? recip[r] : 0.f;
       Vec<uint8_t, V> out;
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const float value = static_cast<float>(v.v[j]);
-        const float inv = blocks == Blocks::kRow ? recip[r] : blocks == Blocks::kColumn ? recip[c + j] : recip[0];
-        out.v[j] = to_fp8<K>(value * inv);
-        if (qt != nullptr) tile_t[tc + j][lr] = recip_t == nullptr ? out.v[j] : to_fp8<K>(value * recip_t[c + j]);
+        out.v[j] = to_fp8<K>(value * (blocks == Blocks::kRow ? inv_row : inv_col[j]));
+        if (qt != nullptr) tile_t[tc + j][lr] = recip_t == nullptr ? out.v[j] : to_fp8<K>(value * inv_col_t[j]);
       }
       if (q != nullptr) store_vec<uint8_t, V>(q + r * cols + c, out);
     }
@@ -337,7 +354,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fp8_quantize(
   uint8_t* qt_ptr = write_qt ? reinterpret_cast<uint8_t*>(qt.data_ptr()) : nullptr;
   const bool vectorized = aligned16(x.data_ptr()) && (cols * x.element_size()) % 16 == 0;
   const auto stream = at::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "fp8_quantize", [&] {
+  TURBO_INDUCTOR_DISPATCH_FLOATS(x.scalar_type(), "fp8_quantize", [&] {
     with_vector_width<scalar_t>(vectorized, [&](auto vec) {
       constexpr int V = decltype(vec)::value;
       with_fp8_kind(format.kind, [&](auto kind) {

@@ -304,7 +304,7 @@ struct TypeTag {
 // fp32 weight of 16-bit activations, else T) and the vector width V (with_vector_width).
 template <typename F>
 void with_row_types(const at::Tensor& x, const std::optional<at::Tensor>& weight, bool vectorized, F&& f) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rmsnorm", [&] {
+  TURBO_INDUCTOR_DISPATCH_FLOATS(x.scalar_type(), "rmsnorm", [&] {
     const auto with_weight = [&](auto weight_type) {
       with_vector_width<scalar_t>(vectorized, [&](auto vec) { f(TypeTag<scalar_t>{}, weight_type, vec); });
     };

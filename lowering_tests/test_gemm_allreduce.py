@@ -203,8 +203,9 @@ def _compiled_matches_unfused(rank, port, spelling, impl, chunked):
         model.zero_grad(set_to_none=True)
         turbo_inductor.reset_records()
         got = _run(model, x, "primus_turbo", {"impl": impl})
-        chosen = "reference" if impl == "auto" else impl
-        assert turbo_inductor.kernel_calls().get(("gemm_allreduce_fwd", chosen), 0) >= 1
+        if impl == "symm_mem":  # called by the compiled graph at run time (a traced implementation is counted at
+            # compile time, which a cache hit skips)
+            assert turbo_inductor.kernel_calls().get(("gemm_allreduce_fwd", "symm_mem"), 0) >= 1
         assert turbo_inductor.rewrite_counts()["gemm_allreduce"] == 1
         for g, w in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
