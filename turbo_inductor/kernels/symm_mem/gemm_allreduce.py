@@ -8,25 +8,31 @@ kernel copies dy into the symmetric buffer itself) before the GEMMs.
 Buffers are allocated and exchanged (``rendezvous``, a collective: every rank makes the same calls in the same
 order, as it must for any collective) at the first call of each shape, two per shape and chunk, used in turn: a
 rank can start writing its next buffer while a slower peer still reads the last one, but not the one before (that
-peer's next reduction waits for this rank first). Not traceable (the buffers are runtime state): a compiled graph
-calls the op. Opt-in (``impl="symm_mem"``, below the reference) until measured on two GPUs; ``autotune`` never
-chooses among collective implementations (``registry.collective``).
+peer's next reduction waits for this rank first).
+
+The work is runtime state, so it runs in two operators of their own, ``turbo_inductor_symm_mem::gemm_allreduce_fwd``
+and ``_bwd`` (fakes give their shapes), which a compiled graph calls as extern kernels: the implementation traces
+into the graph as that call, as the native kernels' do, and the op's eager rank check stays out of compiled code.
+Opt-in (``impl="symm_mem"``, below the reference) until measured on two GPUs; ``autotune`` never chooses among
+collective implementations (``registry.collective``).
 """
 from __future__ import annotations
 
 import collections
 import warnings
+from typing import Optional
 
 import torch
 
 from ..collective.gemm_allreduce import row_chunks
-from ..registry import implementation, never
+from ..registry import implementation
 from . import unavailable_reason
 
 PRIORITY = -20
+NAMESPACE = "turbo_inductor_symm_mem"
 # (rows, cols, dtype, device, group, chunk) -> the two buffers used in turn; and how many calls each key had.
 _BUFFERS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-_USES: collections.Counter = collections.Counter()
+USES: collections.Counter = collections.Counter()
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
@@ -43,8 +49,8 @@ def _symmetric_buffer(rows: int, cols: int, dtype: torch.dtype, device: torch.de
         for buffer in pair:
             symm_mem.rendezvous(buffer, group_name)
         _BUFFERS[key] = pair
-    _USES[key] += 1
-    return _BUFFERS[key][_USES[key] % 2]
+    USES[key] += 1
+    return _BUFFERS[key][USES[key] % 2]
 
 
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
@@ -53,10 +59,8 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return _SIDE_STREAMS[device]
 
 
-@implementation("gemm_allreduce_fwd", "symm_mem", priority=PRIORITY, unavailable_reason=unavailable_reason,
-                traceable=never)
-def gemm_allreduce_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                       group_name: str) -> torch.Tensor:
+@torch.library.custom_op(f"{NAMESPACE}::gemm_allreduce_fwd", mutates_args=())
+def _fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], group_name: str) -> torch.Tensor:
     rows, cols = x.shape[0], weight.shape[0]
     out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
     chunks = row_chunks(rows, cols * x.element_size())
@@ -77,11 +81,32 @@ def gemm_allreduce_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return out
 
 
-@implementation("gemm_allreduce_bwd", "symm_mem", priority=PRIORITY, unavailable_reason=unavailable_reason,
-                traceable=never)
-def gemm_allreduce_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, group_name: str):
-    """``g = sum over ranks of dy`` (one-shot, from symmetric memory), then ``(g @ weight, g^T @ x, g.sum(0))``."""
+@_fwd.register_fake
+def _(x, weight, bias, group_name):
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::gemm_allreduce_bwd", mutates_args=())
+def _bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+         group_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     buffer = _symmetric_buffer(dy.shape[0], dy.shape[1], dy.dtype, dy.device, group_name, 0)
     g = torch.empty_like(dy)
     torch.ops.symm_mem.one_shot_all_reduce_copy_out(buffer, dy, "sum", group_name, g)
     return g @ weight, g.t() @ x, g.sum(0)
+
+
+@_bwd.register_fake
+def _(dy, x, weight, group_name):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape[0])
+
+
+@implementation("gemm_allreduce_fwd", "symm_mem", priority=PRIORITY, unavailable_reason=unavailable_reason)
+def gemm_allreduce_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                       group_name: str) -> torch.Tensor:
+    return _fwd(x, weight, bias, group_name)
+
+
+@implementation("gemm_allreduce_bwd", "symm_mem", priority=PRIORITY, unavailable_reason=unavailable_reason)
+def gemm_allreduce_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, group_name: str):
+    """``g = sum over ranks of dy`` (one-shot, from symmetric memory), then ``(g @ weight, g^T @ x, g.sum(0))``."""
+    return _bwd(dy, x, weight, group_name)
