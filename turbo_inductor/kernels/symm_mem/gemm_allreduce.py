@@ -19,6 +19,7 @@ collective implementations (``registry.collective``).
 from __future__ import annotations
 
 import collections
+import functools
 import warnings
 from typing import Optional
 
@@ -33,7 +34,6 @@ NAMESPACE = "turbo_inductor_symm_mem"
 # (rows, cols, dtype, device, group, chunk) -> the two buffers used in turn; and how many calls each key had.
 _BUFFERS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 USES: collections.Counter = collections.Counter()
-_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
 def _symmetric_buffer(rows: int, cols: int, dtype: torch.dtype, device: torch.device, group_name: str,
@@ -53,10 +53,9 @@ def _symmetric_buffer(rows: int, cols: int, dtype: torch.dtype, device: torch.de
     return _BUFFERS[key][USES[key] % 2]
 
 
+@functools.lru_cache(maxsize=None)
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    if device not in _SIDE_STREAMS:
-        _SIDE_STREAMS[device] = torch.cuda.Stream(device)
-    return _SIDE_STREAMS[device]
+    return torch.cuda.Stream(device)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::gemm_allreduce_fwd", mutates_args=())
