@@ -1,7 +1,7 @@
 """GEMM + all-reduce (a row-parallel linear) on several GPUs: mm then NCCL all-reduce, Inductor compiling the same
 function with functional collectives, and backend="primus_turbo" (gemm_allreduce), forward only, in one run.
 
-    torchrun --nproc-per-node 2 benchmarks/bench_gemm_allreduce.py [--shapes 8192x4096x7168,...]
+    torchrun --nproc-per-node 2 benchmarks/bench_gemm_allreduce.py [--shapes 8192x4096x7168,...] [--symm-chunks 4,8]
 
 Every rank runs the same fixed number of iterations (do_bench sizes its loop per rank, and ranks that issue different
 numbers of collectives hang); rank 0 prints the median of per-iteration CUDA-event times and writes
@@ -10,6 +10,7 @@ $OUT/gemm_allreduce.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 
@@ -38,16 +39,24 @@ def time_ms(fn) -> float:
     return statistics.median(times)
 
 
+def _with_chunks(module, chunks, fn, *args):
+    module.CHUNKS = chunks
+    return fn(*args)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", default="8192x4096x7168,8192x4096x2048,4096x4096x7168,16x4096x7168",
                         help="M x N x K per rank (K is this rank's shard of the input features)")
+    parser.add_argument("--symm-chunks", default="4,8,16",
+                        help="row chunks per call of impl=symm_mem to measure (its CHUNKS), one row each")
     args = parser.parse_args()
     dist.init_process_group("nccl")
     rank = dist.get_rank()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     group = dist.group.WORLD
     import turbo_inductor
+    from turbo_inductor.kernels.symm_mem import gemm_allreduce as symm_mem_impl
 
     def row_parallel(x, w):
         return funcol.all_reduce(F.linear(x, w), "sum", group)
@@ -65,9 +74,12 @@ def main():
         variants = {"mm then all-reduce": sequential,
                     "inductor": torch.compile(row_parallel, backend="inductor"),
                     "primus_turbo": torch.compile(row_parallel, backend="primus_turbo"),
-                    **{f"primus_turbo impl={impl}": torch.compile(row_parallel, backend="primus_turbo",
-                                                                   options={"impl": impl})
-                       for impl in ("overlap", "symm_mem")}}
+                    "primus_turbo impl=overlap": torch.compile(row_parallel, backend="primus_turbo",
+                                                               options={"impl": "overlap"})}
+        symm_mem = torch.compile(row_parallel, backend="primus_turbo", options={"impl": "symm_mem"})
+        for chunks in map(int, args.symm_chunks.split(",")):  # read by each call: one compiled function serves all
+            variants[f"primus_turbo impl=symm_mem chunks={chunks}"] = functools.partial(_with_chunks, symm_mem_impl,
+                                                                                        chunks, symm_mem)
         for name, fn in variants.items():
             try:
                 with torch.no_grad():

@@ -227,9 +227,14 @@ def test_two_ranks_through_symmetric_memory_match_the_unfused_model(chunked):
     _spawn(_compiled_matches_unfused, "funcol", "symm_mem", chunked)
 
 
-def test_symmetric_memory_is_a_gpu_implementation_and_autotune_leaves_collectives_alone():
+def test_symmetric_memory_is_a_gpu_implementation_and_autotune_leaves_collectives_alone(fake_group, monkeypatch):
     symm_mem = registry.implementations("gemm_allreduce_fwd")["symm_mem"]
     assert symm_mem.unavailable_reason(torch.device("cpu")) == "symmetric memory needs a GPU"
+    # Two ranks push their partials to each other; more ranks than MAX_RANKS would send more than NCCL's ring.
+    args = (torch.randn(6, 32), torch.randn(24, 32), None, fake_group.group_name)
+    assert symm_mem.declines(*args) is None
+    monkeypatch.setattr(symm_mem_impl, "MAX_RANKS", WORLD - 1)
+    assert "groups of 2 to 1 ranks" in symm_mem.declines(*args)
     # Its extern ops have exact fakes: a compiled graph calls them with the shapes the op has.
     x, w = torch.randn(6, 32, device="meta"), torch.randn(24, 32, device="meta")
     assert torch.ops.turbo_inductor_symm_mem.gemm_allreduce_fwd(x, w, None, "g").shape == (6, 24)

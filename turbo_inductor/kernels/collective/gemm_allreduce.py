@@ -25,11 +25,11 @@ CHUNK_MIN_BYTES = 8 << 20
 PRIORITY = -10
 
 
-def row_chunks(rows: int, row_bytes: int) -> list[tuple[int, int]]:
-    """(start, stop) row ranges, one per chunk; a single range where chunking would not pay."""
-    if rows < CHUNKS * CHUNK_MIN_ROWS or rows * row_bytes < CHUNK_MIN_BYTES:
+def row_chunks(rows: int, row_bytes: int, chunks: int = CHUNKS) -> list[tuple[int, int]]:
+    """(start, stop) row ranges, ``chunks`` of them; a single range where chunking would not pay."""
+    if rows < chunks * CHUNK_MIN_ROWS or rows * row_bytes < CHUNK_MIN_BYTES:
         return [(0, rows)]
-    step = -(-rows // CHUNKS)
+    step = -(-rows // chunks)
     return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 

@@ -1,19 +1,23 @@
-"""GEMM + all-reduce through symmetric memory: the GEMM writes its output straight into this rank's symmetric
-buffer, and one kernel, ``symm_mem.one_shot_all_reduce_out``, reads every rank's buffer over peer access and sums
-(no NCCL, no staging copy; the kernel first waits, through the buffers' signal pads, until every rank has
-reached it, so it reads finished GEMM outputs). In row chunks (``collective.row_chunks``) each chunk's reduction
-runs on a side stream while the next chunk's GEMM computes. The backward reduces dy the same way (the one-shot
-kernel copies dy into the symmetric buffer itself) before the GEMMs.
+"""GEMM + all-reduce through symmetric memory, moved by the copy engines: in row chunks, each chunk's GEMM writes
+the rank's partial output, and a side stream pushes it into every peer's symmetric buffer with a device-to-device
+copy (the copy engines, no SMs taken from the GEMM), meets the peers at a barrier (every rank's pushes to it have
+landed) and adds the peers' partials into the output, all while the next chunk's GEMM computes. Only the last
+chunk's push and add stay exposed, so more chunks hide more (down to GEMMs too small to run at full rate:
+``CHUNK_BYTES``). The backward reduces dy the same way, and each chunk's dx GEMM starts when its chunk is summed.
+No NCCL, no multicast; PyTorch's own fused matmul + reduce-scatter moves data the same way.
+
+Each rank sends its whole partial to each peer: the least data for two ranks (reduce-scatter + all-gather sends
+the same), (W-1)/(2(W-1)/W) times more for W ranks, so ``supports`` keeps to ``MAX_RANKS``.
 
 Buffers are allocated and exchanged (``rendezvous``, a collective: every rank makes the same calls in the same
-order, as it must for any collective) at the first call of each shape, two per shape and chunk, used in turn: a
-rank can start writing its next buffer while a slower peer still reads the last one, but not the one before (that
-peer's next reduction waits for this rank first).
+order) at the first call of each shape, two per shape, used in turn by successive calls: a peer pushes into the
+buffer this rank used the call before last only after both met at this call's barrier for the same chunk, which
+this rank reaches after adding that chunk (one stream, in order).
 
 The work is runtime state, so it runs in two operators of their own, ``turbo_inductor_symm_mem::gemm_allreduce_fwd``
 and ``_bwd`` (fakes give their shapes), which a compiled graph calls as extern kernels: the implementation traces
 into the graph as that call, as the native kernels' do, and the op's eager rank check stays out of compiled code.
-Opt-in (``impl="symm_mem"``, below the reference) until measured on two GPUs; ``autotune`` never chooses among
+Opt-in (``impl="symm_mem"``, below the reference) until it measures faster; ``autotune`` never chooses among
 collective implementations (``registry.collective``).
 """
 from __future__ import annotations
@@ -31,26 +35,61 @@ from . import unavailable_reason
 
 PRIORITY = -20
 NAMESPACE = "turbo_inductor_symm_mem"
-# (rows, cols, dtype, device, group, chunk) -> the two buffers used in turn; and how many calls each key had.
-_BUFFERS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+CHUNKS = 8  # row chunks per call: the last chunk's push and add are exposed, 1/CHUNKS of the reduction
+MAX_RANKS = 4  # each rank sends W-1 full partials: beyond this NCCL's ring moves less
+# (rows, cols, dtype, device, group) -> the two buffers used in turn, with their handles; and calls per key.
+_BUFFERS: dict[tuple, tuple] = {}
 USES: collections.Counter = collections.Counter()
 
 
-def _symmetric_buffer(rows: int, cols: int, dtype: torch.dtype, device: torch.device, group_name: str,
-                      chunk: int) -> torch.Tensor:
+class _PeerSum:
+    """One call's reduction: ``push`` a chunk's partial to every peer's buffer (copy engine, side stream), meet them
+    at a barrier, and add theirs into ``out``; a peer's partials land in slot ``(peer - rank - 1) % W`` of this
+    rank's buffer (W - 1 slots of [rows, cols])."""
+
+    def __init__(self, rows: int, cols: int, dtype: torch.dtype, device: torch.device, group_name: str):
+        key = (rows, cols, dtype, device, group_name)
+        if key not in _BUFFERS:
+            _BUFFERS[key] = tuple(_symmetric_buffers(rows, cols, dtype, device, group_name) for _ in range(2))
+        USES[key] += 1
+        self.handle, self.buffers = _BUFFERS[key][USES[key] % 2]
+        self.rank, self.world = self.handle.rank, self.handle.world_size
+        self.main, self.side = torch.cuda.current_stream(device), _side_stream(device)
+
+    def push(self, start: int, stop: int, partial: torch.Tensor, out: torch.Tensor) -> torch.cuda.Event:
+        """``out[start:stop] = partial + the peers' partials of these rows`` (``partial`` may be that slice of
+        ``out``: it is read by the pushes before the add writes); the event marks it done."""
+        self.side.wait_stream(self.main)  # partial is written
+        with torch.cuda.stream(self.side):
+            for step in range(1, self.world):
+                peer = (self.rank + step) % self.world
+                self.buffers[peer][(self.rank - peer - 1) % self.world, start:stop].copy_(partial)
+            self.handle.barrier(channel=0)  # every peer's pushes to this rank have landed
+            mine = self.buffers[self.rank]
+            torch.add(partial, mine[0, start:stop], out=out[start:stop])
+            for slot in range(1, self.world - 1):
+                out[start:stop].add_(mine[slot, start:stop])
+            done = torch.cuda.Event()
+            done.record()
+        return done
+
+    def finish(self) -> None:
+        self.main.wait_stream(self.side)
+
+
+def _symmetric_buffers(rows: int, cols: int, dtype: torch.dtype, device: torch.device, group_name: str):
+    """The symmetric memory's handle and, per rank of the group, that rank's buffer of W - 1 slots of [rows, cols]
+    as mapped here (this rank's own is the allocation)."""
     from torch.distributed import _symmetric_memory as symm_mem
 
-    key = (rows, cols, dtype, device, group_name, chunk)
-    if key not in _BUFFERS:
-        with warnings.catch_warnings():  # needed on older torch, deprecated (a no-op) on newer
-            warnings.simplefilter("ignore", FutureWarning)
-            symm_mem.enable_symm_mem_for_group(group_name)
-        pair = tuple(symm_mem.empty(rows, cols, dtype=dtype, device=device) for _ in range(2))
-        for buffer in pair:
-            symm_mem.rendezvous(buffer, group_name)
-        _BUFFERS[key] = pair
-    USES[key] += 1
-    return _BUFFERS[key][USES[key] % 2]
+    with warnings.catch_warnings():  # needed on older torch, deprecated (a no-op) on newer
+        warnings.simplefilter("ignore", FutureWarning)
+        symm_mem.enable_symm_mem_for_group(group_name)
+    world = torch.distributed.distributed_c10d._resolve_process_group(group_name).size()
+    own = symm_mem.empty(world - 1, rows, cols, dtype=dtype, device=device)
+    handle = symm_mem.rendezvous(own, group_name)
+    return handle, [own if peer == handle.rank else handle.get_buffer(peer, own.shape, dtype)
+                    for peer in range(world)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -62,21 +101,14 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
 def _fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], group_name: str) -> torch.Tensor:
     rows, cols = x.shape[0], weight.shape[0]
     out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
-    chunks = row_chunks(rows, cols * x.element_size())
-    main, side = torch.cuda.current_stream(x.device), _side_stream(x.device)
-    for n, (start, stop) in enumerate(chunks):
-        buffer = _symmetric_buffer(stop - start, cols, x.dtype, x.device, group_name, n)
+    reduction = _PeerSum(rows, cols, x.dtype, x.device, group_name)
+    for start, stop in row_chunks(rows, cols * x.element_size(), CHUNKS):
         if bias is None:
-            torch.mm(x[start:stop], weight.t(), out=buffer)
+            torch.mm(x[start:stop], weight.t(), out=out[start:stop])
         else:  # the bias on every rank, then summed: F.linear's, as the reference's
-            torch.addmm(bias, x[start:stop], weight.t(), out=buffer)
-        if len(chunks) == 1:
-            torch.ops.symm_mem.one_shot_all_reduce_out(buffer, "sum", group_name, out)
-            return out
-        side.wait_stream(main)  # this chunk's GEMM is done (and the chunks before it)
-        with torch.cuda.stream(side):
-            torch.ops.symm_mem.one_shot_all_reduce_out(buffer, "sum", group_name, out[start:stop])
-    main.wait_stream(side)  # out is read on the main stream only after every chunk's reduction
+            torch.addmm(bias, x[start:stop], weight.t(), out=out[start:stop])
+        reduction.push(start, stop, out[start:stop], out)
+    reduction.finish()
     return out
 
 
@@ -88,10 +120,16 @@ def _(x, weight, bias, group_name):
 @torch.library.custom_op(f"{NAMESPACE}::gemm_allreduce_bwd", mutates_args=())
 def _bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
          group_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    buffer = _symmetric_buffer(dy.shape[0], dy.shape[1], dy.dtype, dy.device, group_name, 0)
-    g = torch.empty_like(dy)
-    torch.ops.symm_mem.one_shot_all_reduce_copy_out(buffer, dy, "sum", group_name, g)
-    return g @ weight, g.t() @ x, g.sum(0)
+    rows, cols = dy.shape
+    g, dx = torch.empty_like(dy), x.new_empty(x.shape)
+    reduction = _PeerSum(rows, cols, dy.dtype, dy.device, group_name)
+    chunks = row_chunks(rows, max(cols, x.shape[1]) * dy.element_size(), CHUNKS)
+    reduced = [reduction.push(start, stop, dy[start:stop], g) for start, stop in chunks]  # all queued at once
+    for (start, stop), event in zip(chunks, reduced):
+        reduction.main.wait_event(event)
+        torch.mm(g[start:stop], weight, out=dx[start:stop])  # overlaps the next chunks' reductions
+    reduction.finish()
+    return dx, g.t() @ x, g.sum(0)
 
 
 @_bwd.register_fake
@@ -99,13 +137,24 @@ def _(dy, x, weight, group_name):
     return x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape[0])
 
 
-@implementation("gemm_allreduce_fwd", "symm_mem", priority=PRIORITY, unavailable_reason=unavailable_reason)
+def supports(x: torch.Tensor, weight: torch.Tensor, *args) -> str | None:
+    group_name = args[-1]
+    world = torch.distributed.distributed_c10d._resolve_process_group(group_name).size()
+    if not 2 <= world <= MAX_RANKS:
+        return f"groups of 2 to {MAX_RANKS} ranks (each rank sends its whole partial to each peer), got {world}"
+    return None
+
+
+@implementation("gemm_allreduce_fwd", "symm_mem", priority=PRIORITY, unavailable_reason=unavailable_reason,
+                supports=supports)
 def gemm_allreduce_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                        group_name: str) -> torch.Tensor:
     return _fwd(x, weight, bias, group_name)
 
 
-@implementation("gemm_allreduce_bwd", "symm_mem", priority=PRIORITY, unavailable_reason=unavailable_reason)
+@implementation("gemm_allreduce_bwd", "symm_mem", priority=PRIORITY, unavailable_reason=unavailable_reason,
+                supports=supports)
 def gemm_allreduce_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, group_name: str):
-    """``g = sum over ranks of dy`` (one-shot, from symmetric memory), then ``(g @ weight, g^T @ x, g.sum(0))``."""
+    """``g = sum over ranks of dy`` (pushed in chunks as the forward's partials), then ``(g @ weight, g^T @ x,
+    g.sum(0))``, each chunk's ``g @ weight`` overlapping the next chunk's reduction."""
     return _bwd(dy, x, weight, group_name)
