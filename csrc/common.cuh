@@ -70,6 +70,15 @@ __device__ __forceinline__ float block_reduce(float v, Op op, float* shared) {
   return result;
 }
 
+// Per 16-bit half of a word, the larger as unsigned integers (one max.u16x2 on sm_90; HIP has no __vmaxu2).
+__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
+#if defined(USE_ROCM)
+  return max(a & 0xffffu, b & 0xffffu) | max(a & 0xffff0000u, b & 0xffff0000u);
+#else
+  return __vmaxu2(a, b);
+#endif
+}
+
 constexpr int kMaxWarps = 1024 / 32;
 
 inline int sm_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
@@ -97,6 +106,23 @@ __device__ __forceinline__ uint8_t to_fp8(float x) {
   return static_cast<uint8_t>(__hip_cvt_float_to_fp8(x, __HIP_SATFINITE, kind));
 #else
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, K == Fp8Kind::E4M3 ? __NV_E4M3 : __NV_E5M2));
+#endif
+}
+
+// to_fp8 of a and b, a in the low byte: one conversion instruction for both where the target has it (sm_89+'s
+// cvt...x2; the one-value form converts a pair with a dummy and discards half).
+template <Fp8Kind K>
+__device__ __forceinline__ uint16_t to_fp8x2(float a, float b) {
+#if defined(USE_ROCM)
+#if defined(TURBO_INDUCTOR_FP8_FNUZ)
+  constexpr auto kind = K == Fp8Kind::E4M3 ? __HIP_E4M3_FNUZ : __HIP_E5M2_FNUZ;
+#else
+  constexpr auto kind = K == Fp8Kind::E4M3 ? __HIP_E4M3 : __HIP_E5M2;
+#endif
+  return static_cast<uint16_t>(__hip_cvt_float2_to_fp8x2(make_float2(a, b), __HIP_SATFINITE, kind));
+#else
+  return static_cast<uint16_t>(
+      __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, K == Fp8Kind::E4M3 ? __NV_E4M3 : __NV_E5M2));
 #endif
 }
 

@@ -47,7 +47,7 @@ def test_missing_extension_is_explained():
 # ---------------------------------------------------------------------------------------------------------------
 CUDA_ONLY = re.compile(
     r"\b(cuda[A-Z]\w*|__nv_\w+|nv_bfloat16\w*|cub::|asm|__shfl(_\w+)?_sync|__ballot_sync|__activemask|"
-    r"cuda_(fp8|fp16|bf16|runtime)\.h|__CUDA_ARCH__|CUDART_\w+|__syncwarp)\b")
+    r"cuda_(fp8|fp16|bf16|runtime)\.h|__CUDA_ARCH__|CUDART_\w+|__syncwarp|__v(max|min)[su][24])\b")
 BRANCH = re.compile(r"#\s*(if|ifdef|ifndef|elif|else|endif)\b(.*)")
 
 
