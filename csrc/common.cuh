@@ -94,36 +94,27 @@ enum class Fp8Kind { E4M3, E5M2 };
 #define TURBO_INDUCTOR_FP8_FNUZ 1
 #endif
 
-// x rounded to nearest even and saturated to the format's largest finite value (NaN stays NaN), as raw bits.
+// x and y rounded to nearest even and saturated to the format's largest finite value (NaN stays NaN), as raw bits,
+// x in the low byte: one conversion instruction for both (sm_89+'s cvt...x2, gfx942's v_cvt_pk_fp8_f32).
 template <Fp8Kind K>
-__device__ __forceinline__ uint8_t to_fp8(float x) {
+__device__ __forceinline__ uint16_t to_fp8x2(float x, float y) {
 #if defined(USE_ROCM)
 #if defined(TURBO_INDUCTOR_FP8_FNUZ)
   constexpr auto kind = K == Fp8Kind::E4M3 ? __HIP_E4M3_FNUZ : __HIP_E5M2_FNUZ;
 #else
   constexpr auto kind = K == Fp8Kind::E4M3 ? __HIP_E4M3 : __HIP_E5M2;
 #endif
-  return static_cast<uint8_t>(__hip_cvt_float_to_fp8(x, __HIP_SATFINITE, kind));
+  return static_cast<uint16_t>(__hip_cvt_float2_to_fp8x2(make_float2(x, y), __HIP_SATFINITE, kind));
 #else
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, K == Fp8Kind::E4M3 ? __NV_E4M3 : __NV_E5M2));
+  return static_cast<uint16_t>(
+      __nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE, K == Fp8Kind::E4M3 ? __NV_E4M3 : __NV_E5M2));
 #endif
 }
 
-// to_fp8 of a and b, a in the low byte: one conversion instruction for both where the target has it (sm_89+'s
-// cvt...x2; the one-value form converts a pair with a dummy and discards half).
+// One value: the single-value conversions convert a pair with a dummy too.
 template <Fp8Kind K>
-__device__ __forceinline__ uint16_t to_fp8x2(float a, float b) {
-#if defined(USE_ROCM)
-#if defined(TURBO_INDUCTOR_FP8_FNUZ)
-  constexpr auto kind = K == Fp8Kind::E4M3 ? __HIP_E4M3_FNUZ : __HIP_E5M2_FNUZ;
-#else
-  constexpr auto kind = K == Fp8Kind::E4M3 ? __HIP_E4M3 : __HIP_E5M2;
-#endif
-  return static_cast<uint16_t>(__hip_cvt_float2_to_fp8x2(make_float2(a, b), __HIP_SATFINITE, kind));
-#else
-  return static_cast<uint16_t>(
-      __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, K == Fp8Kind::E4M3 ? __NV_E4M3 : __NV_E5M2));
-#endif
+__device__ __forceinline__ uint8_t to_fp8(float x) {
+  return static_cast<uint8_t>(to_fp8x2<K>(x, 0.f) & 0xffu);
 }
 
 }  // namespace turbo_inductor

@@ -99,7 +99,7 @@ def test_hipify_leaves_no_cuda_only_code(tmp_path):
     for name, text in translated.items():
         assert cuda_only_spellings(text) == [], name
     # The CUDA branch does hold CUDA-only code (the check above looked past it, not at nothing).
-    assert "__nv_cvt_float_to_fp8" in (CSRC / "common.cuh").read_text()
+    assert "__nv_cvt_float2_to_fp8x2" in (CSRC / "common.cuh").read_text()
 
 
 def test_the_check_finds_what_hip_cannot_compile(tmp_path):

@@ -3,11 +3,11 @@ the rank's partial output, and a side stream pushes it into every peer's symmetr
 copy (the copy engines, no SMs taken from the GEMM), meets the peers at a barrier (every rank's pushes to it have
 landed) and adds the peers' partials into the output, all while the next chunk's GEMM computes. Only the last
 chunk's push and add stay exposed, so more chunks hide more (down to GEMMs too small to run at full rate:
-``CHUNK_BYTES``). The backward reduces dy the same way, and each chunk's dx GEMM starts when its chunk is summed.
+``collective.row_chunks`` keeps small sizes whole). The backward reduces dy the same way, and each chunk's dx GEMM starts when its chunk is summed.
 No NCCL, no multicast; PyTorch's own fused matmul + reduce-scatter moves data the same way.
 
 Each rank sends its whole partial to each peer: the least data for two ranks (reduce-scatter + all-gather sends
-the same), (W-1)/(2(W-1)/W) times more for W ranks, so ``supports`` keeps to ``MAX_RANKS``.
+the same), W/2 times more for W ranks, so ``supports`` keeps to ``MAX_RANKS``.
 
 Buffers are allocated and exchanged (``rendezvous``, a collective: every rank makes the same calls in the same
 order) at the first call of each shape, two per shape, used in turn by successive calls: a peer pushes into the
@@ -39,7 +39,7 @@ from . import unavailable_reason
 PRIORITY = -20
 NAMESPACE = "turbo_inductor_symm_mem"
 CHUNKS = 4  # row chunks per call: the last chunk's push and add are exposed; each costs the host ~0.12 ms
-MAX_RANKS = 4  # each rank sends W-1 full partials: beyond this NCCL's ring moves less
+MAX_RANKS = 4  # each rank sends W-1 full partials, W/2 times a ring's data: at most twice
 # (rows, cols, dtype, device, group) -> the two buffers used in turn, with their handles; and calls per key.
 _BUFFERS: dict[tuple, tuple] = {}
 USES: collections.Counter = collections.Counter()
