@@ -230,7 +230,7 @@ def test_two_ranks_through_symmetric_memory_match_the_unfused_model(chunked):
 def test_symmetric_memory_is_a_gpu_implementation_and_autotune_leaves_collectives_alone(fake_group, monkeypatch):
     symm_mem = registry.implementations("gemm_allreduce_fwd")["symm_mem"]
     assert symm_mem.unavailable_reason(torch.device("cpu")) == "symmetric memory needs a GPU"
-    # Two ranks push their partials to each other; more ranks than MAX_RANKS would send more than NCCL's ring.
+    # Each rank pushes its whole partial to each peer: beyond MAX_RANKS that is more than twice a ring's data.
     args = (torch.randn(6, 32), torch.randn(24, 32), None, fake_group.group_name)
     assert symm_mem.declines(*args) is None
     monkeypatch.setattr(symm_mem_impl, "MAX_RANKS", WORLD - 1)
