@@ -4,8 +4,9 @@ function with functional collectives, and backend="primus_turbo" (gemm_allreduce
     torchrun --nproc-per-node 2 benchmarks/bench_gemm_allreduce.py [--shapes 8192x4096x7168,...] [--symm-chunks 4,8]
 
 Every rank runs the same fixed number of iterations (do_bench sizes its loop per rank, and ranks that issue different
-numbers of collectives hang); rank 0 prints the median of per-iteration CUDA-event times, and of the host's time to
-issue a call, and writes $OUT/gemm_allreduce.json.
+numbers of collectives hang); rank 0 prints the median of per-iteration CUDA-event times (mode "fwd": one call
+after a barrier, the latency, host time included), and of the host's time to issue a call, and the time per call of
+calls issued back to back (mode "fwd back-to-back"), and writes $OUT/gemm_allreduce.json.
 """
 from __future__ import annotations
 
@@ -25,11 +26,21 @@ from common import report
 WARMUP, ITERATIONS = 10, 50
 
 
-def time_ms(fn) -> tuple[float, float]:
-    """Medians of the time per call between CUDA events and of the host's time to issue the call: where the two
-    are close, the call is bound by the host (the GPU waits for its launches), not by its kernels."""
+def time_ms(fn) -> tuple[float, float, float]:
+    """Medians of the time per call between CUDA events and of the host's time to issue the call (where the two
+    are close, the call is bound by the host: the GPU waits for its launches, not for its kernels), and the time
+    per call of ITERATIONS calls back to back (as in a model, where the host issues ahead of the GPU)."""
     for _ in range(WARMUP):
         fn()
+    dist.barrier()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(ITERATIONS):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    back_to_back = start.elapsed_time(end) / ITERATIONS
     times, host = [], []
     for _ in range(ITERATIONS):
         dist.barrier()
@@ -41,7 +52,7 @@ def time_ms(fn) -> tuple[float, float]:
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
-    return statistics.median(times), statistics.median(host)
+    return statistics.median(times), statistics.median(host), back_to_back
 
 
 def _with_chunks(module, chunks, fn, *args):
@@ -88,18 +99,20 @@ def main():
         for name, fn in variants.items():
             try:
                 with torch.no_grad():
-                    ms, host_ms = time_ms(lambda: fn(x, w))
+                    ms, host_ms, back_to_back_ms = time_ms(lambda: fn(x, w))
             except Exception as error:  # noqa: BLE001  (an opt-in implementation failing costs its rows only; it
                 # fails the same way on every rank, so no rank is left waiting in a collective)
                 print(f"rank {rank}: {name} at {shape} failed: {type(error).__name__}: {error}"[:400])
                 continue
-            rows.append({"shape": f"{m}x{n}x{k}", "mode": "fwd", "backend": name, "ms": ms,
-                         "rate": 2 * m * n * k / ms / 1e9, "host_ms": host_ms})
+            rows += [{"shape": f"{m}x{n}x{k}", "mode": "fwd", "backend": name, "ms": ms,
+                      "rate": 2 * m * n * k / ms / 1e9, "host_ms": host_ms},
+                     {"shape": f"{m}x{n}x{k}", "mode": "fwd back-to-back", "backend": name, "ms": back_to_back_ms,
+                      "rate": 2 * m * n * k / back_to_back_ms / 1e9}]
     if rank == 0:
         print("rewrites:", turbo_inductor.rewrite_counts())
         report("gemm_allreduce", rows, rate_unit="TFLOP/s")
         print("host time to issue one call, ms:", ", ".join(f"{r['shape']} {r['backend']}: {r['host_ms']:.3f}"
-                                                            for r in rows))
+                                                            for r in rows if "host_ms" in r))
     dist.destroy_process_group()
 
 

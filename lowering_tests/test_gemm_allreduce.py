@@ -147,12 +147,21 @@ def test_without_distributed_the_op_says_so():
         torch.ops.turbo_inductor.gemm_allreduce(torch.randn(6, 32), torch.randn(24, 32), None, "0")
 
 
-def test_chunks_cover_every_row_once_and_small_sizes_stay_whole():
-    assert overlap.row_chunks(100, 1 << 20) == [(0, 100)]  # too few rows
-    assert overlap.row_chunks(8192, 16) == [(0, 8192)]  # too few bytes
-    chunks = overlap.row_chunks(8190, 4096 * 2)
-    assert len(chunks) == overlap.CHUNKS and chunks[0][0] == 0 and chunks[-1][1] == 8190
+@pytest.mark.parametrize("count", [overlap.CHUNKS, 1, 3, 8])
+def test_chunks_cover_every_row_once_and_small_sizes_stay_whole(count):
+    assert overlap.row_chunks(100, 1 << 20, count) == [(0, 100)]  # too few rows
+    assert overlap.row_chunks(8192, 16, count) == [(0, 8192)]  # too few bytes
+    chunks = overlap.row_chunks(8190, 4096 * 2, count)
+    assert len(chunks) == count and chunks[0][0] == 0 and chunks[-1][1] == 8190
     assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_every_peer_pushes_into_a_slot_of_its_own(world):
+    for destination in range(world):
+        slots = [symm_mem_impl.peer_slot(source, destination, world)
+                 for source in range(world) if source != destination]
+        assert sorted(slots) == list(range(world - 1))
 
 
 # ---- two processes on gloo ------------------------------------------------------------------------------------

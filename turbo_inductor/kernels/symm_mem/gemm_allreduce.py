@@ -45,10 +45,14 @@ _BUFFERS: dict[tuple, tuple] = {}
 USES: collections.Counter = collections.Counter()
 
 
+def peer_slot(source: int, destination: int, world: int) -> int:
+    """The slot of ``destination``'s buffer (W - 1 slots) that ``source``'s partials land in: each peer its own."""
+    return (source - destination - 1) % world
+
+
 class _PeerSum:
     """One call's reduction: ``push`` a chunk's partial to every peer's buffer (copy engine, side stream), meet them
-    at a barrier, and add theirs into ``out``; a peer's partials land in slot ``(peer - rank - 1) % W`` of this
-    rank's buffer (W - 1 slots of [rows, cols])."""
+    at a barrier, and add theirs, one per slot (``peer_slot``), into ``out``."""
 
     def __init__(self, rows: int, cols: int, dtype: torch.dtype, device: torch.device, group_name: str):
         key = (rows, cols, dtype, device, group_name)
@@ -66,7 +70,7 @@ class _PeerSum:
         with torch.cuda.stream(self.side):
             for step in range(1, self.world):
                 peer = (self.rank + step) % self.world
-                self.buffers[peer][(self.rank - peer - 1) % self.world, start:stop].copy_(partial)
+                self.buffers[peer][peer_slot(self.rank, peer, self.world), start:stop].copy_(partial)
             self.handle.barrier(channel=0)  # every peer's pushes to this rank have landed
             mine = self.buffers[self.rank]
             torch.add(partial, mine[0, start:stop], out=out[start:stop])
