@@ -25,6 +25,7 @@ CONFIGS = {
     "llama2-7b": LlamaConfig(hidden=4096, intermediate=11008, heads=32, kv_heads=32, eps=1e-6),
     "qwen2.5-7b": LlamaConfig(hidden=3584, intermediate=18944, heads=28, kv_heads=4, eps=1e-6),
     "tiny": LlamaConfig(hidden=256, intermediate=512, heads=4, kv_heads=2, layers=2),
+    "tiny-mha": LlamaConfig(hidden=192, intermediate=384, heads=4, kv_heads=4, layers=2, eps=1e-6),  # Llama-2's form
 }
 
 

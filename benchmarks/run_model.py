@@ -1,10 +1,11 @@
 """The main job: a Llama-style decoder trained (forward+backward; or, with --mode inference, forward without
 grad) under eager, backend="inductor" and backend="primus_turbo" (and its FP8 recipes, each next to torchao's
 float8 training with the same recipe where torchao is installed); prints what the backend fused and a table of step time, tokens/s, model TFLOP/s, speedup over Inductor, peak memory, cold compile time and
-the SNR against Inductor; writes the table as JSON and a speedup chart as PNG. Defaults: the tiny config on CPU,
-one Llama-3-8B layer at batch 2 x seq 4096 on a GPU.
+the SNR against Inductor; writes the table as JSON and a speedup chart as PNG, per model, and with several models
+(``--config llama3-8b,llama2-7b,qwen2.5-7b``) one chart of every column's speedup per model. Defaults: the tiny
+config on CPU, one Llama-3-8B layer at batch 2 x seq 4096 on a GPU.
 
-    python -m benchmarks.run_model [--config llama3-8b] [--layers 1] [--batch 2] [--seq 4096] [--fp8 rowwise]
+    python -m benchmarks.run_model [--config llama3-8b[,...]] [--layers 1] [--batch 2] [--seq 4096] [--fp8 rowwise]
                                    [--mode train|inference] [--out benchmarks/results]
 """
 from __future__ import annotations
@@ -45,7 +46,8 @@ def time_ms(step, device: str) -> float:
 def main(argv=None):
     on_gpu = torch.cuda.is_available()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default="llama3-8b" if on_gpu else "tiny", choices=sorted(CONFIGS))
+    parser.add_argument("--config", default="llama3-8b" if on_gpu else "tiny",
+                        help=f"model shapes, comma-separated, from {sorted(CONFIGS)}")
     parser.add_argument("--layers", type=int, default=None, help="default: 1 on GPU, the config's on CPU")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=4096 if on_gpu else 64)
@@ -60,8 +62,19 @@ def main(argv=None):
                         help="GPU: print the N kernels taking most GPU time per column")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results"), help="folder for the JSON and PNG")
     args = parser.parse_args(argv)
+    names = [name for name in args.config.split(",") if name]
+    unknown = [name for name in names if name not in CONFIGS]
+    if unknown or not names:
+        parser.error(f"--config: unknown model {unknown or args.config!r}; choose from {sorted(CONFIGS)}")
+    tables = {name: run_config(args, name, on_gpu) for name in names}
+    if len(tables) > 1:
+        write_summary(args, tables)
+
+
+def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
+    """Every column on the model ``model_name``: the table, printed and written (JSON, PNG)."""
     device, dtype = ("cuda" if on_gpu else "cpu"), getattr(torch, args.dtype)
-    config = CONFIGS[args.config]
+    config = CONFIGS[model_name]
     if args.layers or on_gpu:
         config = type(config)(**{**config.__dict__, "layers": args.layers or 1})
 
@@ -70,7 +83,7 @@ def main(argv=None):
     train = args.mode == "train"
     x = torch.randn(args.batch, args.seq, config.hidden, device=device, dtype=dtype, requires_grad=train)
     cotangent = torch.randn_like(x)
-    print(f"{args.config} x{config.layers} layer(s), batch {args.batch} x seq {args.seq}, {args.dtype}, {device}, "
+    print(f"{model_name} x{config.layers} layer(s), batch {args.batch} x seq {args.seq}, {args.dtype}, {device}, "
           f"{args.mode}")
 
     columns = [("eager", "eager", None), ("inductor", "inductor", None), ("primus_turbo", "primus_turbo", None)]
@@ -133,7 +146,8 @@ def main(argv=None):
                       "dx_snr_db": snr_db(r["grad"], ref["grad"]) if train else float("nan"),
                       "rewrites": r.get("rewrites", {})})
     print_table(table)
-    write_outputs(args, config, device, table)
+    write_outputs(args, model_name, config, table)
+    return table
 
 
 def measure(step, x, device: str, kernels: int = 0) -> dict:
@@ -184,36 +198,81 @@ def print_table(table: list[dict]) -> None:
               f"{row['out_snr_db']:11.1f} {row['dx_snr_db']:10.1f}")
 
 
-def write_outputs(args, config, device: str, table: list[dict]) -> None:
-    """``model_<config>.json`` (the table and the environment) and ``model_<config>.png`` (speedup per column)."""
+def _stem(args, name: str) -> str:
+    os.makedirs(args.out, exist_ok=True)
+    return os.path.join(args.out, name + ("" if args.mode == "train" else f"_{args.mode}"))
+
+
+def _environment() -> dict:
     import triton
 
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"model_{args.config}" + ("" if args.mode == "train" else f"_{args.mode}"))
-    environment = {"date": datetime.date.today().isoformat(), "device": device,
-                   "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
-                   "torch": torch.__version__, "triton": triton.__version__}
-    with open(stem + ".json", "w") as f:
-        json.dump({"environment": environment, "mode": args.mode,
-               "config": {**config.__dict__, "batch": args.batch, "seq": args.seq},
-                   "columns": table}, f, indent=1, default=str)
+    on_gpu = torch.cuda.is_available()
+    return {"date": datetime.date.today().isoformat(), "device": "cuda" if on_gpu else "cpu",
+            "gpu": torch.cuda.get_device_name() if on_gpu else None, "torch": torch.__version__,
+            "triton": triton.__version__}
+
+
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _step_kind(args) -> str:
+    return "training step" if args.mode == "train" else "inference forward"
+
+
+def write_outputs(args, name: str, config, table: list[dict]) -> None:
+    """``model_<name>.json`` (the table and the environment) and ``model_<name>.png`` (speedup per column)."""
+    stem, environment = _stem(args, f"model_{name}"), _environment()
+    with open(stem + ".json", "w") as f:
+        json.dump({"environment": environment, "mode": args.mode,
+                   "config": {**config.__dict__, "batch": args.batch, "seq": args.seq},
+                   "columns": table}, f, indent=1, default=str)
+    plt = _pyplot()
     ok = [row for row in table if "error" not in row]
     fig, ax = plt.subplots(figsize=(8, 3.5))
     bars = ax.bar([row["column"] for row in ok], [row["speedup_vs_inductor"] for row in ok],
-                  color=["#999999" if not row["column"].startswith("primus") else "#c0392b" for row in ok])
+                  color=["#c0392b" if row["column"].startswith("primus") else "#999999" for row in ok])
     ax.bar_label(bars, fmt="%.2fx")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.margins(y=0.15)
     ax.set_ylabel("speedup over Inductor")
-    step_kind = "training step" if args.mode == "train" else "inference forward"
-    ax.set_title(f"{args.config} x{config.layers} layer(s), batch {args.batch} x seq {args.seq}, {step_kind} "
+    ax.set_title(f"{name} x{config.layers} layer(s), batch {args.batch} x seq {args.seq}, {_step_kind(args)} "
                  f"({environment['gpu'] or 'CPU'})", fontsize=9)
     plt.setp(ax.get_xticklabels(), rotation=15, ha="right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(stem + ".png", dpi=120)
+    plt.close(fig)
+    print(f"wrote {stem}.json and {stem}.png")
+
+
+def write_summary(args, tables: dict[str, list[dict]]) -> None:
+    """``models.json`` (every model's table) and ``models.png``: each column's speedup over Inductor, per model."""
+    stem, environment = _stem(args, "models"), _environment()
+    with open(stem + ".json", "w") as f:
+        json.dump({"environment": environment, "mode": args.mode, "batch": args.batch, "seq": args.seq,
+                   "models": tables}, f, indent=1, default=str)
+    columns = list(dict.fromkeys(row["column"] for table in tables.values() for row in table))
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(8, 2.5 * len(tables)), 3.8))
+    width = 0.8 / len(columns)
+    for n, column in enumerate(columns):
+        speedups = [next((row.get("speedup_vs_inductor", math.nan) for row in table if row["column"] == column),
+                         math.nan) for table in tables.values()]
+        bars = ax.bar([m + (n - (len(columns) - 1) / 2) * width for m in range(len(tables))], speedups, width,
+                      label=column, color=plt.cm.tab10(n % 10))
+        ax.bar_label(bars, fmt="%.2f", fontsize=6)
+    ax.set_xticks(range(len(tables)), list(tables))
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.margins(y=0.15)
+    ax.set_ylabel("speedup over Inductor")
+    ax.set_title(f"batch {args.batch} x seq {args.seq}, {_step_kind(args)} ({environment['gpu'] or 'CPU'})",
+                 fontsize=9)
+    ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(stem + ".png", dpi=120)
     plt.close(fig)

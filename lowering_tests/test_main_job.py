@@ -3,6 +3,8 @@ checked here: they belong to the benchmark)."""
 import importlib.util
 import json
 
+import pytest
+
 from benchmarks import convergence, run_model
 
 
@@ -38,6 +40,25 @@ def test_main_job_measures_inference(capsys, tmp_path):
     assert columns["primus_turbo"]["out_snr_db"] > 30
     assert (tmp_path / "model_tiny_inference.png").exists()
     assert "inference" in capsys.readouterr().out
+
+
+def test_several_models_get_their_tables_and_one_chart_of_speedups_per_model(capsys, tmp_path):
+    run_model.main(["--config", "tiny,tiny-mha", "--layers", "1", "--seq", "16", "--fp8", "", "--out", str(tmp_path)])
+    summary = json.loads((tmp_path / "models.json").read_text())
+    assert list(summary["models"]) == ["tiny", "tiny-mha"]
+    for name, table in summary["models"].items():
+        assert table == json.loads((tmp_path / f"model_{name}.json").read_text())["columns"]
+        assert [row["column"] for row in table] == ["eager", "inductor", "primus_turbo"]
+        assert table[2]["rewrites"]["rmsnorm"] == 3 and table[2]["out_snr_db"] > 30
+    assert json.loads((tmp_path / "model_tiny-mha.json").read_text())["config"]["hidden"] == 192
+    assert (tmp_path / "models.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "tiny-mha x1 layer(s)" in capsys.readouterr().out
+
+
+def test_an_unknown_model_is_named(capsys):
+    with pytest.raises(SystemExit):
+        run_model.main(["--config", "tiny,llama9"])
+    assert "unknown model ['llama9']" in capsys.readouterr().err
 
 
 def test_convergence_run_writes_curves_and_chart(tmp_path):
