@@ -1,6 +1,6 @@
 """The main job: a Llama-style decoder trained (forward+backward; or, with --mode inference, forward without
 grad) under eager, backend="inductor" and backend="primus_turbo" (and its FP8 recipes, each next to torchao's
-float8 training with the same recipe where torchao is installed); prints what the backend fused and a table of step time, tokens/s, model TFLOP/s, speedup over Inductor, peak memory, cold compile time and
+float8 training with the same recipe where torchao is installed, compiled by Inductor and by primus_turbo); prints what the backend fused and a table of step time, tokens/s, model TFLOP/s, speedup over Inductor, peak memory, cold compile time and
 the SNR against Inductor; writes the table as JSON and a speedup chart as PNG, per model, and with several models
 (``--config llama3-8b,llama2-7b,qwen2.5-7b``) one chart of every column's speedup per model. Defaults: the tiny
 config on CPU, one Llama-3-8B layer at batch 2 x seq 4096 on a GPU.
@@ -26,8 +26,10 @@ import turbo_inductor
 from benchmarks.llama import CONFIGS, LlamaDecoder
 
 
-# FP8 recipes torchao has under the same names (a torchao column is added for each one requested).
+# FP8 recipes torchao has under the same names (a torchao column is added for each one requested), and those whose
+# torchao configs primus_turbo runs on its own fp8_linear (a column of the torchao model compiled by primus_turbo).
 TORCHAO_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+TORCHAO_ON_OURS = ("tensorwise", "rowwise")
 
 
 def time_ms(step, device: str) -> float:
@@ -92,8 +94,13 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
     impls = [impl for impl in args.impl.split(",") if impl]
     columns += [(f"primus_turbo{f' fp8 {recipe}' if recipe else ''} impl={impl}", "primus_turbo",
                  {"impl": impl, **({"fp8": recipe} if recipe else {})}) for impl in impls for recipe in [""] + recipes]
-    columns += [(f"torchao fp8 {recipe}", "torchao", recipe) for recipe in recipes if recipe in TORCHAO_RECIPES
-                and importlib.util.find_spec("torchao") is not None]
+    # torchao's float8 training compiled by Inductor (the peer), and the same model compiled by primus_turbo, which
+    # runs torchao's linears on our fp8_linear where their recipe is one of ours (passes/torchao_float8.py)
+    if importlib.util.find_spec("torchao") is not None:
+        columns += [(f"torchao fp8 {recipe}", "inductor", {"torchao": recipe}) for recipe in recipes
+                    if recipe in TORCHAO_RECIPES]
+        columns += [(f"torchao fp8 {recipe} on primus_turbo", "primus_turbo", {"torchao": recipe})
+                    for recipe in recipes if recipe in TORCHAO_ON_OURS]
     results = {}
     from tqdm import tqdm  # comes with transformers; the progress of minutes-long compiles and measurements
 
@@ -103,11 +110,11 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
         torch._dynamo.reset()
         turbo_inductor.reset_records()
         model = copy.deepcopy(base)
-        if backend == "torchao":  # the peer: torchao's float8 training, compiled by Inductor
+        if options and "torchao" in options:  # a model converted by torchao
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-            convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(options))
-            run = torch.compile(model, backend="inductor")
+            convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(options["torchao"]))
+            run = torch.compile(model, backend=backend)
         else:
             run = model if backend == "eager" else torch.compile(model, backend=backend, options=options)
 

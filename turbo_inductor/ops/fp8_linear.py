@@ -11,12 +11,13 @@ Ops in ``torch.ops.turbo_inductor``:
 Every GEMM operand [R, C] (C the contracted dimension) is quantized with dynamic scaling in blocks set by the
 recipe and its role (activation/gradient or weight):
 
-| recipe     | activations, gradients | weights        | gradient format | scales          |
-|------------|------------------------|----------------|-----------------|-----------------|
-| tensorwise | whole tensor           | whole tensor   | e5m2            | fp32            |
-| rowwise    | per row (1 x C)        | per row        | e4m3            | fp32            |
-| blockwise  | 1 x 128                | 128 x 128      | e4m3            | fp32            |
-| mxfp8      | 1 x 32                 | 1 x 32         | e4m3            | powers of two   |
+| recipe       | activations, gradients | weights        | gradient format | scales          |
+|--------------|------------------------|----------------|-----------------|-----------------|
+| tensorwise   | whole tensor           | whole tensor   | e5m2            | fp32            |
+| rowwise      | per row (1 x C)        | per row        | e4m3            | fp32            |
+| rowwise_pow2 | per row (1 x C)        | per row        | e4m3            | powers of two   |
+| blockwise    | 1 x 128                | 128 x 128      | e4m3            | fp32            |
+| mxfp8        | 1 x 32                 | 1 x 32         | e4m3            | powers of two   |
 
 Forward: x [M, K] and W [N, K]. Backward: dx = dy W (operands dy [M, N] and W^T [K, N]) and dW = dy^T x (operands
 dy^T [N, M] and x^T [K, M]). Each operand and its transpose are quantized by one call (``both_layouts``: one pass
@@ -52,6 +53,7 @@ class Recipe:
 RECIPES = {
     "tensorwise": Recipe((0, 0), (0, 0), "e5m2"),
     "rowwise": Recipe((1, 0), (1, 0), "e4m3"),
+    "rowwise_pow2": Recipe((1, 0), (1, 0), "e4m3", power_of_two=True),  # torchao's "rowwise"
     "rowwise_with_gw_hp": Recipe((1, 0), (1, 0), "e4m3", high_precision_wgrad=True),  # torchao's name for it
     "blockwise": Recipe((1, 128), (128, 128), "e4m3"),
     "mxfp8": Recipe((1, 32), (1, 32), "e4m3", power_of_two=True),

@@ -6,9 +6,10 @@ from .glu import GLUPass
 from .manager import CompileRecord, PassManager, RewritePass, compile_records, reset_records, rewrite_counts
 from .rmsnorm import RMSNormPass
 from .rmsnorm_residual import RMSNormResidualPass
+from .torchao_float8 import TorchaoFloat8Pass
 
 PASSES: list[RewritePass] = [RMSNormPass(), RMSNormResidualPass(), GLUPass(), GemmAllReducePass(), FP8ScaledMMPass(),
-                             FP8LinearPass()]
+                             TorchaoFloat8Pass(), FP8LinearPass()]
 
 __all__ = ["PASSES", "CompileRecord", "PassManager", "RewritePass", "compile_records", "reset_records",
            "rewrite_counts"]

@@ -113,19 +113,6 @@ class FP8ScaledMMPass(RewritePass):
                               (x, w, None, recipe, options.impl))
             node.replace_all_uses_with(new)
             graph.erase_node(node)
-            m.erase_unused(_producers([qx, qw_t, scale_b], stop={x, w}))  # scale_b: rowwise, a transpose
+            m.erase_unused(m.producers([qx, qw_t, scale_b], stop={x, w}))  # scale_b: rowwise, a transpose
             count += 1
         return count
-
-
-def _producers(roots: list[fx.Node], stop: set) -> list[fx.Node]:
-    """``roots`` and what they were computed from, down to the nodes in ``stop``, producers first."""
-    order = {n: i for i, n in enumerate(roots[0].graph.nodes)}
-    seen, todo = set(), list(roots)
-    while todo:
-        n = todo.pop()
-        if n in seen or n in stop or not isinstance(n, fx.Node) or n.op == "placeholder":
-            continue
-        seen.add(n)
-        todo.extend(a for a in n.all_input_nodes)
-    return sorted(seen, key=order.__getitem__)

@@ -178,6 +178,20 @@ def insert_op(graph: fx.Graph, before: fx.Node, op: torch._ops.OpOverload, args:
     return items
 
 
+def producers(roots: list[fx.Node], stop: set) -> list[fx.Node]:
+    """``roots`` and what they were computed from, down to the nodes in ``stop`` (and placeholders), producers
+    first: what a replaced match may leave dead, for :func:`erase_unused`."""
+    order = {n: i for i, n in enumerate(roots[0].graph.nodes)}
+    seen, todo = set(), list(roots)
+    while todo:
+        n = todo.pop()
+        if n in seen or n in stop or not isinstance(n, fx.Node) or n.op == "placeholder":
+            continue
+        seen.add(n)
+        todo.extend(a for a in n.all_input_nodes)
+    return sorted(seen, key=order.__getitem__)
+
+
 def erase_unused(nodes: Iterable[fx.Node]) -> None:
     """Erase the matched nodes (given producers first) that are now dead."""
     for n in reversed(list(nodes)):

@@ -1,0 +1,101 @@
+"""torchao's float8 training linears -> ``turbo_inductor.fp8_linear``: a model already converted with torchao
+(``convert_to_float8_training``) and compiled with backend="primus_turbo" runs its FP8 recipe on our
+quantization kernels and GEMMs, forward and backward, with no change to the model.
+
+Dynamo keeps torchao's ``Float8Linear`` matmul (the autograd function ``matmul_with_hp_or_float8_args``, allowed in
+graph) as one call, ``trampoline_autograd_apply(x, weight.t(), linear_mm_config, config)``, with the configs built
+by nodes of constant arguments. The call is replaced where torchao's config is one of our recipes exactly:
+
+| torchao config                                                        | recipe          |
+|-----------------------------------------------------------------------|-----------------|
+| every cast dynamic and tensorwise; x, W e4m3; gradients e5m2           | ``tensorwise``  |
+| every cast dynamic and per row (axiswise), all e4m3, power-of-two scales | ``rowwise_pow2`` (torchao's "rowwise") |
+
+in the device's encodings (e4m3fn or e4m3fnuz), with no FSDP float8 all-gather and no inner-dimension padding.
+Anything else (torchao's ``rowwise_with_gw_hp``, which mixes granularities, delayed or disabled casts) is left to
+torchao. The scales are computed as ours are (1/scale multiplies where torchao multiplies by fmax/amax computed in
+float64): the same values with power-of-two scales, within one float32 ulp of the scale otherwise.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from ..ops.fp8 import fp8_formats
+from ..ops.fp8_linear import can_rewrite
+from ..options import Options
+from . import matcher as m
+from .manager import RewritePass
+
+_FUNCTION = ("torchao.float8.float8_linear", "matmul_with_hp_or_float8_args")
+_CASTS = ("cast_config_input", "cast_config_input_for_grad_weight", "cast_config_weight",
+          "cast_config_weight_for_grad_input", "cast_config_grad_output", "cast_config_grad_output_for_grad_weight")
+
+
+def autograd_function_of(node: fx.Node) -> type | None:
+    """The ``torch.autograd.Function`` whose ``apply`` Dynamo kept as this node (its trampoline holds the class in
+    its closure), else None."""
+    target = node.target if node.op == "call_function" else None
+    for cell in getattr(target, "__closure__", None) or ():
+        value = cell.cell_contents
+        if isinstance(value, type) and issubclass(value, torch.autograd.Function):
+            return value
+    return None
+
+
+def _constant(value: Any) -> Any:
+    """The value of a graph argument built only from constants by torchao's float8 config classes."""
+    if isinstance(value, fx.Node):
+        if value.op != "call_function" or not getattr(value.target, "__module__", "").startswith("torchao.float8"):
+            raise ValueError(f"not a torchao float8 config: {value.format_node()}")
+        return value.target(*[_constant(a) for a in value.args], **{k: _constant(v) for k, v in value.kwargs.items()})
+    return value
+
+
+def recipe_of(config: Any, device: torch.device) -> str | None:
+    """Our recipe computing what torchao's ``Float8LinearConfig`` computes, or None."""
+    if config.enable_fsdp_float8_all_gather or config.pad_inner_dim:
+        return None
+    casts = {name: getattr(config, name) for name in _CASTS}
+    if any(c.scaling_type.name != "DYNAMIC" for c in casts.values()):
+        return None
+    granularities = {c.scaling_granularity.name for c in casts.values()}
+    e4m3, e5m2 = fp8_formats(device)
+    formats = [c.target_dtype for c in casts.values()]
+    if granularities == {"TENSORWISE"} and not config.round_scales_to_power_of_2 and \
+            formats == [e4m3, e4m3, e4m3, e4m3, e5m2, e5m2]:
+        return "tensorwise"
+    if granularities == {"AXISWISE"} and config.round_scales_to_power_of_2 and formats == [e4m3] * len(_CASTS):
+        return "rowwise_pow2"
+    return None
+
+
+class TorchaoFloat8Pass(RewritePass):
+    name = "torchao_float8"
+
+    def apply(self, graph: fx.Graph, options: Options) -> int:
+        count = 0
+        for node in list(graph.nodes):
+            function = autograd_function_of(node) if node.op == "call_function" else None
+            if function is None or (function.__module__, function.__name__) != _FUNCTION or len(node.args) != 4 \
+                    or node.kwargs:
+                continue
+            x, weight_t, mm_config, config = node.args
+            weight, x_fake = m.transpose_source(weight_t), m.fake(x)
+            if weight is None or x_fake is None or m.fake(weight) is None:
+                continue
+            try:
+                recipe = recipe_of(_constant(config), x_fake.device)
+            except (ValueError, TypeError, AttributeError):  # a config we cannot read: torchao keeps it
+                continue
+            if recipe is None or not can_rewrite(x_fake, m.fake(weight), None):
+                continue
+            new = m.insert_op(graph, node, torch.ops.turbo_inductor.fp8_linear.default,
+                              (x, weight, None, recipe, options.impl))
+            node.replace_all_uses_with(new)
+            graph.erase_node(node)
+            m.erase_unused(m.producers([mm_config, config, weight_t], stop={x, weight}))
+            count += 1
+        return count
