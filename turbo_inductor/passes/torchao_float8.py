@@ -39,7 +39,10 @@ def autograd_function_of(node: fx.Node) -> type | None:
     its closure), else None."""
     target = node.target if node.op == "call_function" else None
     for cell in getattr(target, "__closure__", None) or ():
-        value = cell.cell_contents
+        try:
+            value = cell.cell_contents
+        except ValueError:  # a cell not filled yet
+            continue
         if isinstance(value, type) and issubclass(value, torch.autograd.Function):
             return value
     return None
