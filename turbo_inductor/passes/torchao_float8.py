@@ -14,7 +14,8 @@ by nodes of constant arguments. The call is replaced where torchao's config is o
 in the device's encodings (e4m3fn or e4m3fnuz), with no FSDP float8 all-gather and no inner-dimension padding.
 Anything else (torchao's ``rowwise_with_gw_hp``, which mixes granularities, delayed or disabled casts) is left to
 torchao. The scales are computed as ours are (1/scale multiplies where torchao multiplies by fmax/amax computed in
-float64): the same values with power-of-two scales, within one float32 ulp of the scale otherwise.
+float64): the same values with power-of-two scales, within one float32 ulp of the scale otherwise. torchao's
+forward GEMM may accumulate fast (``use_fast_accum``); ours accumulates in full.
 """
 from __future__ import annotations
 
