@@ -59,11 +59,21 @@ def main(argv=None):
     parser.add_argument("--impl", default="",
                         help="kernel implementations to add as primus_turbo columns, each as options={'impl': ...} "
                              "(comma-separated, e.g. triton,native,autotune; with --fp8, also per recipe)")
+    parser.add_argument("--column", action="append", default=[], metavar="NAME=JSON",
+                        help="a primus_turbo column with these backend options, e.g. 'fp8 no norms={\"fp8\": "
+                             "\"tensorwise\", \"rmsnorm\": false}' (repeatable)")
     parser.add_argument("--mode", default="train", choices=("train", "inference"))
     parser.add_argument("--kernels", type=int, default=0,
                         help="GPU: print the N kernels taking most GPU time per column")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results"), help="folder for the JSON and PNG")
     args = parser.parse_args(argv)
+    for column in args.column:
+        name, _, options = column.partition("=")
+        try:
+            if not name or not isinstance(json.loads(options), dict):
+                raise ValueError("not a JSON object")
+        except ValueError as error:
+            parser.error(f"--column {column!r}: expected NAME=JSON-object ({error})")
     names = [name for name in args.config.split(",") if name]
     unknown = [name for name in names if name not in CONFIGS]
     if unknown or not names:
@@ -94,6 +104,8 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
     impls = [impl for impl in args.impl.split(",") if impl]
     columns += [(f"primus_turbo{f' fp8 {recipe}' if recipe else ''} impl={impl}", "primus_turbo",
                  {"impl": impl, **({"fp8": recipe} if recipe else {})}) for impl in impls for recipe in [""] + recipes]
+    columns += [(f"primus_turbo {name}", "primus_turbo", json.loads(options))
+                for name, _, options in (column.partition("=") for column in args.column)]
     # torchao's float8 training compiled by Inductor (the peer), and the same model compiled by primus_turbo, which
     # runs torchao's linears on our fp8_linear where their recipe is one of ours (passes/torchao_float8.py)
     if importlib.util.find_spec("torchao") is not None:

@@ -57,6 +57,22 @@ def test_several_models_get_their_tables_and_one_chart_of_speedups_per_model(cap
     assert "tiny-mha x1 layer(s)" in capsys.readouterr().out
 
 
+def test_a_column_of_any_backend_options(tmp_path):
+    run_model.main(["--config", "tiny", "--layers", "1", "--seq", "16", "--fp8", "", "--mode", "inference",
+                    "--column", 'no norms={"rmsnorm": false, "rmsnorm_residual": false}', "--out", str(tmp_path)])
+    columns = {c["column"]: c for c in json.loads((tmp_path / "model_tiny_inference.json").read_text())["columns"]}
+    assert columns["primus_turbo no norms"]["rewrites"]["glu"] == 1
+    assert "rmsnorm" not in columns["primus_turbo no norms"]["rewrites"]  # the passes turned off did not run
+    assert columns["primus_turbo no norms"]["out_snr_db"] > 30
+
+
+@pytest.mark.parametrize("column", ["nameless", 'x=[1]', "x={bad"])
+def test_a_bad_column_is_named(capsys, column):
+    with pytest.raises(SystemExit):
+        run_model.main(["--config", "tiny", "--column", column])
+    assert "--column" in capsys.readouterr().err
+
+
 def test_an_unknown_model_is_named(capsys):
     with pytest.raises(SystemExit):
         run_model.main(["--config", "tiny,llama9"])
