@@ -6,6 +6,8 @@ symmetric memory: ``kernels/symm_mem``, opt-in, called by the compiled graph).
 Ops in ``torch.ops.turbo_inductor``:
   gemm_allreduce(x, weight, bias, group_name, impl) -> y                     custom op; backward: gemm_allreduce_bwd
   gemm_allreduce_bwd(dy, x, weight, group_name, impl) -> (dx, dw, db)        custom op (not differentiable)
+  linear_dgrad_allreduce(x, weight, bias, group_name, impl) -> y             F.linear; backward: the op below
+  linear_dgrad_allreduce_bwd(dy, x, weight, group_name, impl) -> (dx, dw)    dx = sum over ranks of dy @ weight
 
 The backward is torch's for the unfused graph: the all-reduce's gradient is the all-reduce of the gradient
 (``_c10d_functional.all_reduce``'s registered autograd), then the linear's. ``group_name`` is the process group's
@@ -92,6 +94,44 @@ def _(dy, x, weight, group_name, impl="auto"):
 
 
 register_linear_autograd(gemm_allreduce, gemm_allreduce_bwd)
+
+
+@kernel_op("linear_dgrad_allreduce", ())
+def linear_dgrad_allreduce(x: Tensor, weight: Tensor, bias: Optional[Tensor], group_name: str,
+                           impl: str = "auto") -> Tensor:
+    """A column-parallel linear: ``F.linear(x, weight, bias)`` whose input gradient is summed over the group's
+    ranks (Megatron's copy-to-tensor-parallel region before the linear): no collective forward; backward, the
+    all-reduce of ``dy @ weight`` runs as one GEMM + all-reduce (the kernels of ``gemm_allreduce``)."""
+    check_linear("linear_dgrad_allreduce", x, weight, bias)
+    process_group("linear_dgrad_allreduce", group_name)
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+@linear_dgrad_allreduce.register_fake
+def _(x, weight, bias, group_name, impl="auto"):
+    check_linear("linear_dgrad_allreduce", x, weight, bias)
+    return x.new_empty(x.shape[:-1] + (weight.shape[0],))
+
+
+@kernel_op("linear_dgrad_allreduce_bwd", (FWD_KERNEL,))
+def linear_dgrad_allreduce_bwd(dy: Tensor, x: Tensor, weight: Tensor, group_name: str,
+                               impl: str = "auto") -> tuple[Tensor, Tensor]:
+    """``(dx, dweight)``: ``dx = sum over ranks of dy @ weight`` (the GEMM + all-reduce kernel on ``weight^T``),
+    ``dweight = dy^T x``."""
+    check_linear("linear_dgrad_allreduce_bwd", x, weight, None)
+    dy2, x2 = dy.reshape(-1, weight.shape[0]).contiguous(), x.reshape(-1, x.shape[-1]).contiguous()
+    _checked_group("linear_dgrad_allreduce_bwd", group_name, [dy2.shape[0], weight.shape[0], x2.shape[1]], x.device)
+    dx = registry.select(FWD_KERNEL, x.device, impl)(dy2, weight.t(), None, group_name)
+    return dx.view(x.shape), dy2.t() @ x2
+
+
+@linear_dgrad_allreduce_bwd.register_fake
+def _(dy, x, weight, group_name, impl="auto"):
+    check_linear("linear_dgrad_allreduce_bwd", x, weight, None)
+    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+
+
+register_linear_autograd(linear_dgrad_allreduce, linear_dgrad_allreduce_bwd)
 
 
 def can_rewrite(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:

@@ -2,14 +2,15 @@
 from .fp8_linear import FP8LinearPass
 from .fp8_scaled_mm import FP8ScaledMMPass
 from .gemm_allreduce import GemmAllReducePass
+from .gemm_allreduce_dgrad import GemmAllReduceDgradPass
 from .glu import GLUPass
 from .manager import CompileRecord, PassManager, RewritePass, compile_records, reset_records, rewrite_counts
 from .rmsnorm import RMSNormPass
 from .rmsnorm_residual import RMSNormResidualPass
 from .torchao_float8 import TorchaoFloat8Pass
 
-PASSES: list[RewritePass] = [RMSNormPass(), RMSNormResidualPass(), GLUPass(), GemmAllReducePass(), FP8ScaledMMPass(),
-                             TorchaoFloat8Pass(), FP8LinearPass()]
+PASSES: list[RewritePass] = [RMSNormPass(), RMSNormResidualPass(), GLUPass(), GemmAllReducePass(),
+                             GemmAllReduceDgradPass(), FP8ScaledMMPass(), TorchaoFloat8Pass(), FP8LinearPass()]
 
 __all__ = ["PASSES", "CompileRecord", "PassManager", "RewritePass", "compile_records", "reset_records",
            "rewrite_counts"]

@@ -1,0 +1,129 @@
+"""A column-parallel linear's backward all-reduce (Megatron's copy-to-tensor-parallel region, an autograd function
+that sums the gradient over the ranks) -> turbo_inductor.linear_dgrad_allreduce: the rewrite, its near misses, and
+the gradients against the unfused model on two gloo processes."""
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.nn as nn
+
+import turbo_inductor
+from test_gemm_allreduce import _init, _run, _spawn, fake_group  # noqa: F401  (fake_group: a fixture)
+from turbo_inductor.kernels import registry
+
+
+def autograd_function(name: str, forward, backward) -> type:
+    """A ``torch.autograd.Function`` of one tensor with these forward and backward."""
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(lambda ctx, x: forward(x)),
+                                                    "backward": staticmethod(lambda ctx, g: backward(g))})
+
+
+def sum_over_ranks(g):
+    return funcol.all_reduce(g, "sum", dist.group.WORLD)
+
+
+def sum_over_ranks_in_place(g):
+    g = g.clone()
+    dist.all_reduce(g, group=dist.group.WORLD)
+    return g
+
+
+def identity(x):
+    return x.view_as(x)
+
+
+# Megatron's copy to the tensor-parallel region in two spellings, and two near misses (a scaled sum; a forward that
+# is not the identity).
+SPELLINGS = {"funcol": autograd_function("CopyFuncol", identity, sum_over_ranks),
+             "in_place": autograd_function("CopyInPlace", identity, sum_over_ranks_in_place),
+             "scaled": autograd_function("CopyScaled", identity, lambda g: sum_over_ranks(g) * 0.5),
+             "not_identity": autograd_function("NotIdentity", lambda x: x * 2, lambda g: sum_over_ranks(g) * 2)}
+
+
+class ColumnParallel(nn.Module):
+    """A column-parallel linear as tensor-parallel code writes it; ``readers``: how many linears read the copy."""
+
+    def __init__(self, spelling, readers=1, bias=True):
+        super().__init__()
+        self.copy, self.readers = SPELLINGS[spelling], readers
+        self.proj = nn.Linear(32, 24, bias=bias)
+        if readers == 2:
+            self.other = nn.Linear(32, 24, bias=False)
+
+    def forward(self, x):
+        h = self.copy.apply(x)
+        y = self.proj(h)
+        if self.readers == 2:
+            y = y + self.other(h)
+        return torch.relu(y) * 2
+
+
+@pytest.mark.parametrize("spelling", ["funcol", "in_place"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_input_gradients_all_reduce_joins_the_linear(fake_group, spelling, bias):
+    torch.manual_seed(0)
+    model, x = ColumnParallel(spelling, bias=bias), torch.randn(2, 5, 32)
+    want = _run(model, x, "inductor")
+    model.zero_grad(set_to_none=True)
+    turbo_inductor.reset_records()
+    registry.reset_kernel_calls()
+    got = _run(model, x, "primus_turbo", {"impl": "reference", "record_graphs": True})
+    assert turbo_inductor.rewrite_counts()["gemm_allreduce_dgrad"] == 1
+    record = turbo_inductor.compile_records()[-1]
+    assert record.ops_before["autograd_function_apply"] == 1
+    assert record.ops_after["autograd_function_apply"] == 0
+    assert record.ops_after["turbo_inductor.linear_dgrad_allreduce"] == 1 and record.ops_after["linear"] == 0
+    # the backward's GEMM + all-reduce ran our kernel
+    assert registry.kernel_calls().get(("gemm_allreduce_fwd", "reference"), 0) >= 1
+    for g, w in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("spelling, readers", [("scaled", 1), ("not_identity", 1), ("funcol", 2)])
+def test_near_misses_are_left_alone(fake_group, spelling, readers):
+    torch.manual_seed(0)
+    model, x = ColumnParallel(spelling, readers), torch.randn(2, 5, 32)
+    want = _run(model, x, "inductor")
+    model.zero_grad(set_to_none=True)
+    turbo_inductor.reset_records()
+    got = _run(model, x, "primus_turbo")
+    assert turbo_inductor.rewrite_counts()["gemm_allreduce_dgrad"] == 0
+    for g, w in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_opcheck(fake_group):
+    x, w, b = torch.randn(6, 32), torch.randn(24, 32), torch.randn(24)
+    torch.library.opcheck(torch.ops.turbo_inductor.linear_dgrad_allreduce, (x, w, b, fake_group.group_name, "auto"))
+    torch.library.opcheck(torch.ops.turbo_inductor.linear_dgrad_allreduce_bwd,
+                          (torch.randn(6, 24), x, w, fake_group.group_name, "auto"))
+
+
+def _gradients_match_the_unfused_model(rank, port, spelling):
+    group, device = _init(rank, port)
+    try:
+        torch.manual_seed(0)  # the same weights on both ranks
+        model = ColumnParallel(spelling).to(device)
+        torch.manual_seed(1 + rank)  # each rank its own input (and so its own output gradient)
+        x = torch.randn(4, 5, 32).to(device)
+        want = _run(model, x, "inductor")
+        model.zero_grad(set_to_none=True)
+        turbo_inductor.reset_records()
+        got = _run(model, x, "primus_turbo")
+        assert turbo_inductor.rewrite_counts()["gemm_allreduce_dgrad"] == 1
+        for g, w in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+        # and the input gradient is the sum over the ranks of each rank's own (computed here eagerly, summed by gloo)
+        xl = x.detach().clone().requires_grad_()
+        (torch.relu(model.proj(xl)) * 2).backward(torch.ones(4, 5, 24, device=device))
+        summed = xl.grad.clone()
+        dist.all_reduce(summed, group=group)
+        assert not torch.allclose(got[1], xl.grad)
+        torch.testing.assert_close(got[1], summed, rtol=1e-5, atol=1e-5)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("spelling", ["funcol", "in_place"])
+def test_two_ranks_on_gloo_match_the_unfused_model(spelling):
+    _spawn(_gradients_match_the_unfused_model, spelling)
