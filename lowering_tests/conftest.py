@@ -64,3 +64,15 @@ def native_on_device() -> dict:
     from turbo_inductor.kernels import native
 
     return {"native": TakingSome("native")} if native.unavailable_reason(torch.device(DEVICE)) is None else {}
+
+
+@pytest.fixture
+def fake_group():
+    """One process in a fake process group of two (graph-level tests of collectives: its all-reduce returns its
+    input)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    yield dist.group.WORLD
+    dist.destroy_process_group()

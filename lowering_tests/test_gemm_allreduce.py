@@ -48,15 +48,6 @@ def _run(model, x, backend, options=None):
 
 # ---- one process, fake group (graph-level: the fake all-reduce returns its input) -----------------------------
 
-@pytest.fixture
-def fake_group():
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD)
-    yield dist.group.WORLD
-    dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("spelling", ["funcol", "in_place"])
 @pytest.mark.parametrize("bias", [True, False])
 def test_both_spellings_are_rewritten_in_training(fake_group, spelling, bias):

@@ -8,7 +8,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 
 import turbo_inductor
-from test_gemm_allreduce import _init, _run, _spawn, fake_group  # noqa: F401  (fake_group: a fixture)
+from test_gemm_allreduce import _init, _run, _spawn
 from turbo_inductor.kernels import registry
 
 
@@ -58,16 +58,24 @@ class ColumnParallel(nn.Module):
         return torch.relu(y) * 2
 
 
-@pytest.mark.parametrize("spelling", ["funcol", "in_place"])
-@pytest.mark.parametrize("bias", [True, False])
-def test_the_input_gradients_all_reduce_joins_the_linear(fake_group, spelling, bias):
-    torch.manual_seed(0)
-    model, x = ColumnParallel(spelling, bias=bias), torch.randn(2, 5, 32)
+def matches_inductor(model, x, options=None):
+    """Assert that primus_turbo's output and gradients equal Inductor's on ``model``; return them."""
     want = _run(model, x, "inductor")
     model.zero_grad(set_to_none=True)
     turbo_inductor.reset_records()
     registry.reset_kernel_calls()
-    got = _run(model, x, "primus_turbo", {"impl": "reference", "record_graphs": True})
+    got = _run(model, x, "primus_turbo", options)
+    for g, w in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    return got
+
+
+@pytest.mark.parametrize("spelling", ["funcol", "in_place"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_input_gradients_all_reduce_joins_the_linear(fake_group, spelling, bias):
+    torch.manual_seed(0)
+    matches_inductor(ColumnParallel(spelling, bias=bias), torch.randn(2, 5, 32),
+                     {"impl": "reference", "record_graphs": True})
     assert turbo_inductor.rewrite_counts()["gemm_allreduce_dgrad"] == 1
     record = turbo_inductor.compile_records()[-1]
     assert record.ops_before["autograd_function_apply"] == 1
@@ -75,21 +83,13 @@ def test_the_input_gradients_all_reduce_joins_the_linear(fake_group, spelling, b
     assert record.ops_after["turbo_inductor.linear_dgrad_allreduce"] == 1 and record.ops_after["linear"] == 0
     # the backward's GEMM + all-reduce ran our kernel
     assert registry.kernel_calls().get(("gemm_allreduce_fwd", "reference"), 0) >= 1
-    for g, w in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("spelling, readers", [("scaled", 1), ("not_identity", 1), ("funcol", 2)])
 def test_near_misses_are_left_alone(fake_group, spelling, readers):
     torch.manual_seed(0)
-    model, x = ColumnParallel(spelling, readers), torch.randn(2, 5, 32)
-    want = _run(model, x, "inductor")
-    model.zero_grad(set_to_none=True)
-    turbo_inductor.reset_records()
-    got = _run(model, x, "primus_turbo")
+    matches_inductor(ColumnParallel(spelling, readers), torch.randn(2, 5, 32))
     assert turbo_inductor.rewrite_counts()["gemm_allreduce_dgrad"] == 0
-    for g, w in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
 def test_opcheck(fake_group):
@@ -106,13 +106,8 @@ def _gradients_match_the_unfused_model(rank, port, spelling):
         model = ColumnParallel(spelling).to(device)
         torch.manual_seed(1 + rank)  # each rank its own input (and so its own output gradient)
         x = torch.randn(4, 5, 32).to(device)
-        want = _run(model, x, "inductor")
-        model.zero_grad(set_to_none=True)
-        turbo_inductor.reset_records()
-        got = _run(model, x, "primus_turbo")
+        got = matches_inductor(model, x)
         assert turbo_inductor.rewrite_counts()["gemm_allreduce_dgrad"] == 1
-        for g, w in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
-            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
         # and the input gradient is the sum over the ranks of each rank's own (computed here eagerly, summed by gloo)
         xl = x.detach().clone().requires_grad_()
         (torch.relu(model.proj(xl)) * 2).backward(torch.ones(4, 5, 24, device=device))
