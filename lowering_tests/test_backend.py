@@ -34,13 +34,13 @@ def test_log_line_and_counts(caplog):
     with caplog.at_level(logging.INFO, logger="turbo_inductor"):
         run()
     assert "primus_turbo: replaced 1 rmsnorm" in caplog.text
-    assert turbo_inductor.rewrite_counts() == {"rmsnorm": 1, "rmsnorm_residual": 0, "glu": 0, "gemm_allreduce": 0, "fp8_scaled_mm": 0, "torchao_float8": 0}
+    assert turbo_inductor.rewrite_counts() == {"rmsnorm": 1, "rmsnorm_residual": 0, "glu": 0, "gemm_allreduce": 0, "gemm_allreduce_dgrad": 0, "fp8_scaled_mm": 0, "torchao_float8": 0}
 
 
 def test_pass_can_be_disabled_by_env_and_options_win(monkeypatch):
     monkeypatch.setenv("TURBO_INDUCTOR_RMSNORM", "0")
     run()
-    assert turbo_inductor.rewrite_counts() == {"rmsnorm_residual": 0, "glu": 0, "gemm_allreduce": 0, "fp8_scaled_mm": 0, "torchao_float8": 0}
+    assert turbo_inductor.rewrite_counts() == {"rmsnorm_residual": 0, "glu": 0, "gemm_allreduce": 0, "gemm_allreduce_dgrad": 0, "fp8_scaled_mm": 0, "torchao_float8": 0}
     torch._dynamo.reset()
     turbo_inductor.reset_records()
     run({"rmsnorm": True})
