@@ -43,10 +43,10 @@ SPELLINGS = {"funcol": autograd_function("CopyFuncol", identity, sum_over_ranks)
 class ColumnParallel(nn.Module):
     """A column-parallel linear as tensor-parallel code writes it; ``readers``: how many linears read the copy."""
 
-    def __init__(self, spelling, readers=1, bias=True):
+    def __init__(self, spelling, readers=1, bias=True, out_features=24):
         super().__init__()
         self.copy, self.readers = SPELLINGS[spelling], readers
-        self.proj = nn.Linear(32, 24, bias=bias)
+        self.proj = nn.Linear(32, out_features, bias=bias)
         if readers == 2:
             self.other = nn.Linear(32, 24, bias=False)
 
@@ -90,6 +90,14 @@ def test_near_misses_are_left_alone(fake_group, spelling, readers):
     torch.manual_seed(0)
     matches_inductor(ColumnParallel(spelling, readers), torch.randn(2, 5, 32))
     assert turbo_inductor.rewrite_counts()["gemm_allreduce_dgrad"] == 0
+
+
+def test_fp8_keeps_its_linear_and_the_gradients_all_reduce(fake_group):
+    model = ColumnParallel("funcol", out_features=32)  # an FP8 GEMM shape
+    compiled = torch.compile(model, backend="primus_turbo", options={"fp8": "rowwise", "impl": "reference"})
+    compiled(torch.randn(3, 5, 32, requires_grad=True)).sum().backward()  # x's gradient: the function stays
+    assert turbo_inductor.rewrite_counts()["gemm_allreduce_dgrad"] == 0 and turbo_inductor.rewrite_counts()["fp8"] == 1
+    assert turbo_inductor.compile_records()[-1].ops_after["autograd_function_apply"] == 1
 
 
 def test_opcheck(fake_group):

@@ -9,7 +9,8 @@ Dynamo keeps such a function as ``autograd_function_apply(fwd_body, bwd_body, x)
     (``funcol.all_reduce`` + wait, or in-place ``dist.all_reduce`` on the gradient or a copy of it), and nothing
     else;
   - the function's one output feeds one ``F.linear`` and nothing else (several readers would each need their own
-    reduction: more collectives than the one written).
+    reduction: more collectives than the one written), and the ``fp8`` option does not turn that linear into an
+    FP8 linear (a user who asked for FP8 gets FP8, its gradient's all-reduce as written).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import torch.utils._pytree as pytree
 from ..ops.gemm_allreduce import can_rewrite
 from ..options import Options
 from . import matcher as m
+from .fp8_linear import FP8LinearPass
 from .manager import RewritePass
 
 _PASS_THROUGH = {"view_as", "view", "clone", "contiguous", "alias", "detach"}
@@ -100,7 +102,8 @@ class GemmAllReduceDgradPass(RewritePass):
             if group_name is None or item is None or item.target is not operator.getitem or item.args[1] != 0:
                 continue
             linear = m.only_user(item)
-            if linear is None or linear.target is not torch._C._nn.linear or linear.args[0] is not item:
+            if linear is None or linear.target is not torch._C._nn.linear or linear.args[0] is not item \
+                    or FP8LinearPass().match(linear, options) is not None:  # FP8 asked for: the linear stays FP8
                 continue
             x, weight, bias = node.args[2], linear.args[1], m.arg(linear, 2, "bias")
             xt, wt, bt = m.fake(x), m.fake(weight), m.fake(bias)
