@@ -100,6 +100,17 @@ def test_fp8_keeps_its_linear_and_the_gradients_all_reduce(fake_group):
     assert turbo_inductor.compile_records()[-1].ops_after["autograd_function_apply"] == 1
 
 
+def test_python_api_runs_both_tensor_parallel_linears_and_their_gradients(fake_group):
+    x, w, b = torch.randn(6, 32, requires_grad=True), torch.randn(24, 32, requires_grad=True), torch.randn(24)
+    for op in (turbo_inductor.ops.gemm_allreduce, turbo_inductor.ops.linear_dgrad_allreduce):
+        for group in (None, fake_group, fake_group.group_name):  # the fake all-reduce returns its input
+            y = op(x, w, b, group, impl="reference")
+            torch.testing.assert_close(y, torch.nn.functional.linear(x, w, b))
+            dx, dw = torch.autograd.grad(y, (x, w), torch.ones_like(y))
+            torch.testing.assert_close(dx, torch.ones_like(y) @ w)
+            torch.testing.assert_close(dw, torch.ones_like(y).t() @ x)
+
+
 def test_opcheck(fake_group):
     x, w, b = torch.randn(6, 32), torch.randn(24, 32), torch.randn(24)
     torch.library.opcheck(torch.ops.turbo_inductor.linear_dgrad_allreduce, (x, w, b, fake_group.group_name, "auto"))

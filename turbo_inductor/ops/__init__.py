@@ -53,6 +53,31 @@ def _gelu(approximate: str) -> str:
 
 def fp8_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, recipe: str = "tensorwise", *,
                impl: str = "auto") -> Tensor:
-    """``F.linear`` with x and weight quantized to FP8 by ``recipe`` ("tensorwise", "rowwise", "blockwise",
-    "mxfp8"), forward and backward (see ``turbo_inductor/ops/fp8_linear.py``)."""
+    """``F.linear`` with x and weight quantized to FP8 by ``recipe`` ("tensorwise", "rowwise", "rowwise_pow2",
+    "blockwise", "mxfp8", "rowwise_with_gw_hp"), forward and backward (see ``turbo_inductor/ops/fp8_linear.py``)."""
     return torch.ops.turbo_inductor.fp8_linear(x, weight, bias, recipe, impl)
+
+
+def gemm_allreduce(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, group=None, *,
+                   impl: str = "auto") -> Tensor:
+    """A row-parallel linear: ``F.linear(x, weight, bias)`` summed over the ranks of ``group`` (a ProcessGroup or
+    its name; default: the world), the reduction overlapped with the GEMM where an implementation does."""
+    return torch.ops.turbo_inductor.gemm_allreduce(x, weight, bias, _group_name(group), impl)
+
+
+def linear_dgrad_allreduce(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, group=None, *,
+                           impl: str = "auto") -> Tensor:
+    """A column-parallel linear: ``F.linear(x, weight, bias)`` whose input gradient is summed over the ranks of
+    ``group`` (the backward's GEMM and all-reduce as one GEMM + all-reduce)."""
+    return torch.ops.turbo_inductor.linear_dgrad_allreduce(x, weight, bias, _group_name(group), impl)
+
+
+def _group_name(group) -> str:
+    if isinstance(group, str):
+        return group
+    import torch.distributed as dist
+
+    group = dist.group.WORLD if group is None else group
+    if group is None:
+        raise RuntimeError("turbo_inductor: torch.distributed is not initialized (call init_process_group first)")
+    return group.group_name
