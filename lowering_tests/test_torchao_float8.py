@@ -64,13 +64,20 @@ def test_torchao_float8_linears_run_on_our_fp8_linear(recipe):
         assert snr_db(got, truth) >= snr_db(want, truth) - 1, f"result {n}: less accurate than torchao"
 
 
-@pytest.mark.parametrize("change", ["rowwise_with_gw_hp", "pad_inner_dim", "power_of_two_tensorwise"])
+def other_format():
+    """FP8 casts of x and W in the encoding this device does not use (fnuz on NVIDIA and CPU, OCP on gfx942)."""
+    e4m3 = torch.float8_e4m3fnuz if DEVICE == "cpu" or torch.version.hip is None else torch.float8_e4m3fn
+    cast = torchao_float8.CastConfig(target_dtype=e4m3)
+    return torchao_float8.Float8LinearConfig(cast_config_input=cast, cast_config_weight=cast)
+
+
+@pytest.mark.parametrize("change", ["rowwise_with_gw_hp", "pad_inner_dim", "power_of_two_tensorwise", "other_format"])
 def test_configs_that_are_not_our_recipes_stay_with_torchao(change):
     from_name = torchao_float8.Float8LinearConfig.from_recipe_name
     config = {"rowwise_with_gw_hp": lambda: from_name("rowwise_with_gw_hp"),
               "pad_inner_dim": lambda: torchao_float8.Float8LinearConfig(pad_inner_dim=True),
               "power_of_two_tensorwise": lambda: torchao_float8.Float8LinearConfig(round_scales_to_power_of_2=True),
-              }[change]()
+              "other_format": other_format}[change]()
     model, x = mlp(), torch.randn(4, 8, 64, device=DEVICE)
     fp8 = converted(model, config)
     torchao = run(fp8, [x], "inductor")
