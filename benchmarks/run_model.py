@@ -24,6 +24,7 @@ import torch
 
 import turbo_inductor
 from benchmarks.llama import CONFIGS, LlamaDecoder
+from turbo_inductor.ops.fp8_linear import RECIPES
 
 
 # FP8 recipes torchao has under the same names (a torchao column is added for each one requested), and those whose
@@ -54,8 +55,9 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=4096 if on_gpu else 64)
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--fp8", default="tensorwise,rowwise" if on_gpu else "",
-                        help="FP8 recipes to add as primus_turbo columns (comma-separated; empty: none)")
+    parser.add_argument("--fp8", default=",".join(RECIPES) if on_gpu else "",
+                        help="FP8 recipes to add as primus_turbo columns (comma-separated; empty: none; default on a "
+                             "GPU: every recipe)")
     parser.add_argument("--impl", default="",
                         help="kernel implementations to add as primus_turbo columns, each as options={'impl': ...} "
                              "(comma-separated, e.g. triton,native,autotune; with --fp8, also per recipe)")
