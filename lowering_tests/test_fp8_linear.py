@@ -119,6 +119,17 @@ def test_rewrite_turns_every_eligible_linear_into_fp8(recipe):
     assert all(snr_db(a, b) >= 20 for a, b in zip(outs + grads, high[0] + high[1]))
 
 
+def test_a_growing_batch_recompiles_once_as_inductor_does():
+    """The whole-tensor blocks take no side on rows <= columns: no guard, no third compile past the in-features."""
+    torch._dynamo.reset()
+    compiled = torch.compile(nn.Linear(64, 32), backend="primus_turbo", options={"fp8": "tensorwise",
+                                                                                "impl": "reference"})
+    turbo_inductor.reset_records()
+    for rows in (4, 48, 80):  # below and above the 64 in-features
+        compiled(torch.randn(rows, 64, requires_grad=True)).sum().backward()
+    assert len(turbo_inductor.compile_records()) == 2 and turbo_inductor.rewrite_counts()["fp8"] == 2
+
+
 def test_options_exclude_and_min_size_keep_layers_in_high_precision():
     model, x = MLP(), torch.randn(2, 8, 64)
     run(model, [x], "primus_turbo", options={"fp8": {"recipe": "rowwise", "exclude": r"^head\."}, "impl": "reference"})

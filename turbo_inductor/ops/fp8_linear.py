@@ -64,8 +64,9 @@ ALIGNMENT = 16
 
 def _kernel_block(block: tuple[int, int], t: Tensor) -> tuple[int, int]:
     """A recipe's block (0: the whole dimension) for the quantization kernels, on the operand ``t`` and its transpose:
-    the kernels clip a block to the tensor, so the larger of t's dimensions spans the dimension in either layout."""
-    whole = max(*t.shape, 1)
+    the kernels clip a block to the tensor, so the sum of t's dimensions spans the dimension in either layout (the
+    larger of them would too, but with a symbolic row count, choosing it makes Dynamo guard on rows <= columns)."""
+    whole = t.shape[0] + t.shape[1] + 1
     return block[0] or whole, block[1] or whole
 
 
