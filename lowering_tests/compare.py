@@ -3,11 +3,19 @@ from __future__ import annotations
 
 import collections
 import copy
+import math
 
 import torch
 
 import turbo_inductor
 from conftest import DEVICE, TOLERANCE
+
+
+def snr_db(out, ref) -> float:
+    """10 log10(|ref|^2 / |out - ref|^2) in float64 (inf when equal)."""
+    ref, out = ref.double(), out.double()
+    noise = (out - ref).pow(2).sum().item()
+    return math.inf if noise == 0 else 10 * math.log10(ref.pow(2).sum().item() / noise)
 
 
 def _tensors(out):

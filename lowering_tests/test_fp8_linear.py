@@ -1,6 +1,5 @@
 """FP8 linear: the op against fp32 math at the SNR gates, the rewrite of an unmodified model's linears, and a
 short training run that follows the high-precision loss curve."""
-import math
 
 import pytest
 import torch
@@ -8,7 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import turbo_inductor
-from compare import assert_ran, ops_after, run
+from compare import assert_ran, ops_after, run, snr_db
 from conftest import DEVICE
 from turbo_inductor.ops.fp8_linear import RECIPES
 
@@ -16,12 +15,6 @@ GRADIENT_GATE = {"e4m3": 25.0, "e5m2": 20.0}  # shared/targets.md
 # Triton's CPU interpreter rounds ~2% of fp8 stores wrongly (platform.md): the SNR gates are checked with the
 # reference kernels on CPU and with the default (fastest) ones on the GPU.
 EXACT_IMPL = "auto" if DEVICE == "cuda" else "reference"
-
-
-def snr_db(out, ref):
-    ref, out = ref.double(), out.double()
-    noise = (out - ref).pow(2).sum().item()
-    return math.inf if noise == 0 else 10 * math.log10(ref.pow(2).sum().item() / noise)
 
 
 def make(*shape, dtype=torch.float32, scale=1.0):

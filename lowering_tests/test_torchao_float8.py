@@ -1,14 +1,13 @@
 """A model converted by torchao (``convert_to_float8_training``) and compiled with backend="primus_turbo": its
 Float8Linear matmuls become our fp8_linear with the same recipe, forward and backward, at torchao's accuracy."""
 import copy
-import math
 
 import pytest
 import torch
 import torch.nn as nn
 
 import turbo_inductor
-from compare import assert_ran, ops_after, run
+from compare import assert_ran, ops_after, run, snr_db
 from conftest import DEVICE
 
 torchao_float8 = pytest.importorskip("torchao.float8")
@@ -22,12 +21,6 @@ def trampolines(counts: str) -> int:
     """Dynamo's calls of an autograd function kept whole (torchao's matmul), in the op counts ``counts``."""
     return sum(n for record in turbo_inductor.compile_records() for op, n in getattr(record, counts).items()
                if op.endswith("trampoline_autograd_apply"))
-
-
-def snr_db(out, ref):
-    ref, out = ref.double(), out.double()
-    noise = (out - ref).pow(2).sum().item()
-    return math.inf if noise == 0 else 10 * math.log10(ref.pow(2).sum().item() / noise)
 
 
 def mlp():

@@ -73,11 +73,10 @@ def linear_dgrad_allreduce(x: Tensor, weight: Tensor, bias: Optional[Tensor] = N
 
 
 def _group_name(group) -> str:
+    """The name the ops take; "" where there is no group (the op then says torch.distributed is not initialized)."""
     if isinstance(group, str):
         return group
     import torch.distributed as dist
 
     group = dist.group.WORLD if group is None else group
-    if group is None:
-        raise RuntimeError("turbo_inductor: torch.distributed is not initialized (call init_process_group first)")
-    return group.group_name
+    return "" if group is None else group.group_name

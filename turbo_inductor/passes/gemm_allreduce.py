@@ -22,19 +22,27 @@ from .fp8_linear import FP8LinearPass
 from .manager import RewritePass
 
 
-def _reduced_linear(wait: fx.Node):
-    """(linear, all_reduce, group name) when ``wait`` waits on a sum all-reduce of an F.linear."""
+def waited_sum_all_reduce(wait) -> tuple[fx.Node, fx.Node, str] | None:
+    """(what is reduced, the all_reduce, group name) when ``wait`` waits on a functional sum all-reduce of a node on
+    a group given by name, the wait its only reader."""
     functional = torch.ops._c10d_functional
     if not (m.calls(wait, functions=(functional.wait_tensor, functional.wait_tensor.default))
             and m.calls(wait.args[0], functions=(functional.all_reduce, functional.all_reduce.default))):
         return None
     reduce = wait.args[0]
-    linear, op, group_name = (list(reduce.args) + [None, None, None])[:3]
-    if op != "sum" or not isinstance(group_name, str) or m.only_user(reduce) is not wait:
+    source, op, group_name = (list(reduce.args) + [None, None, None])[:3]
+    if op != "sum" or not isinstance(group_name, str) or m.only_user(reduce) is not wait \
+            or not isinstance(source, fx.Node):
         return None
-    if not isinstance(linear, fx.Node) or linear.target is not torch._C._nn.linear:
+    return source, reduce, group_name
+
+
+def _reduced_linear(wait: fx.Node):
+    """(linear, all_reduce, group name) when ``wait`` waits on a sum all-reduce of an F.linear."""
+    found = waited_sum_all_reduce(wait)
+    if found is None or found[0].target is not torch._C._nn.linear:
         return None
-    return linear, reduce, group_name
+    return found
 
 
 class GemmAllReducePass(RewritePass):

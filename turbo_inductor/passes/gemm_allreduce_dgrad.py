@@ -24,6 +24,7 @@ from ..ops.gemm_allreduce import can_rewrite
 from ..options import Options
 from . import matcher as m
 from .fp8_linear import FP8LinearPass
+from .gemm_allreduce import waited_sum_all_reduce
 from .manager import RewritePass
 
 _PASS_THROUGH = {"view_as", "view", "clone", "contiguous", "alias", "detach"}
@@ -59,27 +60,18 @@ def _is_identity(body: fx.Graph) -> bool:
 
 def _reduced_group(body: fx.Graph) -> str | None:
     """The group's name when the body returns the sum all-reduce of its gradient and does nothing else."""
-    functional = torch.ops._c10d_functional
     returned = _returned(body)
     if returned is None:
         return None
-    if m.calls(returned, functions=(functional.wait_tensor, functional.wait_tensor.default)):
-        wait, copy_back = returned, None
-    else:  # in place: returned.copy_(wait(all_reduce(returned)))
-        copies = [u for u in returned.users if u.op == "call_method" and u.target == "copy_" and u.args[0] is returned]
-        if len(copies) != 1:
-            return None
-        copy_back, wait = copies[0], copies[0].args[1]
-    reduce = wait.args[0] if m.calls(wait, functions=(functional.wait_tensor, functional.wait_tensor.default)) \
-        else None
-    if reduce is None or not m.calls(reduce, functions=(functional.all_reduce, functional.all_reduce.default)):
+    copies = [u for u in returned.users if u.op == "call_method" and u.target == "copy_" and u.args[0] is returned]
+    copy_back = copies[0] if len(copies) == 1 else None  # in place: returned.copy_(wait(all_reduce(returned)))
+    found = waited_sum_all_reduce(returned if copy_back is None else copy_back.args[1])
+    if found is None:
         return None
-    gradient, op, group_name = (list(reduce.args) + [None, None, None])[:3]
-    if op != "sum" or not isinstance(group_name, str) or not isinstance(gradient, fx.Node):
-        return None
+    gradient, reduce, group_name = found
     if _through_views(gradient).op != "placeholder" or (copy_back is not None and gradient is not returned):
         return None
-    expected = {reduce, wait} | ({copy_back} if copy_back is not None else set())
+    expected = {reduce, m.only_user(reduce)} | ({copy_back} if copy_back is not None else set())
     others = [n for n in body.nodes if n.op in ("call_function", "call_method") and n not in expected
               and n.target not in _HOUSEKEEPING and not (n.op == "call_method" and n.target in _PASS_THROUGH)]
     return group_name if not others else None

@@ -82,7 +82,7 @@ class TorchaoFloat8Pass(RewritePass):
     def apply(self, graph: fx.Graph, options: Options) -> int:
         count = 0
         for node in list(graph.nodes):
-            function = autograd_function_of(node) if node.op == "call_function" else None
+            function = autograd_function_of(node)
             if function is None or (function.__module__, function.__name__) != _FUNCTION or len(node.args) != 4 \
                     or node.kwargs:
                 continue
