@@ -31,6 +31,10 @@ from turbo_inductor.ops.fp8_linear import RECIPES
 # torchao configs primus_turbo runs on its own fp8_linear (a column of the torchao model compiled by primus_turbo).
 TORCHAO_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 TORCHAO_ON_OURS = ("tensorwise", "rowwise")
+# The goals the table reports against (issue #7, ../shared/targets.md), for a layer's training step on a GPU:
+# bf16 speedup over Inductor at no more peak memory, the FP8 recipes' speedup over Inductor in bf16, and every
+# primus_turbo column's cold compile time as a multiple of Inductor's.
+BF16_GOAL, FP8_GOAL, FP8_GOAL_RECIPES, COMPILE_GOAL = 1.05, 1.40, ("tensorwise", "rowwise"), 1.25
 
 
 def time_ms(step, device: str) -> float:
@@ -167,8 +171,39 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
                       "dx_snr_db": snr_db(r["grad"], ref["grad"]) if train else float("nan"),
                       "rewrites": r.get("rewrites", {})})
     print_table(table)
-    write_outputs(args, model_name, config, table)
+    report = goals(table)
+    for line in report:
+        print(f"goal: {line['goal']}: {line['measured']} -> {'met' if line['met'] else 'MISSED'}")
+    write_outputs(args, model_name, config, table, report)
     return table
+
+
+def goals(table: list[dict]) -> list[dict]:
+    """The measured values against the goals (BF16_GOAL, FP8_GOAL, COMPILE_GOAL), for the columns present."""
+    rows = {row["column"]: row for row in table if "error" not in row}
+    inductor, report = rows["inductor"], []
+    if "primus_turbo" in rows:
+        bf16 = rows["primus_turbo"]
+        report.append({"goal": f"primus_turbo bf16 >= {BF16_GOAL:.2f}x Inductor at no more peak memory",
+                       "measured": f"{bf16['speedup_vs_inductor']:.2f}x" + (
+                           "" if math.isnan(bf16["peak_gib"]) else
+                           f", {bf16['peak_gib']:.2f} GiB vs {inductor['peak_gib']:.2f} GiB"),
+                       "met": bf16["speedup_vs_inductor"] >= BF16_GOAL and not
+                       bf16["peak_gib"] > inductor["peak_gib"]})  # nan (CPU) compares False: no memory to exceed
+    for recipe in FP8_GOAL_RECIPES:
+        if (fp8 := rows.get(f"primus_turbo fp8 {recipe}")) is not None:
+            report.append({"goal": f"primus_turbo fp8 {recipe} >= {FP8_GOAL:.2f}x Inductor bf16",
+                           "measured": f"{fp8['speedup_vs_inductor']:.2f}x",
+                           "met": fp8["speedup_vs_inductor"] >= FP8_GOAL})
+    ours = [row for name, row in rows.items() if "primus_turbo" in name]
+    if ours:
+        slowest = max(ours, key=lambda row: row["compile_s"])
+        ratio = slowest["compile_s"] / inductor["compile_s"]
+        report.append({"goal": f"compile time <= {COMPILE_GOAL:.2f}x Inductor's, every primus_turbo column",
+                       "measured": f"{ratio:.2f}x at most ({slowest['column']}: {slowest['compile_s']:.1f} s vs "
+                                   f"{inductor['compile_s']:.1f} s)",
+                       "met": ratio <= COMPILE_GOAL})
+    return report
 
 
 def measure(step, x, device: str, kernels: int = 0) -> dict:
@@ -246,28 +281,16 @@ def _step_kind(args) -> str:
     return "training step" if args.mode == "train" else "inference forward"
 
 
-def write_outputs(args, name: str, config, table: list[dict]) -> None:
-    """``model_<name>.json`` (the table and the environment) and ``model_<name>.png`` (speedup per column)."""
+def write_outputs(args, name: str, config, table: list[dict], report: list[dict]) -> None:
+    """``model_<name>.json`` (the table, the goals and the environment) and ``model_<name>.png`` (speedup per
+    column)."""
     stem, environment = _stem(args, f"model_{name}"), _environment()
     with open(stem + ".json", "w") as f:
         json.dump({"environment": environment, "mode": args.mode,
                    "config": {**config.__dict__, "batch": args.batch, "seq": args.seq},
-                   "columns": table}, f, indent=1, default=str)
-    plt = _pyplot()
-    ok = [row for row in table if "error" not in row]
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    bars = ax.bar([row["column"] for row in ok], [row["speedup_vs_inductor"] for row in ok],
-                  color=["#c0392b" if row["column"].startswith("primus") else "#999999" for row in ok])
-    ax.bar_label(bars, fmt="%.2fx")
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.margins(y=0.15)
-    ax.set_ylabel("speedup over Inductor")
-    ax.set_title(f"{name} x{config.layers} layer(s), batch {args.batch} x seq {args.seq}, {_step_kind(args)} "
-                 f"({environment['gpu'] or 'CPU'})", fontsize=9)
-    plt.setp(ax.get_xticklabels(), rotation=15, ha="right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(stem + ".png", dpi=120)
-    plt.close(fig)
+                   "columns": table, "goals": report}, f, indent=1, default=str)
+    _speedup_chart(stem, {name: table}, f"{name} x{config.layers} layer(s), batch {args.batch} x seq {args.seq}, "
+                   f"{_step_kind(args)} ({environment['gpu'] or 'CPU'})")
     print(f"wrote {stem}.json and {stem}.png")
 
 
@@ -277,27 +300,35 @@ def write_summary(args, tables: dict[str, list[dict]]) -> None:
     with open(stem + ".json", "w") as f:
         json.dump({"environment": environment, "mode": args.mode, "batch": args.batch, "seq": args.seq,
                    "models": tables}, f, indent=1, default=str)
+    _speedup_chart(stem, tables, f"batch {args.batch} x seq {args.seq}, {_step_kind(args)} "
+                   f"({environment['gpu'] or 'CPU'})")
+    print(f"wrote {stem}.json and {stem}.png")
+
+
+def _speedup_chart(stem: str, tables: dict[str, list[dict]], title: str) -> None:
+    """``stem.png``: a horizontal bar per column and model (the columns down the side, the models in a legend),
+    with Inductor's 1.0 and the bf16 and FP8 goals as lines."""
     columns = list(dict.fromkeys(row["column"] for table in tables.values() for row in table))
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(max(8, 2.5 * len(tables)), 3.8))
-    width = 0.8 / len(columns)
-    for n, column in enumerate(columns):
+    height = 0.8 / len(tables)
+    fig, ax = plt.subplots(figsize=(8, 1.0 + 0.22 * len(columns) * max(1.5, len(tables))))
+    for m, (model, table) in enumerate(tables.items()):
         speedups = [next((row.get("speedup_vs_inductor", math.nan) for row in table if row["column"] == column),
-                         math.nan) for table in tables.values()]
-        bars = ax.bar([m + (n - (len(columns) - 1) / 2) * width for m in range(len(tables))], speedups, width,
-                      label=column, color=plt.cm.tab10(n % 10))
-        ax.bar_label(bars, fmt="%.2f", fontsize=6)
-    ax.set_xticks(range(len(tables)), list(tables))
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.margins(y=0.15)
-    ax.set_ylabel("speedup over Inductor")
-    ax.set_title(f"batch {args.batch} x seq {args.seq}, {_step_kind(args)} ({environment['gpu'] or 'CPU'})",
-                 fontsize=9)
-    ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+                         math.nan) for column in columns]
+        offsets = [n + (m - (len(tables) - 1) / 2) * height for n in range(len(columns))]
+        bars = ax.barh(offsets, speedups, height, label=model, color=plt.cm.tab10(m % 10))
+        ax.bar_label(bars, fmt="%.2fx", fontsize=7, padding=2)
+    ax.set_yticks(range(len(columns)), columns, fontsize=8)
+    ax.invert_yaxis()  # the table's order, top to bottom
+    for x, style, label in ((1.0, "-", "Inductor"), (BF16_GOAL, ":", "bf16 goal"), (FP8_GOAL, "--", "FP8 goal")):
+        ax.axvline(x, color="black", linestyle=style, linewidth=0.8, label=label if x != 1.0 else None)
+    ax.margins(x=0.12)
+    ax.set_xlabel("speedup over Inductor")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")  # beside the short eager and inductor bars
     fig.tight_layout()
     fig.savefig(stem + ".png", dpi=120)
     plt.close(fig)
-    print(f"wrote {stem}.json and {stem}.png")
 
 
 def snr_db(out, ref) -> float:

@@ -67,11 +67,15 @@ def test_chunk_never_straddles_a_scaling_block():
     assert triton_gemm.block_k_for(4096, 1, 4096) is None
 
 
-def test_too_narrow_scaling_blocks_are_refused_with_a_clear_error():
+def test_too_narrow_scaling_blocks_are_refused_by_triton_and_run_emulated_by_default():
     # one scale per element: 1-wide blocks along K
-    a, a_scale = torch.zeros(4, 64, dtype=E4M3, device=DEVICE), torch.ones(4, 64, device=DEVICE)
-    with pytest.raises(ValueError, match="narrower than the 16 elements"):
-        triton_gemm.fp8_gemm(a, a_scale, a, a_scale, torch.float32)
+    a, a_scale = _quantized(4, 64, (1, 1), E4M3, False, seed=6)
+    with pytest.raises(ValueError, match="'triton' of fp8_gemm cannot take these arguments: .*narrower than the 16"):
+        torch.ops.turbo_inductor.fp8_gemm(a, a_scale, a, a_scale, torch.float32, "fp8_gemm=triton")
+    turbo_inductor.reset_kernel_calls()
+    got = torch.ops.turbo_inductor.fp8_gemm(a, a_scale, a, a_scale, torch.float32)
+    torch.testing.assert_close(got, reference_gemm.fp8_gemm(a, a_scale, a, a_scale, torch.float32))
+    assert turbo_inductor.kernel_calls() == {("fp8_gemm", "reference"): 1}
 
 
 @pytest.mark.parametrize("recipe", ["blockwise", "mxfp8"])

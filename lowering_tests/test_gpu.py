@@ -123,6 +123,35 @@ def test_fp8_linear_on_gpu_matches_its_emulation(recipe):
         torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
 
 
+def test_blockwise_gemms_run_on_cublaslt_eager_and_compiled():
+    """On Hopper with CUDA >= 12.9 blockwise's three GEMMs (1x128 x 128x128 forward and dgrad, 1x128 x 1x128 wgrad)
+    go through torch._scaled_mm, eager and compiled, matching the emulation; elsewhere they decline to Triton."""
+    from turbo_inductor.kernels.vendor import fp8_gemm as vendor_gemm
+
+    x = torch.randn(2, 2048, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16) * 0.02).requires_grad_()
+    dy = torch.randn(2, 2048, 1024, device="cuda", dtype=torch.bfloat16)
+
+    def step(linear, impl="auto"):
+        out = linear(x, w, impl)
+        return (out, *torch.autograd.grad(out, (x, w), dy))
+
+    def fp8_linear(x, w, impl):
+        return turbo_inductor.ops.fp8_linear(x, w, None, "blockwise", impl=impl)
+
+    turbo_inductor.reset_kernel_calls()
+    fast = step(fp8_linear)
+    on_vendor = turbo_inductor.kernel_calls().get(("fp8_gemm", "vendor"), 0)
+    assert on_vendor == (0 if vendor_gemm.deepseek_unsupported(torch.cuda.current_device()) else 3)
+    for got, want in zip(fast, step(fp8_linear, "fp8_quantize=reference,fp8_gemm=reference")):
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, w, impl: torch.nn.functional.linear(x, w), backend="primus_turbo",
+                             options={"fp8": "blockwise"})
+    for got, want in zip(step(compiled), fast):
+        torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2 * want.abs().max().item())
+
+
 def test_training_loop_does_not_grow_memory():
     """200 steps of compiled training (AdamW): memory in use after step 10 is memory in use after step 200."""
     from benchmarks.llama import LlamaConfig, LlamaDecoder

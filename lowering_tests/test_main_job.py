@@ -26,8 +26,28 @@ def test_main_job_runs_and_reports_every_column(capsys, tmp_path):
     rows = [line.split() for line in out.splitlines() if line.startswith(("eager", "inductor", "primus_turbo"))]
     assert [r[0] for r in rows if "fused:" not in r] == ["eager", "inductor", "primus_turbo", "primus_turbo"]
     assert "failed" not in out
+    assert [g["goal"].split(" >=")[0].split(" <=")[0] for g in written["goals"]] == [
+        "primus_turbo bf16", "primus_turbo fp8 rowwise", "compile time"]
+    assert "goal: primus_turbo fp8 rowwise >= 1.40x Inductor bf16: " in out
     primus = next(r for r in rows if r[0] == "primus_turbo" and r[1] != "fp8" and "fused:" not in r)
     assert float(primus[-2]) > 30 and float(primus[-1]) > 30, "output and dx SNR against Inductor, in dB"
+
+
+def test_goals_are_reported_met_or_missed_from_the_table():
+    def row(column, speedup, peak=2.0, compile_s=10.0):
+        return {"column": column, "speedup_vs_inductor": speedup, "peak_gib": peak, "compile_s": compile_s}
+
+    table = [row("inductor", 1.0), row("primus_turbo", 1.06, peak=2.1), row("primus_turbo fp8 tensorwise", 1.45),
+             row("primus_turbo fp8 rowwise", 1.39, compile_s=13.0), {"column": "primus_turbo fp8 mxfp8", "error": "x"}]
+    report = {g["goal"]: (g["measured"], g["met"]) for g in run_model.goals(table)}
+    assert report == {
+        "primus_turbo bf16 >= 1.05x Inductor at no more peak memory": ("1.06x, 2.10 GiB vs 2.00 GiB", False),
+        "primus_turbo fp8 tensorwise >= 1.40x Inductor bf16": ("1.45x", True),
+        "primus_turbo fp8 rowwise >= 1.40x Inductor bf16": ("1.39x", False),
+        "compile time <= 1.25x Inductor's, every primus_turbo column":
+            ("1.30x at most (primus_turbo fp8 rowwise: 13.0 s vs 10.0 s)", False)}
+    table[1]["peak_gib"] = 2.0
+    assert run_model.goals(table)[0]["met"]
 
 
 def test_main_job_measures_inference(capsys, tmp_path):

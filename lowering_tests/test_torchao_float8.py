@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 
 import turbo_inductor
+from turbo_inductor.ops.fp8 import fp8_formats
 from compare import assert_ran, ops_after, run, snr_db
 from conftest import DEVICE
 
@@ -58,10 +59,12 @@ def test_torchao_float8_linears_run_on_our_fp8_linear(recipe):
 
 
 def other_format():
-    """FP8 casts of x and W in the encoding this device does not use (fnuz on NVIDIA and CPU, OCP on gfx942)."""
-    e4m3 = torch.float8_e4m3fnuz if DEVICE == "cpu" or torch.version.hip is None else torch.float8_e4m3fn
-    cast = torchao_float8.CastConfig(target_dtype=e4m3)
-    return torchao_float8.Float8LinearConfig(cast_config_input=cast, cast_config_weight=cast)
+    """FP8 casts in formats no recipe of ours uses, that every FP8 GEMM takes (no e5m2 x e5m2 product): x in
+    e5m2, W and dy in e4m3."""
+    e4m3, e5m2 = fp8_formats(torch.device(DEVICE))
+    return torchao_float8.Float8LinearConfig(cast_config_input=torchao_float8.CastConfig(target_dtype=e5m2),
+                                             cast_config_weight=torchao_float8.CastConfig(target_dtype=e4m3),
+                                             cast_config_grad_output=torchao_float8.CastConfig(target_dtype=e4m3))
 
 
 @pytest.mark.parametrize("change", ["rowwise_with_gw_hp", "pad_inner_dim", "power_of_two_tensorwise", "other_format"])

@@ -193,7 +193,7 @@ def _call_first_supporting(kernel: str, candidates: tuple[Implementation, ...], 
 def traceable(kernel: str, device: torch.device, impl: str = AUTO) -> bool:
     """Whether the implementation :func:`select` prefers can be traced into a compiled graph (with autotune:
     every candidate). The arguments are not known here: where the preferred one declines them, the next one is
-    traced in its place (the emulated FP8 GEMM behind torch._scaled_mm's granularities, say)."""
+    traced in its place (the Triton FP8 GEMM where torch._scaled_mm declines the scales, say)."""
     how, candidates = _resolve(kernel, device, impl)
     return all(c.traceable(device) for c in (candidates if how == "autotune" else candidates[:1]))
 

@@ -9,9 +9,9 @@ that chunk, added to the fp32 accumulator; one rounding to out's dtype at the en
 BLOCK_N] tile of its [N, K] rows, K contiguous: the K-major operand layout Hopper's FP8 MMA takes. The interpreter's
 dot is not reliable below fp32 (platform.md): there the tiles are converted to fp32 first.
 
-Opt-in (``impl="fp8_gemm=triton"``): ``auto`` keeps the vendor GEMM for tensorwise and rowwise scales and the
-emulation for the block granularities. On an H200 (8192x4096 -> 14336) it took 2.55 ms blockwise and 7.99 ms MXFP8,
-against 19.1 ms emulated but 1.38 ms for the bf16 linear (benchmarks/README.md): the default until it beats bf16.
+Chosen where ``torch._scaled_mm`` declines the scales (``..vendor.fp8_gemm`` says which it takes): MXFP8 before
+Blackwell, blockwise off Hopper or at shapes cuBLASLt refuses. On an H200 (8192x4096 -> 14336) it took 2.55 ms
+blockwise and 7.99 ms MXFP8, against 19.1 ms for the fp32 emulation (benchmarks/README.md).
 """
 from __future__ import annotations
 
@@ -85,7 +85,17 @@ def _fp8_gemm_kernel(
     tl.store(OUT + rows64[:, None] * N + cols64[None, :], acc.to(OUT.dtype.element_ty), mask=out_mask)
 
 
-@implementation("fp8_gemm", "triton", priority=-10, unavailable_reason=unavailable_reason, traceable=traceable)
+def supports(a, a_scale, b, b_scale, out_dtype) -> str | None:
+    K = int(a.shape[1])
+    a_block_cols, b_block_cols = block_size(K, a_scale.shape[1]), block_size(K, b_scale.shape[1])
+    if block_k_for(K, a_block_cols, b_block_cols) is None:
+        return (f"scaling blocks {a_block_cols} and {b_block_cols} wide along K are narrower than the {MIN_BLOCK_K} "
+                f"elements a Triton dot needs")
+    return None
+
+
+@implementation("fp8_gemm", "triton", priority=10, unavailable_reason=unavailable_reason, traceable=traceable,
+                supports=supports)
 def fp8_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
              out_dtype: torch.dtype) -> torch.Tensor:
     """a [M, K], b [N, K] fp8 with block scales; returns dequant(a) @ dequant(b)^T in ``out_dtype``."""
@@ -94,9 +104,6 @@ def fp8_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: t
     a_block_rows, a_block_cols = block_size(M, a_scale.shape[0]), block_size(K, a_scale.shape[1])
     b_block_rows, b_block_cols = block_size(N, b_scale.shape[0]), block_size(K, b_scale.shape[1])
     block_k = block_k_for(K, a_block_cols, b_block_cols)
-    if block_k is None:
-        raise ValueError(f"turbo_inductor.fp8_gemm: scaling blocks {a_block_cols} and {b_block_cols} wide along K "
-                         f"are narrower than the {MIN_BLOCK_K} elements a Triton dot needs; use impl='reference'")
     out = torch.empty((M, N), dtype=out_dtype, device=a.device)
     if M == 0 or N == 0:
         return out

@@ -1,46 +1,94 @@
-"""Scaled FP8 GEMM through ``torch._scaled_mm`` (cuBLASLt / hipBLASLt): tensorwise and rowwise scales.
+"""Scaled FP8 GEMM through ``torch._scaled_mm`` (cuBLASLt / hipBLASLt): tensorwise and rowwise scales everywhere,
+and on Hopper (sm_90, CUDA >= 12.9) the DeepSeek block granularities cuBLASLt added in 12.9: 1x128 activations or
+gradients times 128x128 weights (forward, dgrad) and 1x128 times 1x128 (wgrad).
 
-Other granularities (blockwise 1x128 / 128x128, MXFP8) have no vendor path in torch 2.11: they run emulated
-(``reference.fp8_gemm``); our Triton FP8 GEMM is opt-in (``..triton.fp8_gemm`` says why).
+MXFP8 (1x32 with E8M0 scales) is native on Blackwell (sm_100) only; there, and wherever this declines, the Triton
+FP8 GEMM (``..triton.fp8_gemm``) runs.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
 
+from ..reference.fp8_gemm import block_size
 from ..registry import implementation
 from . import unavailable_reason
 
 # cuBLASLt takes fp8 operands whose dimensions are multiples of 16: other row counts are zero-padded.
 ALIGN = 16
+# The DeepSeek granularity: scaling blocks 128 long along K (1x128 rows, 128x128 tiles).
+DEEPSEEK_BLOCK = 128
+# cuBLASLt reads a 128x128-scaled operand's scales in rows padded to a multiple of this many K blocks.
+DEEPSEEK_K_BLOCKS_MULTIPLE = 4
 
 
-def _tensorwise(a_scale, b_scale) -> bool:
-    return a_scale.numel() == 1 and b_scale.numel() == 1
+@functools.lru_cache(maxsize=None)
+def deepseek_unsupported(device_index: int) -> str | None:
+    """None where cuBLASLt runs the DeepSeek block granularities on this GPU, else why not."""
+    if torch.version.cuda is None:
+        return "block-scaled torch._scaled_mm is cuBLASLt's (CUDA), not hipBLASLt's"
+    if tuple(int(v) for v in torch.version.cuda.split(".")[:2]) < (12, 9):
+        return f"block-scaled torch._scaled_mm needs CUDA >= 12.9, this torch has {torch.version.cuda}"
+    if torch.cuda.get_device_capability(device_index) != (9, 0):
+        return "cuBLASLt's 1x128 / 128x128 block scaling runs on sm_90 (Hopper) only"
+    return None
+
+
+def _granularity(a, a_scale, b, b_scale) -> tuple[str | None, str | None]:
+    """(granularity, None) for the scales torch._scaled_mm takes: "tensorwise", "rowwise", "block_128x128"
+    (1x128 a, 128x128 b) or "block_1x128" (1x128 a and b); else (None, why not)."""
+    (m, k), n = a.shape, b.shape[0]
+    if a_scale.numel() == 1 and b_scale.numel() == 1:
+        return "tensorwise", None
+    if a_scale.shape == (m, 1) and b_scale.shape == (n, 1):
+        return "rowwise", None
+    blocks = (block_size(m, a_scale.shape[0]), block_size(k, a_scale.shape[1]),
+              block_size(n, b_scale.shape[0]), block_size(k, b_scale.shape[1]))
+    if blocks not in ((1, DEEPSEEK_BLOCK, DEEPSEEK_BLOCK, DEEPSEEK_BLOCK), (1, DEEPSEEK_BLOCK, 1, DEEPSEEK_BLOCK)):
+        return None, "torch._scaled_mm takes tensorwise, rowwise and 1x128 x (128x128 | 1x128) scales only"
+    reason = deepseek_unsupported(a.device.index if a.device.index is not None else torch.cuda.current_device())
+    if reason is None and k % DEEPSEEK_BLOCK:
+        reason = f"block-scaled torch._scaled_mm needs K a multiple of {DEEPSEEK_BLOCK}, got {k}"
+    if reason is None and blocks[2] == DEEPSEEK_BLOCK and (n % DEEPSEEK_BLOCK or
+                                                          (k // DEEPSEEK_BLOCK) % DEEPSEEK_K_BLOCKS_MULTIPLE):
+        reason = (f"128x128-scaled torch._scaled_mm needs N a multiple of {DEEPSEEK_BLOCK} and K of "
+                  f"{DEEPSEEK_BLOCK * DEEPSEEK_K_BLOCKS_MULTIPLE}, got N={n}, K={k}")
+    return (None, reason) if reason else ("block_128x128" if blocks[2] == DEEPSEEK_BLOCK else "block_1x128", None)
 
 
 def supports(a, a_scale, b, b_scale, out_dtype) -> str | None:
-    m, n = a.shape[0], b.shape[0]
-    if not (_tensorwise(a_scale, b_scale) or (a_scale.shape == (m, 1) and b_scale.shape == (n, 1))):
-        return "torch._scaled_mm takes tensorwise and rowwise scales only"
-    if a.shape[1] % ALIGN or n % ALIGN:
+    granularity, reason = _granularity(a, a_scale, b, b_scale)
+    if granularity is None:
+        return reason
+    if a.shape[1] % ALIGN or b.shape[0] % ALIGN:
         return f"torch._scaled_mm needs K and N multiples of {ALIGN}"
+    if granularity.startswith("block") and out_dtype != torch.bfloat16:
+        return f"block-scaled torch._scaled_mm writes bfloat16, not {out_dtype}"
     return None
+
+
+def _scales(granularity: str, a_scale, b_scale, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scales in the shapes and layouts torch._scaled_mm(a, b^T) reads for the granularity. cuBLASLt reads
+    the 1x128 scales K-block-major ("outer-dimension major"), and 128x128 scales as [N/128, K/128] rows."""
+    if granularity == "tensorwise":
+        return a_scale.reshape(()), b_scale.reshape(())
+    if granularity == "rowwise":
+        return a_scale, b_scale.reshape(1, n)
+    a_scale = a_scale.t().contiguous().t()  # [M, K/128], strides (1, M)
+    return a_scale, (b_scale.t() if granularity == "block_128x128" else b_scale.t().contiguous())
 
 
 @implementation("fp8_gemm", "vendor", priority=30, unavailable_reason=unavailable_reason, supports=supports)
 def fp8_gemm(a, a_scale, b, b_scale, out_dtype):
+    granularity, _ = _granularity(a, a_scale, b, b_scale)
     m, n = a.shape[0], b.shape[0]
-    tensorwise = _tensorwise(a_scale, b_scale)
-    rowwise = not tensorwise
     pad = -m % ALIGN
     if pad:
         a = F.pad(a.view(torch.uint8), (0, 0, 0, pad)).view(a.dtype)
-        if rowwise:
+        if a_scale.numel() > 1:
             a_scale = F.pad(a_scale, (0, 0, 0, pad), value=1.0)
-    if tensorwise:
-        out = torch._scaled_mm(a, b.t(), scale_a=a_scale.reshape(()), scale_b=b_scale.reshape(()),
-                               out_dtype=out_dtype)
-    else:
-        out = torch._scaled_mm(a, b.t(), scale_a=a_scale, scale_b=b_scale.reshape(1, n), out_dtype=out_dtype)
+    scale_a, scale_b = _scales(granularity, a_scale, b_scale, n)
+    out = torch._scaled_mm(a, b.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
     return out[:m] if pad else out
