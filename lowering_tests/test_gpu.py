@@ -10,6 +10,7 @@ import turbo_inductor
 from compare import assert_matches_inductor
 from conftest import assert_close
 from turbo_inductor.kernels import registry
+from turbo_inductor.ops.fp8 import fp8_formats
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
@@ -150,6 +151,29 @@ def test_blockwise_gemms_run_on_cublaslt_eager_and_compiled():
                              options={"fp8": "blockwise"})
     for got, want in zip(step(compiled), fast):
         torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_the_forward_gemm_accumulates_fast_and_the_backward_ones_in_full(recipe):
+    """y is torch._scaled_mm of the quantized x and W with use_fast_accum (torchao's forward too), bit for bit;
+    dx = dy W accumulates in full."""
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16) * 0.02).requires_grad_()
+    y = turbo_inductor.ops.fp8_linear(x, w, None, recipe)
+    dy = torch.randn_like(y)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    e4m3, e5m2 = fp8_formats(x.device)
+    tensorwise = recipe == "tensorwise"
+
+    def scaled_mm(a, a_format, b, fast_accum):  # a @ b^T, each quantized whole or per row as the recipe says
+        (qa, sa), (qb, sb) = (torch.ops.turbo_inductor.fp8_quantize(t, fp8, t.shape[0] if tensorwise else 1,
+                                                                    t.shape[1]) for t, fp8 in ((a, a_format), (b, e4m3)))
+        return torch._scaled_mm(qa, qb.t(), scale_a=sa.reshape(()) if tensorwise else sa,
+                                scale_b=sb.reshape(()) if tensorwise else sb.reshape(1, -1), out_dtype=torch.bfloat16,
+                                use_fast_accum=fast_accum)
+
+    assert torch.equal(y, scaled_mm(x.detach(), e4m3, w.detach(), True))
+    assert torch.equal(dx, scaled_mm(dy, e5m2 if tensorwise else e4m3, w.detach().t().contiguous(), False))
 
 
 def test_training_loop_does_not_grow_memory():

@@ -67,13 +67,19 @@ def other_format():
                                              cast_config_grad_output=torchao_float8.CastConfig(target_dtype=e4m3))
 
 
-@pytest.mark.parametrize("change", ["rowwise_with_gw_hp", "pad_inner_dim", "power_of_two_tensorwise", "other_format"])
+def full_accumulation():
+    """The forward GEMM accumulating in full, where torchao's default (and our recipes) accumulate fast."""
+    return torchao_float8.Float8LinearConfig(gemm_config_output=torchao_float8.Float8GemmConfig(use_fast_accum=False))
+
+
+@pytest.mark.parametrize("change", ["rowwise_with_gw_hp", "pad_inner_dim", "power_of_two_tensorwise", "other_format",
+                                    "full_accumulation"])
 def test_configs_that_are_not_our_recipes_stay_with_torchao(change):
     from_name = torchao_float8.Float8LinearConfig.from_recipe_name
     config = {"rowwise_with_gw_hp": lambda: from_name("rowwise_with_gw_hp"),
               "pad_inner_dim": lambda: torchao_float8.Float8LinearConfig(pad_inner_dim=True),
               "power_of_two_tensorwise": lambda: torchao_float8.Float8LinearConfig(round_scales_to_power_of_2=True),
-              "other_format": other_format}[change]()
+              "other_format": other_format, "full_accumulation": full_accumulation}[change]()
     model, x = mlp(), torch.randn(4, 8, 64, device=DEVICE)
     fp8 = converted(model, config)
     torchao = run(fp8, [x], "inductor")

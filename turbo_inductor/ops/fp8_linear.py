@@ -48,13 +48,18 @@ class Recipe:
     gradient_format: str  # "e4m3" or "e5m2"
     power_of_two: bool = False
     high_precision_wgrad: bool = False  # wgrad = dy^T x in the input dtype (the GEMM most sensitive to FP8 error)
+    # The forward GEMM accumulates in the tensor cores' own precision (Hopper: without promoting partial sums to
+    # fp32), as torchao's recipes do (gemm_config_output); the backward GEMMs, whose errors the gradients carry,
+    # accumulate in full. A request to the vendor GEMM; our Triton GEMM and the emulation accumulate in fp32.
+    fast_accum_forward: bool = False
 
 
 RECIPES = {
-    "tensorwise": Recipe((0, 0), (0, 0), "e5m2"),
-    "rowwise": Recipe((1, 0), (1, 0), "e4m3"),
-    "rowwise_pow2": Recipe((1, 0), (1, 0), "e4m3", power_of_two=True),  # torchao's "rowwise"
-    "rowwise_with_gw_hp": Recipe((1, 0), (1, 0), "e4m3", high_precision_wgrad=True),  # torchao's name for it
+    "tensorwise": Recipe((0, 0), (0, 0), "e5m2", fast_accum_forward=True),
+    "rowwise": Recipe((1, 0), (1, 0), "e4m3", fast_accum_forward=True),
+    "rowwise_pow2": Recipe((1, 0), (1, 0), "e4m3", power_of_two=True, fast_accum_forward=True),  # torchao's "rowwise"
+    "rowwise_with_gw_hp": Recipe((1, 0), (1, 0), "e4m3", high_precision_wgrad=True,  # torchao's name for it
+                                 fast_accum_forward=True),
     "blockwise": Recipe((1, 128), (128, 128), "e4m3"),
     "mxfp8": Recipe((1, 32), (1, 32), "e4m3", power_of_two=True),
 }
@@ -85,8 +90,9 @@ def _operand_both(t: Tensor, block: tuple[int, int], dtype: torch.dtype, recipe:
     return (q, scale), (q_t, scale_t)
 
 
-def _gemm(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor], out_dtype: torch.dtype, impl: str) -> Tensor:
-    return registry.select(GEMM_KERNEL, a[0].device, impl)(a[0], a[1], b[0], b[1], out_dtype)
+def _gemm(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor], out_dtype: torch.dtype, impl: str,
+          fast_accum: bool = False) -> Tensor:
+    return registry.select(GEMM_KERNEL, a[0].device, impl)(a[0], a[1], b[0], b[1], out_dtype, fast_accum=fast_accum)
 
 
 def _check(op: str, x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str) -> None:
@@ -118,7 +124,7 @@ def _forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, imp
         w_q, w_t = _operand_both(weight, r.weight_block, e4m3, r, impl)
     else:
         w_q, w_t = _operand(weight, r.weight_block, e4m3, r, impl), _unsaved(x, e4m3)
-    y = _gemm(x_q, w_q, x.dtype, impl)
+    y = _gemm(x_q, w_q, x.dtype, impl, fast_accum=r.fast_accum_forward)
     if bias is not None:
         y = y + bias
     return y.view(x.shape[:-1] + (weight.shape[0],)), *x_t, *w_t

@@ -14,8 +14,9 @@ by nodes of constant arguments. The call is replaced where torchao's config is o
 in the device's encodings (e4m3fn or e4m3fnuz), with no FSDP float8 all-gather and no inner-dimension padding.
 Anything else (torchao's ``rowwise_with_gw_hp``, which mixes granularities, delayed or disabled casts) is left to
 torchao. The scales are computed as ours are (1/scale multiplies where torchao multiplies by fmax/amax computed in
-float64): the same values with power-of-two scales, within one float32 ulp of the scale otherwise. torchao's
-forward GEMM may accumulate fast (``use_fast_accum``); ours accumulates in full.
+float64): the same values with power-of-two scales, within one float32 ulp of the scale otherwise. Both forward
+GEMMs accumulate fast (torchao's ``gemm_config_output``, our ``fast_accum_forward``), the backward ones in full;
+a config that asks otherwise is left to torchao.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import torch
 import torch.fx as fx
 
 from ..ops.fp8 import fp8_formats
-from ..ops.fp8_linear import can_rewrite
+from ..ops.fp8_linear import RECIPES, can_rewrite
 from ..options import Options
 from . import matcher as m
 from .manager import RewritePass
@@ -70,10 +71,14 @@ def recipe_of(config: Any, device: torch.device) -> str | None:
     formats = [c.target_dtype for c in casts.values()]
     if granularities == {"TENSORWISE"} and not config.round_scales_to_power_of_2 and \
             formats == [e4m3, e4m3, e4m3, e4m3, e5m2, e5m2]:
-        return "tensorwise"
-    if granularities == {"AXISWISE"} and config.round_scales_to_power_of_2 and formats == [e4m3] * len(_CASTS):
-        return "rowwise_pow2"
-    return None
+        recipe = "tensorwise"
+    elif granularities == {"AXISWISE"} and config.round_scales_to_power_of_2 and formats == [e4m3] * len(_CASTS):
+        recipe = "rowwise_pow2"
+    else:
+        return None
+    gemms = (config.gemm_config_output, config.gemm_config_grad_input, config.gemm_config_grad_weight)
+    fast_accum = [RECIPES[recipe].fast_accum_forward, False, False]  # our forward, dgrad and wgrad GEMMs
+    return recipe if [g.use_fast_accum for g in gemms] == fast_accum else None
 
 
 class TorchaoFloat8Pass(RewritePass):

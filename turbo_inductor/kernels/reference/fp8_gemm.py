@@ -36,6 +36,8 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 # Never traced: in a graph, the block-scale expansion fails Inductor's codegen in torch 2.11, on CPU and GPU
 # ("unexpected group"); the emulation stays one call.
 @implementation("fp8_gemm", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=never)
-def fp8_gemm(a, a_scale, b, b_scale, out_dtype):
-    """a [M, K], b [N, K] fp8 with block scales; returns dequant(a) @ dequant(b)^T in ``out_dtype``."""
+def fp8_gemm(a, a_scale, b, b_scale, out_dtype, fast_accum=False):
+    """a [M, K], b [N, K] fp8 with block scales; returns dequant(a) @ dequant(b)^T in ``out_dtype``.
+    ``fast_accum`` lets an implementation accumulate in lower precision (the vendor GEMM on Hopper); this one
+    accumulates in fp32 regardless."""
     return (dequantize(a, a_scale) @ dequantize(b, b_scale).t()).to(out_dtype)

@@ -85,7 +85,7 @@ def _fp8_gemm_kernel(
     tl.store(OUT + rows64[:, None] * N + cols64[None, :], acc.to(OUT.dtype.element_ty), mask=out_mask)
 
 
-def supports(a, a_scale, b, b_scale, out_dtype) -> str | None:
+def supports(a, a_scale, b, b_scale, out_dtype, fast_accum=False) -> str | None:
     K = int(a.shape[1])
     a_block_cols, b_block_cols = block_size(K, a_scale.shape[1]), block_size(K, b_scale.shape[1])
     if block_k_for(K, a_block_cols, b_block_cols) is None:
@@ -97,8 +97,9 @@ def supports(a, a_scale, b, b_scale, out_dtype) -> str | None:
 @implementation("fp8_gemm", "triton", priority=10, unavailable_reason=unavailable_reason, traceable=traceable,
                 supports=supports)
 def fp8_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
-             out_dtype: torch.dtype) -> torch.Tensor:
-    """a [M, K], b [N, K] fp8 with block scales; returns dequant(a) @ dequant(b)^T in ``out_dtype``."""
+             out_dtype: torch.dtype, fast_accum: bool = False) -> torch.Tensor:
+    """a [M, K], b [N, K] fp8 with block scales; returns dequant(a) @ dequant(b)^T in ``out_dtype``, accumulated
+    in fp32 (``fast_accum`` notwithstanding)."""
     (M, K), N = a.shape, b.shape[0]
     K = int(K)  # sets the launch configuration: a compiled graph specializes on it
     a_block_rows, a_block_cols = block_size(M, a_scale.shape[0]), block_size(K, a_scale.shape[1])

@@ -58,7 +58,7 @@ def _granularity(a, a_scale, b, b_scale) -> tuple[str | None, str | None]:
     return (None, reason) if reason else ("block_128x128" if blocks[2] == DEEPSEEK_BLOCK else "block_1x128", None)
 
 
-def supports(a, a_scale, b, b_scale, out_dtype) -> str | None:
+def supports(a, a_scale, b, b_scale, out_dtype, fast_accum=False) -> str | None:
     granularity, reason = _granularity(a, a_scale, b, b_scale)
     if granularity is None:
         return reason
@@ -81,7 +81,7 @@ def _scales(granularity: str, a_scale, b_scale, n: int) -> tuple[torch.Tensor, t
 
 
 @implementation("fp8_gemm", "vendor", priority=30, unavailable_reason=unavailable_reason, supports=supports)
-def fp8_gemm(a, a_scale, b, b_scale, out_dtype):
+def fp8_gemm(a, a_scale, b, b_scale, out_dtype, fast_accum=False):
     granularity, _ = _granularity(a, a_scale, b, b_scale)
     m, n = a.shape[0], b.shape[0]
     pad = -m % ALIGN
@@ -90,5 +90,7 @@ def fp8_gemm(a, a_scale, b, b_scale, out_dtype):
         if a_scale.numel() > 1:
             a_scale = F.pad(a_scale, (0, 0, 0, pad), value=1.0)
     scale_a, scale_b = _scales(granularity, a_scale, b_scale, n)
-    out = torch._scaled_mm(a, b.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+    # cuBLASLt's block scaling promotes its sums to fp32 every 128-wide block along K itself: no fast mode asked
+    fast_accum = fast_accum and not granularity.startswith("block")
+    out = torch._scaled_mm(a, b.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype, use_fast_accum=fast_accum)
     return out[:m] if pad else out
