@@ -92,3 +92,49 @@ def test_fp8_linear_forward_and_backward_on_the_triton_gemm(recipe):
     tol = max(FP32_TOL, 1e-4)
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, rtol=tol, atol=tol * want.abs().max().item())
+
+
+def _scaled_mm_checked(a, b, scale_a, scale_b, out_dtype, use_fast_accum=False):
+    """torch._scaled_mm on a CPU: its own meta function checks the scale shapes, the strides cuBLASLt reads block
+    scales in are asserted, and the product is computed from the scales as given."""
+    meta = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in (a, b, scale_a, scale_b)]
+    torch.ops.aten._scaled_mm(*meta[:2], scale_a=meta[2], scale_b=meta[3], out_dtype=out_dtype)
+    m, n = a.shape[0], b.shape[1]
+    if scale_a.dim() == 2 and scale_a.shape[1] > 1:  # 1x128 blocks: K-block-major
+        assert scale_a.stride() == (1, m), scale_a.stride()
+        assert scale_b.stride() == ((1, scale_b.shape[0]) if scale_b.shape[1] < n else (n, 1)), scale_b.stride()
+    expand = (lambda s, t: reference_gemm.expand_scale(s.reshape(s.shape if s.dim() == 2 else (1, 1)), t.shape))
+    return ((a.float() * expand(scale_a, a)) @ (b.float() * expand(scale_b, b))).to(out_dtype)
+
+
+@pytest.mark.parametrize("granularity, a_block, b_block", [
+    ("tensorwise", (0, 0), (0, 0)), ("rowwise", (1, 0), (1, 0)),
+    ("blockwise forward and dgrad", (1, 128), (128, 128)), ("blockwise wgrad", (1, 128), (1, 128))])
+@pytest.mark.parametrize("M", [1, 33, 256])
+def test_vendor_gemm_lays_out_the_scales_torch_scaled_mm_takes(monkeypatch, granularity, a_block, b_block, M):
+    """The vendor GEMM's padding and scale layouts, on a CPU: torch._scaled_mm replaced by a checked emulation."""
+    from turbo_inductor.kernels.vendor import fp8_gemm as vendor_gemm
+
+    monkeypatch.setattr(torch, "_scaled_mm", _scaled_mm_checked)
+    monkeypatch.setattr(vendor_gemm, "deepseek_unsupported", lambda device: None)
+    a, a_scale = _quantized(M, 512, a_block, E4M3, False, seed=7)
+    b, b_scale = _quantized(256, 512, b_block, E4M3, False, seed=8)
+    a, a_scale, b, b_scale = (t.cpu() for t in (a, a_scale, b, b_scale))
+    assert vendor_gemm.supports(a, a_scale, b, b_scale, torch.bfloat16) is None
+    got = vendor_gemm.fp8_gemm(a, a_scale, b, b_scale, torch.bfloat16, fast_accum=True)
+    want = reference_gemm.fp8_gemm(a, a_scale, b, b_scale, torch.bfloat16)
+    assert got.shape == (M, 256)
+    torch.testing.assert_close(got, want, rtol=8e-3, atol=8e-3 * want.abs().max().item())
+
+
+def test_vendor_gemm_declines_block_shapes_cublaslt_refuses(monkeypatch):
+    from turbo_inductor.kernels.vendor import fp8_gemm as vendor_gemm
+
+    monkeypatch.setattr(vendor_gemm, "deepseek_unsupported", lambda device: None)
+    a, a_scale = _quantized(64, 384, (1, 128), E4M3, False, seed=9)  # 3 blocks along K: cuBLASLt reads 4
+    b, b_scale = _quantized(128, 384, (128, 128), E4M3, False, seed=10)
+    assert "K of 512" in vendor_gemm.supports(a, a_scale, b, b_scale, torch.bfloat16)
+    assert vendor_gemm.supports(a, a_scale, b, b_scale.new_ones(128, 3), torch.bfloat16) is None  # 1x128 b
+    assert "writes bfloat16" in vendor_gemm.supports(a, a_scale, b, b_scale.new_ones(128, 3), torch.float32)
+    mx, mx_scale = _quantized(64, 384, (1, 32), E4M3, True, seed=11)
+    assert "1x128 x (128x128 | 1x128) scales only" in vendor_gemm.supports(mx, mx_scale, mx, mx_scale, torch.bfloat16)

@@ -25,13 +25,13 @@ DEEPSEEK_K_BLOCKS_MULTIPLE = 4
 
 
 @functools.lru_cache(maxsize=None)
-def deepseek_unsupported(device_index: int) -> str | None:
+def deepseek_unsupported(device: torch.device) -> str | None:
     """None where cuBLASLt runs the DeepSeek block granularities on this GPU, else why not."""
     if torch.version.cuda is None:
         return "block-scaled torch._scaled_mm is cuBLASLt's (CUDA), not hipBLASLt's"
     if tuple(int(v) for v in torch.version.cuda.split(".")[:2]) < (12, 9):
         return f"block-scaled torch._scaled_mm needs CUDA >= 12.9, this torch has {torch.version.cuda}"
-    if torch.cuda.get_device_capability(device_index) != (9, 0):
+    if torch.cuda.get_device_capability(device) != (9, 0):
         return "cuBLASLt's 1x128 / 128x128 block scaling runs on sm_90 (Hopper) only"
     return None
 
@@ -48,7 +48,7 @@ def _granularity(a, a_scale, b, b_scale) -> tuple[str | None, str | None]:
               block_size(n, b_scale.shape[0]), block_size(k, b_scale.shape[1]))
     if blocks not in ((1, DEEPSEEK_BLOCK, DEEPSEEK_BLOCK, DEEPSEEK_BLOCK), (1, DEEPSEEK_BLOCK, 1, DEEPSEEK_BLOCK)):
         return None, "torch._scaled_mm takes tensorwise, rowwise and 1x128 x (128x128 | 1x128) scales only"
-    reason = deepseek_unsupported(a.device.index if a.device.index is not None else torch.cuda.current_device())
+    reason = deepseek_unsupported(a.device)
     if reason is None and k % DEEPSEEK_BLOCK:
         reason = f"block-scaled torch._scaled_mm needs K a multiple of {DEEPSEEK_BLOCK}, got {k}"
     if reason is None and blocks[2] == DEEPSEEK_BLOCK and (n % DEEPSEEK_BLOCK or
@@ -87,7 +87,7 @@ def fp8_gemm(a, a_scale, b, b_scale, out_dtype, fast_accum=False):
     pad = -m % ALIGN
     if pad:
         a = F.pad(a.view(torch.uint8), (0, 0, 0, pad)).view(a.dtype)
-        if a_scale.numel() > 1:
+        if granularity != "tensorwise":  # a scale per row of a (one row of 1x128 blocks, or one for the row)
             a_scale = F.pad(a_scale, (0, 0, 0, pad), value=1.0)
     scale_a, scale_b = _scales(granularity, a_scale, b_scale, n)
     # cuBLASLt's block scaling promotes its sums to fp32 every 128-wide block along K itself: no fast mode asked
