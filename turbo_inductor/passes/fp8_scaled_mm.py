@@ -2,7 +2,8 @@
 quantizes by hand, as torchao-style code writes it, runs on our quantization kernels (one kernel per operand in
 place of abs, amax, clamp, divide, clamp and cast) and the same scaled GEMM.
 
-Matched, for each operand t of ``torch._scaled_mm(q_x, q_w.t(), scale_a=s_x, scale_b=s_w, out_dtype=x.dtype)``:
+Matched, for each operand t of ``torch._scaled_mm(q_x, q_w.t(), scale_a=s_x, scale_b=s_w, out_dtype=x.dtype,
+use_fast_accum=True)`` (fast accumulation: as our recipes' forward GEMM, and torchao's):
     s = t.abs().amax()[.float()].clamp(min=1e-12) / FMAX         (also torch.amax / torch.abs / clamp_min)
     q = (t[.float()] / s).clamp(-FMAX, FMAX).to(<the device's e4m3>)
 -> the "tensorwise" recipe; or, per row, ``t.abs().amax(dim=-1, keepdim=True)...`` for both operands with
@@ -10,7 +11,7 @@ Matched, for each operand t of ``torch._scaled_mm(q_x, q_w.t(), scale_a=s_x, sca
 (AMAX_FLOOR): the math of our quantization, which multiplies by 1/s where this divides by s (the two differ by at
 most one fp32 ulp, which moves an fp8 value one step only where it lands on a rounding boundary). Left alone: other
 floors or maxima, amax over other dims, mixed granularities, other formats, ``_scaled_mm`` with a bias, a result
-scale or fast accumulation.
+scale or full accumulation (which our fp8_linear's forward does not do).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch.fx as fx
 
 from ..kernels.reference.fp8_quant import AMAX_FLOOR
 from ..ops.fp8 import fp8_formats
-from ..ops.fp8_linear import can_rewrite
+from ..ops.fp8_linear import RECIPES, can_rewrite
 from ..options import Options
 from . import matcher as m
 from .manager import RewritePass
@@ -88,8 +89,9 @@ class FP8ScaledMMPass(RewritePass):
         for node in list(graph.nodes):
             if node.op != "call_function" or node.target is not torch._scaled_mm or len(node.args) != 2:
                 continue
-            extra = {k: v for k, v in node.kwargs.items() if k not in ("scale_a", "scale_b", "out_dtype")}
-            if any(v not in (None, False) for v in extra.values()):  # bias, scale_result, use_fast_accum
+            extra = {k: v for k, v in node.kwargs.items()
+                     if k not in ("scale_a", "scale_b", "out_dtype", "use_fast_accum")}
+            if any(v is not None for v in extra.values()):  # bias, scale_result
                 continue
             qx, qw_t = node.args
             qw = m.transpose_source(qw_t)
@@ -101,6 +103,8 @@ class FP8ScaledMMPass(RewritePass):
             if x_side is None or w_side is None or x_side[2] != w_side[2]:
                 continue
             (x, x_scale, recipe), (w, w_scale, _) = x_side, w_side
+            if node.kwargs.get("use_fast_accum", False) is not RECIPES[recipe].fast_accum_forward:
+                continue
             scale_b = node.kwargs.get("scale_b")  # rowwise: W's per-row scales as a [1, N] row
             if node.kwargs.get("scale_a") is not x_scale or \
                     (scale_b if recipe == "tensorwise" else m.transpose_source(scale_b)) is not w_scale:
