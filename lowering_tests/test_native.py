@@ -36,6 +36,19 @@ def test_python_layer_works_without_native_kernels():
                                x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6))
 
 
+def test_the_dispatcher_sends_each_quantization_to_the_faster_kernel():
+    """The native quantization declines what the H200 measured faster in Triton: row blocks in one layout on long
+    rows (inference's x and W); both layouts, column blocks and short rows stay native."""
+    from turbo_inductor.kernels.native import fp8_quant as native_fp8
+
+    e4m3, long_rows = torch.float8_e4m3fn, torch.empty(4, 8192, dtype=torch.bfloat16)
+    assert "Triton's kernel is faster" in native_fp8.supports(long_rows, e4m3, 1, 8192, False)
+    assert native_fp8.supports(long_rows, e4m3, 1, 8192, False, both_layouts=True) is None
+    assert native_fp8.supports(long_rows, e4m3, 4, 1, True) is None  # x^T's rows: x's columns
+    assert native_fp8.supports(long_rows, e4m3, 4, 8192, False) is None  # tensorwise
+    assert native_fp8.supports(torch.empty(4, 4096, dtype=torch.bfloat16), e4m3, 1, 4096, False) is None
+
+
 @pytest.mark.skipif(BUILT, reason="the extension is built here")
 def test_missing_extension_is_explained():
     assert "native extension is not built" in native.load_error() and "README" in native.load_error()

@@ -12,6 +12,9 @@ from . import ops, unavailable_reason
 # Above Triton's (20): on the H200 they tie on tensorwise blocks and the native kernels are twice as fast on column
 # blocks (benchmarks/README.md); other blocks go to Triton.
 PRIORITY = 30
+# Row blocks in one layout on rows longer than this go to Triton, whose kernel was 1.6x faster there on the H200
+# (8192x14336: 0.094 against 0.149 ms; native faster at 8192x4096). Both layouts stay native: one call, two reads.
+LONGEST_ONE_LAYOUT_ROW = 4096
 
 
 def supports(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool,
@@ -25,6 +28,8 @@ def supports(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_col
     if both_layouts and (blocks == "columns" or _blocks_of(K, M, block_rows, block_cols) != blocks):
         return (f"both layouts in blocks of the whole tensor or of whole rows (of x and of x^T) only, got "
                 f"{block_rows} x {block_cols} on {M} x {K}")
+    if blocks == "rows" and not both_layouts and K > LONGEST_ONE_LAYOUT_ROW:
+        return f"row blocks in one layout on rows longer than {LONGEST_ONE_LAYOUT_ROW}: Triton's kernel is faster"
     if not x.is_contiguous():
         return "contiguous input only"
     if fp8_dtype not in device_formats(x.device):  # the kernels are compiled for the GPU's encoding only
