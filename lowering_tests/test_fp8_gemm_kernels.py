@@ -8,6 +8,7 @@ import torch
 
 import turbo_inductor
 from conftest import DEVICE
+from turbo_inductor.kernels import registry
 from turbo_inductor.kernels.reference import fp8_gemm as reference_gemm
 from turbo_inductor.kernels.reference import fp8_quant as reference_quant
 from turbo_inductor.kernels.triton import fp8_gemm as triton_gemm
@@ -65,6 +66,12 @@ def test_chunk_never_straddles_a_scaling_block():
     assert triton_gemm.block_k_for(96, 96, 96) == 128  # one block spans K: any chunk
     assert triton_gemm.block_k_for(192, 96, 192) == 32  # 96 = 3 x 32
     assert triton_gemm.block_k_for(4096, 1, 4096) is None
+
+
+def test_the_triton_gemm_is_the_fallback_on_a_gpu_and_the_emulation_on_a_cpu():
+    triton_impl = registry.implementations("fp8_gemm")["triton"]
+    assert triton_impl.priority_on(torch.device("cuda")) > registry.implementations("fp8_gemm")["reference"].priority
+    assert triton_impl.priority_on(torch.device("cpu")) < registry.implementations("fp8_gemm")["reference"].priority
 
 
 def test_too_narrow_scaling_blocks_are_refused_by_triton_and_run_emulated_by_default():

@@ -36,13 +36,17 @@ class Implementation:
     kernel: str
     name: str
     fn: Callable
-    priority: int
+    # higher wins; or device -> priority, for an implementation whose standing differs by device
+    priority: int | Callable[[torch.device], int]
     # device -> None when it can run there, else the reason it cannot (shown in errors)
     unavailable_reason: Callable[[torch.device], str | None]
     # device -> whether its work can be traced into a compiled graph (plain torch calls can; see ops/library.py)
     traceable: Callable[[torch.device], bool]
     # the kernel's arguments -> None when it takes them, else why not; None: it takes every argument
     supports: Callable[..., str | None] | None = None
+
+    def priority_on(self, device: torch.device) -> int:
+        return self.priority(device) if callable(self.priority) else self.priority
 
     def declines(self, *args, **kwargs) -> str | None:
         """Why this implementation cannot take these arguments, or None when it can."""
@@ -66,7 +70,7 @@ def never(device: torch.device) -> bool:
     return False
 
 
-def implementation(kernel: str, name: str, *, priority: int,
+def implementation(kernel: str, name: str, *, priority: int | Callable[[torch.device], int],
                    unavailable_reason: Callable[[torch.device], str | None],
                    traceable: Callable[[torch.device], bool] = always,
                    supports: Callable[..., str | None] | None = None):
@@ -148,7 +152,7 @@ def _candidates(kernel: str, device_type: str, impl: str, env: str) -> tuple[str
                 f"turbo_inductor: implementation {requested!r} of {kernel} cannot run on {device_type}: {reason}")
         return "forced", (impls[requested],)
     usable = sorted((i for i in impls.values() if i.unavailable_reason(device) is None),
-                    key=lambda i: i.priority, reverse=True)
+                    key=lambda i: i.priority_on(device), reverse=True)
     if not usable:
         reasons = "; ".join(f"{i.name}: {i.unavailable_reason(device)}" for i in impls.values())
         raise RuntimeError(f"turbo_inductor: no implementation of {kernel} runs on {device_type} ({reasons})")

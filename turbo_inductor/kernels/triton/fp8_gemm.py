@@ -9,8 +9,9 @@ that chunk, added to the fp32 accumulator; one rounding to out's dtype at the en
 BLOCK_N] tile of its [N, K] rows, K contiguous: the K-major operand layout Hopper's FP8 MMA takes. The interpreter's
 dot is not reliable below fp32 (platform.md): there the tiles are converted to fp32 first.
 
-Chosen where ``torch._scaled_mm`` declines the scales (``..vendor.fp8_gemm`` says which it takes): MXFP8 before
-Blackwell, blockwise off Hopper or at shapes cuBLASLt refuses. On an H200 (8192x4096 -> 14336) it took 2.55 ms
+Chosen on a GPU where ``torch._scaled_mm`` declines the scales (``..vendor.fp8_gemm`` says which it takes): MXFP8
+before Blackwell, blockwise off Hopper or at shapes cuBLASLt refuses. In the CPU interpreter the emulation, exact and
+faster there, is the default, and tests call this kernel by name. On an H200 (8192x4096 -> 14336) it took 2.55 ms
 blockwise and 7.99 ms MXFP8, against 19.1 ms for the fp32 emulation (benchmarks/README.md).
 """
 from __future__ import annotations
@@ -94,7 +95,12 @@ def supports(a, a_scale, b, b_scale, out_dtype, fast_accum=False) -> str | None:
     return None
 
 
-@implementation("fp8_gemm", "triton", priority=10, unavailable_reason=unavailable_reason, traceable=traceable,
+def priority(device: torch.device) -> int:
+    """Above the emulation (0) on a GPU, below it in the CPU interpreter."""
+    return -10 if device.type == "cpu" else 10
+
+
+@implementation("fp8_gemm", "triton", priority=priority, unavailable_reason=unavailable_reason, traceable=traceable,
                 supports=supports)
 def fp8_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
              out_dtype: torch.dtype, fast_accum: bool = False) -> torch.Tensor:
