@@ -107,9 +107,7 @@ class FP8LinearPass(RewritePass):
             x, weight, bias, transposed = found
             if transposed:
                 weight = m.insert_op(graph, node, torch.ops.aten.t.default, (weight,))
-            new = m.insert_op(graph, node, torch.ops.turbo_inductor.fp8_linear.default,
+            m.replace_with_op(graph, node, torch.ops.turbo_inductor.fp8_linear.default,
                               (x, weight, bias, option.recipe, options.impl))
-            node.replace_all_uses_with(new)
-            graph.erase_node(node)
             count += 1
         return count

@@ -113,10 +113,8 @@ class FP8ScaledMMPass(RewritePass):
             if x_fake is None or w_fake is None or node.kwargs.get("out_dtype") != x_fake.dtype \
                     or not can_rewrite(x_fake, w_fake, None):
                 continue
-            new = m.insert_op(graph, node, torch.ops.turbo_inductor.fp8_linear.default,
+            m.replace_with_op(graph, node, torch.ops.turbo_inductor.fp8_linear.default,
                               (x, w, None, recipe, options.impl))
-            node.replace_all_uses_with(new)
-            graph.erase_node(node)
             m.erase_unused(m.producers([qx, qw_t, scale_b], stop={x, w}))  # scale_b: rowwise, a transpose
             count += 1
         return count

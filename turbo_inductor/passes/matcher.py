@@ -178,6 +178,14 @@ def insert_op(graph: fx.Graph, before: fx.Node, op: torch._ops.OpOverload, args:
     return items
 
 
+def replace_with_op(graph: fx.Graph, node: fx.Node, op: torch._ops.OpOverload, args: tuple) -> fx.Node:
+    """``op(*args)`` in place of ``node``: inserted before it, given its users, and ``node`` erased."""
+    new = insert_op(graph, node, op, args)
+    node.replace_all_uses_with(new)
+    graph.erase_node(node)
+    return new
+
+
 def producers(roots: list[fx.Node], stop: set) -> list[fx.Node]:
     """``roots`` and what they were computed from, down to the nodes in ``stop`` (and placeholders), producers
     first: what a replaced match may leave dead, for :func:`erase_unused`."""

@@ -101,10 +101,8 @@ class TorchaoFloat8Pass(RewritePass):
                 continue
             if recipe is None or not can_rewrite(x_fake, m.fake(weight), None):
                 continue
-            new = m.insert_op(graph, node, torch.ops.turbo_inductor.fp8_linear.default,
+            m.replace_with_op(graph, node, torch.ops.turbo_inductor.fp8_linear.default,
                               (x, weight, None, recipe, options.impl))
-            node.replace_all_uses_with(new)
-            graph.erase_node(node)
             m.erase_unused(m.producers([mm_config, config, weight_t], stop={x, weight}))
             count += 1
         return count
