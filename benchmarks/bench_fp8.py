@@ -2,6 +2,7 @@
 - forward with dynamic quantization of x and W (8192x4096 -> 14336, bf16 in and out): the bare FP8 GEMM, Inductor's
   compilation of the same math (amax, scale, cast, torch._scaled_mm), F.linear compiled with backend="primus_turbo"
   and options={"fp8": recipe} per recipe, and the bf16 linear;
+- RMSNorm then that linear, with the norm writing x in FP8 for the linear (the rmsnorm_fp8 rewrite) and without;
 - a training step (forward + backward) of square linears 8192 x d -> d by size, bf16 under Inductor against
   primus_turbo's FP8 recipes: where FP8 starts to pay, the value to recommend for the fp8 option's min_size.
 python benchmarks/bench_fp8.py [--sizes 512,1024,2048,4096,8192]"""
@@ -25,6 +26,33 @@ def inductor_fp8_linear(x, w):
     x8 = (x.float() / sx).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     w8 = (w.float() / sw).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16, use_fast_accum=True)
+
+
+def norm_then_linear(x: torch.Tensor, w: torch.Tensor, bare_ms: float) -> list[dict]:
+    """RMSNorm then the FP8 linear (forward), compiled with the norm writing x in FP8 for the linear (rmsnorm_fp8)
+    and without: what the linear adds to the norm, against the bare GEMM's time."""
+    norm_weight = torch.rand(x.shape[1], device="cuda", dtype=x.dtype) + 0.5
+
+    def block(x, w):
+        return F.linear(F.rms_norm(x, (x.shape[1],), norm_weight, 1e-5), w)
+
+    columns = {"primus_turbo norm alone": torch.compile(lambda x, w: F.rms_norm(x, (x.shape[1],), norm_weight, 1e-5),
+                                                        backend="primus_turbo")}
+    for recipe in ("rowwise", "blockwise"):
+        for fuse in (True, False):
+            name = f"primus_turbo fp8 {recipe}" + ("" if fuse else " (norm not writing FP8)")
+            columns[name] = torch.compile(block, backend="primus_turbo", options={"fp8": recipe, "rmsnorm_fp8": fuse})
+    rows, shape = [], f"rmsnorm -> fp8 linear fwd {x.shape[0]}x{x.shape[1]}->{w.shape[0]}"
+    with torch.no_grad():
+        norm_ms = bench_ms(lambda: columns["primus_turbo norm alone"](x, w))
+        for name, fn in columns.items():
+            ms = bench_ms(lambda: fn(x, w))
+            linear_ms = ms - norm_ms
+            rows.append({"shape": shape, "mode": "fwd", "backend": name, "ms": ms,
+                         "rate": 2 * x.shape[0] * x.shape[1] * w.shape[0] / ms / 1e9})
+            print(f"{name}: {ms:.4f} ms; less the norm alone: {linear_ms:.4f} ms = {linear_ms / bare_ms:.3f}x the "
+                  f"bare GEMM ({bare_ms:.4f} ms)")
+    return rows
 
 
 def training_by_size(sizes: list[int], tokens: int = 8192) -> list[dict]:
@@ -79,6 +107,7 @@ def main():
                          "rate": flops / ms / 1e9})
     print("rewrites:", turbo_inductor.rewrite_counts())
     report("fp8_linear", rows, rate_unit="TFLOP/s")
+    report("fp8_norm_linear", norm_then_linear(x, w, rows[0]["ms"]), rate_unit="TFLOP/s")
     report("fp8_linear_by_size", training_by_size([int(d) for d in args.sizes.split(",")]), rate_unit="TFLOP/s")
 
 

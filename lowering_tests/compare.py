@@ -91,6 +91,16 @@ def assert_as_accurate_as_inductor(model, inputs, train=True, options=None):
     return collections.Counter(turbo_inductor.rewrite_counts())
 
 
+def default_counts(**nonzero: int) -> dict[str, int]:
+    """The rewrite counts a compile with the default options reports (every pass that is on by default, in the
+    order they run): 0, but for ``nonzero``'s."""
+    from turbo_inductor.passes import PASSES
+
+    names = [p.name for p in PASSES if p.enabled(p.parse_option(p.default))]
+    assert set(nonzero) <= set(names), set(nonzero) - set(names)
+    return {name: nonzero.get(name, 0) for name in names}
+
+
 def ops_after(op_name: str) -> int:
     return sum(r.ops_after[op_name] for r in turbo_inductor.compile_records())
 

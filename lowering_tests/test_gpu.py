@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import turbo_inductor
-from compare import assert_matches_inductor
+from compare import assert_matches_inductor, default_counts
 from conftest import assert_close
 from turbo_inductor.kernels import registry
 from turbo_inductor.ops.fp8 import fp8_formats
@@ -63,7 +63,7 @@ def test_llama_block_on_gpu_matches_inductor():
     model = LlamaDecoder(config).to("cuda", torch.bfloat16)
     x = torch.randn(2, 128, 512, device="cuda", dtype=torch.bfloat16)
     counts = assert_matches_inductor(model, [x])
-    assert counts == {"rmsnorm": 5, "rmsnorm_residual": 4, "glu": 2, "gemm_allreduce": 0, "gemm_allreduce_dgrad": 0, "fp8_scaled_mm": 0, "torchao_float8": 0}
+    assert counts == default_counts(rmsnorm=5, rmsnorm_residual=4, glu=2)
 
 
 def test_compiled_graph_launches_our_kernels_itself():
@@ -104,6 +104,57 @@ def test_compiled_fp8_linear_copies_nothing(recipe):
     native = quantize["native"].unavailable_reason(torch.device("cuda")) is None
     assert ("turbo_inductor_native.fp8_quantize" if native else "_fp8_tile_kernel") in launched, launched
     assert "aten.copy_" not in code and "aten.clone" not in code
+
+
+@pytest.mark.parametrize("block_cols, power_of_two", [(4096, False), (128, False), (32, True)],
+                         ids=["rowwise", "1x128", "1x32"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_rmsnorm_fp8_at_real_sizes_equals_the_norm_then_the_quantization(block_cols, power_of_two, residual):
+    """The norm's FP8 epilogue, compiled for the GPU, against the norm followed by the quantization kernel: bit for
+    bit (both Triton, both on y as rounded to bf16)."""
+    x = torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16) * 4
+    r = torch.randn_like(x) if residual else None
+    w = torch.rand(4096, device="cuda", dtype=torch.bfloat16) + 0.5
+    e4m3 = fp8_formats(x.device)[0]
+    fused = registry.implementations("rmsnorm_fwd_fp8")["triton"].fn(x, w, r, 1e-5, e4m3, block_cols, power_of_two)
+    y, total, rstd = registry.implementations("rmsnorm_fwd")["triton"].fn(x, w, r, 1e-5)
+    q, scale = registry.implementations("fp8_quantize")["triton"].fn(y, e4m3, 1, block_cols, False,
+                                                                     power_of_two=power_of_two)
+    for got, want in zip(fused, (y, total, rstd, q.view(torch.uint8), scale)):
+        if want is None:
+            assert got is None
+            continue
+        assert torch.equal(got.view(torch.uint8) if got.dtype == e4m3 else got, want)
+
+
+@pytest.mark.parametrize("recipe", ["rowwise", "blockwise"])
+def test_compiled_decoder_norms_write_fp8_without_calling_back(recipe):
+    """The rmsnorm_fp8 rewrite on the GPU: traced into the compiled graph (our norm kernel launched with its FP8
+    epilogue, no call back into a turbo_inductor op), and the same results as with the rewrite off."""
+    from torch._inductor.utils import run_and_get_code
+
+    from benchmarks.llama import LlamaConfig, LlamaDecoder
+
+    model = LlamaDecoder(LlamaConfig(hidden=512, intermediate=1408, heads=8, kv_heads=4, layers=2)).to(
+        "cuda", torch.bfloat16)
+    x = torch.randn(2, 128, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    results = []
+    for fuse in (True, False):
+        torch._dynamo.reset()
+        turbo_inductor.reset_records()
+        compiled = torch.compile(model, backend="primus_turbo", options={"fp8": recipe, "rmsnorm_fp8": fuse})
+        x.grad = None
+        model.zero_grad()
+        out, codes = run_and_get_code(lambda: compiled(x))
+        out.float().square().sum().backward()
+        results.append([out, x.grad, *(p.grad for p in model.parameters())])
+        if fuse:
+            code = "\n".join(codes)
+            assert turbo_inductor.rewrite_counts()["rmsnorm_fp8"] == 4
+            assert "_rmsnorm_fwd_kernel" in code
+            assert "torch.ops.turbo_inductor" not in code
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "blockwise", "mxfp8"])

@@ -15,6 +15,7 @@ from . import fp8_linear as _fp8_linear  # noqa: F401
 from . import gemm_allreduce as _gemm_allreduce  # noqa: F401
 from . import glu as _glu  # noqa: F401
 from . import rmsnorm as _rmsnorm  # noqa: F401
+from . import rmsnorm_fp8 as _rmsnorm_fp8  # noqa: F401
 
 
 def rmsnorm(x: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6, *, impl: str = "auto") -> Tensor:
@@ -26,6 +27,14 @@ def rmsnorm_residual(x: Tensor, residual: Tensor, weight: Optional[Tensor] = Non
                      impl: str = "auto") -> tuple[Tensor, Tensor]:
     """``(rmsnorm(x + residual), x + residual)`` in one pass, as a pre-norm transformer block needs."""
     return torch.ops.turbo_inductor.rmsnorm_residual(x, residual, weight, eps, impl)
+
+
+def rmsnorm_fp8(x: Tensor, residual: Optional[Tensor] = None, weight: Optional[Tensor] = None, eps: float = 1e-6,
+                recipe: str = "rowwise", *, impl: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(y, x + residual, q, scale)``: RMSNorm (of ``x + residual`` where given; the sum is empty otherwise) with y
+    also quantized as ``recipe`` quantizes an FP8 linear's input, to pass to :func:`fp8_linear` as ``x_q``,
+    ``x_scale``. For recipes that quantize x in blocks within a row (rowwise, blockwise, mxfp8)."""
+    return torch.ops.turbo_inductor.rmsnorm_fp8(x, residual, weight, eps, recipe, impl)
 
 
 def swiglu(gate: Tensor, up: Tensor, *, impl: str = "auto") -> Tensor:
@@ -52,10 +61,11 @@ def _gelu(approximate: str) -> str:
 
 
 def fp8_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, recipe: str = "tensorwise", *,
-               impl: str = "auto") -> Tensor:
+               impl: str = "auto", x_q: Optional[Tensor] = None, x_scale: Optional[Tensor] = None) -> Tensor:
     """``F.linear`` with x and weight quantized to FP8 by ``recipe`` ("tensorwise", "rowwise", "rowwise_pow2",
-    "blockwise", "mxfp8", "rowwise_with_gw_hp"), forward and backward (see ``turbo_inductor/ops/fp8_linear.py``)."""
-    return torch.ops.turbo_inductor.fp8_linear(x, weight, bias, recipe, impl)
+    "blockwise", "mxfp8", "rowwise_with_gw_hp"), forward and backward (see ``turbo_inductor/ops/fp8_linear.py``).
+    ``x_q``, ``x_scale``: x already quantized for the forward (:func:`rmsnorm_fp8`'s q and scale)."""
+    return torch.ops.turbo_inductor.fp8_linear(x, weight, bias, recipe, impl, x_q, x_scale)
 
 
 def gemm_allreduce(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, group=None, *,

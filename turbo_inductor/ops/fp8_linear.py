@@ -1,10 +1,10 @@
 """FP8 linear: ``y = x W^T (+ bias)`` with x and W quantized by a recipe, forward and backward.
 
 Ops in ``torch.ops.turbo_inductor``:
-  fp8_linear(x, weight, bias, recipe, impl) -> y                 public op: fp8_linear_fwd(...)[0] where a
+  fp8_linear(x, weight, bias, recipe, impl, x_q, x_scale) -> y   public op: fp8_linear_fwd(...)[0] where a
                                                                  gradient is wanted, else fp8_linear_inference
-  fp8_linear_inference(x, weight, bias, recipe, impl) -> y       the forward alone
-  fp8_linear_fwd(x, weight, bias, recipe, impl) -> (y, x_t, x_t_scale, w_t, w_t_scale)
+  fp8_linear_inference(x, weight, bias, recipe, impl, x_q, x_scale) -> y     the forward alone
+  fp8_linear_fwd(x, weight, bias, recipe, impl, x_q, x_scale) -> (y, x_t, x_t_scale, w_t, w_t_scale)
                                                                  custom op; backward: fp8_linear_bwd (+ dbias)
   fp8_linear_bwd(dy, x, weight, x_t, x_t_scale, w_t, w_t_scale, recipe, impl) -> (dx, dweight)
 
@@ -25,10 +25,15 @@ where the blocks are the same in both layouts, two reads of the operand for roww
 forward saves x^T and W^T quantized (1 byte per element, against 2 for saving x in bf16), so that the backward
 reads neither x nor W again, and dy and dy^T come from one call. With ``high_precision_wgrad`` the forward saves x
 itself instead of x^T, for wgrad in x's dtype.
+
+``x_q``, ``x_scale`` (optional): x already quantized for the forward GEMM, as the recipe would quantize it
+(:func:`input_quantization`), by the op that produced x (``rmsnorm_fp8``: a producer fusion). The forward then
+quantizes only x^T, for the backward.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 import torch
@@ -71,14 +76,24 @@ def _kernel_block(block: tuple[int, int], t: Tensor) -> tuple[int, int]:
     """A recipe's block (0: the whole dimension) for the quantization kernels, on the operand ``t`` and its transpose:
     the kernels clip a block to the tensor, so the sum of t's dimensions spans the dimension in either layout (the
     larger of them would too, but with a symbolic row count, choosing it makes Dynamo guard on rows <= columns)."""
-    whole = t.shape[0] + t.shape[1] + 1
+    return _block_of(block, *t.shape)
+
+
+def _block_of(block: tuple[int, int], rows: int, cols: int) -> tuple[int, int]:
+    whole = rows + cols + 1
     return block[0] or whole, block[1] or whole
 
 
-def _operand(t: Tensor, block: tuple[int, int], dtype: torch.dtype, recipe: Recipe, impl: str) -> tuple[Tensor, Tensor]:
-    """The GEMM operand ``t`` [R, C] quantized in ``block``-shaped blocks: (q, scale)."""
+def _operand(t: Tensor, block: tuple[int, int], dtype: torch.dtype, recipe: Recipe, impl: str,
+             transposed: bool = False) -> tuple[Tensor, Tensor]:
+    """The GEMM operand ``t`` [R, C] quantized in ``block``-shaped blocks: (q, scale); with ``transposed``, the
+    operand t^T [C, R] in ``block``-shaped blocks of its own (read from t, written in t^T's layout)."""
     quantize = registry.select(QUANTIZE_KERNEL, t.device, impl)
-    return quantize(t, dtype, *_kernel_block(block, t), False, power_of_two=recipe.power_of_two)
+    block_rows, block_cols = _kernel_block(block, t)
+    if not transposed:
+        return quantize(t, dtype, block_rows, block_cols, False, power_of_two=recipe.power_of_two)
+    q_t, scale = quantize(t, dtype, block_cols, block_rows, True, power_of_two=recipe.power_of_two)
+    return q_t, scale.t().contiguous()
 
 
 def _operand_both(t: Tensor, block: tuple[int, int], dtype: torch.dtype, recipe: Recipe,
@@ -95,11 +110,29 @@ def _gemm(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor], out_dtype: torch.d
     return registry.select(GEMM_KERNEL, a[0].device, impl)(a[0], a[1], b[0], b[1], out_dtype, fast_accum=fast_accum)
 
 
-def _check(op: str, x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str) -> None:
+def _check(op: str, x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str,
+           x_q: Optional[Tensor] = None, x_scale: Optional[Tensor] = None) -> None:
     check_linear(op, x, weight, bias)
     check(recipe in RECIPES, op, lambda: f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}")
     check(weight.shape[0] % ALIGNMENT == 0 and weight.shape[1] % ALIGNMENT == 0, op,
           lambda: f"weight dimensions must be multiples of {ALIGNMENT} for the FP8 GEMM, got {list(weight.shape)}")
+    check((x_q is None) == (x_scale is None), op, lambda: "x_q and x_scale must be given together")
+    if x_q is not None:
+        rows, k = math.prod(x.shape[:-1]), x.shape[-1]
+        dtype, block_rows, block_cols = input_quantization(rows, k, x.device, recipe)
+        expected = scale_shape(rows, k, block_rows, block_cols)
+        check(x_q.shape == (rows, k) and x_q.dtype == dtype and x_q.device == x.device, op,
+              lambda: f"x_q must be x quantized as [{rows}, {k}] {dtype} on {x.device}, got {list(x_q.shape)} "
+                      f"{x_q.dtype} on {x_q.device}")
+        check(x_scale.shape == expected and x_scale.dtype == torch.float32 and x_scale.device == x.device, op,
+              lambda: f"x_scale must be the {recipe} scales of x, float32 {list(expected)}, got {x_scale.dtype} "
+                      f"{list(x_scale.shape)}")
+
+
+def input_quantization(rows: int, cols: int, device: torch.device, recipe: str) -> tuple[torch.dtype, int, int]:
+    """(fp8 dtype, block rows, block cols) in which ``recipe`` quantizes the forward GEMM's operand x [rows, cols]
+    (blocks as the quantization kernels take them): what a producer writing x in FP8 must match."""
+    return fp8_formats(device)[0], *_block_of(RECIPES[recipe].activation_block, rows, cols)
 
 
 def _keeps_x(recipe: str) -> bool:
@@ -107,16 +140,21 @@ def _keeps_x(recipe: str) -> bool:
     return RECIPES[recipe].high_precision_wgrad
 
 
-def _forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, impl: str,
-             for_backward: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """y and what the backward takes from the forward (empty unless ``for_backward``)."""
-    _check("fp8_linear", x, weight, bias, recipe)
+def _forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, impl: str, for_backward: bool,
+             x_q: Optional[Tensor], x_scale: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """y and what the backward takes from the forward (empty unless ``for_backward``). ``x_q``, ``x_scale``: x
+    already quantized for the forward GEMM (by its producer), or None."""
+    _check("fp8_linear", x, weight, bias, recipe, x_q, x_scale)
     r, (e4m3, _) = RECIPES[recipe], fp8_formats(x.device)
     x2 = x.reshape(-1, x.shape[-1])
     if x2.shape[0] == 0:
         y = x.new_zeros(x.shape[:-1] + (weight.shape[0],)) + (0 if bias is None else bias)
         return y, *_saved_transposes(x2, weight, recipe)
-    if for_backward and not _keeps_x(recipe):
+    saves_x_t = for_backward and not _keeps_x(recipe)
+    if x_q is not None:
+        x_t = _operand(x2, r.activation_block, e4m3, r, impl, transposed=True) if saves_x_t else _unsaved(x, e4m3)
+        x_q = (x_q, x_scale)
+    elif saves_x_t:
         x_q, x_t = _operand_both(x2, r.activation_block, e4m3, r, impl)
     else:
         x_q, x_t = _operand(x2, r.activation_block, e4m3, r, impl), _unsaved(x, e4m3)
@@ -149,28 +187,29 @@ def _saved_transposes(x2: Tensor, weight: Tensor, recipe: str) -> tuple[Tensor, 
 
 
 @kernel_op("fp8_linear_fwd", (QUANTIZE_KERNEL, GEMM_KERNEL), symbolic_sizes=False)
-def fp8_linear_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str,
-                   impl: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    return _forward(x, weight, bias, recipe, impl, for_backward=True)
+def fp8_linear_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, impl: str = "auto",
+                   x_q: Optional[Tensor] = None,
+                   x_scale: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return _forward(x, weight, bias, recipe, impl, True, x_q, x_scale)
 
 
 @fp8_linear_fwd.register_fake
-def _(x, weight, bias, recipe, impl="auto"):
-    _check("fp8_linear", x, weight, bias, recipe)
+def _(x, weight, bias, recipe, impl="auto", x_q=None, x_scale=None):
+    _check("fp8_linear", x, weight, bias, recipe, x_q, x_scale)
     y = x.new_empty(x.shape[:-1] + (weight.shape[0],))
     return y, *_saved_transposes(x.reshape(-1, x.shape[-1]), weight, recipe)
 
 
 @kernel_op("fp8_linear_inference", (QUANTIZE_KERNEL, GEMM_KERNEL), symbolic_sizes=False)
-def fp8_linear_inference(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str,
-                         impl: str = "auto") -> Tensor:
+def fp8_linear_inference(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, impl: str = "auto",
+                         x_q: Optional[Tensor] = None, x_scale: Optional[Tensor] = None) -> Tensor:
     """The forward alone, when no gradient is wanted: no transposed operands written for a backward."""
-    return _forward(x, weight, bias, recipe, impl, for_backward=False)[0]
+    return _forward(x, weight, bias, recipe, impl, False, x_q, x_scale)[0]
 
 
 @fp8_linear_inference.register_fake
-def _(x, weight, bias, recipe, impl="auto"):
-    _check("fp8_linear", x, weight, bias, recipe)
+def _(x, weight, bias, recipe, impl="auto", x_q=None, x_scale=None):
+    _check("fp8_linear", x, weight, bias, recipe, x_q, x_scale)
     return x.new_empty(x.shape[:-1] + (weight.shape[0],))
 
 
@@ -215,16 +254,18 @@ register_linear_autograd(fp8_linear_fwd, fp8_linear_bwd, keeps_x=_keeps_x)
 
 
 
-def _fp8_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, impl: str = "auto") -> Tensor:
+def _fp8_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, impl: str = "auto",
+                x_q: Optional[Tensor] = None, x_scale: Optional[Tensor] = None) -> Tensor:
     # Decided where the op is decomposed, under autograd (AOTAutograd traces training and inference graphs apart).
     wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
     if wants_grad:
-        return fp8_linear_fwd(x, weight, bias, recipe, impl)[0]
-    return fp8_linear_inference(x, weight, bias, recipe, impl)
+        return fp8_linear_fwd(x, weight, bias, recipe, impl, x_q, x_scale)[0]
+    return fp8_linear_inference(x, weight, bias, recipe, impl, x_q, x_scale)
 
 
 fp8_linear = define_composite(
-    "fp8_linear(Tensor x, Tensor weight, Tensor? bias, str recipe, str impl='auto') -> Tensor", _fp8_linear)
+    "fp8_linear(Tensor x, Tensor weight, Tensor? bias, str recipe, str impl='auto', Tensor? x_q=None, "
+    "Tensor? x_scale=None) -> Tensor", _fp8_linear)
 
 
 def can_rewrite(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:

@@ -109,10 +109,12 @@ def register_linear_autograd(op, backward_op, keeps_x: Callable[[object], bool] 
     """Autograd of a linear-like op ``op(x, weight, bias, arg, impl)`` (``arg``: its recipe, group, ...) through
     ``backward_op(dy, x, weight, *saved, arg, impl) -> (dx, dweight[, dbias])``; without a dbias output, the bias
     gradient is dy summed over rows. ``op`` returns y, or ``(y, *saved)``: what else its backward needs (not
-    differentiable). x (unless ``keeps_x(arg)`` is False: then backward_op gets None), weight and saved are saved."""
+    differentiable). x (unless ``keeps_x(arg)`` is False: then backward_op gets None), weight and saved are saved.
+    Inputs after ``impl`` (x already quantized, say) are not differentiable."""
 
     def setup(ctx, inputs, output):
-        x, weight, bias, arg, impl = inputs
+        x, weight, bias, arg, impl, *rest = inputs
+        ctx.n_rest = len(rest)
         saved = output[1:] if isinstance(output, (tuple, list)) else ()
         ctx.save_for_backward(x if keeps_x(arg) else None, weight, *saved)
         ctx.mark_non_differentiable(*saved)
@@ -123,7 +125,7 @@ def register_linear_autograd(op, backward_op, keeps_x: Callable[[object], bool] 
         dx, dweight, *dbias = backward_op(dy, x, weight, *saved, ctx.arg, ctx.impl)
         if ctx.has_bias and not dbias:
             dbias = [dy.reshape(-1, dy.shape[-1]).sum(0, dtype=torch.float32).to(dy.dtype)]
-        return dx, dweight, dbias[0] if ctx.has_bias else None, None, None
+        return dx, dweight, dbias[0] if ctx.has_bias else None, None, None, *([None] * ctx.n_rest)
 
     op.register_autograd(backward, setup_context=setup)
 

@@ -6,11 +6,13 @@ from .gemm_allreduce_dgrad import GemmAllReduceDgradPass
 from .glu import GLUPass
 from .manager import CompileRecord, PassManager, RewritePass, compile_records, reset_records, rewrite_counts
 from .rmsnorm import RMSNormPass
+from .rmsnorm_fp8 import RMSNormFP8Pass
 from .rmsnorm_residual import RMSNormResidualPass
 from .torchao_float8 import TorchaoFloat8Pass
 
 PASSES: list[RewritePass] = [RMSNormPass(), RMSNormResidualPass(), GLUPass(), GemmAllReducePass(),
-                             GemmAllReduceDgradPass(), FP8ScaledMMPass(), TorchaoFloat8Pass(), FP8LinearPass()]
+                             GemmAllReduceDgradPass(), FP8ScaledMMPass(), TorchaoFloat8Pass(), FP8LinearPass(),
+                             RMSNormFP8Pass()]
 
 __all__ = ["PASSES", "CompileRecord", "PassManager", "RewritePass", "compile_records", "reset_records",
            "rewrite_counts"]

@@ -13,6 +13,7 @@ import torch
 
 from ..registry import implementation
 from . import unavailable_reason
+from .fp8_quant import fp8_quantize
 
 
 @implementation("rmsnorm_fwd", "reference", priority=0, unavailable_reason=unavailable_reason)
@@ -32,6 +33,15 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Te
         y = y * weight.float()
     # ``.to`` may return its input unchanged (fp32): that is a fresh temporary here, never an alias of x.
     return y.to(x.dtype).contiguous(), s_out, rstd
+
+
+@implementation("rmsnorm_fwd_fp8", "reference", priority=0, unavailable_reason=unavailable_reason)
+def rmsnorm_fwd_fp8(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float,
+                    fp8_dtype: torch.dtype, block_cols: int, power_of_two: bool = False):
+    """Returns ``(y, s_out, rstd, q, scale)``: :func:`rmsnorm_fwd`'s outputs and y (as rounded to x.dtype)
+    quantized in blocks of 1 x ``block_cols``, as ``fp8_quantize(y, fp8_dtype, 1, block_cols)`` does it."""
+    y, s_out, rstd = rmsnorm_fwd(x, weight, residual, eps)
+    return y, s_out, rstd, *fp8_quantize(y, fp8_dtype, 1, block_cols, False, power_of_two=power_of_two)
 
 
 @implementation("rmsnorm_bwd", "reference", priority=0, unavailable_reason=unavailable_reason)

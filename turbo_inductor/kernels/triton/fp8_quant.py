@@ -274,6 +274,36 @@ def _fp8_scale_kernel(
         tl.store(SCALE + pid, _scale_from_amax(amax, FMAX, POW2))
 
 
+@triton.jit
+def store_fp8_row_blocks(
+    y, Q, SCALE, rows, cols, row_mask, col_mask, H, n_scale_cols,
+    BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr, QB: tl.constexpr,
+    FORMAT: tl.constexpr, FMAX: tl.constexpr, POW2: tl.constexpr, FIX_NAN: tl.constexpr, NAN_BITS: tl.constexpr,
+):
+    """A producer kernel's epilogue (RMSNorm's): its output tile y [BLOCK_ROWS, BLOCK_H] (fp32, whole rows of
+    width H, zero past H) quantized in blocks of 1 x QB (a power of two dividing BLOCK_H; BLOCK_H for one block per
+    row): q to Q [rows, H] as raw bytes, the blocks' scales to SCALE [rows, n_scale_cols]. The numerics of the
+    tile kernel above (and of the reference), so that the result equals quantizing the producer's output."""
+    NB: tl.constexpr = BLOCK_H // QB
+    blocks = tl.reshape(y, (BLOCK_ROWS, NB, QB))
+    scale = _scale_from_amax(tl.max(_abs_bits(blocks), 2).to(tl.float32, bitcast=True), FMAX, POW2)
+    block_ids = tl.arange(0, NB)
+    tl.store(SCALE + rows.to(tl.int64)[:, None] * n_scale_cols + block_ids[None, :], scale,
+             mask=row_mask[:, None] & (block_ids < n_scale_cols)[None, :])
+    scaled = tl.reshape(blocks * tl.math.div_rn(1.0, scale)[:, :, None], (BLOCK_ROWS, BLOCK_H))
+    scaled = tl.clamp(scaled, -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
+    bits = to_fp8_bits(scaled, FORMAT)
+    if FIX_NAN:
+        bits = tl.where(scaled != scaled, tl.full(bits.shape, NAN_BITS, tl.uint8), bits)
+    tl.store(Q + rows.to(tl.int64)[:, None] * H + cols[None, :], bits, mask=row_mask[:, None] & col_mask[None, :])
+
+
+def format_constexprs(fp8_dtype: torch.dtype, device: torch.device, power_of_two: bool) -> dict:
+    """The FP8 format's constexprs of the kernels here and of :func:`store_fp8_row_blocks`."""
+    return dict(FORMAT=format_id(fp8_dtype, device), FMAX=float(torch.finfo(fp8_dtype).max), POW2=bool(power_of_two),
+                FIX_NAN=interpreting(), NAN_BITS=_NAN_BITS[fp8_dtype])
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Launcher
 # --------------------------------------------------------------------------------------------------------------
@@ -284,7 +314,7 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
     """``(q, scale)``, or ``(q, scale, q_t, scale_t)`` with ``both_layouts``; see
     ``..reference.fp8_quant.fp8_quantize``."""
     check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts)
-    fp8_format = format_id(fp8_dtype, x.device)
+    formats = format_constexprs(fp8_dtype, x.device, power_of_two)
     M, K = x.shape
     if both_layouts and not layouts_share_blocks(M, K, block_rows, block_cols):
         return both_layouts_by_two_calls(fp8_quantize, x, fp8_dtype, block_rows, block_cols, power_of_two)
@@ -309,9 +339,7 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
     q_bits = q.view(torch.uint8) if write_q else x
     qt_bits = qt.view(torch.uint8) if write_qt else x
     constexprs = dict(
-        FORMAT=fp8_format, FMAX=float(torch.finfo(fp8_dtype).max), POW2=bool(power_of_two),
-        FIX_NAN=interpreting(), NAN_BITS=_NAN_BITS[fp8_dtype],
-        GR=tiling.group_rows, SR=tiling.sub_rows, GC=tiling.group_cols, SC=tiling.sub_cols,
+        **formats, GR=tiling.group_rows, SR=tiling.sub_rows, GC=tiling.group_cols, SC=tiling.sub_cols,
         num_warps=tiling.num_warps)
     # Each layout is written by a launch of its own: compiled for the H200 by Triton 3.6, the kernel storing both
     # wrote a wrong x^T layout (fp32 inputs at every size, bf16 at some), while each store alone is exact. Writing
@@ -359,4 +387,4 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
     return outputs()
 
 
-__all__ = ["fp8_quantize", "fp8_tiling", "Fp8Tiling", "num_warps_for"]
+__all__ = ["fp8_quantize", "fp8_tiling", "Fp8Tiling", "num_warps_for", "store_fp8_row_blocks", "format_constexprs"]

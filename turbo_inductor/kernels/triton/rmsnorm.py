@@ -29,6 +29,7 @@ import triton.language as tl
 
 from ..registry import implementation
 from . import launch, on_device, traceable, unavailable_reason
+from .fp8_quant import format_constexprs, fp8_quantize, store_fp8_row_blocks
 
 # --------------------------------------------------------------------------------------------------------------
 # Launch heuristics (module constants so that tests can shrink them to exercise the chunked paths).
@@ -162,12 +163,15 @@ def dw_reduce_config(max_partials: int, H: int, device: torch.device) -> tuple[i
 # --------------------------------------------------------------------------------------------------------------
 @triton.jit
 def _rmsnorm_fwd_kernel(
-    X, W, R, Y, S_OUT, RSTD,
-    n_rows, H, eps,
+    X, W, R, Y, S_OUT, RSTD, Q, Q_SCALE,
+    n_rows, H, eps, n_scale_cols,
     BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    QUANT_BLOCK: tl.constexpr, FORMAT: tl.constexpr, FMAX: tl.constexpr, POW2: tl.constexpr,
+    FIX_NAN: tl.constexpr, NAN_BITS: tl.constexpr,
 ):
-    """BLOCK_ROWS whole rows per program (BLOCK_H >= H)."""
+    """BLOCK_ROWS whole rows per program (BLOCK_H >= H). With QUANT_BLOCK > 0, y (rounded to its dtype) is also
+    written in FP8 with a scale per 1 x QUANT_BLOCK block (see ``fp8_quant.store_fp8_row_blocks``)."""
     pid = tl.program_id(0)
     rows = pid * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     cols = tl.arange(0, BLOCK_H)
@@ -192,7 +196,12 @@ def _rmsnorm_fwd_kernel(
     if HAS_WEIGHT:
         w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
         y = y * w[None, :]
-    tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
+    y_low = y.to(Y.dtype.element_ty)
+    tl.store(Y + offs, y_low, mask=mask)
+    if QUANT_BLOCK > 0:
+        # Masked lanes hold 0 (s was loaded as 0 there): they never raise a block's amax.
+        store_fp8_row_blocks(y_low.to(tl.float32), Q, Q_SCALE, rows, cols, row_mask, col_mask, H, n_scale_cols,
+                             BLOCK_ROWS, BLOCK_H, QUANT_BLOCK, FORMAT, FMAX, POW2, FIX_NAN, NAN_BITS)
 
 
 @triton.jit
@@ -366,6 +375,28 @@ def _dw_reduce_kernel(
                 traceable=traceable)
 def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float):
     """Returns ``(y, s_out, rstd)``; see ``..reference.rmsnorm.rmsnorm_fwd``."""
+    return _fwd(x, weight, residual, eps)[:3]
+
+
+@implementation("rmsnorm_fwd_fp8", "triton", priority=20, unavailable_reason=unavailable_reason,
+                traceable=traceable)
+def rmsnorm_fwd_fp8(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float,
+                    fp8_dtype: torch.dtype, block_cols: int, power_of_two: bool = False):
+    """Returns ``(y, s_out, rstd, q, scale)``; see ``..reference.rmsnorm.rmsnorm_fwd_fp8``. y is quantized in the
+    norm's own pass where its rows fit one tile and the blocks are powers of two (or whole rows); otherwise by the
+    quantization kernel after it (``x`` is read once either way)."""
+    H = int(x.shape[1])
+    quant_block = H if block_cols >= H else block_cols
+    if fwd_tiling(H, x.element_size()).chunked or quant_block & (quant_block - 1):
+        y, s_out, rstd = _fwd(x, weight, residual, eps)[:3]
+        return y, s_out, rstd, *fp8_quantize(y, fp8_dtype, 1, block_cols, False, power_of_two=power_of_two)
+    return _fwd(x, weight, residual, eps, (fp8_dtype, quant_block, power_of_two))
+
+
+def _fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float,
+         quantize: tuple[torch.dtype, int, bool] | None = None):
+    """``(y, s_out, rstd, q, scale)``, with q and scale None unless ``quantize`` = (fp8 dtype, block, power of two)
+    (whole-row tiles only; a block of H, or a power of two)."""
     x = x.contiguous()
     n_rows, H = x.shape
     # The width sets the launch configuration: a compiled graph specializes on it (the row count stays symbolic).
@@ -373,8 +404,43 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Te
     y = torch.empty_like(x)
     s_out = torch.empty_like(x) if residual is not None else None
     rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    q = scale = None
+    if quantize is not None:
+        fp8_dtype, quant_block, power_of_two = quantize
+        q = torch.empty((n_rows, H), dtype=fp8_dtype, device=x.device)
+        scale = torch.empty((n_rows, triton.cdiv(H, quant_block)), dtype=torch.float32, device=x.device)
     if n_rows == 0:
-        return y, s_out, rstd
+        return y, s_out, rstd, q, scale
+    if residual is not None:
+        residual = residual.contiguous()
+    if weight is not None:
+        weight = weight.contiguous()
+    # Unused pointer arguments get x: the HAS_* constexprs compile their accesses away.
+    w_arg = weight if weight is not None else x
+    r_arg = residual if residual is not None else x
+    s_arg = s_out if s_out is not None else y
+    tiling = fwd_tiling(H, x.element_size())
+    with on_device(x.device):
+        if tiling.chunked:
+            launch(_rmsnorm_fwd_chunked_kernel)[(n_rows,)](
+                x, w_arg, r_arg, y, s_arg, rstd, H, eps,
+                BLOCK_H=tiling.block_h, HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None,
+                num_warps=tiling.num_warps)
+        else:
+            if quantize is None:
+                # x, which the kernel only reads, in place of the outputs it does not write (see fp8_quant.py)
+                q_args, quant = (x, x, 1), dict(QUANT_BLOCK=0, FORMAT=0, FMAX=1.0, POW2=False, FIX_NAN=False,
+                                                    NAN_BITS=0)
+            else:
+                q_args = (q.view(torch.uint8), scale, scale.shape[1])
+                quant = dict(QUANT_BLOCK=quant_block, **format_constexprs(fp8_dtype, x.device, power_of_two))
+            grid = (triton.cdiv(n_rows, tiling.block_rows),)
+            launch(_rmsnorm_fwd_kernel)[grid](
+                x, w_arg, r_arg, y, s_arg, rstd, q_args[0], q_args[1], n_rows, H, eps, q_args[2],
+                BLOCK_ROWS=tiling.block_rows, BLOCK_H=tiling.block_h,
+                HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None, **quant,
+                num_warps=tiling.num_warps)
+    return y, s_out, rstd, q, scale
     if residual is not None:
         residual = residual.contiguous()
     if weight is not None:

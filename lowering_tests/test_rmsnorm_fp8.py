@@ -1,0 +1,222 @@
+"""RMSNorm writing its output in FP8 for the FP8 linears that read it: the kernel's fused epilogue against the norm
+followed by the quantization, the ops (opcheck, gradients, the linear taking x pre-quantized, bad input), and the
+rewrite of a Llama-style decoder in training and inference."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import turbo_inductor
+from compare import assert_ran, ops_after, run
+from conftest import DEVICE
+from turbo_inductor.kernels import registry
+from turbo_inductor.kernels.triton import rmsnorm as triton_rmsnorm
+from turbo_inductor.ops.fp8_linear import RECIPES
+from turbo_inductor.ops.rmsnorm_fp8 import quantizes_in_rows
+
+ROW_RECIPES = sorted(r for r in RECIPES if quantizes_in_rows(r))
+E4M3 = torch.float8_e4m3fn
+
+
+def _norm_then_quantize(impl, x, weight, residual, eps, block_cols, power_of_two):
+    y, s_out, rstd = registry.implementations("rmsnorm_fwd")[impl].fn(x, weight, residual, eps)
+    q, scale = registry.implementations("fp8_quantize")[impl].fn(y, E4M3, 1, block_cols, False,
+                                                                 power_of_two=power_of_two)
+    return y, s_out, rstd, q, scale
+
+
+def _fused(impl, *args, **kwargs):
+    return registry.implementations("rmsnorm_fwd_fp8")[impl].fn(*args, **kwargs)
+
+
+def _assert_equal(got, want):
+    for g, w in zip(got, want):
+        if w is None:
+            assert g is None
+            continue
+        assert g.dtype == w.dtype
+        if g.dtype == E4M3:
+            g, w = g.view(torch.uint8), w.view(torch.uint8)
+        torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+
+
+IMPLS = ["reference", "triton"]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("block_cols, power_of_two", [(10**6, False), (128, False), (32, True)],
+                         ids=["row", "1x128", "1x32_pow2"])
+@pytest.mark.parametrize("H", [256, 200])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("residual, weight", [(True, True), (False, True), (False, False)])
+def test_fused_kernel_equals_the_norm_then_the_quantization(impl, block_cols, power_of_two, H, dtype, residual,
+                                                            weight):
+    """Bit for bit: the epilogue quantizes y as rounded to its dtype, with the quantization kernel's numerics (rows of
+    a width that is not a power of two end in a partial block; 37 rows leave the last row tile partly empty)."""
+    x = torch.randn(37, H, device=DEVICE, dtype=dtype) * 3
+    x[5, 7] = float("nan")  # a NaN stays in its row's block and scale
+    r = torch.randn_like(x) if residual else None
+    w = torch.randn(H, device=DEVICE, dtype=dtype) if weight else None
+    block = min(block_cols, H)
+    got = _fused(impl, x, w, r, 1e-5, E4M3, block, power_of_two)
+    _assert_equal(got, _norm_then_quantize(impl, x, w, r, 1e-5, block, power_of_two))
+    assert got[4].shape == (37, -(-H // block)) and torch.isnan(got[4][5, 7 // block])
+
+
+@pytest.mark.parametrize("case", ["wide rows", "block not a power of two"])
+def test_triton_quantizes_after_the_norm_where_its_tile_cannot(case, monkeypatch):
+    """Rows wider than one register tile (the norm's chunked kernel) and blocks that are not powers of two: y is
+    quantized by the quantization kernel after the norm, with the same result."""
+    if case == "wide rows":
+        monkeypatch.setattr(triton_rmsnorm, "FWD_MAX_FUSED_BYTES", 256)
+        block = 128
+    else:
+        block = 96
+    x = torch.randn(9, 384, device=DEVICE, dtype=torch.bfloat16)
+    w = torch.randn(384, device=DEVICE, dtype=torch.bfloat16)
+    _assert_equal(_fused("triton", x, w, None, 1e-6, E4M3, block, False),
+                  _norm_then_quantize("triton", x, w, None, 1e-6, block, False))
+
+
+@pytest.mark.parametrize("recipe", ROW_RECIPES)
+@pytest.mark.parametrize("residual", [True, False])
+def test_op_gradients_are_rmsnorms_and_the_linear_takes_its_fp8_output(recipe, residual):
+    """rmsnorm_fp8's y, sum and gradients equal rmsnorm's / rmsnorm_residual's; an fp8_linear given its q and scale
+    computes exactly what it computes from y alone, forward and backward, in training and in inference."""
+    x = torch.randn(2, 24, 128, device=DEVICE, requires_grad=True)
+    r = torch.randn_like(x, requires_grad=True) if residual else None
+    w = torch.randn(128, device=DEVICE, requires_grad=True)
+    lin = (torch.randn(64, 128, device=DEVICE) * 0.1).requires_grad_()
+    ops = turbo_inductor.ops
+
+    def fused():
+        y, total, q, scale = ops.rmsnorm_fp8(x, r, w, 1e-6, recipe, impl="reference")
+        out = ops.fp8_linear(y, lin, None, recipe, impl="reference", x_q=q, x_scale=scale)
+        return out, (total if residual else None)
+
+    def unfused():
+        if residual:
+            y, total = ops.rmsnorm_residual(x, r, w, 1e-6, impl="reference")
+        else:
+            y, total = ops.rmsnorm(x, w, 1e-6, impl="reference"), None
+        return ops.fp8_linear(y, lin, None, recipe, impl="reference"), total
+
+    results = []
+    for forward in (fused, unfused):
+        out, total = forward()
+        cotangents = [torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)]
+        outputs = [out] + ([total] if residual else [])
+        cotangents += [torch.randn(total.shape, generator=torch.Generator().manual_seed(4)).to(DEVICE)] if residual else []
+        leaves = [t for t in (x, r, w, lin) if t is not None]
+        grads = torch.autograd.grad(outputs, leaves, cotangents)
+        with torch.no_grad():
+            inference = forward()[0]
+        results.append([t.detach() for t in outputs] + list(grads) + [inference])
+    for got, want in zip(*results):
+        assert torch.equal(got, want)
+
+
+def test_opcheck():
+    x, r = torch.randn(2, 8, 64, device=DEVICE), torch.randn(2, 8, 64, device=DEVICE)
+    w = torch.randn(64, device=DEVICE)
+    # fp8 outputs: opcheck's schema test compares outputs and its AOT test sums them, which fp8 tensors cannot on
+    # CPU (as test_fp8_linear's opcheck); the fake and the autograd registration are checked
+    fp8_out = ("test_autograd_registration", "test_faketensor")
+    for residual in (r, None):
+        for recipe in ("rowwise", "blockwise"):
+            torch.library.opcheck(torch.ops.turbo_inductor.rmsnorm_fp8_fwd, (x, residual, w, 1e-6, recipe, "reference"),
+                                  test_utils=fp8_out)
+    q, scale = turbo_inductor.ops.rmsnorm_fp8(x, None, w, 1e-6, "rowwise", impl="reference")[2:]
+    lin = torch.randn(32, 64, device=DEVICE)
+    torch.library.opcheck(torch.ops.turbo_inductor.fp8_linear_fwd, (x, lin, None, "rowwise", "reference", q, scale),
+                          test_utils=fp8_out)
+    torch.library.opcheck(torch.ops.turbo_inductor.fp8_linear_inference,
+                          (x, lin, None, "rowwise", "reference", q, scale), test_utils=fp8_out)
+
+
+def _bad(recipe="rowwise", q_shape=(16, 64), q_dtype=E4M3, scale_shape=(16, 1), scale_given=True):
+    x, lin = torch.randn(2, 8, 64, device=DEVICE), torch.randn(32, 64, device=DEVICE)
+    q = torch.zeros(q_shape, device=DEVICE).to(q_dtype)
+    scale = torch.ones(scale_shape, device=DEVICE) if scale_given else None
+    return lambda: turbo_inductor.ops.fp8_linear(x, lin, None, recipe, impl="reference", x_q=q, x_scale=scale)
+
+
+@pytest.mark.parametrize("call, message", [
+    (_bad(q_shape=(8, 64)), "x_q must be x quantized as \\[16, 64\\]"),
+    (_bad(q_dtype=torch.float8_e5m2), "x_q must be x quantized"),
+    (_bad(scale_shape=(16, 2)), "x_scale must be the rowwise scales of x, float32 \\[16, 1\\]"),
+    (_bad(recipe="mxfp8"), "x_scale must be the mxfp8 scales of x, float32 \\[16, 2\\]"),
+    (_bad(scale_given=False), "x_q and x_scale must be given together"),
+    (lambda: turbo_inductor.ops.rmsnorm_fp8(torch.randn(4, 64, device=DEVICE), None, None, 1e-6, "tensorwise"),
+     "recipe must quantize x in blocks within a row"),
+    (lambda: turbo_inductor.ops.rmsnorm_fp8(torch.randn(4, 64, device=DEVICE), torch.randn(4, 32, device=DEVICE),
+                                            None, 1e-6, "rowwise"), "residual"),
+])
+def test_bad_input_is_named(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def _decoder():
+    from benchmarks.llama import CONFIGS, LlamaDecoder
+
+    torch.manual_seed(0)
+    model = LlamaDecoder(CONFIGS["tiny"]).to(DEVICE)
+    with torch.no_grad():
+        for layer in model.layers:  # norm weights that are not all ones
+            layer.input_norm.weight.uniform_(0.5, 1.5)
+            layer.post_attention_norm.weight.uniform_(0.5, 1.5)
+    return model, torch.randn(2, 16, 256, device=DEVICE)
+
+
+@pytest.mark.parametrize("recipe", ["rowwise", "blockwise"])
+@pytest.mark.parametrize("train", [True, False], ids=["train", "inference"])
+def test_decoder_norms_write_fp8_for_their_linears(recipe, train):
+    """Both norms of each layer (the input norm, a residual norm from the second layer on, and the post-attention
+    residual norm) write the FP8 input of qkv and gate_up; the final norm feeds no linear and stays. Outputs and
+    gradients equal the same compile with the fusion off, bit for bit (the same kernels quantize the same y)."""
+    model, x = _decoder()
+    options = {"fp8": recipe}
+    turbo_inductor.reset_kernel_calls()
+    outs, grads = run(model, [x], "primus_turbo", train=train, options=options)
+    layers = len(model.layers)
+    assert turbo_inductor.rewrite_counts()["rmsnorm_fp8"] == 2 * layers
+    assert ops_after("turbo_inductor.rmsnorm_fp8") == 2 * layers
+    assert ops_after("turbo_inductor.rmsnorm") + ops_after("turbo_inductor.rmsnorm_residual") == 1
+    assert_ran("rmsnorm_fwd_fp8", 2 * layers)
+    if train:
+        assert_ran("rmsnorm_bwd", 2 * layers + 1)
+    turbo_inductor.reset_records()
+    plain = run(model, [x], "primus_turbo", train=train, options={**options, "rmsnorm_fp8": False})
+    assert "rmsnorm_fp8" not in turbo_inductor.rewrite_counts()
+    for got, want in zip(outs + grads, plain[0] + plain[1]):
+        assert torch.equal(got, want)
+
+
+def test_tensorwise_and_plain_linears_are_left_alone():
+    """Tensorwise needs the whole tensor's amax before casting: no fusion. A norm whose output feeds an FP8 linear
+    and a high-precision one (excluded by name) is fused; the other linear reads y."""
+    model, x = _decoder()
+    run(model, [x], "primus_turbo", options={"fp8": "tensorwise"})
+    assert turbo_inductor.rewrite_counts().get("rmsnorm_fp8", 0) == 0
+
+    class TwoHeads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.RMSNorm(64, eps=1e-6)
+            self.a, self.b = nn.Linear(64, 32, bias=False), nn.Linear(64, 48)
+
+        def forward(self, x):
+            h = self.norm(x)
+            return self.a(h), self.b(h)
+
+    turbo_inductor.reset_records()
+    torch.manual_seed(0)
+    twin, inputs = TwoHeads().to(DEVICE), torch.randn(3, 64, device=DEVICE)
+    outs, grads = run(twin, [inputs], "primus_turbo", options={"fp8": {"recipe": "rowwise", "exclude": r"^b\."}})
+    assert turbo_inductor.rewrite_counts()["rmsnorm_fp8"] == 1 and turbo_inductor.rewrite_counts()["fp8"] == 1
+    assert ops_after("linear") == 1
+    plain = run(twin, [inputs], "primus_turbo", options={"fp8": {"recipe": "rowwise", "exclude": r"^b\."},
+                                                         "rmsnorm_fp8": False})
+    for got, want in zip(outs + grads, plain[0] + plain[1]):
+        assert torch.equal(got, want)
