@@ -5,7 +5,7 @@
 - RMSNorm then that linear, with the norm writing x in FP8 for the linear (the rmsnorm_fp8 rewrite) and without;
 - a training step (forward + backward) of square linears 8192 x d -> d by size, bf16 under Inductor against
   primus_turbo's FP8 recipes: where FP8 starts to pay, the value to recommend for the fp8 option's min_size.
-python benchmarks/bench_fp8.py [--sizes 512,1024,2048,4096,8192]"""
+python benchmarks/bench_fp8.py [--sizes 512,1024,2048,4096,8192]   (--sizes "": no training step by size)"""
 from __future__ import annotations
 
 import torch
@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 import argparse
 
-from common import bench_ms, fwd_bwd_step, report
+import turbo_inductor
+from common import bench_ms, fwd_bwd_step, gpu_ms, kernel_us, report
 
 E4M3_MAX = 448.0
 
@@ -28,30 +29,37 @@ def inductor_fp8_linear(x, w):
     return torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16, use_fast_accum=True)
 
 
-def norm_then_linear(x: torch.Tensor, w: torch.Tensor, bare_ms: float) -> list[dict]:
+def norm_then_linear(x: torch.Tensor, w: torch.Tensor, bare_gpu_ms: float) -> list[dict]:
     """RMSNorm then the FP8 linear (forward), compiled with the norm writing x in FP8 for the linear (rmsnorm_fp8)
-    and without: what the linear adds to the norm, against the bare GEMM's time."""
+    and without; Inductor's column is the norm then the hand-written tensorwise linear. Prints each column's kernels
+    and what the linear adds to the norm alone, in GPU time, against the bare GEMM's."""
     norm_weight = torch.rand(x.shape[1], device="cuda", dtype=x.dtype) + 0.5
 
-    def block(x, w):
-        return F.linear(F.rms_norm(x, (x.shape[1],), norm_weight, 1e-5), w)
+    def norm(x):
+        return F.rms_norm(x, (x.shape[1],), norm_weight, 1e-5)
 
-    columns = {"primus_turbo norm alone": torch.compile(lambda x, w: F.rms_norm(x, (x.shape[1],), norm_weight, 1e-5),
-                                                        backend="primus_turbo")}
+    columns = {"inductor": torch.compile(lambda x, w: inductor_fp8_linear(norm(x), w)),
+               "primus_turbo norm alone": torch.compile(lambda x, w: norm(x), backend="primus_turbo")}
     for recipe in ("rowwise", "blockwise"):
         for fuse in (True, False):
             name = f"primus_turbo fp8 {recipe}" + ("" if fuse else " (norm not writing FP8)")
-            columns[name] = torch.compile(block, backend="primus_turbo", options={"fp8": recipe, "rmsnorm_fp8": fuse})
+            columns[name] = torch.compile(lambda x, w: F.linear(norm(x), w), backend="primus_turbo",
+                                          options={"fp8": recipe, "rmsnorm_fp8": fuse})
     rows, shape = [], f"rmsnorm -> fp8 linear fwd {x.shape[0]}x{x.shape[1]}->{w.shape[0]}"
     with torch.no_grad():
-        norm_ms = bench_ms(lambda: columns["primus_turbo norm alone"](x, w))
         for name, fn in columns.items():
-            ms = bench_ms(lambda: fn(x, w))
-            linear_ms = ms - norm_ms
-            rows.append({"shape": shape, "mode": "fwd", "backend": name, "ms": ms,
-                         "rate": 2 * x.shape[0] * x.shape[1] * w.shape[0] / ms / 1e9})
-            print(f"{name}: {ms:.4f} ms; less the norm alone: {linear_ms:.4f} ms = {linear_ms / bare_ms:.3f}x the "
-                  f"bare GEMM ({bare_ms:.4f} ms)")
+            kernels = kernel_us(lambda: fn(x, w))
+            rows.append({"shape": shape, "mode": "fwd", "backend": name, "ms": bench_ms(lambda: fn(x, w)),
+                         "gpu_ms": sum(kernels.values()) / 1e3, "rate": 2 * x.shape[0] * x.shape[1] * w.shape[0]})
+            rows[-1]["rate"] /= rows[-1]["ms"] * 1e9
+            print(f"{name}: " + ", ".join(f"{k[:60]} {us:.1f} us" for k, us in
+                                          sorted(kernels.items(), key=lambda kv: -kv[1])))
+    norm_gpu_ms = rows[1]["gpu_ms"]
+    for row in rows[2:]:
+        added = row["gpu_ms"] - norm_gpu_ms
+        print(f"{row['backend']}: the linear adds {added:.4f} ms of GPU time to the norm alone = "
+              f"{added / bare_gpu_ms:.3f}x the bare GEMM ({bare_gpu_ms:.4f} ms)")
+    print("rewrites:", turbo_inductor.rewrite_counts())
     return rows
 
 
@@ -76,7 +84,6 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="512,1024,2048,4096,8192")
     args = parser.parse_args()
-    import turbo_inductor
 
     tokens, k, n = 8192, 4096, 14336
     x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
@@ -107,8 +114,11 @@ def main():
                          "rate": flops / ms / 1e9})
     print("rewrites:", turbo_inductor.rewrite_counts())
     report("fp8_linear", rows, rate_unit="TFLOP/s")
-    report("fp8_norm_linear", norm_then_linear(x, w, rows[0]["ms"]), rate_unit="TFLOP/s")
-    report("fp8_linear_by_size", training_by_size([int(d) for d in args.sizes.split(",")]), rate_unit="TFLOP/s")
+    with torch.no_grad():
+        bare_gpu_ms = gpu_ms(variants["bare fp8 GEMM (_scaled_mm, pre-quantized)"])
+    report("fp8_norm_linear", norm_then_linear(x, w, bare_gpu_ms), rate_unit="TFLOP/s")
+    if args.sizes:
+        report("fp8_linear_by_size", training_by_size([int(d) for d in args.sizes.split(",")]), rate_unit="TFLOP/s")
 
 
 if __name__ == "__main__":
