@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 
 import turbo_inductor
+from compare import default_counts
 from turbo_inductor.kernels import registry
 from turbo_inductor.kernels.collective import gemm_allreduce as overlap
 from turbo_inductor.kernels.symm_mem import gemm_allreduce as symm_mem_impl

@@ -14,6 +14,7 @@ from . import fp8 as _fp8  # noqa: F401  (defines the ops)
 from . import fp8_linear as _fp8_linear  # noqa: F401
 from . import gemm_allreduce as _gemm_allreduce  # noqa: F401
 from . import glu as _glu  # noqa: F401
+from . import glu_fp8 as _glu_fp8  # noqa: F401
 from . import rmsnorm as _rmsnorm  # noqa: F401
 from . import rmsnorm_fp8 as _rmsnorm_fp8  # noqa: F401
 
@@ -52,6 +53,13 @@ def glu_fused(x: Tensor, activation: str = "silu", probs: Optional[Tensor] = Non
     """``act(x[..., :F]) * x[..., F:]`` (times ``probs[..., None]``, rows where ``mask`` is False zeroed), for a
     fused gate/up projection ``x`` of last dimension 2F. activation: "silu", "gelu" or "gelu_tanh"."""
     return torch.ops.turbo_inductor.glu_fused(x, probs, mask, activation, impl)
+
+
+def glu_fp8(x: Tensor, up: Optional[Tensor] = None, probs: Optional[Tensor] = None, mask: Optional[Tensor] = None,
+            activation: str = "silu", recipe: str = "rowwise", *, impl: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+    """``(out, q, scale)``: ``act(x) * up`` (or, without ``up``, :func:`glu_fused` of x) with out also quantized as
+    ``recipe`` quantizes an FP8 linear's input, to pass to :func:`fp8_linear` as ``x_q``, ``x_scale``."""
+    return torch.ops.turbo_inductor.glu_fp8(x, up, probs, mask, activation, recipe, impl)
 
 
 def _gelu(approximate: str) -> str:

@@ -129,6 +129,24 @@ def _check(op: str, x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: s
                       f"{list(x_scale.shape)}")
 
 
+def quantizes_in_rows(recipe: str) -> bool:
+    """Whether ``recipe`` quantizes x in blocks within a row, as a producer that writes whole rows (RMSNorm, the GLU)
+    can quantize them: rowwise, blockwise's 1 x 128, MXFP8's 1 x 32; not tensorwise, whose scale needs the whole
+    tensor's amax before the first value can be cast."""
+    return recipe in RECIPES and RECIPES[recipe].activation_block[0] == 1
+
+
+def check_quantizes_in_rows(op: str, recipe: str) -> None:
+    check(quantizes_in_rows(recipe), op, lambda: f"recipe must quantize x in blocks within a row (one of "
+                                                 f"{sorted(r for r in RECIPES if quantizes_in_rows(r))}), got {recipe!r}")
+
+
+def producer_quantization(x: Tensor, recipe: str) -> tuple[torch.dtype, int]:
+    """(fp8 dtype, block cols) in which a producer writing x [..., C] row by row quantizes it for ``recipe``'s
+    forward GEMM (:func:`input_quantization`'s, a whole row given as its width C)."""
+    return fp8_formats(x.device)[0], RECIPES[recipe].activation_block[1] or max(x.shape[-1], 1)
+
+
 def input_quantization(rows: int, cols: int, device: torch.device, recipe: str) -> tuple[torch.dtype, int, int]:
     """(fp8 dtype, block rows, block cols) in which ``recipe`` quantizes the forward GEMM's operand x [rows, cols]
     (blocks as the quantization kernels take them): what a producer writing x in FP8 must match."""

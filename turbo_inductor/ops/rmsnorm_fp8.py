@@ -7,8 +7,7 @@ Ops in ``torch.ops.turbo_inductor``:
 y, sum and rstd are those of ``rmsnorm`` (residual None; sum is then empty) or ``rmsnorm_residual``. q [rows, H] and
 scale are y quantized as ``recipe`` quantizes a linear's input for the forward GEMM, which ``fp8_linear`` takes as
 ``x_q``, ``x_scale`` instead of reading y again to quantize it. The norm's kernel holds whole rows, so it quantizes
-only blocks within a row: recipes whose activation blocks are 1 x C (:func:`quantizes_in_rows`: rowwise, blockwise's
-1 x 128, MXFP8's 1 x 32); tensorwise's scale needs the whole tensor's amax before the first value can be cast.
+only blocks within a row: recipes whose activation blocks are 1 x C (``fp8_linear.quantizes_in_rows``).
 """
 from __future__ import annotations
 
@@ -20,39 +19,26 @@ from torch import Tensor
 
 from ..kernels import registry
 from ..kernels.reference.fp8_quant import scale_shape
-from .fp8_linear import RECIPES, input_quantization
-from .library import check, define_composite, kernel_op, rows_view
+from .fp8_linear import RECIPES, check_quantizes_in_rows, producer_quantization, quantizes_in_rows
+from .library import define_composite, kernel_op, rows_view
 from .rmsnorm import _check_inputs, _contiguous, rmsnorm_bwd
 
 KERNEL = "rmsnorm_fwd_fp8"
 
 
-def quantizes_in_rows(recipe: str) -> bool:
-    """Whether ``recipe``'s activation blocks lie within a row, as a producer holding whole rows can quantize them."""
-    return recipe in RECIPES and RECIPES[recipe].activation_block[0] == 1
-
-
 def _check(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], eps: float, recipe: str) -> None:
     _check_inputs("rmsnorm_fp8", x, weight, eps, residual)
-    check(quantizes_in_rows(recipe), "rmsnorm_fp8",
-          lambda: f"recipe must quantize x in blocks within a row (one of "
-                  f"{sorted(r for r in RECIPES if quantizes_in_rows(r))}), got {recipe!r}")
+    check_quantizes_in_rows("rmsnorm_fp8", recipe)
 
 
 def _outputs(x: Tensor, residual: Optional[Tensor], recipe: str) -> tuple[Tensor, ...]:
     """Uninitialized outputs of the right shapes (the fake; an input with no elements)."""
     rows, h = math.prod(x.shape[:-1]), x.shape[-1]
-    dtype, _, block_cols = _quantization(x, recipe)
+    dtype, block_cols = producer_quantization(x, recipe)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     return (y, torch.empty_like(y) if residual is not None else x.new_empty(0),
             x.new_empty(x.shape[:-1], dtype=torch.float32), x.new_empty((rows, h), dtype=dtype),
             x.new_empty(scale_shape(rows, h, 1, block_cols), dtype=torch.float32))
-
-
-def _quantization(x: Tensor, recipe: str) -> tuple[torch.dtype, int, int]:
-    """(fp8 dtype, 1, block cols) of y: the linear's input quantization, a whole row given as its width."""
-    dtype, block_rows, _ = input_quantization(1, x.shape[-1], x.device, recipe)
-    return dtype, block_rows, RECIPES[recipe].activation_block[1] or max(x.shape[-1], 1)
 
 
 @kernel_op("rmsnorm_fp8_fwd", (KERNEL,))
@@ -62,7 +48,7 @@ def rmsnorm_fp8_fwd(x: Tensor, residual: Optional[Tensor], weight: Optional[Tens
     if x.numel() == 0:
         y, total, rstd, q, scale = _outputs(x, residual, recipe)
         return y, total, rstd.fill_(float("nan")), q, scale.fill_(1.0)
-    dtype, _, block_cols = _quantization(x, recipe)
+    dtype, block_cols = producer_quantization(x, recipe)
     y, total, rstd, q, scale = registry.select(KERNEL, x.device, impl)(
         rows_view(x), _contiguous(weight), None if residual is None else rows_view(residual), eps, dtype, block_cols,
         power_of_two=RECIPES[recipe].power_of_two)

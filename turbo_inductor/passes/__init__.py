@@ -4,6 +4,7 @@ from .fp8_scaled_mm import FP8ScaledMMPass
 from .gemm_allreduce import GemmAllReducePass
 from .gemm_allreduce_dgrad import GemmAllReduceDgradPass
 from .glu import GLUPass
+from .glu_fp8 import GLUFP8Pass
 from .manager import CompileRecord, PassManager, RewritePass, compile_records, reset_records, rewrite_counts
 from .rmsnorm import RMSNormPass
 from .rmsnorm_fp8 import RMSNormFP8Pass
@@ -12,7 +13,7 @@ from .torchao_float8 import TorchaoFloat8Pass
 
 PASSES: list[RewritePass] = [RMSNormPass(), RMSNormResidualPass(), GLUPass(), GemmAllReducePass(),
                              GemmAllReduceDgradPass(), FP8ScaledMMPass(), TorchaoFloat8Pass(), FP8LinearPass(),
-                             RMSNormFP8Pass()]
+                             RMSNormFP8Pass(), GLUFP8Pass()]
 
 __all__ = ["PASSES", "CompileRecord", "PassManager", "RewritePass", "compile_records", "reset_records",
            "rewrite_counts"]

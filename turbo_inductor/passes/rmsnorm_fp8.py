@@ -5,7 +5,7 @@ Runs after the rmsnorm, rmsnorm_residual and fp8 passes, on the ops they made: a
 projections, the MLP's gate and up) becomes ``rmsnorm_fp8``, and those linears take its q and scale as
 ``x_q``, ``x_scale``. The norm's other users, and the linears' backward (which quantizes x^T from y), read y as
 before. Taken when every FP8 linear of the output uses one recipe that quantizes x in blocks within a row
-(``rmsnorm_fp8.quantizes_in_rows``); with mixed recipes, or none such, the graph is left alone.
+(``fp8_linear.quantizes_in_rows``); with mixed recipes, or none such, the graph is left alone.
 """
 from __future__ import annotations
 
@@ -13,15 +13,12 @@ import operator
 
 import torch.fx as fx
 
-from ..ops.fp8_linear import fp8_linear as fp8_linear_op
 from ..ops.rmsnorm import rmsnorm as rmsnorm_op, rmsnorm_residual as rmsnorm_residual_op
 from ..ops.rmsnorm_fp8 import can_rewrite, rmsnorm_fp8 as rmsnorm_fp8_op
 from ..options import Options
 from . import matcher as m
+from .fp8_input import fp8_readers, hand_over
 from .manager import RewritePass
-
-_RECIPE, _X_Q = 3, 5  # positions in fp8_linear(x, weight, bias, recipe, impl, x_q, x_scale); the passes write
-# the first five
 
 
 class RMSNormFP8Pass(RewritePass):
@@ -34,19 +31,17 @@ class RMSNormFP8Pass(RewritePass):
             if outputs is None:
                 continue
             normed, total = outputs
-            linears = [u for u in normed.users if u.target is fp8_linear_op and u.args[0] is normed
-                       and len(u.args) == _X_Q]
-            recipes = {u.args[_RECIPE] for u in linears}
-            if len(recipes) != 1 or not can_rewrite(m.fake(normed), *recipes):
+            readers = fp8_readers(normed)
+            if readers is None or not can_rewrite(m.fake(normed), readers[1]):
                 continue
+            linears, recipe = readers
             x, residual, weight, eps, impl = _arguments(norm)
             y, new_total, q, scale = m.insert_op(graph, norm, rmsnorm_fp8_op,
-                                                 (x, residual, weight, eps, *recipes, impl), n_outputs=4)
+                                                 (x, residual, weight, eps, recipe, impl), n_outputs=4)
             normed.replace_all_uses_with(y)
             if total is not None:
                 total.replace_all_uses_with(new_total)
-            for linear in linears:
-                linear.args = (*linear.args, q, scale)
+            hand_over(linears, q, scale)
             m.erase_unused([norm] + [n for n in (normed, total) if n is not None and n is not norm])
             count += 1
         return count

@@ -18,6 +18,7 @@ import torch
 
 from ..registry import implementation
 from . import unavailable_reason
+from .fp8_quant import fp8_quantize
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
@@ -71,6 +72,15 @@ def glu_fwd(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, ma
         out = torch.where(keep, out, 0.0)
     # ``.to`` may return its input unchanged (fp32): that is a fresh temporary here, never an alias of gate.
     return out.to(gate.dtype).contiguous()
+
+
+@implementation("glu_fwd_fp8", "reference", priority=0, unavailable_reason=unavailable_reason)
+def glu_fwd_fp8(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, mask: torch.Tensor | None,
+                activation: str, fp8_dtype: torch.dtype, block_cols: int, power_of_two: bool = False):
+    """``(out, q, scale)``: :func:`glu_fwd`'s out and out quantized in blocks of 1 x ``block_cols``, as
+    ``fp8_quantize(out, fp8_dtype, 1, block_cols)`` does it."""
+    out = glu_fwd(gate, up, probs, mask, activation)
+    return out, *fp8_quantize(out, fp8_dtype, 1, block_cols, False, power_of_two=power_of_two)
 
 
 @implementation("glu_bwd", "reference", priority=0, unavailable_reason=unavailable_reason)

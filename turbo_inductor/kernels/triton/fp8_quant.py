@@ -219,13 +219,8 @@ def _fp8_tile_kernel(
                 tl.store(SCALE + scale_offsets, scale, mask=sub_in)
             else:
                 scale = tl.load(SCALE + scale_offsets, mask=sub_in, other=1.0)
-            y = x * tl.math.div_rn(1.0, scale)[:, None, :, None]
-            # Saturate before the cast; the clamp keeps NaN.
-            y = tl.clamp(y, -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
-            bits = to_fp8_bits(y, FORMAT)
-            if FIX_NAN:
-                # The interpreter's cast turns NaN into a finite e4m3 value; GPUs' casts keep NaN.
-                bits = tl.where(y != y, tl.full(bits.shape, NAN_BITS, tl.uint8), bits)
+            # Saturated before the cast; the clamp keeps NaN.
+            bits = fp8_bits_of(x, scale[:, None, :, None], FORMAT, FMAX, FIX_NAN, NAN_BITS)
             if WRITE_Q:
                 tl.store(Q + rows64 * K + cols64, bits, mask=in_bounds)
             if WRITE_QT:
@@ -275,27 +270,52 @@ def _fp8_scale_kernel(
 
 
 @triton.jit
+def scale_of_amax_bits(amax_bits, FMAX: tl.constexpr, POW2: tl.constexpr):
+    """The scale of a block from its max |x| as :func:`_abs_bits` patterns (for producers that track the amax)."""
+    return _scale_from_amax(amax_bits.to(tl.float32, bitcast=True), FMAX, POW2)
+
+
+@triton.jit
+def abs_bits(x):
+    """|x| as int32 bit patterns, whose integer max is an exact max |x| that propagates NaN (see _abs_bits)."""
+    return _abs_bits(x)
+
+
+@triton.jit
+def fp8_bits_of(y, scale, FORMAT: tl.constexpr, FMAX: tl.constexpr, FIX_NAN: tl.constexpr, NAN_BITS: tl.constexpr):
+    """y (fp32) scaled by 1 / ``scale`` (broadcast to y), saturated and cast: FP8 raw bytes, as the tile kernel casts."""
+    scaled = tl.clamp(y * tl.math.div_rn(1.0, scale), -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
+    bits = to_fp8_bits(scaled, FORMAT)
+    if FIX_NAN:
+        # The interpreter's cast turns NaN into a finite e4m3 value; GPUs' casts keep NaN.
+        bits = tl.where(scaled != scaled, tl.full(bits.shape, NAN_BITS, tl.uint8), bits)
+    return bits
+
+
+@triton.jit
 def store_fp8_row_blocks(
-    y, Q, SCALE, rows, cols, row_mask, col_mask, H, n_scale_cols,
+    y, Q, SCALE, rows, cols, row_mask, col_mask, H, n_scale_cols, first_block,
     BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr, QB: tl.constexpr,
     FORMAT: tl.constexpr, FMAX: tl.constexpr, POW2: tl.constexpr, FIX_NAN: tl.constexpr, NAN_BITS: tl.constexpr,
 ):
-    """A producer kernel's epilogue (RMSNorm's): its output tile y [BLOCK_ROWS, BLOCK_H] (fp32, whole rows of
-    width H, zero past H) quantized in blocks of 1 x QB (a power of two dividing BLOCK_H; BLOCK_H for one block per
-    row): q to Q [rows, H] as raw bytes, the blocks' scales to SCALE [rows, n_scale_cols]. The numerics of the
-    tile kernel above (and of the reference), so that the result equals quantizing the producer's output."""
+    """A producer kernel's epilogue (RMSNorm's, the GLU's): its output tile y [BLOCK_ROWS, BLOCK_H] (fp32, columns
+    ``cols`` of rows of width H, zero outside them) quantized in blocks of 1 x QB (a power of two dividing BLOCK_H,
+    whose first block is block ``first_block`` of its rows): q to Q [rows, H] as raw bytes, the blocks' scales to
+    SCALE [rows, n_scale_cols]. The numerics of the tile kernel above (and of the reference), so that the result
+    equals quantizing the producer's output."""
     NB: tl.constexpr = BLOCK_H // QB
     blocks = tl.reshape(y, (BLOCK_ROWS, NB, QB))
-    scale = _scale_from_amax(tl.max(_abs_bits(blocks), 2).to(tl.float32, bitcast=True), FMAX, POW2)
-    block_ids = tl.arange(0, NB)
+    scale = scale_of_amax_bits(tl.max(_abs_bits(blocks), 2), FMAX, POW2)
+    block_ids = first_block + tl.arange(0, NB)
     tl.store(SCALE + rows.to(tl.int64)[:, None] * n_scale_cols + block_ids[None, :], scale,
              mask=row_mask[:, None] & (block_ids < n_scale_cols)[None, :])
-    scaled = tl.reshape(blocks * tl.math.div_rn(1.0, scale)[:, :, None], (BLOCK_ROWS, BLOCK_H))
-    scaled = tl.clamp(scaled, -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
-    bits = to_fp8_bits(scaled, FORMAT)
-    if FIX_NAN:
-        bits = tl.where(scaled != scaled, tl.full(bits.shape, NAN_BITS, tl.uint8), bits)
-    tl.store(Q + rows.to(tl.int64)[:, None] * H + cols[None, :], bits, mask=row_mask[:, None] & col_mask[None, :])
+    bits = fp8_bits_of(blocks, scale[:, :, None], FORMAT, FMAX, FIX_NAN, NAN_BITS)
+    tl.store(Q + rows.to(tl.int64)[:, None] * H + cols[None, :], tl.reshape(bits, (BLOCK_ROWS, BLOCK_H)),
+             mask=row_mask[:, None] & col_mask[None, :])
+
+
+# The epilogue's constexprs in a producer kernel launched without FP8 output (QUANT_BLOCK 0 compiles it away).
+NO_FP8_OUTPUT = dict(QUANT_BLOCK=0, FORMAT=0, FMAX=1.0, POW2=False, FIX_NAN=False, NAN_BITS=0)
 
 
 def format_constexprs(fp8_dtype: torch.dtype, device: torch.device, power_of_two: bool) -> dict:
@@ -387,4 +407,5 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
     return outputs()
 
 
-__all__ = ["fp8_quantize", "fp8_tiling", "Fp8Tiling", "num_warps_for", "store_fp8_row_blocks", "format_constexprs"]
+__all__ = ["fp8_quantize", "fp8_tiling", "Fp8Tiling", "num_warps_for", "store_fp8_row_blocks", "format_constexprs",
+           "abs_bits", "scale_of_amax_bits", "fp8_bits_of", "NO_FP8_OUTPUT"]

@@ -32,6 +32,8 @@ import triton.language as tl
 
 from ..registry import implementation
 from . import launch, on_device, traceable, unavailable_reason
+from .fp8_quant import (NO_FP8_OUTPUT, abs_bits, format_constexprs, fp8_bits_of, fp8_quantize, scale_of_amax_bits,
+                        store_fp8_row_blocks)
 
 # --------------------------------------------------------------------------------------------------------------
 # Launch heuristics (module constants so that tests can shrink them to exercise the looped paths).
@@ -142,22 +144,11 @@ def _activation_and_grad(x, ACTIVATION: tl.constexpr):
 # Kernels
 # --------------------------------------------------------------------------------------------------------------
 @triton.jit
-def _glu_fwd_kernel(
-    GATE, UP, PROBS, MASK, OUT,
-    n_rows, F, stride_gate, stride_up, n_col_blocks,
-    ACTIVATION: tl.constexpr, HAS_PROBS: tl.constexpr, HAS_MASK: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr, BLOCK_F: tl.constexpr,
-):
-    """OUT[tile] = act(GATE) * UP * PROBS[row]; one tile per program, programs numbered row-major."""
-    pid = tl.program_id(0)
-    pid_r = pid // n_col_blocks
-    pid_c = pid % n_col_blocks
-    rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    cols = pid_c * BLOCK_F + tl.arange(0, BLOCK_F)
+def _glu_tile(GATE, UP, PROBS, MASK, rows, cols, n_rows, F, stride_gate, stride_up,
+              ACTIVATION: tl.constexpr, HAS_PROBS: tl.constexpr, HAS_MASK: tl.constexpr):
+    """act(GATE) * UP * PROBS[row] on a tile (fp32), zero outside it and on dropped rows."""
     row_in = rows < n_rows
     col_in = cols < F
-    # Stores cover every in-bounds element, kept or not: dropped rows must be written (as zeros).
-    store_mask = row_in[:, None] & col_in[None, :]
     if HAS_MASK:
         keep = tl.load(MASK + rows, mask=row_in, other=0) != 0
         # Dropped rows are not read: saves their bandwidth, and whatever they hold cannot reach the output.
@@ -176,7 +167,68 @@ def _glu_fwd_kernel(
     if HAS_MASK:
         # A select, not a multiply by 0: the zeros are exact whatever y is.
         y = tl.where(keep[:, None], y, 0.0)
-    tl.store(OUT + rows64[:, None] * F + cols[None, :], y.to(OUT.dtype.element_ty), mask=store_mask)
+    return y
+
+
+@triton.jit
+def _glu_fwd_kernel(
+    GATE, UP, PROBS, MASK, OUT, Q, Q_SCALE,
+    n_rows, F, stride_gate, stride_up, n_col_blocks, n_scale_cols,
+    ACTIVATION: tl.constexpr, HAS_PROBS: tl.constexpr, HAS_MASK: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_F: tl.constexpr,
+    QUANT_BLOCK: tl.constexpr, FORMAT: tl.constexpr, FMAX: tl.constexpr, POW2: tl.constexpr,
+    FIX_NAN: tl.constexpr, NAN_BITS: tl.constexpr,
+):
+    """OUT[tile] = act(GATE) * UP * PROBS[row]; one tile per program, programs numbered row-major. With
+    QUANT_BLOCK > 0 (a power of two dividing BLOCK_F), OUT (rounded to its dtype) is also written in FP8 with a scale
+    per 1 x QUANT_BLOCK block (``fp8_quant.store_fp8_row_blocks``)."""
+    pid = tl.program_id(0)
+    pid_r = pid // n_col_blocks
+    pid_c = pid % n_col_blocks
+    rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    cols = pid_c * BLOCK_F + tl.arange(0, BLOCK_F)
+    row_in = rows < n_rows
+    col_in = cols < F
+    y = _glu_tile(GATE, UP, PROBS, MASK, rows, cols, n_rows, F, stride_gate, stride_up, ACTIVATION, HAS_PROBS,
+                  HAS_MASK).to(OUT.dtype.element_ty)
+    # Stores cover every in-bounds element, kept or not: dropped rows must be written (as zeros).
+    tl.store(OUT + rows.to(tl.int64)[:, None] * F + cols[None, :], y, mask=row_in[:, None] & col_in[None, :])
+    if QUANT_BLOCK > 0:
+        store_fp8_row_blocks(y.to(tl.float32), Q, Q_SCALE, rows, cols, row_in, col_in, F, n_scale_cols,
+                             pid_c * (BLOCK_F // QUANT_BLOCK), BLOCK_ROWS, BLOCK_F, QUANT_BLOCK, FORMAT, FMAX, POW2,
+                             FIX_NAN, NAN_BITS)
+
+
+@triton.jit
+def _glu_fwd_fp8_rows_kernel(
+    GATE, UP, PROBS, MASK, OUT, Q, Q_SCALE,
+    n_rows, F, stride_gate, stride_up,
+    ACTIVATION: tl.constexpr, HAS_PROBS: tl.constexpr, HAS_MASK: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_F: tl.constexpr,
+    FORMAT: tl.constexpr, FMAX: tl.constexpr, POW2: tl.constexpr, FIX_NAN: tl.constexpr, NAN_BITS: tl.constexpr,
+):
+    """The forward with OUT also written in FP8 with one scale per row, for rows wider than a tile: a program walks
+    its rows in BLOCK_F chunks twice, writing OUT and taking the rows' amax, then recomputing the chunks (their
+    inputs were just read: from L2) and writing q. It never reads OUT, which other threads of the program wrote."""
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    row_in = rows < n_rows
+    rows64 = rows.to(tl.int64)
+    amax_bits = tl.zeros([BLOCK_ROWS], dtype=tl.int32)
+    for start in range(0, F, BLOCK_F):
+        cols = start + tl.arange(0, BLOCK_F)
+        y = _glu_tile(GATE, UP, PROBS, MASK, rows, cols, n_rows, F, stride_gate, stride_up, ACTIVATION, HAS_PROBS,
+                      HAS_MASK).to(OUT.dtype.element_ty)
+        tl.store(OUT + rows64[:, None] * F + cols[None, :], y, mask=row_in[:, None] & (cols < F)[None, :])
+        amax_bits = tl.maximum(amax_bits, tl.max(abs_bits(y.to(tl.float32)), 1))
+    scale = scale_of_amax_bits(amax_bits, FMAX, POW2)
+    tl.store(Q_SCALE + rows64, scale, mask=row_in)
+    for start in range(0, F, BLOCK_F):
+        cols = start + tl.arange(0, BLOCK_F)
+        y = _glu_tile(GATE, UP, PROBS, MASK, rows, cols, n_rows, F, stride_gate, stride_up, ACTIVATION, HAS_PROBS,
+                      HAS_MASK).to(OUT.dtype.element_ty)
+        tl.store(Q + rows64[:, None] * F + cols[None, :],
+                 fp8_bits_of(y.to(tl.float32), scale[:, None], FORMAT, FMAX, FIX_NAN, NAN_BITS),
+                 mask=row_in[:, None] & (cols < F)[None, :])
 
 
 @triton.jit
@@ -276,26 +328,66 @@ def _row_args(probs: torch.Tensor | None, mask: torch.Tensor | None, fallback: t
 def glu_fwd(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, mask: torch.Tensor | None,
             activation: str) -> torch.Tensor:
     """``out`` [rows, F] contiguous; see ``..reference.glu.glu_fwd``."""
+    return _fwd(gate, up, probs, mask, activation)[0]
+
+
+@implementation("glu_fwd_fp8", "triton", priority=20, unavailable_reason=unavailable_reason,
+                traceable=traceable)
+def glu_fwd_fp8(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, mask: torch.Tensor | None,
+                activation: str, fp8_dtype: torch.dtype, block_cols: int, power_of_two: bool = False):
+    """``(out, q, scale)``; see ``..reference.glu.glu_fwd_fp8``. Blocks that fit a tile are quantized in the tile's
+    own pass; a block of a whole row wider than a tile by a pass over the row that recomputes it; other blocks (not
+    powers of two, or wider than a tile but not the row) by the quantization kernel after the GLU."""
+    F = int(gate.shape[1])
+    block = min(block_cols, F)
+    if block != F and (block & (block - 1) or block > glu_tiling(F).block_f):
+        out = _fwd(gate, up, probs, mask, activation)[0]
+        return out, *fp8_quantize(out, fp8_dtype, 1, block_cols, False, power_of_two=power_of_two)
+    return _fwd(gate, up, probs, mask, activation, (fp8_dtype, block, power_of_two))
+
+
+def _fwd(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, mask: torch.Tensor | None,
+         activation: str, quantize: tuple[torch.dtype, int, bool] | None = None):
+    """``(out, q, scale)``, with q and scale None unless ``quantize`` = (fp8 dtype, block, power of two): a block of
+    F, or a power of two that a tile holds."""
     act_id = _activation_id(activation)
     _check_shapes(gate, up, probs, mask)
     n_rows, F = gate.shape
     F = int(F)  # sets the launch configuration: a compiled graph specializes on it (rows stay symbolic)
     out = torch.empty((n_rows, F), dtype=gate.dtype, device=gate.device)
+    q = scale = None
+    if quantize is not None:
+        fp8_dtype, block, power_of_two = quantize
+        q = torch.empty((n_rows, F), dtype=fp8_dtype, device=gate.device)
+        scale = torch.empty((n_rows, triton.cdiv(F, block) if F else 0), dtype=torch.float32, device=gate.device)
     if n_rows == 0 or F == 0:
-        return out
+        return out, q, scale
     gate = _readable(gate)
     up = _readable(up)
     probs_arg, mask_arg = _row_args(probs, mask, out)
     tiling = glu_tiling(F)
     n_col_blocks = triton.cdiv(F, tiling.block_f)
-    grid = (triton.cdiv(n_rows, tiling.block_rows) * n_col_blocks,)
+    args = dict(ACTIVATION=act_id, HAS_PROBS=probs is not None, HAS_MASK=mask is not None,
+                BLOCK_ROWS=tiling.block_rows, BLOCK_F=tiling.block_f, num_warps=tiling.num_warps)
+    if quantize is None:
+        # gate, which the kernel only reads, in place of the FP8 outputs it does not write (see fp8_quant.py)
+        q_args, quant = (gate, gate, 1), dict(NO_FP8_OUTPUT)
+    else:
+        q_args = (q.view(torch.uint8), scale, scale.shape[1])
+        quant = format_constexprs(fp8_dtype, gate.device, power_of_two)
     with on_device(gate.device):
-        launch(_glu_fwd_kernel)[grid](
-            gate, up, probs_arg, mask_arg, out,
-            n_rows, F, gate.stride(0), up.stride(0), n_col_blocks,
-            ACTIVATION=act_id, HAS_PROBS=probs is not None, HAS_MASK=mask is not None,
-            BLOCK_ROWS=tiling.block_rows, BLOCK_F=tiling.block_f, num_warps=tiling.num_warps)
-    return out
+        if quantize is not None and block > tiling.block_f:  # a row's block, over several chunks
+            launch(_glu_fwd_fp8_rows_kernel)[(triton.cdiv(n_rows, tiling.block_rows),)](
+                gate, up, probs_arg, mask_arg, out, *q_args[:2], n_rows, F, gate.stride(0), up.stride(0),
+                **args, **quant)
+        else:
+            if quantize is not None:
+                # a tile holds whole blocks: the block, or the padded row when one block spans it
+                quant["QUANT_BLOCK"] = tiling.block_f if block == F else block
+            launch(_glu_fwd_kernel)[(triton.cdiv(n_rows, tiling.block_rows) * n_col_blocks,)](
+                gate, up, probs_arg, mask_arg, out, *q_args[:2], n_rows, F, gate.stride(0), up.stride(0),
+                n_col_blocks, q_args[2], **args, **quant)
+    return out, q, scale
 
 
 @implementation("glu_bwd", "triton", priority=20, unavailable_reason=unavailable_reason,

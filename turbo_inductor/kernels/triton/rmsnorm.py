@@ -29,7 +29,7 @@ import triton.language as tl
 
 from ..registry import implementation
 from . import launch, on_device, traceable, unavailable_reason
-from .fp8_quant import format_constexprs, fp8_quantize, store_fp8_row_blocks
+from .fp8_quant import NO_FP8_OUTPUT, format_constexprs, fp8_quantize, store_fp8_row_blocks
 
 # --------------------------------------------------------------------------------------------------------------
 # Launch heuristics (module constants so that tests can shrink them to exercise the chunked paths).
@@ -200,7 +200,7 @@ def _rmsnorm_fwd_kernel(
     tl.store(Y + offs, y_low, mask=mask)
     if QUANT_BLOCK > 0:
         # Masked lanes hold 0 (s was loaded as 0 there): they never raise a block's amax.
-        store_fp8_row_blocks(y_low.to(tl.float32), Q, Q_SCALE, rows, cols, row_mask, col_mask, H, n_scale_cols,
+        store_fp8_row_blocks(y_low.to(tl.float32), Q, Q_SCALE, rows, cols, row_mask, col_mask, H, n_scale_cols, 0,
                              BLOCK_ROWS, BLOCK_H, QUANT_BLOCK, FORMAT, FMAX, POW2, FIX_NAN, NAN_BITS)
 
 
@@ -429,8 +429,7 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | 
         else:
             if quantize is None:
                 # x, which the kernel only reads, in place of the outputs it does not write (see fp8_quant.py)
-                q_args, quant = (x, x, 1), dict(QUANT_BLOCK=0, FORMAT=0, FMAX=1.0, POW2=False, FIX_NAN=False,
-                                                    NAN_BITS=0)
+                q_args, quant = (x, x, 1), NO_FP8_OUTPUT
             else:
                 q_args = (q.view(torch.uint8), scale, scale.shape[1])
                 quant = dict(QUANT_BLOCK=quant_block, **format_constexprs(fp8_dtype, x.device, power_of_two))

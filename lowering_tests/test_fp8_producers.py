@@ -1,6 +1,6 @@
-"""RMSNorm writing its output in FP8 for the FP8 linears that read it: the kernel's fused epilogue against the norm
-followed by the quantization, the ops (opcheck, gradients, the linear taking x pre-quantized, bad input), and the
-rewrite of a Llama-style decoder in training and inference."""
+"""RMSNorm and the GLU writing their output in FP8 for the FP8 linears that read it (the quantization fused into its
+producer): the kernels against the producer followed by the quantization kernel, the ops (opcheck, gradients, the
+linear taking x pre-quantized, bad input), and the rewrites of a Llama-style decoder in training and inference."""
 
 import pytest
 import torch
@@ -10,9 +10,8 @@ import turbo_inductor
 from compare import assert_ran, ops_after, run, snr_db
 from conftest import DEVICE
 from turbo_inductor.kernels import registry
-from turbo_inductor.kernels.triton import rmsnorm as triton_rmsnorm
-from turbo_inductor.ops.fp8_linear import RECIPES
-from turbo_inductor.ops.rmsnorm_fp8 import quantizes_in_rows
+from turbo_inductor.kernels.triton import glu as triton_glu, rmsnorm as triton_rmsnorm
+from turbo_inductor.ops.fp8_linear import RECIPES, quantizes_in_rows
 
 ROW_RECIPES = sorted(r for r in RECIPES if quantizes_in_rows(r))
 E4M3 = torch.float8_e4m3fn
@@ -90,6 +89,33 @@ def test_triton_quantizes_after_the_norm_where_its_tile_cannot(case, monkeypatch
                   _norm_then_quantize("triton", x, w, None, 1e-6, block, False))
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("F, block_cols, power_of_two", [
+    (1792, 128, False),   # several chunks of 1 x 128 blocks per row (a chunk is 256 wide)
+    (300, 32, True),      # rows narrower than a tile (several rows per tile), a partial last block
+    (300, 300, False),    # one block per row, the row in one tile
+    (5000, 5000, False),  # one block per row over several chunks: the row-walking kernel
+    (5000, 96, False),    # not a power of two: the quantization kernel after the GLU
+    (5000, 2048, False),  # wider than a tile but not the row: likewise
+], ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("form", ["halves", "separate", "moe"])
+def test_glu_kernel_equals_the_glu_then_the_quantization(impl, F, block_cols, power_of_two, dtype, form, monkeypatch):
+    """Bit for bit, GPU included (the GLU is elementwise: no reduction order to differ): gate and up as the halves of
+    one tensor (strided rows), as two tensors, and with MoE probs and a row mask (dropped rows: zeros, floor scales)."""
+    monkeypatch.setattr(triton_glu, "MAX_BLOCK_F", 1024)  # several chunks per row at test sizes
+    monkeypatch.setattr(triton_glu, "MIN_BLOCK_F", 256)
+    x = torch.randn(7, 2 * F, device=DEVICE, dtype=dtype) * 3
+    gate, up = (x[:, :F], x[:, F:]) if form == "halves" else (x[:, :F].contiguous(), x[:, F:].contiguous())
+    probs = torch.rand(7, device=DEVICE) if form == "moe" else None
+    mask = torch.tensor([1, 0, 1, 1, 1, 0, 1], device=DEVICE, dtype=torch.bool) if form == "moe" else None
+    glu = registry.implementations("glu_fwd")[impl].fn
+    got = registry.implementations("glu_fwd_fp8")[impl].fn(gate, up, probs, mask, "silu", E4M3, block_cols,
+                                                           power_of_two)
+    out = glu(gate, up, probs, mask, "silu")
+    _assert_equal(got, (out, *_quantize(impl, out, block_cols, power_of_two)))
+
+
 @pytest.mark.parametrize("recipe", ROW_RECIPES)
 @pytest.mark.parametrize("residual", [True, False])
 def test_op_gradients_are_rmsnorms_and_the_linear_takes_its_fp8_output(recipe, residual):
@@ -128,6 +154,40 @@ def test_op_gradients_are_rmsnorms_and_the_linear_takes_its_fp8_output(recipe, r
         assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("recipe", ["rowwise", "blockwise"])
+@pytest.mark.parametrize("form", ["halves", "separate", "moe"])
+def test_glu_op_gradients_are_the_glus_and_the_linear_takes_its_fp8_output(recipe, form):
+    """glu_fp8's output and gradients equal glu's / glu_fused's, and the down projection given its q and scale
+    computes what it computes from the output alone, forward and backward."""
+    x = torch.randn(2, 24, 2 * 128, device=DEVICE, requires_grad=True)
+    up = torch.randn(2, 24, 128, device=DEVICE, requires_grad=True) if form != "halves" else None
+    gate = x[..., :128] if form != "halves" else x
+    probs = torch.rand(2, 24, device=DEVICE, requires_grad=True) if form == "moe" else None
+    mask = (torch.rand(2, 24, device=DEVICE) > 0.3) if form == "moe" else None
+    lin = (torch.randn(64, 128, device=DEVICE) * 0.1).requires_grad_()
+    ops = turbo_inductor.ops
+
+    def fused():
+        out, q, scale = ops.glu_fp8(gate, up, probs, mask, "silu", recipe, impl="reference")
+        return ops.fp8_linear(out, lin, None, recipe, impl="reference", x_q=q, x_scale=scale)
+
+    def unfused():
+        if up is None:
+            out = ops.glu_fused(gate, "silu", probs, mask, impl="reference")
+        else:
+            out = torch.ops.turbo_inductor.glu(gate, up, probs, mask, "silu", "reference")
+        return ops.fp8_linear(out, lin, None, recipe, impl="reference")
+
+    results = []
+    for forward in (fused, unfused):
+        y = forward()
+        leaves = [t for t in (x, up, probs, lin) if t is not None]
+        grads = torch.autograd.grad(y, leaves, torch.randn(y.shape, generator=torch.Generator().manual_seed(3)))
+        results.append([y.detach(), *grads])
+    for got, want in zip(*results):
+        assert torch.equal(got, want)
+
+
 def test_opcheck():
     x, r = torch.randn(2, 8, 64, device=DEVICE), torch.randn(2, 8, 64, device=DEVICE)
     w = torch.randn(64, device=DEVICE)
@@ -144,6 +204,11 @@ def test_opcheck():
                           test_utils=fp8_out)
     torch.library.opcheck(torch.ops.turbo_inductor.fp8_linear_inference,
                           (x, lin, None, "rowwise", "reference", q, scale), test_utils=fp8_out)
+    probs, mask = torch.rand(2, 8, device=DEVICE), torch.rand(2, 8, device=DEVICE) > 0.5
+    for args in ((x, None, None, None), (x[..., :32], x[..., 32:], probs, mask)):
+        for recipe in ("rowwise", "mxfp8"):
+            torch.library.opcheck(torch.ops.turbo_inductor.glu_fp8, (*args, "silu", recipe, "reference"),
+                                  test_utils=fp8_out)
 
 
 def _bad(recipe="rowwise", q_shape=(16, 64), q_dtype=E4M3, scale_shape=(16, 1), scale_given=True):
@@ -163,6 +228,11 @@ def _bad(recipe="rowwise", q_shape=(16, 64), q_dtype=E4M3, scale_shape=(16, 1), 
      "recipe must quantize x in blocks within a row"),
     (lambda: turbo_inductor.ops.rmsnorm_fp8(torch.randn(4, 64, device=DEVICE), torch.randn(4, 32, device=DEVICE),
                                             None, 1e-6, "rowwise"), "residual"),
+    (lambda: turbo_inductor.ops.glu_fp8(torch.randn(4, 64, device=DEVICE), recipe="tensorwise"),
+     "glu_fp8: recipe must quantize x in blocks within a row"),
+    (lambda: turbo_inductor.ops.glu_fp8(torch.randn(4, 63, device=DEVICE)), "it must be even"),
+    (lambda: turbo_inductor.ops.glu_fp8(torch.randn(4, 64, device=DEVICE), torch.randn(4, 32, device=DEVICE)),
+     "up .* must match gate"),
 ])
 def test_bad_input_is_named(call, message):
     with pytest.raises(ValueError, match=message):
@@ -183,24 +253,29 @@ def _decoder():
 
 @pytest.mark.parametrize("recipe", ["rowwise", "blockwise"])
 @pytest.mark.parametrize("train", [True, False], ids=["train", "inference"])
-def test_decoder_norms_write_fp8_for_their_linears(recipe, train):
+def test_decoder_producers_write_fp8_for_their_linears(recipe, train):
     """Both norms of each layer (the input norm, a residual norm from the second layer on, and the post-attention
-    residual norm) write the FP8 input of qkv and gate_up; the final norm feeds no linear and stays. Outputs and
-    gradients equal the same compile with the fusion off (:func:`_assert_same`)."""
+    residual norm) write the FP8 input of qkv and gate_up, and the SwiGLU that of down_proj; the final norm feeds no
+    linear and stays. The backward runs the norms' and the GLU's own backward kernels. Outputs and gradients equal
+    the same compile with both fusions off (:func:`_assert_same`)."""
     model, x = _decoder()
     options = {"fp8": recipe}
     turbo_inductor.reset_kernel_calls()
     outs, grads = run(model, [x], "primus_turbo", train=train, options=options)
     layers = len(model.layers)
-    assert turbo_inductor.rewrite_counts()["rmsnorm_fp8"] == 2 * layers
-    assert ops_after("turbo_inductor.rmsnorm_fp8") == 2 * layers
+    counts = turbo_inductor.rewrite_counts()
+    assert counts["rmsnorm_fp8"] == 2 * layers and counts["glu_fp8"] == layers
+    assert ops_after("turbo_inductor.rmsnorm_fp8") == 2 * layers and ops_after("turbo_inductor.glu_fp8") == layers
     assert ops_after("turbo_inductor.rmsnorm") + ops_after("turbo_inductor.rmsnorm_residual") == 1
+    assert ops_after("turbo_inductor.glu_fused") == 0
     assert_ran("rmsnorm_fwd_fp8", 2 * layers)
+    assert_ran("glu_fwd_fp8", layers)
     if train:
         assert_ran("rmsnorm_bwd", 2 * layers + 1)
+        assert_ran("glu_bwd", layers)
     turbo_inductor.reset_records()
-    plain = run(model, [x], "primus_turbo", train=train, options={**options, "rmsnorm_fp8": False})
-    assert "rmsnorm_fp8" not in turbo_inductor.rewrite_counts()
+    plain = run(model, [x], "primus_turbo", train=train, options={**options, "rmsnorm_fp8": False, "glu_fp8": False})
+    assert "rmsnorm_fp8" not in turbo_inductor.rewrite_counts() and "glu_fp8" not in turbo_inductor.rewrite_counts()
     _assert_same(outs + grads, plain[0] + plain[1])
 
 
@@ -219,7 +294,7 @@ def test_tensorwise_and_plain_linears_are_left_alone():
     and a high-precision one (excluded by name) is fused; the other linear reads y."""
     model, x = _decoder()
     run(model, [x], "primus_turbo", options={"fp8": "tensorwise"})
-    assert turbo_inductor.rewrite_counts().get("rmsnorm_fp8", 0) == 0
+    assert turbo_inductor.rewrite_counts()["rmsnorm_fp8"] == turbo_inductor.rewrite_counts()["glu_fp8"] == 0
 
     class TwoHeads(nn.Module):
         def __init__(self):

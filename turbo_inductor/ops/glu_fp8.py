@@ -1,0 +1,95 @@
+"""A GLU that also writes its output in FP8 for the FP8 linear reading it (the MLP's down projection): the
+quantization fused into its producer.
+
+Ops in ``torch.ops.turbo_inductor``:
+  glu_fp8(x, up, probs, mask, activation, recipe, impl) -> (out, q, scale)    custom op; backward: glu_bwd or
+                                                                               glu_fused_bwd
+
+With ``up``, x is the gate (``glu``'s form); without, x holds gate and up as halves of its last dimension
+(``glu_fused``'s form). out is that op's; q [rows, F] and scale are out quantized as ``recipe`` quantizes a linear's
+input for the forward GEMM, which ``fp8_linear`` takes as ``x_q``, ``x_scale``. Recipes that quantize in blocks
+within a row (``fp8_linear.quantizes_in_rows``).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..kernels import registry
+from ..kernels.reference.fp8_quant import scale_shape
+from .fp8_linear import RECIPES, check_quantizes_in_rows, producer_quantization, quantizes_in_rows
+from .glu import FWD_KERNEL, _check, _check_fused, _flat, _rows, glu_bwd, glu_fused_bwd
+from .library import kernel_op
+
+KERNEL = "glu_fwd_fp8"
+
+
+def _halves(x: Tensor, up: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    if up is not None:
+        return x, up
+    half = x.shape[-1] // 2
+    return x[..., :half], x[..., half:]
+
+
+def _check_all(x: Tensor, up: Optional[Tensor], probs, mask, activation: str, recipe: str) -> None:
+    if up is None:
+        _check_fused("glu_fp8", x, probs, mask, activation)
+    else:
+        _check("glu_fp8", x, up, probs, mask, activation)
+    check_quantizes_in_rows("glu_fp8", recipe)
+
+
+def _outputs(gate: Tensor, recipe: str) -> tuple[Tensor, Tensor, Tensor]:
+    rows, f = math.prod(gate.shape[:-1]), gate.shape[-1]
+    dtype, block_cols = producer_quantization(gate, recipe)
+    return (gate.new_empty(gate.shape), gate.new_empty((rows, f), dtype=dtype),
+            gate.new_empty(scale_shape(rows, f, 1, block_cols), dtype=torch.float32))
+
+
+@kernel_op("glu_fp8", (KERNEL,))
+def glu_fp8(x: Tensor, up: Optional[Tensor], probs: Optional[Tensor], mask: Optional[Tensor], activation: str,
+            recipe: str, impl: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+    _check_all(x, up, probs, mask, activation, recipe)
+    gate, up = _halves(x.contiguous() if up is None else x, up)
+    if gate.numel() == 0:
+        out, q, scale = _outputs(gate, recipe)
+        return out, q, scale.fill_(1.0)
+    dtype, block_cols = producer_quantization(gate, recipe)
+    out, q, scale = registry.select(KERNEL, gate.device, impl)(
+        _rows(gate), _rows(up), _flat(probs), _flat(mask), activation, dtype, block_cols,
+        power_of_two=RECIPES[recipe].power_of_two)
+    return out.view(gate.shape), q, scale
+
+
+@glu_fp8.register_fake
+def _(x, up, probs, mask, activation, recipe, impl="auto"):
+    _check_all(x, up, probs, mask, activation, recipe)
+    return _outputs(_halves(x, up)[0], recipe)
+
+
+def _setup(ctx, inputs, output):
+    x, up, probs, mask, activation, _recipe, impl = inputs
+    ctx.save_for_backward(x, up, probs, mask)
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.activation, ctx.impl = activation, impl
+
+
+def _backward(ctx, dout, _dq, _dscale):
+    x, up, probs, mask = ctx.saved_tensors
+    if up is None:
+        dx, dprobs = glu_fused_bwd(dout, x, probs, mask, ctx.activation, ctx.impl)
+        dup = None
+    else:
+        dx, dup, dprobs = glu_bwd(dout, x, up, probs, mask, ctx.activation, ctx.impl)
+    return dx, dup, None if probs is None else dprobs, None, None, None, None
+
+
+glu_fp8.register_autograd(_backward, setup_context=_setup)
+
+
+def can_rewrite(out: Tensor, recipe: str) -> bool:
+    """Whether a GLU of (fake) output ``out`` feeding FP8 linears of ``recipe`` can write their input in FP8."""
+    return quantizes_in_rows(recipe) and all(registry.available_on(k, out.device) for k in (KERNEL, FWD_KERNEL))
