@@ -2,7 +2,8 @@
 - forward with dynamic quantization of x and W (8192x4096 -> 14336, bf16 in and out): the bare FP8 GEMM, Inductor's
   compilation of the same math (amax, scale, cast, torch._scaled_mm), F.linear compiled with backend="primus_turbo"
   and options={"fp8": recipe} per recipe, and the bf16 linear;
-- RMSNorm then that linear, with the norm writing x in FP8 for the linear (the rmsnorm_fp8 rewrite) and without;
+- RMSNorm then that linear, and SwiGLU then the down projection (8192x14336 -> 4096), with the producer writing its
+  output in FP8 for the linear (the rmsnorm_fp8 and glu_fp8 rewrites) and without;
 - a training step (forward + backward) of square linears 8192 x d -> d by size, bf16 under Inductor against
   primus_turbo's FP8 recipes: where FP8 starts to pay, the value to recommend for the fp8 option's min_size.
 python benchmarks/bench_fp8.py [--sizes 512,1024,2048,4096,8192]   (--sizes "": no training step by size)"""
@@ -29,35 +30,45 @@ def inductor_fp8_linear(x, w):
     return torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16, use_fast_accum=True)
 
 
-def norm_then_linear(x: torch.Tensor, w: torch.Tensor, bare_gpu_ms: float) -> list[dict]:
-    """RMSNorm then the FP8 linear (forward), compiled with the norm writing x in FP8 for the linear (rmsnorm_fp8)
-    and without; Inductor's column is the norm then the hand-written tensorwise linear. Prints each column's kernels
-    and what the linear adds to the norm alone, in GPU time, against the bare GEMM's."""
+def producer_then_linear(x: torch.Tensor, w: torch.Tensor, producer: str) -> list[dict]:
+    """The forward of a producer ("rmsnorm" of x, or "swiglu" of x's halves) then the FP8 linear of its output by w,
+    compiled with the producer writing its output in FP8 for the linear (rmsnorm_fp8, glu_fp8) and without; Inductor's
+    column is the producer then the hand-written tensorwise linear. Prints each column's kernels and what the linear
+    adds to the producer alone, in GPU time, against the bare FP8 GEMM's."""
     norm_weight = torch.rand(x.shape[1], device="cuda", dtype=x.dtype) + 0.5
 
-    def norm(x):
-        return F.rms_norm(x, (x.shape[1],), norm_weight, 1e-5)
+    def produce(x):
+        if producer == "rmsnorm":
+            return F.rms_norm(x, (x.shape[1],), norm_weight, 1e-5)
+        gate, up = x.chunk(2, -1)
+        return F.silu(gate) * up
 
-    columns = {"inductor": torch.compile(lambda x, w: inductor_fp8_linear(norm(x), w)),
-               "primus_turbo norm alone": torch.compile(lambda x, w: norm(x), backend="primus_turbo")}
+    fusion = {"rmsnorm": "rmsnorm_fp8", "swiglu": "glu_fp8"}[producer]
+    columns = {"inductor": torch.compile(lambda x, w: inductor_fp8_linear(produce(x), w)),
+               f"primus_turbo {producer} alone": torch.compile(lambda x, w: produce(x), backend="primus_turbo")}
     for recipe in ("rowwise", "blockwise"):
         for fuse in (True, False):
-            name = f"primus_turbo fp8 {recipe}" + ("" if fuse else " (norm not writing FP8)")
-            columns[name] = torch.compile(lambda x, w: F.linear(norm(x), w), backend="primus_turbo",
-                                          options={"fp8": recipe, "rmsnorm_fp8": fuse})
-    rows, shape = [], f"rmsnorm -> fp8 linear fwd {x.shape[0]}x{x.shape[1]}->{w.shape[0]}"
+            name = f"primus_turbo fp8 {recipe}" + ("" if fuse else f" ({producer} not writing FP8)")
+            columns[name] = torch.compile(lambda x, w: F.linear(produce(x), w), backend="primus_turbo",
+                                          options={"fp8": recipe, fusion: fuse})
+    k = w.shape[1]
+    x8 = torch.randn(x.shape[0], k, device="cuda").to(torch.float8_e4m3fn)  # the bare GEMM's pre-quantized operands
+    w8, one = w.to(torch.float8_e4m3fn), torch.ones((), device="cuda")
+    rows, shape = [], f"{producer} -> fp8 linear fwd {x.shape[0]}x{k}->{w.shape[0]}"
     with torch.no_grad():
+        bare_gpu_ms = gpu_ms(lambda: torch._scaled_mm(x8, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                                                      use_fast_accum=True))
         for name, fn in columns.items():
             kernels = kernel_us(lambda: fn(x, w))
             rows.append({"shape": shape, "mode": "fwd", "backend": name, "ms": bench_ms(lambda: fn(x, w)),
-                         "gpu_ms": sum(kernels.values()) / 1e3, "rate": 2 * x.shape[0] * x.shape[1] * w.shape[0]})
+                         "gpu_ms": sum(kernels.values()) / 1e3, "rate": 2 * x.shape[0] * k * w.shape[0]})
             rows[-1]["rate"] /= rows[-1]["ms"] * 1e9
             print(f"{name}: " + ", ".join(f"{k[:60]} {us:.1f} us" for k, us in
                                           sorted(kernels.items(), key=lambda kv: -kv[1])))
-    norm_gpu_ms = rows[1]["gpu_ms"]
+    producer_gpu_ms = rows[1]["gpu_ms"]
     for row in rows[2:]:
-        added = row["gpu_ms"] - norm_gpu_ms
-        print(f"{row['backend']}: the linear adds {added:.4f} ms of GPU time to the norm alone = "
+        added = row["gpu_ms"] - producer_gpu_ms
+        print(f"{row['backend']}: the linear adds {added:.4f} ms of GPU time to the {producer} alone = "
               f"{added / bare_gpu_ms:.3f}x the bare GEMM ({bare_gpu_ms:.4f} ms)")
     print("rewrites:", turbo_inductor.rewrite_counts())
     return rows
@@ -114,9 +125,10 @@ def main():
                          "rate": flops / ms / 1e9})
     print("rewrites:", turbo_inductor.rewrite_counts())
     report("fp8_linear", rows, rate_unit="TFLOP/s")
-    with torch.no_grad():
-        bare_gpu_ms = gpu_ms(variants["bare fp8 GEMM (_scaled_mm, pre-quantized)"])
-    report("fp8_norm_linear", norm_then_linear(x, w, bare_gpu_ms), rate_unit="TFLOP/s")
+    gate_up = torch.randn(tokens, 2 * n, device="cuda", dtype=torch.bfloat16)
+    w_down = torch.randn(k, n, device="cuda", dtype=torch.bfloat16) * 0.02
+    rows = producer_then_linear(x, w, "rmsnorm") + producer_then_linear(gate_up, w_down, "swiglu")
+    report("fp8_producer_linear", rows, rate_unit="TFLOP/s")
     if args.sizes:
         report("fp8_linear_by_size", training_by_size([int(d) for d in args.sizes.split(",")]), rate_unit="TFLOP/s")
 

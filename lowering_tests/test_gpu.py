@@ -128,10 +128,28 @@ def test_rmsnorm_fp8_at_real_sizes_equals_the_norm_then_the_quantization(block_c
     assert torch.equal(fused[3].view(torch.uint8), q.view(torch.uint8)) and torch.equal(fused[4], scale)
 
 
+@pytest.mark.parametrize("block_cols, power_of_two", [(14336, False), (128, False), (32, True)],
+                         ids=["rowwise", "1x128", "1x32"])
+def test_glu_fp8_at_real_sizes_equals_the_glu_then_the_quantization(block_cols, power_of_two):
+    """The GLU's FP8 epilogue and its row-walking kernel (rowwise: a row of 14336 spans seven tiles), compiled for
+    the GPU, bit for bit against the GLU then the quantization kernel (elementwise: no reduction order to differ)."""
+    x = torch.randn(8192, 2 * 14336, device="cuda", dtype=torch.bfloat16) * 3
+    gate, up = x[:, :14336], x[:, 14336:]
+    e4m3 = fp8_formats(x.device)[0]
+    out, q, scale = registry.implementations("glu_fwd_fp8")["triton"].fn(gate, up, None, None, "silu", e4m3,
+                                                                         block_cols, power_of_two)
+    want = registry.implementations("glu_fwd")["triton"].fn(gate, up, None, None, "silu")
+    want_q, want_scale = registry.implementations("fp8_quantize")["triton"].fn(want, e4m3, 1, block_cols, False,
+                                                                               power_of_two=power_of_two)
+    assert torch.equal(out, want) and torch.equal(scale, want_scale)
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+
+
 @pytest.mark.parametrize("recipe", ["rowwise", "blockwise"])
-def test_compiled_decoder_norms_write_fp8_without_calling_back(recipe):
-    """The rmsnorm_fp8 rewrite on the GPU: traced into the compiled graph (our norm kernel launched with its FP8
-    epilogue, no call back into a turbo_inductor op), and the same results as with the rewrite off."""
+def test_compiled_decoder_producers_write_fp8_without_calling_back(recipe):
+    """The rmsnorm_fp8 and glu_fp8 rewrites on the GPU: traced into the compiled graph (our norm and GLU kernels
+    launched with their FP8 epilogues, no call back into a turbo_inductor op), and the same results as with the
+    rewrites off."""
     from torch._inductor.utils import run_and_get_code
 
     from benchmarks.llama import LlamaConfig, LlamaDecoder
@@ -143,7 +161,8 @@ def test_compiled_decoder_norms_write_fp8_without_calling_back(recipe):
     for fuse in (True, False):
         torch._dynamo.reset()
         turbo_inductor.reset_records()
-        compiled = torch.compile(model, backend="primus_turbo", options={"fp8": recipe, "rmsnorm_fp8": fuse})
+        compiled = torch.compile(model, backend="primus_turbo",
+                                 options={"fp8": recipe, "rmsnorm_fp8": fuse, "glu_fp8": fuse})
         x.grad = None
         model.zero_grad()
         out, codes = run_and_get_code(lambda: compiled(x))
@@ -151,8 +170,10 @@ def test_compiled_decoder_norms_write_fp8_without_calling_back(recipe):
         results.append([out, x.grad, *(p.grad for p in model.parameters())])
         if fuse:
             code = "\n".join(codes)
-            assert turbo_inductor.rewrite_counts()["rmsnorm_fp8"] == 4
+            counts = turbo_inductor.rewrite_counts()
+            assert counts["rmsnorm_fp8"] == 4 and counts["glu_fp8"] == 2
             assert "_rmsnorm_fwd_kernel" in code
+            assert "_glu_fwd_kernel" in code or "_glu_fwd_fp8_rows_kernel" in code
             assert "torch.ops.turbo_inductor." not in code  # (the native kernels are extern calls by design)
     # an ulp of difference in y (see above) flips a few fp8 roundings: equal at the FP8 noise level
     assert all(snr_db(got, want) >= 30 for got, want in zip(*results))

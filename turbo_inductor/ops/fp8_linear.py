@@ -137,8 +137,9 @@ def quantizes_in_rows(recipe: str) -> bool:
 
 
 def check_quantizes_in_rows(op: str, recipe: str) -> None:
-    check(quantizes_in_rows(recipe), op, lambda: f"recipe must quantize x in blocks within a row (one of "
-                                                 f"{sorted(r for r in RECIPES if quantizes_in_rows(r))}), got {recipe!r}")
+    check(quantizes_in_rows(recipe), op,
+          lambda: f"recipe must quantize x in blocks within a row (one of "
+                  f"{sorted(r for r in RECIPES if quantizes_in_rows(r))}), got {recipe!r}")
 
 
 def producer_quantization(x: Tensor, recipe: str) -> tuple[torch.dtype, int]:

@@ -1,4 +1,4 @@
-"""RMSNorm -> FP8 linear: the norm writes its output in FP8 for the linears that read it (``turbo_inductor.rmsnorm_fp8``).
+"""RMSNorm -> FP8 linear: the norm writes its output in FP8 for the linears reading it (``turbo_inductor.rmsnorm_fp8``).
 
 Runs after the rmsnorm, rmsnorm_residual and fp8 passes, on the ops they made: a ``turbo_inductor.rmsnorm`` or
 ``rmsnorm_residual`` whose normalized output is x of ``turbo_inductor.fp8_linear`` nodes (the attention's q/k/v
