@@ -44,6 +44,9 @@ def producer_then_linear(x: torch.Tensor, w: torch.Tensor, producer: str) -> lis
         return F.silu(gate) * up
 
     fusion = {"rmsnorm": "rmsnorm_fp8", "swiglu": "glu_fp8"}[producer]
+    # The columns share their code objects with the other producer's: without a reset, Dynamo would recompile them
+    # for the new shapes with dynamic sizes, and a symbolic weight is no FP8 linear.
+    torch._dynamo.reset()
     columns = {"inductor": torch.compile(lambda x, w: inductor_fp8_linear(produce(x), w)),
                f"primus_turbo {producer} alone": torch.compile(lambda x, w: produce(x), backend="primus_turbo")}
     for recipe in ("rowwise", "blockwise"):

@@ -94,9 +94,9 @@ def test_triton_quantizes_after_the_norm_where_its_tile_cannot(case, monkeypatch
     (1792, 128, False),   # several chunks of 1 x 128 blocks per row (a chunk is 256 wide)
     (300, 32, True),      # rows narrower than a tile (several rows per tile), a partial last block
     (300, 300, False),    # one block per row, the row in one tile
-    (5000, 5000, False),  # one block per row over several chunks: the row-walking kernel
-    (5000, 96, False),    # not a power of two: the quantization kernel after the GLU
-    (5000, 2048, False),  # wider than a tile but not the row: likewise
+    (5000, 5000, False),  # one block per row, wider than a tile: the quantization kernel after the GLU
+    (5000, 96, False),    # not a power of two: likewise
+    (5000, 2048, False),  # wider than a tile: likewise
 ], ids=lambda v: str(v))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("form", ["halves", "separate", "moe"])
@@ -182,7 +182,8 @@ def test_glu_op_gradients_are_the_glus_and_the_linear_takes_its_fp8_output(recip
     for forward in (fused, unfused):
         y = forward()
         leaves = [t for t in (x, up, probs, lin) if t is not None]
-        grads = torch.autograd.grad(y, leaves, torch.randn(y.shape, generator=torch.Generator().manual_seed(3)))
+        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+        grads = torch.autograd.grad(y, leaves, dy)
         results.append([y.detach(), *grads])
     for got, want in zip(*results):
         assert torch.equal(got, want)
@@ -287,6 +288,19 @@ def _assert_same(got, want):
             assert torch.equal(g, w)
         else:
             assert snr_db(g, w) >= 30
+
+
+def test_glu_rows_wider_than_its_tile_keep_their_rowwise_quantization(monkeypatch):
+    """Rowwise needs a whole row's amax: where a row spans several of the GLU's tiles, the GLU would hand the
+    quantization to a pass of its own anyway (a second pass over the row measured slower), so the down projection
+    keeps quantizing x itself; blockwise's 1 x 128 blocks fit the tiles and fuse."""
+    monkeypatch.setattr(triton_glu, "MAX_BLOCK_F", 256)  # the tiny decoder's 512-wide rows span two tiles
+    model, x = _decoder()
+    run(model, [x], "primus_turbo", options={"fp8": "rowwise"})
+    assert turbo_inductor.rewrite_counts()["glu_fp8"] == 0 and turbo_inductor.rewrite_counts()["rmsnorm_fp8"] == 4
+    turbo_inductor.reset_records()
+    run(model, [x], "primus_turbo", options={"fp8": "blockwise"})
+    assert turbo_inductor.rewrite_counts()["glu_fp8"] == 2
 
 
 def test_tensorwise_and_plain_linears_are_left_alone():

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from ..kernels import registry
 from ..kernels.reference.fp8_quant import scale_shape
+from ..kernels.triton.glu import quantizes_in_its_pass
 from .fp8_linear import RECIPES, check_quantizes_in_rows, producer_quantization, quantizes_in_rows
 from .glu import FWD_KERNEL, _check, _check_fused, _flat, _rows, glu_bwd, glu_fused_bwd
 from .library import kernel_op
@@ -91,5 +92,7 @@ glu_fp8.register_autograd(_backward, setup_context=_setup)
 
 
 def can_rewrite(out: Tensor, recipe: str) -> bool:
-    """Whether a GLU of (fake) output ``out`` feeding FP8 linears of ``recipe`` can write their input in FP8."""
-    return quantizes_in_rows(recipe) and all(registry.available_on(k, out.device) for k in (KERNEL, FWD_KERNEL))
+    """Whether a GLU of (fake) output ``out`` feeding FP8 linears of ``recipe`` can write their input in FP8 in its
+    own pass (where the Triton kernel would hand the quantization to a pass of its own, the rewrite gains nothing)."""
+    return (quantizes_in_rows(recipe) and all(registry.available_on(k, out.device) for k in (KERNEL, FWD_KERNEL))
+            and quantizes_in_its_pass(out.shape[-1], producer_quantization(out, recipe)[1]))

@@ -270,18 +270,6 @@ def _fp8_scale_kernel(
 
 
 @triton.jit
-def scale_of_amax_bits(amax_bits, FMAX: tl.constexpr, POW2: tl.constexpr):
-    """The scale of a block from its max |x| as :func:`_abs_bits` patterns (for producers that track the amax)."""
-    return _scale_from_amax(amax_bits.to(tl.float32, bitcast=True), FMAX, POW2)
-
-
-@triton.jit
-def abs_bits(x):
-    """|x| as int32 bit patterns, whose integer max is an exact max |x| that propagates NaN (see _abs_bits)."""
-    return _abs_bits(x)
-
-
-@triton.jit
 def fp8_bits_of(y, scale, FORMAT: tl.constexpr, FMAX: tl.constexpr, FIX_NAN: tl.constexpr, NAN_BITS: tl.constexpr):
     """y (fp32) scaled by 1 / ``scale`` (broadcast to y), saturated and cast: FP8 raw bytes, as the tile kernel casts."""
     scaled = tl.clamp(y * tl.math.div_rn(1.0, scale), -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
@@ -305,7 +293,7 @@ def store_fp8_row_blocks(
     equals quantizing the producer's output."""
     NB: tl.constexpr = BLOCK_H // QB
     blocks = tl.reshape(y, (BLOCK_ROWS, NB, QB))
-    scale = scale_of_amax_bits(tl.max(_abs_bits(blocks), 2), FMAX, POW2)
+    scale = _scale_from_amax(tl.max(_abs_bits(blocks), 2).to(tl.float32, bitcast=True), FMAX, POW2)
     block_ids = first_block + tl.arange(0, NB)
     tl.store(SCALE + rows.to(tl.int64)[:, None] * n_scale_cols + block_ids[None, :], scale,
              mask=row_mask[:, None] & (block_ids < n_scale_cols)[None, :])
@@ -408,4 +396,4 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
 
 
 __all__ = ["fp8_quantize", "fp8_tiling", "Fp8Tiling", "num_warps_for", "store_fp8_row_blocks", "format_constexprs",
-           "abs_bits", "scale_of_amax_bits", "fp8_bits_of", "NO_FP8_OUTPUT"]
+           "fp8_bits_of", "NO_FP8_OUTPUT"]

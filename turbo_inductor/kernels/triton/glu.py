@@ -32,8 +32,7 @@ import triton.language as tl
 
 from ..registry import implementation
 from . import launch, on_device, traceable, unavailable_reason
-from .fp8_quant import (NO_FP8_OUTPUT, abs_bits, format_constexprs, fp8_bits_of, fp8_quantize, scale_of_amax_bits,
-                        store_fp8_row_blocks)
+from .fp8_quant import NO_FP8_OUTPUT, format_constexprs, fp8_quantize, store_fp8_row_blocks
 
 # --------------------------------------------------------------------------------------------------------------
 # Launch heuristics (module constants so that tests can shrink them to exercise the looped paths).
@@ -200,38 +199,6 @@ def _glu_fwd_kernel(
 
 
 @triton.jit
-def _glu_fwd_fp8_rows_kernel(
-    GATE, UP, PROBS, MASK, OUT, Q, Q_SCALE,
-    n_rows, F, stride_gate, stride_up,
-    ACTIVATION: tl.constexpr, HAS_PROBS: tl.constexpr, HAS_MASK: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr, BLOCK_F: tl.constexpr,
-    FORMAT: tl.constexpr, FMAX: tl.constexpr, POW2: tl.constexpr, FIX_NAN: tl.constexpr, NAN_BITS: tl.constexpr,
-):
-    """The forward with OUT also written in FP8 with one scale per row, for rows wider than a tile: a program walks
-    its rows in BLOCK_F chunks twice, writing OUT and taking the rows' amax, then recomputing the chunks (their
-    inputs were just read: from L2) and writing q. It never reads OUT, which other threads of the program wrote."""
-    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    row_in = rows < n_rows
-    rows64 = rows.to(tl.int64)
-    amax_bits = tl.zeros([BLOCK_ROWS], dtype=tl.int32)
-    for start in range(0, F, BLOCK_F):
-        cols = start + tl.arange(0, BLOCK_F)
-        y = _glu_tile(GATE, UP, PROBS, MASK, rows, cols, n_rows, F, stride_gate, stride_up, ACTIVATION, HAS_PROBS,
-                      HAS_MASK).to(OUT.dtype.element_ty)
-        tl.store(OUT + rows64[:, None] * F + cols[None, :], y, mask=row_in[:, None] & (cols < F)[None, :])
-        amax_bits = tl.maximum(amax_bits, tl.max(abs_bits(y.to(tl.float32)), 1))
-    scale = scale_of_amax_bits(amax_bits, FMAX, POW2)
-    tl.store(Q_SCALE + rows64, scale, mask=row_in)
-    for start in range(0, F, BLOCK_F):
-        cols = start + tl.arange(0, BLOCK_F)
-        y = _glu_tile(GATE, UP, PROBS, MASK, rows, cols, n_rows, F, stride_gate, stride_up, ACTIVATION, HAS_PROBS,
-                      HAS_MASK).to(OUT.dtype.element_ty)
-        tl.store(Q + rows64[:, None] * F + cols[None, :],
-                 fp8_bits_of(y.to(tl.float32), scale[:, None], FORMAT, FMAX, FIX_NAN, NAN_BITS),
-                 mask=row_in[:, None] & (cols < F)[None, :])
-
-
-@triton.jit
 def _glu_bwd_kernel(
     DOUT, GATE, UP, PROBS, MASK, DGATE, DUP, DPROBS,
     n_rows, F, stride_dout, stride_gate, stride_up, stride_dgate, stride_dup, n_col_blocks,
@@ -331,25 +298,32 @@ def glu_fwd(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, ma
     return _fwd(gate, up, probs, mask, activation)[0]
 
 
+def quantizes_in_its_pass(F: int, block_cols: int) -> bool:
+    """Whether the forward quantizes its [rows, F] output in blocks of 1 x ``block_cols`` in its own pass: blocks of
+    powers of two that a tile holds, or one block per row where a row fits one tile. (A whole-row scale of a row wider
+    than a tile needs a second pass over the row: one that recomputed the row from its inputs, through L2, was slower
+    on the H200 than the quantization kernel's separate pass: benchmarks/README.md.)"""
+    block, block_f = min(block_cols, F), glu_tiling(F).block_f
+    return block <= block_f and (block == F or block & (block - 1) == 0)
+
+
 @implementation("glu_fwd_fp8", "triton", priority=20, unavailable_reason=unavailable_reason,
                 traceable=traceable)
 def glu_fwd_fp8(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, mask: torch.Tensor | None,
                 activation: str, fp8_dtype: torch.dtype, block_cols: int, power_of_two: bool = False):
-    """``(out, q, scale)``; see ``..reference.glu.glu_fwd_fp8``. Blocks that fit a tile are quantized in the tile's
-    own pass; a block of a whole row wider than a tile by a pass over the row that recomputes it; other blocks (not
-    powers of two, or wider than a tile but not the row) by the quantization kernel after the GLU."""
+    """``(out, q, scale)``; see ``..reference.glu.glu_fwd_fp8``. Quantized in the GLU's own pass where
+    :func:`quantizes_in_its_pass`, else by the quantization kernel after it."""
     F = int(gate.shape[1])
-    block = min(block_cols, F)
-    if block != F and (block & (block - 1) or block > glu_tiling(F).block_f):
+    if not quantizes_in_its_pass(F, block_cols):
         out = _fwd(gate, up, probs, mask, activation)[0]
         return out, *fp8_quantize(out, fp8_dtype, 1, block_cols, False, power_of_two=power_of_two)
-    return _fwd(gate, up, probs, mask, activation, (fp8_dtype, block, power_of_two))
+    return _fwd(gate, up, probs, mask, activation, (fp8_dtype, min(block_cols, F), power_of_two))
 
 
 def _fwd(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, mask: torch.Tensor | None,
          activation: str, quantize: tuple[torch.dtype, int, bool] | None = None):
-    """``(out, q, scale)``, with q and scale None unless ``quantize`` = (fp8 dtype, block, power of two): a block of
-    F, or a power of two that a tile holds."""
+    """``(out, q, scale)``, with q and scale None unless ``quantize`` = (fp8 dtype, block, power of two), blocks that
+    :func:`quantizes_in_its_pass`."""
     act_id = _activation_id(activation)
     _check_shapes(gate, up, probs, mask)
     n_rows, F = gate.shape
@@ -374,19 +348,13 @@ def _fwd(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, mask:
         q_args, quant = (gate, gate, 1), dict(NO_FP8_OUTPUT)
     else:
         q_args = (q.view(torch.uint8), scale, scale.shape[1])
-        quant = format_constexprs(fp8_dtype, gate.device, power_of_two)
+        # a tile holds whole blocks: the block, or the padded row when one block spans it
+        quant = dict(QUANT_BLOCK=tiling.block_f if block == F else block,
+                     **format_constexprs(fp8_dtype, gate.device, power_of_two))
     with on_device(gate.device):
-        if quantize is not None and block > tiling.block_f:  # a row's block, over several chunks
-            launch(_glu_fwd_fp8_rows_kernel)[(triton.cdiv(n_rows, tiling.block_rows),)](
-                gate, up, probs_arg, mask_arg, out, *q_args[:2], n_rows, F, gate.stride(0), up.stride(0),
-                **args, **quant)
-        else:
-            if quantize is not None:
-                # a tile holds whole blocks: the block, or the padded row when one block spans it
-                quant["QUANT_BLOCK"] = tiling.block_f if block == F else block
-            launch(_glu_fwd_kernel)[(triton.cdiv(n_rows, tiling.block_rows) * n_col_blocks,)](
-                gate, up, probs_arg, mask_arg, out, *q_args[:2], n_rows, F, gate.stride(0), up.stride(0),
-                n_col_blocks, q_args[2], **args, **quant)
+        launch(_glu_fwd_kernel)[(triton.cdiv(n_rows, tiling.block_rows) * n_col_blocks,)](
+            gate, up, probs_arg, mask_arg, out, *q_args[:2], n_rows, F, gate.stride(0), up.stride(0), n_col_blocks,
+            q_args[2], **args, **quant)
     return out, q, scale
 
 
@@ -428,4 +396,5 @@ def glu_bwd(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, probs: tor
     return dgate, dup, dprobs
 
 
-__all__ = ["glu_fwd", "glu_bwd", "glu_tiling", "block_f_for", "num_warps_for", "GluTiling", "ACTIVATION_IDS"]
+__all__ = ["glu_fwd", "glu_fwd_fp8", "quantizes_in_its_pass", "glu_bwd", "glu_tiling", "block_f_for", "num_warps_for",
+           "GluTiling", "ACTIVATION_IDS"]
