@@ -22,6 +22,10 @@ stages that tile through shared memory so that the loads and the stores are both
   is deterministic), (3) the cast kernel reads the scales back from memory (no host sync) and writes q. x is read
   twice; the extra traffic is the price of needing the amax of a block before its first value can be cast.
 
+* In a producer's own kernel (RMSNorm's, the GLU's): ``store_fp8_row_blocks`` quantizes the producer's output tile
+  in blocks within its rows (1 x C), with the numerics below, so that the producer writes the FP8 copy of its output
+  that this kernel would have made from it.
+
 Numerics (identical to the reference): fp32 math; amax is an integer max over the bit patterns of |x| (exact,
 and NaN propagates); floor AMAX_FLOOR; ``scale = amax / fmax`` and ``x * (1 / scale)`` with IEEE division (``div_rn``:
 Triton's ``/`` is approximate in fp32); clamp to +-fmax before the cast (saturating; the clamp keeps NaN); round
