@@ -143,17 +143,21 @@ def _activation_and_grad(x, ACTIVATION: tl.constexpr):
 # Kernels
 # --------------------------------------------------------------------------------------------------------------
 @triton.jit
+def _kept_rows(MASK, rows, n_rows, HAS_MASK: tl.constexpr):
+    """The rows of the tile that exist and are not dropped: the only rows read. Dropped rows are not read at all:
+    saves their bandwidth, and whatever they hold (even NaN) cannot reach an output."""
+    row_in = rows < n_rows
+    if HAS_MASK:
+        row_in = row_in & (tl.load(MASK + rows, mask=row_in, other=0) != 0)
+    return row_in
+
+
+@triton.jit
 def _glu_tile(GATE, UP, PROBS, MASK, rows, cols, n_rows, F, stride_gate, stride_up,
               ACTIVATION: tl.constexpr, HAS_PROBS: tl.constexpr, HAS_MASK: tl.constexpr):
     """act(GATE) * UP * PROBS[row] on a tile (fp32), zero outside it and on dropped rows."""
-    row_in = rows < n_rows
     col_in = cols < F
-    if HAS_MASK:
-        keep = tl.load(MASK + rows, mask=row_in, other=0) != 0
-        # Dropped rows are not read: saves their bandwidth, and whatever they hold cannot reach the output.
-        load_rows = row_in & keep
-    else:
-        load_rows = row_in
+    load_rows = _kept_rows(MASK, rows, n_rows, HAS_MASK)
     load_mask = load_rows[:, None] & col_in[None, :]
     # int64 offsets: rows * row_stride overflows int32 beyond 2^31 elements.
     rows64 = rows.to(tl.int64)
@@ -165,7 +169,7 @@ def _glu_tile(GATE, UP, PROBS, MASK, rows, cols, n_rows, F, stride_gate, stride_
         y = y * p[:, None]
     if HAS_MASK:
         # A select, not a multiply by 0: the zeros are exact whatever y is.
-        y = tl.where(keep[:, None], y, 0.0)
+        y = tl.where(load_rows[:, None], y, 0.0)
     return y
 
 
@@ -215,11 +219,7 @@ def _glu_bwd_kernel(
     pid_c = pid % n_col_blocks
     rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     row_in = rows < n_rows
-    if HAS_MASK:
-        keep = tl.load(MASK + rows, mask=row_in, other=0) != 0
-        load_rows = row_in & keep
-    else:
-        load_rows = row_in
+    load_rows = _kept_rows(MASK, rows, n_rows, HAS_MASK)
     if HAS_PROBS:
         p = tl.load(PROBS + rows, mask=load_rows, other=0.0).to(tl.float32)
     rows64 = rows.to(tl.int64)
@@ -242,8 +242,8 @@ def _glu_bwd_kernel(
         dg = do * u * da
         du = do * a
         if HAS_MASK:
-            dg = tl.where(keep[:, None], dg, 0.0)
-            du = tl.where(keep[:, None], du, 0.0)
+            dg = tl.where(load_rows[:, None], dg, 0.0)
+            du = tl.where(load_rows[:, None], du, 0.0)
         dgate_offsets = rows64[:, None] * stride_dgate + cols[None, :]
         tl.store(DGATE + dgate_offsets, dg.to(DGATE.dtype.element_ty), mask=store_mask)
         if DUP_IN_DGATE:
@@ -254,7 +254,7 @@ def _glu_bwd_kernel(
     if HAS_PROBS:
         dp = tl.sum(acc, axis=1)
         if HAS_MASK:
-            dp = tl.where(keep, dp, 0.0)
+            dp = tl.where(load_rows, dp, 0.0)
         tl.store(DPROBS + rows, dp, mask=row_in)
 
 

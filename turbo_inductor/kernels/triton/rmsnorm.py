@@ -411,6 +411,35 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | 
         scale = torch.empty((n_rows, triton.cdiv(H, quant_block)), dtype=torch.float32, device=x.device)
     if n_rows == 0:
         return y, s_out, rstd, q, scale
+    if residual is not None:
+        residual = residual.contiguous()
+    if weight is not None:
+        weight = weight.contiguous()
+    # Unused pointer arguments get x: the HAS_* constexprs compile their accesses away.
+    w_arg = weight if weight is not None else x
+    r_arg = residual if residual is not None else x
+    s_arg = s_out if s_out is not None else y
+    tiling = fwd_tiling(H, x.element_size())
+    with on_device(x.device):
+        if tiling.chunked:
+            launch(_rmsnorm_fwd_chunked_kernel)[(n_rows,)](
+                x, w_arg, r_arg, y, s_arg, rstd, H, eps,
+                BLOCK_H=tiling.block_h, HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None,
+                num_warps=tiling.num_warps)
+        else:
+            if quantize is None:
+                # x, which the kernel only reads, in place of the outputs it does not write (see fp8_quant.py)
+                q_args, quant = (x, x, 1), NO_FP8_OUTPUT
+            else:
+                q_args = (q.view(torch.uint8), scale, scale.shape[1])
+                quant = dict(QUANT_BLOCK=quant_block, **format_constexprs(fp8_dtype, x.device, power_of_two))
+            grid = (triton.cdiv(n_rows, tiling.block_rows),)
+            launch(_rmsnorm_fwd_kernel)[grid](
+                x, w_arg, r_arg, y, s_arg, rstd, q_args[0], q_args[1], n_rows, H, eps, q_args[2],
+                BLOCK_ROWS=tiling.block_rows, BLOCK_H=tiling.block_h,
+                HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None, **quant,
+                num_warps=tiling.num_warps)
+    return y, s_out, rstd, q, scale
 
 
 @implementation("rmsnorm_bwd", "triton", priority=20, unavailable_reason=unavailable_reason,
