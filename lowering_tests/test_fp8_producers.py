@@ -290,10 +290,11 @@ def _assert_same(got, want):
             assert snr_db(g, w) >= 30
 
 
-def test_glu_rows_wider_than_its_tile_keep_their_rowwise_quantization(monkeypatch):
-    """Rowwise needs a whole row's amax: where a row spans several of the GLU's tiles, the GLU would hand the
-    quantization to a pass of its own anyway (a second pass over the row measured slower), so the down projection
-    keeps quantizing x itself; blockwise's 1 x 128 blocks fit the tiles and fuse."""
+def test_rows_wider_than_the_producers_tile_keep_their_linears_quantization(monkeypatch):
+    """Where the producer's kernel would hand the quantization to a pass of its own anyway, the rewrite is not made
+    and the linear quantizes x itself. Rowwise needs a whole row's amax: a GLU row spanning several tiles keeps it (a
+    second pass over the row measured slower), while blockwise's 1 x 128 blocks fit the tiles and fuse. A norm whose
+    rows do not fit its register tile (the chunked kernel) keeps every recipe's."""
     monkeypatch.setattr(triton_glu, "MAX_BLOCK_F", 256)  # the tiny decoder's 512-wide rows span two tiles
     model, x = _decoder()
     run(model, [x], "primus_turbo", options={"fp8": "rowwise"})
@@ -301,6 +302,10 @@ def test_glu_rows_wider_than_its_tile_keep_their_rowwise_quantization(monkeypatc
     turbo_inductor.reset_records()
     run(model, [x], "primus_turbo", options={"fp8": "blockwise"})
     assert turbo_inductor.rewrite_counts()["glu_fp8"] == 2
+    monkeypatch.setattr(triton_rmsnorm, "FWD_MAX_FUSED_BYTES", 256)  # 256 fp32 values a row: chunked
+    turbo_inductor.reset_records()
+    run(model, [x], "primus_turbo", options={"fp8": "blockwise"})
+    assert turbo_inductor.rewrite_counts()["rmsnorm_fp8"] == 0 and turbo_inductor.rewrite_counts()["glu_fp8"] == 2
 
 
 def test_tensorwise_and_plain_linears_are_left_alone():

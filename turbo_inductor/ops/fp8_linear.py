@@ -27,8 +27,8 @@ reads neither x nor W again, and dy and dy^T come from one call. With ``high_pre
 itself instead of x^T, for wgrad in x's dtype.
 
 ``x_q``, ``x_scale`` (optional): x already quantized for the forward GEMM, as the recipe would quantize it
-(:func:`input_quantization`), by the op that produced x (``rmsnorm_fp8``: a producer fusion). The forward then
-quantizes only x^T, for the backward.
+(:func:`input_quantization`), by the op that produced x (``rmsnorm_fp8``, ``glu_fp8``: producer fusions). The
+forward then quantizes only x^T, for the backward.
 """
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ..kernels import registry
 from ..kernels.reference.fp8_quant import scale_shape
+from ..kernels.triton.rmsnorm import quantizes_in_its_pass
 from .fp8_linear import RECIPES, check_quantizes_in_rows, producer_quantization, quantizes_in_rows
 from .library import define_composite, kernel_op, rows_view
 from .rmsnorm import _check_inputs, _contiguous, rmsnorm_bwd
@@ -94,6 +95,8 @@ rmsnorm_fp8 = define_composite(
     "-> (Tensor, Tensor, Tensor, Tensor)", _rmsnorm_fp8)
 
 
-def can_rewrite(x: Tensor, recipe: str) -> bool:
-    """Whether an RMSNorm of these (fake) tensors feeding FP8 linears of ``recipe`` can write their input in FP8."""
-    return quantizes_in_rows(recipe) and registry.available_on(KERNEL, x.device)
+def can_rewrite(y: Tensor, recipe: str) -> bool:
+    """Whether an RMSNorm of (fake) output ``y`` feeding FP8 linears of ``recipe`` can write their input in FP8 in its
+    own pass (where the Triton kernel would hand the quantization to a pass of its own, the rewrite gains nothing)."""
+    return (quantizes_in_rows(recipe) and registry.available_on(KERNEL, y.device)
+            and quantizes_in_its_pass(y.shape[-1], y.element_size(), producer_quantization(y, recipe)[1]))

@@ -383,20 +383,25 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Te
 def rmsnorm_fwd_fp8(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float,
                     fp8_dtype: torch.dtype, block_cols: int, power_of_two: bool = False):
     """Returns ``(y, s_out, rstd, q, scale)``; see ``..reference.rmsnorm.rmsnorm_fwd_fp8``. y is quantized in the
-    norm's own pass where its rows fit one tile and the blocks are powers of two (or whole rows); otherwise by the
-    quantization kernel after it (``x`` is read once either way)."""
+    norm's own pass where :func:`quantizes_in_its_pass`, else by the quantization kernel after it."""
     H = int(x.shape[1])
-    quant_block = H if block_cols >= H else block_cols
-    if fwd_tiling(H, x.element_size()).chunked or quant_block & (quant_block - 1):
+    if not quantizes_in_its_pass(H, x.element_size(), block_cols):
         y, s_out, rstd = _fwd(x, weight, residual, eps)[:3]
         return y, s_out, rstd, *fp8_quantize(y, fp8_dtype, 1, block_cols, False, power_of_two=power_of_two)
-    return _fwd(x, weight, residual, eps, (fp8_dtype, quant_block, power_of_two))
+    return _fwd(x, weight, residual, eps, (fp8_dtype, min(block_cols, H), power_of_two))
+
+
+def quantizes_in_its_pass(H: int, element_size: int, block_cols: int) -> bool:
+    """Whether the forward quantizes its [rows, H] output in blocks of 1 x ``block_cols`` in its own pass: rows that
+    fit one tile, in blocks of a power of two or one block per row."""
+    block = min(block_cols, H)
+    return not fwd_tiling(H, element_size).chunked and (block == H or block & (block - 1) == 0)
 
 
 def _fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float,
          quantize: tuple[torch.dtype, int, bool] | None = None):
-    """``(y, s_out, rstd, q, scale)``, with q and scale None unless ``quantize`` = (fp8 dtype, block, power of two)
-    (whole-row tiles only; a block of H, or a power of two)."""
+    """``(y, s_out, rstd, q, scale)``, with q and scale None unless ``quantize`` = (fp8 dtype, block, power of two),
+    blocks that :func:`quantizes_in_its_pass`."""
     x = x.contiguous()
     n_rows, H = x.shape
     # The width sets the launch configuration: a compiled graph specializes on it (the row count stays symbolic).
@@ -432,7 +437,9 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | 
                 q_args, quant = (x, x, 1), NO_FP8_OUTPUT
             else:
                 q_args = (q.view(torch.uint8), scale, scale.shape[1])
-                quant = dict(QUANT_BLOCK=quant_block, **format_constexprs(fp8_dtype, x.device, power_of_two))
+                # a tile holds whole blocks: the block, or the padded row when one block spans it
+                quant = dict(QUANT_BLOCK=tiling.block_h if quant_block == H else quant_block,
+                             **format_constexprs(fp8_dtype, x.device, power_of_two))
             grid = (triton.cdiv(n_rows, tiling.block_rows),)
             launch(_rmsnorm_fwd_kernel)[grid](
                 x, w_arg, r_arg, y, s_arg, rstd, q_args[0], q_args[1], n_rows, H, eps, q_args[2],
@@ -507,4 +514,5 @@ def _dw_partial_buffer(n_programs: int, H: int, device: torch.device, has_weight
     return torch.empty((n_programs, H), dtype=torch.float32, device=device)
 
 
-__all__ = ["rmsnorm_fwd", "rmsnorm_bwd", "fwd_tiling", "bwd_tiling", "bwd_schedule", "bwd_grid_size"]
+__all__ = ["rmsnorm_fwd", "rmsnorm_fwd_fp8", "quantizes_in_its_pass", "rmsnorm_bwd", "fwd_tiling", "bwd_tiling",
+           "bwd_schedule", "bwd_grid_size"]
