@@ -130,10 +130,20 @@ def _setup_fwd(ctx, inputs, output):
     ctx.impl = impl
 
 
+def input_grads(dy: Optional[Tensor], dtotal: Optional[Tensor], normalized: Tensor, weight: Optional[Tensor],
+                rstd: Tensor, has_residual: bool, impl: str) -> tuple:
+    """(dx, dresidual, dweight) of an RMSNorm of ``normalized`` (x, or the sum x + residual), given its output's and
+    its sum's gradients (None where unused; ``dtotal`` only with a residual)."""
+    if dy is None:  # only the sum was used: its gradient passes to both addends
+        return dtotal, dtotal, None
+    dx, dweight = rmsnorm_bwd(dy, normalized, weight, rstd, dtotal, impl)
+    return dx, dx if has_residual else None, None if weight is None else dweight
+
+
 def _backward_fwd(ctx, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
-    dx, dweight = rmsnorm_bwd(dy, x, weight, rstd, None, ctx.impl)
-    return dx, None if weight is None else dweight, None, None
+    dx, _, dweight = input_grads(dy, None, x, weight, rstd, False, ctx.impl)
+    return dx, dweight, None, None
 
 
 def _setup_residual_fwd(ctx, inputs, output):
@@ -147,10 +157,7 @@ def _setup_residual_fwd(ctx, inputs, output):
 
 def _backward_residual_fwd(ctx, dy, dtotal, _drstd):
     total, weight, rstd = ctx.saved_tensors
-    if dy is None:  # only the sum was used: its gradient passes to both addends
-        return dtotal, dtotal, None, None, None
-    dx, dweight = rmsnorm_bwd(dy, total, weight, rstd, dtotal, ctx.impl)
-    return dx, dx, None if weight is None else dweight, None, None
+    return *input_grads(dy, dtotal, total, weight, rstd, True, ctx.impl), None, None
 
 
 rmsnorm_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)

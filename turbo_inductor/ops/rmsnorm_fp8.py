@@ -22,7 +22,7 @@ from ..kernels.reference.fp8_quant import scale_shape
 from ..kernels.triton.rmsnorm import quantizes_in_its_pass
 from .fp8_linear import RECIPES, check_quantizes_in_rows, producer_quantization, quantizes_in_rows
 from .library import define_composite, kernel_op, rows_view
-from .rmsnorm import _check_inputs, _contiguous, rmsnorm_bwd
+from .rmsnorm import _check_inputs, _contiguous, input_grads
 
 KERNEL = "rmsnorm_fwd_fp8"
 
@@ -75,10 +75,8 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, dy, dtotal, _drstd, _dq, _dscale):
     normalized, weight, rstd = ctx.saved_tensors
-    if dy is None:  # only the sum was used: its gradient passes to both addends
-        return dtotal, dtotal, None, None, None, None
-    dx, dweight = rmsnorm_bwd(dy, normalized, weight, rstd, dtotal if ctx.has_residual else None, ctx.impl)
-    return dx, dx if ctx.has_residual else None, None if weight is None else dweight, None, None, None
+    dtotal = dtotal if ctx.has_residual else None  # (the empty sum's gradient, where there is no residual)
+    return *input_grads(dy, dtotal, normalized, weight, rstd, ctx.has_residual, ctx.impl), None, None, None
 
 
 rmsnorm_fp8_fwd.register_autograd(_backward, setup_context=_setup)
