@@ -30,6 +30,12 @@ def inductor_fp8_linear(x, w):
     return torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16, use_fast_accum=True)
 
 
+def bare_fp8_gemm(x8: torch.Tensor, w8: torch.Tensor) -> torch.Tensor:
+    """The FP8 GEMM alone on operands already quantized (unit scales), accumulating fast as our forward GEMM does."""
+    one = torch.ones((), device=x8.device)
+    return torch._scaled_mm(x8, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True)
+
+
 def producer_then_linear(x: torch.Tensor, w: torch.Tensor, producer: str) -> list[dict]:
     """The forward of a producer ("rmsnorm" of x, or "swiglu" of x's halves) then the FP8 linear of its output by w,
     compiled with the producer writing its output in FP8 for the linear (rmsnorm_fp8, glu_fp8) and without; Inductor's
@@ -56,11 +62,10 @@ def producer_then_linear(x: torch.Tensor, w: torch.Tensor, producer: str) -> lis
                                           options={"fp8": recipe, fusion: fuse})
     k = w.shape[1]
     x8 = torch.randn(x.shape[0], k, device="cuda").to(torch.float8_e4m3fn)  # the bare GEMM's pre-quantized operands
-    w8, one = w.to(torch.float8_e4m3fn), torch.ones((), device="cuda")
+    w8 = w.to(torch.float8_e4m3fn)
     rows, shape = [], f"{producer} -> fp8 linear fwd {x.shape[0]}x{k}->{w.shape[0]}"
     with torch.no_grad():
-        bare_gpu_ms = gpu_ms(lambda: torch._scaled_mm(x8, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
-                                                      use_fast_accum=True))
+        bare_gpu_ms = gpu_ms(lambda: bare_fp8_gemm(x8, w8))
         for name, fn in columns.items():
             kernels = kernel_us(lambda: fn(x, w))
             rows.append({"shape": shape, "mode": "fwd", "backend": name, "ms": bench_ms(lambda: fn(x, w)),
@@ -104,12 +109,9 @@ def main():
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
     flops = 2 * tokens * k * n
     x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
-    one = torch.ones((), device="cuda")
     compiled = torch.compile(inductor_fp8_linear)
     variants = {
-        "bare fp8 GEMM (_scaled_mm, pre-quantized)": lambda: torch._scaled_mm(x8, w8.t(), scale_a=one, scale_b=one,
-                                                                             out_dtype=torch.bfloat16,
-                                                                             use_fast_accum=True),
+        "bare fp8 GEMM (_scaled_mm, pre-quantized)": lambda: bare_fp8_gemm(x8, w8),
         "inductor": lambda: compiled(x, w),
         "bf16 linear": lambda: x @ w.t(),
     }
