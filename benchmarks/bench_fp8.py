@@ -4,6 +4,8 @@
   and options={"fp8": recipe} per recipe, and the bf16 linear;
 - RMSNorm then that linear, and SwiGLU then the down projection (8192x14336 -> 4096), with the producer writing its
   output in FP8 for the linear (the rmsnorm_fp8 and glu_fp8 rewrites) and without;
+- that forward in inference with W a parameter frozen by Inductor's freezing (W's quantization folded at compile
+  time, in both backends), against the bare FP8 GEMM;
 - a training step (forward + backward) of square linears 8192 x d -> d by size, bf16 under Inductor against
   primus_turbo's FP8 recipes: where FP8 starts to pay, the value to recommend for the fp8 option's min_size.
 python benchmarks/bench_fp8.py [--sizes 512,1024,2048,4096,8192]   (--sizes "": no training step by size)"""
@@ -82,6 +84,42 @@ def producer_then_linear(x: torch.Tensor, w: torch.Tensor, producer: str) -> lis
     return rows
 
 
+class _ParameterLinear(torch.nn.Module):
+    """``fn(x, weight)`` with the weight a parameter: what freezing makes a constant (a plain argument it leaves)."""
+
+    def __init__(self, weight: torch.Tensor, fn):
+        super().__init__()
+        self.weight, self.fn = torch.nn.Parameter(weight, requires_grad=False), fn
+
+    def forward(self, x):
+        return self.fn(x, self.weight)
+
+
+def frozen_inference(x: torch.Tensor, w: torch.Tensor) -> list[dict]:
+    """The forward under ``torch._inductor.config.freezing``: constant folding quantizes W once when compiling (our
+    ``quantize_weight`` node; Inductor's hand-written amax, scale and cast), so a call quantizes x alone. Wall and
+    GPU time against the bare FP8 GEMM's."""
+    torch._dynamo.reset()
+    columns = {"inductor": _ParameterLinear(w, inductor_fp8_linear)}
+    columns.update({f"primus_turbo fp8 {recipe}": _ParameterLinear(w, F.linear)
+                    for recipe in ("tensorwise", "rowwise", "blockwise")})
+    x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+    shape, rows = f"frozen fp8 linear fwd {x.shape[0]}x{x.shape[1]}->{w.shape[0]}", []
+    with torch.no_grad(), torch._inductor.config.patch(freezing=True):
+        bare = {"ms": bench_ms(lambda: bare_fp8_gemm(x8, w8)), "gpu_ms": gpu_ms(lambda: bare_fp8_gemm(x8, w8))}
+        for name, module in columns.items():
+            backend, _, recipe = name.partition(" fp8 ")
+            fn = torch.compile(module, backend=backend, options={"fp8": recipe} if recipe else None)
+            kernels = kernel_us(lambda: fn(x))
+            row = {"shape": shape, "mode": "fwd", "backend": f"{name} (frozen)", "ms": bench_ms(lambda: fn(x)),
+                   "gpu_ms": sum(kernels.values()) / 1e3}
+            rows.append({**row, "rate": 2 * x.shape[0] * x.shape[1] * w.shape[0] / row["ms"] / 1e9})
+            print(f"{row['backend']}: {row['ms'] / bare['ms']:.3f}x the bare GEMM's wall time ({bare['ms']:.4f} ms), "
+                  f"{row['gpu_ms'] / bare['gpu_ms']:.3f}x its GPU time ({bare['gpu_ms']:.4f} ms); kernels: "
+                  + ", ".join(f"{k[:50]} {us:.1f} us" for k, us in sorted(kernels.items(), key=lambda kv: -kv[1])))
+    return rows
+
+
 def training_by_size(sizes: list[int], tokens: int = 8192) -> list[dict]:
     rows = []
     for d in sizes:
@@ -134,6 +172,7 @@ def main():
     w_down = torch.randn(k, n, device="cuda", dtype=torch.bfloat16) * 0.02
     rows = producer_then_linear(x, w, "rmsnorm") + producer_then_linear(gate_up, w_down, "swiglu")
     report("fp8_producer_linear", rows, rate_unit="TFLOP/s")
+    report("fp8_linear_frozen", frozen_inference(x, w), rate_unit="TFLOP/s")
     if args.sizes:
         report("fp8_linear_by_size", training_by_size([int(d) for d in args.sizes.split(",")]), rate_unit="TFLOP/s")
 

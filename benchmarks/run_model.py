@@ -6,7 +6,7 @@ the SNR against Inductor; writes the table as JSON and a speedup chart as PNG, p
 config on CPU, one Llama-3-8B layer at batch 2 x seq 4096 on a GPU.
 
     python -m benchmarks.run_model [--config llama3-8b[,...]] [--layers 1] [--batch 2] [--seq 4096] [--fp8 rowwise]
-                                   [--mode train|inference] [--out benchmarks/results]
+                                   [--mode train|inference [--freezing]] [--out benchmarks/results]
 """
 from __future__ import annotations
 
@@ -69,10 +69,15 @@ def main(argv=None):
                         help="a primus_turbo column with these backend options, e.g. 'fp8 no norms={\"fp8\": "
                              "\"tensorwise\", \"rmsnorm\": false}' (repeatable)")
     parser.add_argument("--mode", default="train", choices=("train", "inference"))
+    parser.add_argument("--freezing", action="store_true",
+                        help="inference: compile every column under torch._inductor.config.freezing (parameters "
+                             "become constants; the FP8 linears' weights are quantized when compiling)")
     parser.add_argument("--kernels", type=int, default=0,
                         help="GPU: print the N kernels taking most GPU time per column")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results"), help="folder for the JSON and PNG")
     args = parser.parse_args(argv)
+    if args.freezing and args.mode != "inference":
+        parser.error("--freezing needs --mode inference (Inductor freezes only graphs compiled without grad)")
     for column in args.column:
         name, _, options = column.partition("=")
         try:
@@ -84,7 +89,8 @@ def main(argv=None):
     unknown = [name for name in names if name not in CONFIGS]
     if unknown or not names:
         parser.error(f"--config: unknown model {unknown or args.config!r}; choose from {sorted(CONFIGS)}")
-    tables = {name: run_config(args, name, on_gpu) for name in names}
+    with torch._inductor.config.patch(freezing=args.freezing):  # global: Dynamo reads it, an option would not reach it
+        tables = {name: run_config(args, name, on_gpu) for name in names}
     if len(tables) > 1:
         write_summary(args, tables)
 
@@ -256,7 +262,8 @@ def print_table(table: list[dict]) -> None:
 
 def _stem(args, name: str) -> str:
     os.makedirs(args.out, exist_ok=True)
-    return os.path.join(args.out, name + ("" if args.mode == "train" else f"_{args.mode}"))
+    return os.path.join(args.out, name + ("" if args.mode == "train" else f"_{args.mode}")
+                        + ("_frozen" if args.freezing else ""))
 
 
 def _environment() -> dict:
@@ -278,7 +285,7 @@ def _pyplot():
 
 
 def _step_kind(args) -> str:
-    return "training step" if args.mode == "train" else "inference forward"
+    return "training step" if args.mode == "train" else "inference forward" + (", frozen" if args.freezing else "")
 
 
 def write_outputs(args, name: str, config, table: list[dict], report: list[dict]) -> None:
@@ -286,7 +293,7 @@ def write_outputs(args, name: str, config, table: list[dict], report: list[dict]
     column)."""
     stem, environment = _stem(args, f"model_{name}"), _environment()
     with open(stem + ".json", "w") as f:
-        json.dump({"environment": environment, "mode": args.mode,
+        json.dump({"environment": environment, "mode": args.mode, "freezing": args.freezing,
                    "config": {**config.__dict__, "batch": args.batch, "seq": args.seq},
                    "columns": table, "goals": report}, f, indent=1, default=str)
     _speedup_chart(stem, {name: table}, f"{name} x{config.layers} layer(s), batch {args.batch} x seq {args.seq}, "

@@ -59,6 +59,18 @@ def test_inductor_options_pass_through():
     assert turbo_inductor.rewrite_counts()["rmsnorm"] == 1
 
 
+def test_freezing_as_an_option_is_named_as_freezing_nothing():
+    """Dynamo reads torch._inductor.config.freezing before the backend runs: the option alone would leave every
+    parameter an input (and W's FP8 quantization at every call), so it warns; the global config does not."""
+    with torch.no_grad(), pytest.warns(UserWarning, match=r"set torch._inductor.config.freezing = True"):
+        run({"freezing": True})
+    torch._dynamo.reset()
+    with torch.no_grad(), torch._inductor.config.patch(freezing=True), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        run({"freezing": True})
+    assert not [w for w in seen if "freezes no parameter" in str(w.message)]
+
+
 @pytest.mark.parametrize("options, message", [
     ({"rmsnrom": True}, "unknown option 'rmsnrom'"),
     ({"rmsnorm": "maybe"}, "option 'rmsnorm' takes true/false"),

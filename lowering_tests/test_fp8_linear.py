@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import turbo_inductor
 from compare import assert_ran, ops_after, run, snr_db
 from conftest import DEVICE
-from turbo_inductor.ops.fp8_linear import RECIPES
+from turbo_inductor.ops.fp8_linear import RECIPES, quantize_weight
 
 GRADIENT_GATE = {"e4m3": 25.0, "e5m2": 20.0}  # shared/targets.md
 # Triton's CPU interpreter rounds ~2% of fp8 stores wrongly (platform.md): the SNR gates are checked with the
@@ -92,6 +92,68 @@ def fp8_twin(model, recipe):
         h = lin(model.down)(F.gelu(lin(model.up)(x)))
         return lin(model.head)(h), model.odd(h)
     return forward
+
+
+def _frozen_and_not(model, x, recipe):
+    """{freezing: (output, fp8_quantize calls of the second call)} of ``model`` compiled for inference with
+    ``options={"fp8": recipe}``, with and without Inductor's freezing (a global config: Dynamo reads it)."""
+    results = {}
+    for freezing in (False, True):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="primus_turbo", options={"fp8": recipe})
+        with torch.no_grad(), torch._inductor.config.patch(freezing=freezing):
+            compiled(x)
+            turbo_inductor.reset_kernel_calls()
+            out = compiled(x)
+        calls = sum(n for (kernel, _), n in turbo_inductor.kernel_calls().items() if kernel == "fp8_quantize")
+        results[freezing] = out, calls
+    return results
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="traced into the graph on the GPU: test_gpu.py reads its code")
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_frozen_inference_quantizes_the_weights_when_compiling(recipe):
+    """Under freezing, W's quantization is folded into a constant at compile time: each call quantizes only x
+    (3 quantizations for the 3 FP8 linears, against 6), with the same result bit for bit."""
+    torch.manual_seed(0)
+    model = MLP().to(torch.bfloat16)
+    results = _frozen_and_not(model, torch.randn(2, 8, 64, dtype=torch.bfloat16), recipe)
+    assert results[False][1] == 6 and results[True][1] == 3
+    for got, want in zip(results[True][0], results[False][0]):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_quantized_weight_gives_the_same_forward():
+    x, w, b = make(4, 64, dtype=torch.bfloat16), make(32, 64, dtype=torch.bfloat16), make(32, dtype=torch.bfloat16)
+    inference = torch.ops.turbo_inductor.fp8_linear_inference
+    for recipe in sorted(RECIPES):
+        w_q, w_scale = quantize_weight(w.detach(), recipe, EXACT_IMPL)
+        torch.testing.assert_close(inference(x, None, b, recipe, EXACT_IMPL, None, None, w_q, w_scale),
+                                   inference(x, w, b, recipe, EXACT_IMPL), rtol=0, atol=0)
+    # fp8 inputs: the schema test compares them, which fp8 tensors cannot on CPU (as test_opcheck)
+    w_q, w_scale = quantize_weight(w.detach(), "rowwise", "reference")
+    torch.library.opcheck(inference, (x, None, b, "rowwise", "reference", None, None, w_q, w_scale),
+                          test_utils=("test_autograd_registration", "test_faketensor"))
+
+
+def _quantized_weight(recipe="rowwise", shape=(32, 64)):
+    return quantize_weight(torch.randn(*shape, device=DEVICE), recipe, "reference")
+
+
+@pytest.mark.parametrize("args, message", [
+    (lambda: (make(32, 64), *_quantized_weight()), "one of them, got both"),
+    (lambda: (None, None, None), "one of them, got neither"),
+    (lambda: (None, _quantized_weight()[0], None), "w_q and w_scale must be given together"),
+    (lambda: (None, _quantized_weight()[0].float(), _quantized_weight()[1]), "w_q must be"),
+    (lambda: (None, *_quantized_weight(shape=(32, 48))), "w_q must be"),
+    (lambda: (None, *_quantized_weight("blockwise")), "w_scale must be the rowwise scales of w"),
+    (lambda: (None, *_quantized_weight(shape=(24, 64))), "multiples of 16"),
+])
+def test_bad_quantized_weight_is_named(args, message):
+    weight, w_q, w_scale = args()
+    with pytest.raises(ValueError, match=message):
+        torch.ops.turbo_inductor.fp8_linear_inference(make(4, 64), weight, None, "rowwise", "reference", None, None,
+                                                      w_q, w_scale)
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))

@@ -106,6 +106,29 @@ def test_compiled_fp8_linear_copies_nothing(recipe):
     assert "aten.copy_" not in code and "aten.clone" not in code
 
 
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "blockwise"])
+def test_frozen_fp8_linears_read_the_weights_fp8_copy(recipe):
+    """Inference under Inductor's freezing: the compiled code quantizes x alone (W's quantization ran when
+    compiling, by constant folding), calls back into no op, and gives the unfrozen compile's result bit for bit."""
+    from torch._inductor.utils import run_and_get_code
+
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 512, bias=False))
+    model = model.to("cuda", torch.bfloat16)
+    x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    launches = re.compile(r"turbo_inductor_native\.fp8_quantize\.default\(|_fp8_\w+_kernel\w*\.run\(")
+    results = {}
+    for freezing in (False, True):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="primus_turbo", options={"fp8": recipe})
+        with torch.no_grad(), torch._inductor.config.patch(freezing=freezing):
+            out, codes = run_and_get_code(lambda: compiled(x))
+        code = "\n".join(codes)
+        assert "torch.ops.turbo_inductor." not in code
+        results[freezing] = out, len(launches.findall(code))
+    assert 0 < results[True][1] < results[False][1], results
+    torch.testing.assert_close(results[True][0], results[False][0], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("block_cols, power_of_two", [(4096, False), (128, False), (32, True)],
                          ids=["rowwise", "1x128", "1x32"])
 @pytest.mark.parametrize("residual", [False, True])

@@ -65,6 +65,20 @@ def test_main_job_measures_inference(capsys, tmp_path):
     assert "inference" in capsys.readouterr().out
 
 
+def test_main_job_measures_frozen_inference(tmp_path):
+    import torch
+
+    run_model.main(["--config", "tiny", "--layers", "1", "--seq", "16", "--fp8", "rowwise", "--mode", "inference",
+                    "--freezing", "--out", str(tmp_path)])
+    written = json.loads((tmp_path / "model_tiny_inference_frozen.json").read_text())
+    assert written["freezing"] is True
+    fp8 = next(c for c in written["columns"] if c["column"] == "primus_turbo fp8 rowwise")
+    assert fp8["rewrites"]["fp8"] == 4 and fp8["out_snr_db"] > 20
+    assert not torch._inductor.config.freezing, "the global config is restored"
+    with pytest.raises(SystemExit):
+        run_model.main(["--freezing"])
+
+
 def test_several_models_get_their_tables_and_one_chart_of_speedups_per_model(capsys, tmp_path):
     run_model.main(["--config", "tiny,tiny-mha", "--layers", "1", "--seq", "16", "--fp8", "", "--out", str(tmp_path)])
     summary = json.loads((tmp_path / "models.json").read_text())

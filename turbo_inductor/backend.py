@@ -8,6 +8,7 @@ backend="inductor".
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Mapping
 
 import torch
@@ -22,6 +23,11 @@ from .passes import PASSES, PassManager
 def primus_turbo(gm: torch.fx.GraphModule, example_inputs: list[Any], options: Mapping[str, Any] | None = None):
     parsed = Options.parse(options, PASSES)
     patches = dict(parsed.inductor)
+    if patches.get("freezing") and not inductor_config.freezing:
+        # Dynamo chose which parameters become constants before this call, reading the global config alone: the
+        # option would freeze nothing (backend="inductor" alike), and the FP8 linears would quantize W at each call.
+        warnings.warn("primus_turbo: options={'freezing': True} freezes no parameter; set "
+                      "torch._inductor.config.freezing = True before compiling", stacklevel=2)
     patches["pre_grad_custom_pass"] = PassManager(PASSES, parsed)
     if hasattr(inductor_config, "pre_grad_pass_timing"):
         # Run the passes before the cache lookup (torch >= 2.12 would otherwise run a pass that has a uuid only on a

@@ -3,7 +3,8 @@
 Ops in ``torch.ops.turbo_inductor``:
   fp8_linear(x, weight, bias, recipe, impl, x_q, x_scale) -> y   public op: fp8_linear_fwd(...)[0] where a
                                                                  gradient is wanted, else fp8_linear_inference
-  fp8_linear_inference(x, weight, bias, recipe, impl, x_q, x_scale) -> y     the forward alone
+  fp8_linear_inference(x, weight, bias, recipe, impl, x_q, x_scale, w_q, w_scale) -> y
+                                                                 the forward alone; W as weight or quantized
   fp8_linear_fwd(x, weight, bias, recipe, impl, x_q, x_scale) -> (y, x_t, x_t_scale, w_t, w_t_scale)
                                                                  custom op; backward: fp8_linear_bwd (+ dbias)
   fp8_linear_bwd(dy, x, weight, x_t, x_t_scale, w_t, w_t_scale, recipe, impl) -> (dx, dweight)
@@ -29,6 +30,10 @@ itself instead of x^T, for wgrad in x's dtype.
 ``x_q``, ``x_scale`` (optional): x already quantized for the forward GEMM, as the recipe would quantize it
 (:func:`input_quantization`), by the op that produced x (``rmsnorm_fp8``, ``glu_fp8``: producer fusions). The
 forward then quantizes only x^T, for the backward.
+
+Inference under Inductor's ``freezing`` (parameters become constants): the public op quantizes W by a node of its
+own (:func:`quantize_weight`), which freezing's constant folding runs once at compile time, and
+``fp8_linear_inference`` takes W's FP8 copy (``w_q``, ``w_scale``): per call, only x is quantized.
 """
 from __future__ import annotations
 
@@ -38,11 +43,12 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch._inductor import config as inductor_config
 
 from ..kernels import registry
 from ..kernels.reference.fp8_quant import scale_shape
-from .fp8 import GEMM_KERNEL, QUANTIZE_KERNEL, fp8_formats
-from .library import (SUPPORTED_FLOAT_DTYPES, check, check_linear, define_composite, kernel_op,
+from .fp8 import GEMM_KERNEL, QUANTIZE_KERNEL, fp8_formats, fp8_quantize
+from .library import (SUPPORTED_FLOAT_DTYPES, check, check_linear, define_composite, kernel_op, kept_whole,
                       register_linear_autograd)
 
 
@@ -110,23 +116,40 @@ def _gemm(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor], out_dtype: torch.d
     return registry.select(GEMM_KERNEL, a[0].device, impl)(a[0], a[1], b[0], b[1], out_dtype, fast_accum=fast_accum)
 
 
-def _check(op: str, x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str,
-           x_q: Optional[Tensor] = None, x_scale: Optional[Tensor] = None) -> None:
-    check_linear(op, x, weight, bias)
+def _check(op: str, x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], recipe: str,
+           x_q: Optional[Tensor] = None, x_scale: Optional[Tensor] = None, w_q: Optional[Tensor] = None,
+           w_scale: Optional[Tensor] = None) -> None:
+    """``weight``, or (inference) W already quantized as ``w_q``, ``w_scale``: exactly one of them."""
     check(recipe in RECIPES, op, lambda: f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}")
-    check(weight.shape[0] % ALIGNMENT == 0 and weight.shape[1] % ALIGNMENT == 0, op,
-          lambda: f"weight dimensions must be multiples of {ALIGNMENT} for the FP8 GEMM, got {list(weight.shape)}")
     check((x_q is None) == (x_scale is None), op, lambda: "x_q and x_scale must be given together")
+    check((w_q is None) == (w_scale is None), op, lambda: "w_q and w_scale must be given together")
+    check((weight is None) != (w_q is None), op,
+          lambda: "give the weight or its FP8 form (w_q, w_scale), one of them, got "
+                  + ("both" if weight is not None else "neither"))
+    r = RECIPES[recipe]
+    if weight is not None:
+        check_linear(op, x, weight, bias)
+    else:
+        check_linear(op, x, w_q, bias, "w_q", fp8_formats(x.device)[0])
+        _check_quantized(op, "w", w_q, w_scale, *w_q.shape, x.device, r.weight_block, recipe)
+    n, k = (weight if weight is not None else w_q).shape
+    check(n % ALIGNMENT == 0 and k % ALIGNMENT == 0, op,
+          lambda: f"weight dimensions must be multiples of {ALIGNMENT} for the FP8 GEMM, got {[n, k]}")
     if x_q is not None:
-        rows, k = math.prod(x.shape[:-1]), x.shape[-1]
-        dtype, block_rows, block_cols = input_quantization(rows, k, x.device, recipe)
-        expected = scale_shape(rows, k, block_rows, block_cols)
-        check(x_q.shape == (rows, k) and x_q.dtype == dtype and x_q.device == x.device, op,
-              lambda: f"x_q must be x quantized as [{rows}, {k}] {dtype} on {x.device}, got {list(x_q.shape)} "
-                      f"{x_q.dtype} on {x_q.device}")
-        check(x_scale.shape == expected and x_scale.dtype == torch.float32 and x_scale.device == x.device, op,
-              lambda: f"x_scale must be the {recipe} scales of x, float32 {list(expected)}, got {x_scale.dtype} "
-                      f"{list(x_scale.shape)}")
+        _check_quantized(op, "x", x_q, x_scale, math.prod(x.shape[:-1]), k, x.device, r.activation_block, recipe)
+
+
+def _check_quantized(op: str, name: str, q: Tensor, scale: Tensor, rows: int, cols: int, device: torch.device,
+                     block: tuple[int, int], recipe: str) -> None:
+    """``q``, ``scale``: the operand ``name`` [rows, cols] quantized as ``recipe`` quantizes it in ``block``."""
+    dtype, block_rows, block_cols = _quantization(block, rows, cols, device)
+    expected = scale_shape(rows, cols, block_rows, block_cols)
+    check(q.shape == (rows, cols) and q.dtype == dtype and q.device == device, op,
+          lambda: f"{name}_q must be {name} quantized as [{rows}, {cols}] {dtype} on {device}, got {list(q.shape)} "
+                  f"{q.dtype} on {q.device}")
+    check(scale.shape == expected and scale.dtype == torch.float32 and scale.device == device, op,
+          lambda: f"{name}_scale must be the {recipe} scales of {name}, float32 {list(expected)}, got {scale.dtype} "
+                  f"{list(scale.shape)}")
 
 
 def quantizes_in_rows(recipe: str) -> bool:
@@ -151,7 +174,11 @@ def producer_quantization(x: Tensor, recipe: str) -> tuple[torch.dtype, int]:
 def input_quantization(rows: int, cols: int, device: torch.device, recipe: str) -> tuple[torch.dtype, int, int]:
     """(fp8 dtype, block rows, block cols) in which ``recipe`` quantizes the forward GEMM's operand x [rows, cols]
     (blocks as the quantization kernels take them): what a producer writing x in FP8 must match."""
-    return fp8_formats(device)[0], *_block_of(RECIPES[recipe].activation_block, rows, cols)
+    return _quantization(RECIPES[recipe].activation_block, rows, cols, device)
+
+
+def _quantization(block: tuple[int, int], rows: int, cols: int, device: torch.device) -> tuple[torch.dtype, int, int]:
+    return fp8_formats(device)[0], *_block_of(block, rows, cols)
 
 
 def _keeps_x(recipe: str) -> bool:
@@ -159,16 +186,19 @@ def _keeps_x(recipe: str) -> bool:
     return RECIPES[recipe].high_precision_wgrad
 
 
-def _forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, impl: str, for_backward: bool,
-             x_q: Optional[Tensor], x_scale: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """y and what the backward takes from the forward (empty unless ``for_backward``). ``x_q``, ``x_scale``: x
-    already quantized for the forward GEMM (by its producer), or None."""
-    _check("fp8_linear", x, weight, bias, recipe, x_q, x_scale)
+def _forward(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], recipe: str, impl: str, for_backward: bool,
+             x_q: Optional[Tensor], x_scale: Optional[Tensor], w_q: Optional[Tensor] = None,
+             w_scale: Optional[Tensor] = None) -> tuple[Tensor, ...]:
+    """y and, if ``for_backward``, what the backward takes from the forward. ``x_q``, ``x_scale``: x already
+    quantized for the forward GEMM (by its producer), or None; ``w_q``, ``w_scale`` (inference, weight None): W
+    already quantized."""
+    _check("fp8_linear", x, weight, bias, recipe, x_q, x_scale, w_q, w_scale)
     r, (e4m3, _) = RECIPES[recipe], fp8_formats(x.device)
     x2 = x.reshape(-1, x.shape[-1])
     if x2.shape[0] == 0:
-        y = x.new_zeros(x.shape[:-1] + (weight.shape[0],)) + (0 if bias is None else bias)
-        return y, *_saved_transposes(x2, weight, recipe)
+        y = x.new_zeros(x.shape[:-1] + ((weight if weight is not None else w_q).shape[0],))
+        y = y + (0 if bias is None else bias)
+        return (y, *_saved_transposes(x2, weight, recipe)) if for_backward else (y,)
     saves_x_t = for_backward and not _keeps_x(recipe)
     if x_q is not None:
         x_t = _operand(x2, r.activation_block, e4m3, r, impl, transposed=True) if saves_x_t else _unsaved(x, e4m3)
@@ -177,14 +207,17 @@ def _forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, imp
         x_q, x_t = _operand_both(x2, r.activation_block, e4m3, r, impl)
     else:
         x_q, x_t = _operand(x2, r.activation_block, e4m3, r, impl), _unsaved(x, e4m3)
-    if for_backward:
+    if w_q is not None:
+        w_q, w_t = (w_q, w_scale), _unsaved(x, e4m3)
+    elif for_backward:
         w_q, w_t = _operand_both(weight, r.weight_block, e4m3, r, impl)
     else:
         w_q, w_t = _operand(weight, r.weight_block, e4m3, r, impl), _unsaved(x, e4m3)
     y = _gemm(x_q, w_q, x.dtype, impl, fast_accum=r.fast_accum_forward)
     if bias is not None:
         y = y + bias
-    return y.view(x.shape[:-1] + (weight.shape[0],)), *x_t, *w_t
+    y = y.view(x.shape[:-1] + (y.shape[-1],))
+    return (y, *x_t, *w_t) if for_backward else (y,)
 
 
 def _unsaved(t: Tensor, fp8_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -220,16 +253,27 @@ def _(x, weight, bias, recipe, impl="auto", x_q=None, x_scale=None):
 
 
 @kernel_op("fp8_linear_inference", (QUANTIZE_KERNEL, GEMM_KERNEL), symbolic_sizes=False)
-def fp8_linear_inference(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, impl: str = "auto",
-                         x_q: Optional[Tensor] = None, x_scale: Optional[Tensor] = None) -> Tensor:
-    """The forward alone, when no gradient is wanted: no transposed operands written for a backward."""
-    return _forward(x, weight, bias, recipe, impl, False, x_q, x_scale)[0]
+def fp8_linear_inference(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], recipe: str, impl: str = "auto",
+                         x_q: Optional[Tensor] = None, x_scale: Optional[Tensor] = None, w_q: Optional[Tensor] = None,
+                         w_scale: Optional[Tensor] = None) -> Tensor:
+    """The forward alone, when no gradient is wanted: no transposed operands written for a backward. W comes as
+    ``weight`` or already quantized (``w_q``, ``w_scale``: :func:`quantize_weight`'s)."""
+    return _forward(x, weight, bias, recipe, impl, False, x_q, x_scale, w_q, w_scale)[0]
 
 
 @fp8_linear_inference.register_fake
-def _(x, weight, bias, recipe, impl="auto", x_q=None, x_scale=None):
-    _check("fp8_linear", x, weight, bias, recipe, x_q, x_scale)
-    return x.new_empty(x.shape[:-1] + (weight.shape[0],))
+def _(x, weight, bias, recipe, impl="auto", x_q=None, x_scale=None, w_q=None, w_scale=None):
+    _check("fp8_linear", x, weight, bias, recipe, x_q, x_scale, w_q, w_scale)
+    return x.new_empty(x.shape[:-1] + ((weight if weight is not None else w_q).shape[0],))
+
+
+def quantize_weight(weight: Tensor, recipe: str, impl: str = "auto") -> tuple[Tensor, Tensor]:
+    """(w_q, w_scale): W quantized as ``recipe``'s forward GEMM takes it, by one ``fp8_quantize`` node, kept whole
+    in a graph being compiled (not traced into its kernels) so that Inductor's constant folding can run it."""
+    r = RECIPES[recipe]
+    with kept_whole():
+        return fp8_quantize(weight, fp8_formats(weight.device)[0], *_kernel_block(r.weight_block, weight), False,
+                            r.power_of_two, impl)
 
 
 @kernel_op("fp8_linear_bwd", (QUANTIZE_KERNEL, GEMM_KERNEL), symbolic_sizes=False)
@@ -279,6 +323,13 @@ def _fp8_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, 
     wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
     if wants_grad:
         return fp8_linear_fwd(x, weight, bias, recipe, impl, x_q, x_scale)[0]
+    if inductor_config.freezing:
+        # Inductor freezes the parameters of this inference graph: W's quantization as a node of its own is run
+        # once by freezing's constant folding, and the compiled graph reads W's FP8 copy instead of quantizing W at
+        # every call (for a W that is no parameter, the node runs at every call as the fused op would have).
+        _check("fp8_linear", x, weight, bias, recipe, x_q, x_scale)
+        w_q, w_scale = quantize_weight(weight, recipe, impl)
+        return fp8_linear_inference(x, None, bias, recipe, impl, x_q, x_scale, w_q, w_scale)
     return fp8_linear_inference(x, weight, bias, recipe, impl, x_q, x_scale)
 
 

@@ -7,6 +7,8 @@ as ``CompositeImplicitAutograd`` over them, the way ``aten::layer_norm`` sits on
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import inspect
 from typing import Callable
 
@@ -50,7 +52,8 @@ def kernel_op(name: str, kernels: tuple[str, ...], symbolic_sizes: bool = True) 
             symbolic = not symbolic_sizes and any(
                 isinstance(size, torch.SymInt)
                 for v in bound.arguments.values() if isinstance(v, torch.Tensor) for size in v.shape)
-            if symbolic or not all(registry.traceable(kernel, device, impl) for kernel in kernels):
+            if (symbolic or _KEEP_WHOLE.get()
+                    or not all(registry.traceable(kernel, device, impl) for kernel in kernels)):
                 return mode.__torch_dispatch__(func, types, args, kwargs)
             with mode, registry.tracing():
                 return body(*args, **kwargs)
@@ -59,6 +62,20 @@ def kernel_op(name: str, kernels: tuple[str, ...], symbolic_sizes: bool = True) 
         return op
 
     return define
+
+
+_KEEP_WHOLE = contextvars.ContextVar("turbo_inductor_keep_whole", default=False)
+
+
+@contextlib.contextmanager
+def kept_whole():
+    """Kernel ops called inside stay one node each in a graph being traced, not their kernels' nodes: a node
+    Inductor's constant folding can run at compile time (it skips the Triton kernel nodes that tracing makes)."""
+    token = _KEEP_WHOLE.set(True)
+    try:
+        yield
+    finally:
+        _KEEP_WHOLE.reset(token)
 
 
 def define_composite(schema: str, fn: Callable) -> torch._ops.OpOverload:
@@ -92,17 +109,20 @@ def check_same_device(op: str, **tensors: torch.Tensor | None) -> None:
         f"{name} on {t.device}" for name, t in tensors.items() if t is not None))
 
 
-def check_linear(op: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-    """The operands of ``F.linear(x, weight, bias)``: weight [N, K] and bias [N] in x's dtype, K = x.shape[-1]."""
+def check_linear(op: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, weight_name: str = "weight",
+                 weight_dtype: torch.dtype | None = None) -> None:
+    """The operands of ``F.linear(x, weight, bias)``: weight [N, K] in ``weight_dtype`` (default: x's; an FP8 linear
+    may take W already quantized) and bias [N] in x's dtype, K = x.shape[-1]."""
     check_float(op, "x", x)
-    check(isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.dtype == x.dtype and x.dim() >= 1
+    dtype = weight_dtype or x.dtype
+    check(isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.dtype == dtype and x.dim() >= 1
           and weight.shape[1] == x.shape[-1], op,
-          lambda: f"weight must be [N, K] of x's dtype with K = x.shape[-1]; got weight {list(weight.shape)} "
-                  f"{weight.dtype}, x {list(x.shape)} {x.dtype}")
+          lambda: f"{weight_name} must be [N, K] in {dtype} with K = x.shape[-1]; got {weight_name} "
+                  f"{list(weight.shape)} {weight.dtype}, x {list(x.shape)} {x.dtype}")
     if bias is not None:
         check(bias.shape == (weight.shape[0],) and bias.dtype == x.dtype, op,
               lambda: f"bias must be [{weight.shape[0]}] of x's dtype, got {list(bias.shape)} {bias.dtype}")
-    check_same_device(op, x=x, weight=weight, bias=bias)
+    check_same_device(op, x=x, **{weight_name: weight}, bias=bias)
 
 
 def register_linear_autograd(op, backward_op, keeps_x: Callable[[object], bool] = lambda arg: True) -> None:
