@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
+import gc
 import importlib.util
 import json
 import math
@@ -129,10 +130,15 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
     from tqdm import tqdm  # comes with transformers; the progress of minutes-long compiles and measurements
 
     progress = tqdm(columns, desc="columns", unit="column")
+    allocated_before = torch.cuda.memory_allocated() if on_gpu else 0
     for name, backend, options in progress:
         progress.set_description(f"compiling and timing {name}")
         torch._dynamo.reset()
         turbo_inductor.reset_records()
+        # What earlier columns left allocated is no part of this one's peak: a frozen graph's constants (W's FP8
+        # copy) stay in its generated module, which Inductor keeps loaded (sys.modules) after torch._dynamo.reset().
+        gc.collect()
+        left_over = torch.cuda.memory_allocated() - allocated_before if on_gpu else 0
         model = copy.deepcopy(base)
         if options and "torchao" in options:  # a model converted by torchao
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -153,7 +159,7 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
             return out
 
         try:
-            results[name] = measure(step, x, device, args.kernels)
+            results[name] = measure(step, x, device, args.kernels, left_over)
         except Exception as error:  # a column that fails is reported, the others still run
             cause = getattr(error, "inner_exception", None) or error  # Dynamo wraps backend errors
             results[name] = {"error": f"{type(cause).__name__}: {str(cause).strip()[:160]}"}
@@ -212,10 +218,10 @@ def goals(table: list[dict]) -> list[dict]:
     return report
 
 
-def measure(step, x, device: str, kernels: int = 0) -> dict:
+def measure(step, x, device: str, kernels: int = 0, left_over: int = 0) -> dict:
     """Compile (first step, with an empty Inductor cache: a cold compile), then time the step (wall clock and, on a
     GPU, kernel time alone; ``kernels``: print the top kernels); outputs and input gradient for the numerical
-    comparison."""
+    comparison. ``left_over``: bytes earlier columns left allocated, not counted in this column's peak."""
     from torch._inductor.utils import fresh_inductor_cache
 
     start = time.perf_counter()
@@ -228,7 +234,7 @@ def measure(step, x, device: str, kernels: int = 0) -> dict:
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     ms = time_ms(step, device)
-    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+    peak = (torch.cuda.max_memory_allocated() - left_over) / 2**30 if device == "cuda" else float("nan")
     grad = x.grad.detach().cpu() if x.grad is not None else None
     gpu = float("nan")
     if device == "cuda":
