@@ -123,6 +123,22 @@ def test_frozen_inference_quantizes_the_weights_when_compiling(recipe):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_frozen_inference_runs_without_the_high_precision_weights():
+    """With freezing_discard_parameters, Inductor erases the module's parameters: the compiled graph, which reads
+    only W's FP8 copy, still gives the unfrozen result."""
+    torch.manual_seed(0)
+    model, x = MLP().to(DEVICE, torch.bfloat16), torch.randn(2, 8, 64, device=DEVICE, dtype=torch.bfloat16)
+    want = _frozen_and_not(model, x, "rowwise")[False][0]
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="primus_turbo", options={"fp8": "rowwise"})
+    with torch.no_grad(), torch._inductor.config.patch(freezing=True, freezing_discard_parameters=True):
+        compiled(x)
+        got = compiled(x)
+    assert type(model.up.weight).__name__ == "ErasedTensor"
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
 def test_quantized_weight_gives_the_same_forward():
     x, w, b = make(4, 64, dtype=torch.bfloat16), make(32, 64, dtype=torch.bfloat16), make(32, dtype=torch.bfloat16)
     inference = torch.ops.turbo_inductor.fp8_linear_inference
