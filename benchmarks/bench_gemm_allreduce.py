@@ -2,11 +2,14 @@
 function with functional collectives, and backend="primus_turbo" (gemm_allreduce), forward only, in one run.
 
     torchrun --nproc-per-node 2 benchmarks/bench_gemm_allreduce.py [--shapes 8192x4096x7168,...] [--symm-chunks 4,8]
+                                                                    [--cudagraphs]
 
 Every rank runs the same fixed number of iterations (do_bench sizes its loop per rank, and ranks that issue different
 numbers of collectives hang); rank 0 prints the median of per-iteration CUDA-event times (mode "fwd": one call
 after a barrier, the latency, host time included), and of the host's time to issue a call, and the time per call of
-calls issued back to back (mode "fwd back-to-back"), and writes $OUT/gemm_allreduce.json.
+calls issued back to back (mode "fwd back-to-back"), and writes $OUT/gemm_allreduce.json. ``--cudagraphs`` adds
+Inductor's and primus_turbo's compiled functions replayed as CUDA graphs (``triton.cudagraphs``): no host time per
+kernel, the GPU's own pace even for one call.
 """
 from __future__ import annotations
 
@@ -60,12 +63,19 @@ def _with_chunks(module, chunks, fn, *args):
     return fn(*args)
 
 
+def _replayed(graphed, *args):
+    torch.compiler.cudagraph_mark_step_begin()  # a new iteration: the last call's outputs may be overwritten
+    return graphed(*args)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", default="8192x4096x7168,8192x4096x2048,4096x4096x7168,16x4096x7168",
                         help="M x N x K per rank (K is this rank's shard of the input features)")
     parser.add_argument("--symm-chunks", default="4,8,16",
                         help="row chunks per call of impl=symm_mem to measure (its CHUNKS), one row each")
+    parser.add_argument("--cudagraphs", action="store_true",
+                        help="also Inductor and primus_turbo replayed as CUDA graphs")
     args = parser.parse_args()
     dist.init_process_group("nccl")
     rank = dist.get_rank()
@@ -92,6 +102,10 @@ def main():
                     "primus_turbo": torch.compile(row_parallel, backend="primus_turbo"),
                     "primus_turbo impl=overlap": torch.compile(row_parallel, backend="primus_turbo",
                                                                options={"impl": "overlap"})}
+        if args.cudagraphs:
+            for backend in ("inductor", "primus_turbo"):
+                variants[f"{backend} (CUDA graphs)"] = functools.partial(_replayed, torch.compile(
+                    row_parallel, backend=backend, options={"triton.cudagraphs": True}))
         symm_mem = torch.compile(row_parallel, backend="primus_turbo", options={"impl": "symm_mem"})
         for chunks in map(int, args.symm_chunks.split(",")):  # read by each call: one compiled function serves all
             variants[f"primus_turbo impl=symm_mem chunks={chunks}"] = functools.partial(_with_chunks, symm_mem_impl,

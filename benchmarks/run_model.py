@@ -137,6 +137,8 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
         turbo_inductor.reset_records()
         # What earlier columns left allocated is no part of this one's peak: a frozen graph's constants (W's FP8
         # copy) stay in its generated module, which Inductor keeps loaded (sys.modules) after torch._dynamo.reset().
+        # The last column's model and input gradient go first: freed in this column, they would be taken off twice.
+        model = run = x.grad = None
         gc.collect()
         left_over = torch.cuda.memory_allocated() - allocated_before if on_gpu else 0
         model = copy.deepcopy(base)
