@@ -280,6 +280,25 @@ def test_decoder_producers_write_fp8_for_their_linears(recipe, train):
     _assert_same(outs + grads, plain[0] + plain[1])
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="traced into the graph on the GPU: kernel calls are counted when compiling")
+def test_frozen_decoder_quantizes_only_what_no_producer_wrote():
+    """Inference under freezing, the producer fusion on: the weights' quantization is folded when compiling and the
+    producers write x for qkv, gate_up and down_proj, so a call quantizes only o_proj's input (the attention's
+    output), one per layer; the result equals the unfrozen compile's bit for bit."""
+    model, x = _decoder()
+    results = {}
+    for freezing in (False, True):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="primus_turbo", options={"fp8": "rowwise"})
+        with torch.no_grad(), torch._inductor.config.patch(freezing=freezing):
+            compiled(x)
+            turbo_inductor.reset_kernel_calls()
+            results[freezing] = compiled(x)
+        calls = sum(n for (kernel, _), n in turbo_inductor.kernel_calls().items() if kernel == "fp8_quantize")
+        assert calls == len(model.layers) * (1 if freezing else 5)
+    assert torch.equal(results[True], results[False])
+
+
 def _assert_same(got, want):
     """Bit for bit on CPU (the same kernels quantize the same y); on the GPU, where the fused norm's y may differ from
     the plain kernel's by an ulp (see above) and flip an fp8 rounding, at the FP8 noise level."""
