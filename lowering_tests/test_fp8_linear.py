@@ -1,6 +1,8 @@
 """FP8 linear: the op against fp32 math at the SNR gates, the rewrite of an unmodified model's linears, and a
 short training run that follows the high-precision loss curve."""
 
+import os
+
 import pytest
 import torch
 import torch.nn as nn
@@ -121,6 +123,31 @@ def test_frozen_inference_quantizes_the_weights_when_compiling(recipe):
     assert results[False][1] == 6 and results[True][1] == 3
     for got, want in zip(results[True][0], results[False][0]):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="traced into the graph on the GPU: test_gpu.py reads its code")
+def test_frozen_inference_of_random_stacks_of_linears():
+    """Property: any stack of FP8 linears (random widths, biases, recipe, dtype, rows) compiled for inference under
+    freezing quantizes one operand per linear per call, W's folded away, and equals the unfrozen compile bit for bit.
+    CI runs a few examples; TURBO_FUZZ_EXAMPLES=200 runs more."""
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+
+    @hypothesis.settings(max_examples=int(os.environ.get("TURBO_FUZZ_EXAMPLES", "4")), deadline=None,
+                         derandomize="TURBO_FUZZ_EXAMPLES" not in os.environ,
+                         suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.given(widths=st.lists(st.sampled_from([16, 32, 48, 128]), min_size=2, max_size=4),
+                      biases=st.lists(st.booleans(), min_size=3, max_size=3), recipe=st.sampled_from(sorted(RECIPES)),
+                      dtype=st.sampled_from([torch.float32, torch.bfloat16]), rows=st.integers(1, 9))
+    def check(widths, biases, recipe, dtype, rows):
+        torch.manual_seed(0)
+        layers = [nn.Linear(i, o, bias=b) for i, o, b in zip(widths, widths[1:], biases)]
+        model = nn.Sequential(*(m for layer in layers for m in (layer, nn.GELU()))).to(dtype)
+        results = _frozen_and_not(model, torch.randn(rows, widths[0], dtype=dtype), recipe)
+        assert results[False][1] == 2 * len(layers) and results[True][1] == len(layers)
+        assert torch.equal(results[True][0], results[False][0])
+
+    check()
 
 
 def test_frozen_inference_runs_without_the_high_precision_weights():
