@@ -286,16 +286,19 @@ def test_frozen_decoder_quantizes_only_what_no_producer_wrote():
     producers write x for qkv, gate_up and down_proj, so a call quantizes only o_proj's input (the attention's
     output), one per layer; the result equals the unfrozen compile's bit for bit."""
     model, x = _decoder()
-    results = {}
+    results, counts = {}, {}
     for freezing in (False, True):
         torch._dynamo.reset()
+        turbo_inductor.reset_records()
         compiled = torch.compile(model, backend="primus_turbo", options={"fp8": "rowwise"})
         with torch.no_grad(), torch._inductor.config.patch(freezing=freezing):
             compiled(x)
             turbo_inductor.reset_kernel_calls()
             results[freezing] = compiled(x)
+        counts[freezing] = turbo_inductor.rewrite_counts()
         calls = sum(n for (kernel, _), n in turbo_inductor.kernel_calls().items() if kernel == "fp8_quantize")
         assert calls == len(model.layers) * (1 if freezing else 5)
+    assert counts[True] == counts[False], "every rewrite fires on the frozen graph as on the unfrozen one"
     assert torch.equal(results[True], results[False])
 
 

@@ -124,6 +124,16 @@ def test_residual_add_is_fused(dtype):
     assert kernel_calls("rmsnorm_bwd") == 2
 
 
+def test_residual_add_is_fused_with_frozen_parameters():
+    """Under Inductor's freezing Dynamo reads each norm weight by a get_attr placed just before the norm, after the
+    residual add the fused op replaces: the weight is moved up, and both adds fuse as without freezing."""
+    model = ResidualBlock().to(torch.bfloat16)
+    inputs = [randn(2, 3, H, dtype=torch.bfloat16), randn(2, 3, H, dtype=torch.bfloat16)]
+    with torch._inductor.config.patch(freezing=True):
+        counts = assert_matches_inductor(model, inputs, train=False)
+    assert (counts["rmsnorm"], counts["rmsnorm_residual"]) == (2, 2)
+
+
 def test_broadcasting_add_is_not_a_residual():
     class Bias(nn.Module):
         def __init__(self):

@@ -178,6 +178,19 @@ def insert_op(graph: fx.Graph, before: fx.Node, op: torch._ops.OpOverload, args:
     return items
 
 
+def available_at(value: Any, node: fx.Node, position: dict[fx.Node, int]) -> bool:
+    """Whether ``value`` (a node or a constant) can be read by an op inserted before ``node``: it comes earlier in
+    the graph (``position``: node -> index), or it reads nothing and is moved there. Under Inductor's freezing Dynamo
+    puts each parameter's ``get_attr`` just before its first use, which may follow the point where a fused op goes."""
+    if not isinstance(value, fx.Node) or position[value] < position[node]:
+        return True
+    if value.op != "get_attr":
+        return False
+    node.prepend(value)
+    position[value] = position[node] - 0.5
+    return True
+
+
 def replace_with_op(graph: fx.Graph, node: fx.Node, op: torch._ops.OpOverload, args: tuple) -> fx.Node:
     """``op(*args)`` in place of ``node``: inserted before it, given its users, and ``node`` erased."""
     new = insert_op(graph, node, op, args)

@@ -29,7 +29,7 @@ class RMSNormResidualPass(RewritePass):
             if operands is None or not all(_same_tensor_type(o, total) for o in operands):
                 continue
             # the fused op replaces the add, so everything it reads must exist there
-            if weight is not None and position[weight] > position[total]:
+            if not m.available_at(weight, total, position):
                 continue
             normed, new_total = m.insert_op(graph, total, rmsnorm_residual_op,
                                             (*operands, weight, eps, impl), n_outputs=2)
