@@ -1,6 +1,7 @@
 """FP8 linear: the op against fp32 math at the SNR gates, the rewrite of an unmodified model's linears, and a
 short training run that follows the high-precision loss curve."""
 
+import copy
 import os
 
 import pytest
@@ -94,6 +95,30 @@ def fp8_twin(model, recipe):
         h = lin(model.down)(F.gelu(lin(model.up)(x)))
         return lin(model.head)(h), model.odd(h)
     return forward
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "blockwise"])
+def test_under_autocast_every_linear_becomes_fp8_in_the_autocast_dtype(recipe):
+    """fp32 parameters trained under torch.autocast(bfloat16), as mixed-precision training runs: each linear computes
+    in bf16 whatever its operands' dtypes (x fp32 or bf16, W fp32), so each becomes an FP8 linear on its operands
+    cast to bf16, as autocast casts them: the results are those of the model cast to bf16 (ReLU, which autocast
+    leaves alone, between the linears), with bf16 outputs as under Inductor and fp32 gradients for fp32 tensors.
+    The output is equal bit for bit; the gradients within a bf16 rounding, which the bf16 model's gradients take
+    and Inductor's fused cast back to fp32 may skip."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64, bias=False), nn.Linear(64, 32)).to(DEVICE)
+    x = torch.randn(2, 8, 64, device=DEVICE)
+    options = {"fp8": recipe, "impl": EXACT_IMPL}
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        (out,), grads = run(model, [x], "primus_turbo", options=options)
+        assert turbo_inductor.rewrite_counts()["fp8"] == 3  # x fp32 for the first, bf16 for the others
+        assert run(model, [x], "inductor")[0][0].dtype == out.dtype == torch.bfloat16
+    assert all(g.dtype == torch.float32 for g in grads)
+    (want,), want_grads = run(copy.deepcopy(model).to(torch.bfloat16), [x.to(torch.bfloat16)], "primus_turbo",
+                              options=options)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    for got, expected in zip(grads, want_grads):
+        torch.testing.assert_close(got, expected.float(), rtol=2 ** -8, atol=0)
 
 
 def _frozen_and_not(model, x, recipe):

@@ -85,6 +85,24 @@ def test_the_input_gradients_all_reduce_joins_the_linear(fake_group, spelling, b
     assert registry.kernel_calls().get(("gemm_allreduce_fwd", "reference"), 0) >= 1
 
 
+def test_under_autocast_the_op_computes_in_the_autocast_dtype(fake_group):
+    """fp32 parameters under torch.autocast(bfloat16): the fused op takes the operands cast to bf16, as autocast
+    casts them for the linear, and returns bf16 as Inductor's graph does; its backward all-reduces x's gradient in
+    bf16 before it is cast back to fp32 (the unfused graph sums the fp32 cast: within bf16's rounding)."""
+    torch.manual_seed(0)
+    model, x = ColumnParallel("funcol"), torch.randn(2, 5, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = _run(model, x, "inductor")
+        model.zero_grad(set_to_none=True)
+        turbo_inductor.reset_records()
+        got = _run(model, x, "primus_turbo")
+    assert turbo_inductor.rewrite_counts()["gemm_allreduce_dgrad"] == 1
+    for g, w in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w, rtol=1e-2, atol=1e-2)
+    assert got[0].dtype == torch.bfloat16 and got[1].dtype == torch.float32
+
+
 @pytest.mark.parametrize("spelling, readers", [("scaled", 1), ("not_identity", 1), ("funcol", 2)])
 def test_near_misses_are_left_alone(fake_group, spelling, readers):
     torch.manual_seed(0)

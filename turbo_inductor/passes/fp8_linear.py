@@ -6,7 +6,9 @@ Off by default. The option takes a recipe name ("tensorwise", "rowwise", "blockw
 stay in high precision, and so do linears with fewer than ``min_size`` input or output features.
 Matched: ``nn.Linear`` / ``F.linear`` whose weight is [N, K] with N and K multiples of 16, in x's dtype
 (fp32/bf16/fp16), bias optional; and ``x @ W.t()`` / ``x @ W.T`` / ``torch.matmul(x, W.transpose(0, 1))`` (weight W)
-and ``x @ V`` (weight V^T) with a 2-D right operand.
+and ``x @ V`` (weight V^T) with a 2-D right operand. Under ``torch.autocast`` the operands are cast to the autocast
+dtype first, as autocast casts them for the linear (fp32 weights, say): the FP8 linear computes in that dtype and
+returns it.
 """
 from __future__ import annotations
 
@@ -90,7 +92,10 @@ class FP8LinearPass(RewritePass):
         if found is None:
             return None
         x, weight, bias, transposed = found
-        xt, wt, bt = m.fake(x), m.fake(weight), m.fake(bias)
+        dtype = m.linear_dtype(node)
+        if dtype is None:
+            return None
+        xt, wt, bt = (m.fake_as(v, dtype) for v in (x, weight, bias))
         wt = wt.t() if transposed and wt is not None else wt
         eligible = (xt is not None and wt is not None and (bias is None or bt is not None)
                     and can_rewrite(xt, wt, bt) and min(wt.shape) >= option.min_size
@@ -107,6 +112,7 @@ class FP8LinearPass(RewritePass):
             x, weight, bias, transposed = found
             if transposed:
                 weight = m.insert_op(graph, node, torch.ops.aten.t.default, (weight,))
+            x, weight, bias = m.cast_to(graph, node, (x, weight, bias), m.linear_dtype(node))
             m.replace_with_op(graph, node, torch.ops.turbo_inductor.fp8_linear.default,
                               (x, weight, bias, option.recipe, options.impl))
             count += 1

@@ -59,13 +59,17 @@ class GemmAllReducePass(RewritePass):
                 continue
             x, weight = linear.args[0], linear.args[1]
             bias = m.arg(linear, 2, "bias")
-            xt, wt, bt = m.fake(x), m.fake(weight), m.fake(bias)
+            dtype = m.linear_dtype(linear)
+            if dtype is None:
+                continue
+            xt, wt, bt = (m.fake_as(v, dtype) for v in (x, weight, bias))
             if xt is None or wt is None or (bias is not None and bt is None) or not can_rewrite(xt, wt, bt):
                 continue
             copy_back = self._in_place_copy(linear, reduce, wait)
             if copy_back is None and set(linear.users) != {reduce}:
                 continue  # the unreduced result is read elsewhere
             anchor = copy_back if copy_back is not None else wait
+            x, weight, bias = m.cast_to(graph, anchor, (x, weight, bias), dtype)  # autocast's casts, if any
             new = m.insert_op(graph, anchor, torch.ops.turbo_inductor.gemm_allreduce.default,
                               (x, weight, bias, group_name, options.impl))
             if copy_back is not None:

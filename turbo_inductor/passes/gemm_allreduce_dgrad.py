@@ -98,9 +98,13 @@ class GemmAllReduceDgradPass(RewritePass):
                     or FP8LinearPass().match(linear, options) is not None:  # FP8 asked for: the linear stays FP8
                 continue
             x, weight, bias = node.args[2], linear.args[1], m.arg(linear, 2, "bias")
-            xt, wt, bt = m.fake(x), m.fake(weight), m.fake(bias)
+            dtype = m.linear_dtype(linear)
+            if dtype is None:
+                continue
+            xt, wt, bt = (m.fake_as(v, dtype) for v in (x, weight, bias))
             if xt is None or wt is None or (bias is not None and bt is None) or not can_rewrite(xt, wt, bt):
                 continue
+            x, weight, bias = m.cast_to(graph, linear, (x, weight, bias), dtype)  # autocast's casts, if any
             new = m.insert_op(graph, linear, torch.ops.turbo_inductor.linear_dgrad_allreduce.default,
                               (x, weight, bias, group_name, options.impl))
             linear.replace_all_uses_with(new)

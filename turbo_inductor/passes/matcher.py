@@ -56,6 +56,30 @@ def fake(value: Any) -> torch.Tensor | None:
     return value if isinstance(value, torch.Tensor) else None
 
 
+def fake_as(value: Any, dtype: torch.dtype) -> torch.Tensor | None:
+    """:func:`fake` of ``value`` as it would be cast to ``dtype``."""
+    t = fake(value)
+    if t is None or t.dtype == dtype:
+        return t
+    with t.fake_mode:
+        return t.to(dtype)
+
+
+def linear_dtype(linear: fx.Node) -> torch.dtype | None:
+    """The dtype a linear-like ``linear`` computes in: its result's. Under ``torch.autocast`` that is the autocast
+    dtype, whatever its operands' (fp32 weights; x from fp32 or autocast ops): a linear's operands are cast to it."""
+    out = fake(linear)
+    return out.dtype if out is not None else None
+
+
+def cast_to(graph: fx.Graph, before: fx.Node, values: tuple, dtype: torch.dtype) -> tuple:
+    """``values`` (nodes, or None) as ``dtype``: a ``Tensor.to`` inserted before ``before`` for each node of another
+    dtype (autocast's cast of a linear's operands, made explicit for the op that replaces the linear)."""
+    return tuple(insert_op(graph, before, torch.Tensor.to, (v, dtype))
+                 if isinstance(v, fx.Node) and fake(v) is not None and fake(v).dtype != dtype else v
+                 for v in values)
+
+
 def call(node: Any) -> Call | None:
     """Canonical view of ``node``, or None when it is not one of the ops the passes know."""
     if not isinstance(node, fx.Node):
