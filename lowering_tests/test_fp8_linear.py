@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import turbo_inductor
-from compare import assert_ran, ops_after, run, snr_db
+from compare import assert_ran, kernel_calls, ops_after, run, snr_db
 from conftest import DEVICE
 from turbo_inductor.ops.fp8_linear import RECIPES, quantize_weight
 
@@ -58,6 +58,16 @@ def test_opcheck(recipe):
     torch.library.opcheck(torch.ops.turbo_inductor.fp8_linear_bwd,
                           (torch.randn(2, 16, 32, device=DEVICE), x_saved, w.detach(), *saved, recipe, "reference"),
                           test_utils=no_schema)
+    # a weight that wants no gradient: no x^T saved, an empty dweight
+    torch.library.opcheck(fwd, (x, w.detach(), b, recipe, "reference", None, None, False), test_utils=no_schema[:2])
+    saved = fwd(x.detach(), w.detach(), b.detach(), recipe, "reference", None, None, False)[1:]
+    assert saved[0].dim() == 1
+    dx, dweight = torch.ops.turbo_inductor.fp8_linear_bwd(torch.randn(2, 16, 32, device=DEVICE), None, w.detach(),
+                                                          *saved, recipe, "reference")
+    assert dx.shape == x.shape and dweight.shape == (0,)
+    torch.library.opcheck(torch.ops.turbo_inductor.fp8_linear_bwd,
+                          (torch.randn(2, 16, 32, device=DEVICE), None, w.detach(), *saved, recipe, "reference"),
+                          test_utils=no_schema)
     q = torch.ops.turbo_inductor.fp8_quantize(x.detach()[0], torch.float8_e4m3fn, 1, 64, False, False, "reference")
     torch.library.opcheck(torch.ops.turbo_inductor.fp8_quantize,
                           (x.detach()[0], torch.float8_e4m3fn, 1, 64, True, False, "reference"))
@@ -95,6 +105,28 @@ def fp8_twin(model, recipe):
         h = lin(model.down)(F.gelu(lin(model.up)(x)))
         return lin(model.head)(h), model.odd(h)
     return forward
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="kernel calls are counted per run only where the ops stay calls (CPU)")
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_a_frozen_weight_costs_no_wgrad(recipe):
+    """A weight that wants no gradient (a frozen base model's, as LoRA trains it): its linear's forward quantizes no
+    x^T and its backward runs no wgrad GEMM, as backend="inductor" runs no wgrad mm; the other gradients are those
+    of the same model with the weight trainable, bit for bit."""
+    x, results = torch.randn(2, 8, 64), {}
+    for frozen in (False, True):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64))
+        model[0].requires_grad_(not frozen)
+        turbo_inductor.reset_kernel_calls()
+        outs, grads = run(model, [x], "primus_turbo", options={"fp8": recipe})
+        results[frozen] = outs, grads, kernel_calls("fp8_gemm")
+    (outs, grads, gemms), (frozen_outs, frozen_grads, frozen_gemms) = results[False], results[True]
+    assert frozen_grads[1] is None and frozen_grads[2] is None  # layer 0's weight and bias
+    # 2 forward GEMMs, then dgrad and wgrad per layer; a high-precision wgrad is no FP8 GEMM
+    assert (gemms, frozen_gemms) == ((4, 4) if RECIPES[recipe].high_precision_wgrad else (6, 5))
+    for got, want in zip(frozen_outs + frozen_grads[:1] + frozen_grads[3:], outs + grads[:1] + grads[3:]):
+        assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "blockwise"])

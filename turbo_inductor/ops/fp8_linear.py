@@ -5,7 +5,7 @@ Ops in ``torch.ops.turbo_inductor``:
                                                                  gradient is wanted, else fp8_linear_inference
   fp8_linear_inference(x, weight, bias, recipe, impl, x_q, x_scale, w_q, w_scale) -> y
                                                                  the forward alone; W as weight or quantized
-  fp8_linear_fwd(x, weight, bias, recipe, impl, x_q, x_scale) -> (y, x_t, x_t_scale, w_t, w_t_scale)
+  fp8_linear_fwd(x, weight, bias, recipe, impl, x_q, x_scale, weight_grad) -> (y, x_t, x_t_scale, w_t, w_t_scale)
                                                                  custom op; backward: fp8_linear_bwd (+ dbias)
   fp8_linear_bwd(dy, x, weight, x_t, x_t_scale, w_t, w_t_scale, recipe, impl) -> (dx, dweight)
 
@@ -25,7 +25,9 @@ dy^T [N, M] and x^T [K, M]). Each operand and its transpose are quantized by one
 where the blocks are the same in both layouts, two reads of the operand for rowwise in the native kernels): the
 forward saves x^T and W^T quantized (1 byte per element, against 2 for saving x in bf16), so that the backward
 reads neither x nor W again, and dy and dy^T come from one call. With ``high_precision_wgrad`` the forward saves x
-itself instead of x^T, for wgrad in x's dtype.
+itself instead of x^T, for wgrad in x's dtype. A weight that wants no gradient (frozen, as a LoRA base model's)
+gets none: the forward then quantizes no x^T (``weight_grad`` False: the public op passes ``weight.requires_grad``)
+and the backward, finding none, runs no wgrad GEMM (it returns an empty dweight).
 
 ``x_q``, ``x_scale`` (optional): x already quantized for the forward GEMM, as the recipe would quantize it
 (:func:`input_quantization`), by the op that produced x (``rmsnorm_fp8``, ``glu_fp8``: producer fusions). The
@@ -186,9 +188,15 @@ def _keeps_x(recipe: str) -> bool:
     return RECIPES[recipe].high_precision_wgrad
 
 
+def _saves_x_t(recipe: str, weight_grad: bool) -> bool:
+    """Whether the forward saves x^T quantized: for the wgrad, unless the weight wants no gradient or the recipe's
+    wgrad takes x itself."""
+    return weight_grad and not _keeps_x(recipe)
+
+
 def _forward(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], recipe: str, impl: str, for_backward: bool,
              x_q: Optional[Tensor], x_scale: Optional[Tensor], w_q: Optional[Tensor] = None,
-             w_scale: Optional[Tensor] = None) -> tuple[Tensor, ...]:
+             w_scale: Optional[Tensor] = None, weight_grad: bool = True) -> tuple[Tensor, ...]:
     """y and, if ``for_backward``, what the backward takes from the forward. ``x_q``, ``x_scale``: x already
     quantized for the forward GEMM (by its producer), or None; ``w_q``, ``w_scale`` (inference, weight None): W
     already quantized."""
@@ -198,8 +206,8 @@ def _forward(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], recipe
     if x2.shape[0] == 0:
         y = x.new_zeros(x.shape[:-1] + ((weight if weight is not None else w_q).shape[0],))
         y = y + (0 if bias is None else bias)
-        return (y, *_saved_transposes(x2, weight, recipe)) if for_backward else (y,)
-    saves_x_t = for_backward and not _keeps_x(recipe)
+        return (y, *_saved_transposes(x2, weight, recipe, weight_grad)) if for_backward else (y,)
+    saves_x_t = for_backward and _saves_x_t(recipe, weight_grad)
     if x_q is not None:
         x_t = _operand(x2, r.activation_block, e4m3, r, impl, transposed=True) if saves_x_t else _unsaved(x, e4m3)
         x_q = (x_q, x_scale)
@@ -225,11 +233,12 @@ def _unsaved(t: Tensor, fp8_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     return t.new_empty(0, dtype=fp8_dtype), t.new_empty(0, dtype=torch.float32)
 
 
-def _saved_transposes(x2: Tensor, weight: Tensor, recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _saved_transposes(x2: Tensor, weight: Tensor, recipe: str,
+                      weight_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Uninitialized tensors of the saved transposes' shapes (the fake; a forward with no rows)."""
     r, e4m3 = RECIPES[recipe], fp8_formats(x2.device)[0]
     saved = []
-    for save, t, block in ((not _keeps_x(recipe), x2, r.activation_block), (True, weight, r.weight_block)):
+    for save, t, block in ((_saves_x_t(recipe, weight_grad), x2, r.activation_block), (True, weight, r.weight_block)):
         rows, cols = t.shape
         block_rows, block_cols = _kernel_block(block, t)
         saved += ((t.new_empty((cols, rows), dtype=e4m3),
@@ -240,16 +249,16 @@ def _saved_transposes(x2: Tensor, weight: Tensor, recipe: str) -> tuple[Tensor, 
 
 @kernel_op("fp8_linear_fwd", (QUANTIZE_KERNEL, GEMM_KERNEL), symbolic_sizes=False)
 def fp8_linear_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, impl: str = "auto",
-                   x_q: Optional[Tensor] = None,
-                   x_scale: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    return _forward(x, weight, bias, recipe, impl, True, x_q, x_scale)
+                   x_q: Optional[Tensor] = None, x_scale: Optional[Tensor] = None,
+                   weight_grad: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return _forward(x, weight, bias, recipe, impl, True, x_q, x_scale, weight_grad=weight_grad)
 
 
 @fp8_linear_fwd.register_fake
-def _(x, weight, bias, recipe, impl="auto", x_q=None, x_scale=None):
+def _(x, weight, bias, recipe, impl="auto", x_q=None, x_scale=None, weight_grad=True):
     _check("fp8_linear", x, weight, bias, recipe, x_q, x_scale)
     y = x.new_empty(x.shape[:-1] + (weight.shape[0],))
-    return y, *_saved_transposes(x.reshape(-1, x.shape[-1]), weight, recipe)
+    return y, *_saved_transposes(x.reshape(-1, x.shape[-1]), weight, recipe, weight_grad)
 
 
 @kernel_op("fp8_linear_inference", (QUANTIZE_KERNEL, GEMM_KERNEL), symbolic_sizes=False)
@@ -285,8 +294,12 @@ def fp8_linear_bwd(dy: Tensor, x: Optional[Tensor], weight: Tensor, x_t: Tensor,
     k = weight.shape[1]
     dy2 = dy.reshape(-1, weight.shape[0])
     dx_shape = dy.shape[:-1] + (k,)
+    wgrad = _wgrad(x, x_t, recipe)
     if dy2.shape[0] == 0:
-        return dy.new_zeros(dx_shape), torch.zeros_like(weight)
+        return dy.new_zeros(dx_shape), torch.zeros_like(weight) if wgrad else weight.new_empty(0)
+    if not wgrad:  # the weight wants no gradient: dy in the dgrad's layout alone
+        dy_q = _operand(dy2, r.activation_block, grad_dtype, r, impl)
+        return _gemm(dy_q, (w_t, w_t_scale), dy.dtype, impl).view(dx_shape), weight.new_empty(0)
     dy_q, dy_t = _operand_both(dy2, r.activation_block, grad_dtype, r, impl)
     dx = _gemm(dy_q, (w_t, w_t_scale), dy.dtype, impl)
     if r.high_precision_wgrad:
@@ -296,13 +309,19 @@ def fp8_linear_bwd(dy: Tensor, x: Optional[Tensor], weight: Tensor, x_t: Tensor,
     return dx.view(dx_shape), dweight
 
 
+def _wgrad(x: Optional[Tensor], x_t: Tensor, recipe: str) -> bool:
+    """Whether the forward saved what a wgrad takes (x itself for a high-precision wgrad, else x^T quantized):
+    it saves none for a weight that wants no gradient, and the backward then computes none."""
+    return x is not None if _keeps_x(recipe) else x_t.dim() == 2
+
+
 def _check_backward(dy: Tensor, x: Optional[Tensor], weight: Tensor, recipe: str) -> None:
     op = "fp8_linear_bwd"
     check(recipe in RECIPES, op, lambda: f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}")
     check(dy.dim() >= 1 and dy.shape[-1] == weight.shape[0] and dy.dtype == weight.dtype, op,
           lambda: f"dy must be [..., {weight.shape[0]}] in {weight.dtype}, got {list(dy.shape)} {dy.dtype}")
-    check((x is None) != _keeps_x(recipe), op,
-          lambda: f"x must be {'None: x^T comes quantized' if x is None else 'given'} for recipe {recipe!r}")
+    check(x is None or _keeps_x(recipe), op,
+          lambda: f"x must be None for recipe {recipe!r}: its wgrad takes x^T quantized")
     if x is not None:
         check_linear(op, x, weight, None)
 
@@ -310,10 +329,12 @@ def _check_backward(dy: Tensor, x: Optional[Tensor], weight: Tensor, recipe: str
 @fp8_linear_bwd.register_fake
 def _(dy, x, weight, x_t, x_t_scale, w_t, w_t_scale, recipe, impl="auto"):
     _check_backward(dy, x, weight, recipe)
-    return dy.new_empty(dy.shape[:-1] + (weight.shape[1],)), weight.new_empty(weight.shape)
+    dweight = weight.new_empty(weight.shape if _wgrad(x, x_t, recipe) else 0)
+    return dy.new_empty(dy.shape[:-1] + (weight.shape[1],)), dweight
 
 
-register_linear_autograd(fp8_linear_fwd, fp8_linear_bwd, keeps_x=_keeps_x)
+register_linear_autograd(fp8_linear_fwd, fp8_linear_bwd,
+                         keeps_x=lambda recipe, weight: _keeps_x(recipe) and weight.requires_grad)
 
 
 
@@ -322,7 +343,7 @@ def _fp8_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, 
     # Decided where the op is decomposed, under autograd (AOTAutograd traces training and inference graphs apart).
     wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
     if wants_grad:
-        return fp8_linear_fwd(x, weight, bias, recipe, impl, x_q, x_scale)[0]
+        return fp8_linear_fwd(x, weight, bias, recipe, impl, x_q, x_scale, weight.requires_grad)[0]
     if inductor_config.freezing:
         # Inductor freezes the parameters of this inference graph: W's quantization as a node of its own is run
         # once by freezing's constant folding, and the compiled graph reads W's FP8 copy instead of quantizing W at

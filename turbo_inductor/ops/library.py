@@ -125,27 +125,31 @@ def check_linear(op: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     check_same_device(op, x=x, **{weight_name: weight}, bias=bias)
 
 
-def register_linear_autograd(op, backward_op, keeps_x: Callable[[object], bool] = lambda arg: True) -> None:
+def register_linear_autograd(op, backward_op,
+                             keeps_x: Callable[[object, torch.Tensor], bool] = lambda arg, weight: True) -> None:
     """Autograd of a linear-like op ``op(x, weight, bias, arg, impl)`` (``arg``: its recipe, group, ...) through
     ``backward_op(dy, x, weight, *saved, arg, impl) -> (dx, dweight[, dbias])``; without a dbias output, the bias
     gradient is dy summed over rows. ``op`` returns y, or ``(y, *saved)``: what else its backward needs (not
-    differentiable). x (unless ``keeps_x(arg)`` is False: then backward_op gets None), weight and saved are saved.
-    Inputs after ``impl`` (x already quantized, say) are not differentiable."""
+    differentiable). x (unless ``keeps_x(arg, weight)`` is False: then backward_op gets None), weight and saved are
+    saved. Inputs after ``impl`` (x already quantized, say) are not differentiable. A gradient no input wants is
+    returned as None (backward_op may then have returned an empty one)."""
 
     def setup(ctx, inputs, output):
         x, weight, bias, arg, impl, *rest = inputs
         ctx.n_rest = len(rest)
         saved = output[1:] if isinstance(output, (tuple, list)) else ()
-        ctx.save_for_backward(x if keeps_x(arg) else None, weight, *saved)
+        ctx.save_for_backward(x if keeps_x(arg, weight) else None, weight, *saved)
         ctx.mark_non_differentiable(*saved)
         ctx.arg, ctx.impl, ctx.has_bias = arg, impl, bias is not None
 
     def backward(ctx, dy, *_saved_grads):
         x, weight, *saved = ctx.saved_tensors
         dx, dweight, *dbias = backward_op(dy, x, weight, *saved, ctx.arg, ctx.impl)
-        if ctx.has_bias and not dbias:
+        wants_dx, wants_dweight, wants_dbias = ctx.needs_input_grad[:3]
+        if wants_dbias and not dbias:
             dbias = [dy.reshape(-1, dy.shape[-1]).sum(0, dtype=torch.float32).to(dy.dtype)]
-        return dx, dweight, dbias[0] if ctx.has_bias else None, None, None, *([None] * ctx.n_rest)
+        return (dx if wants_dx else None, dweight if wants_dweight else None, dbias[0] if wants_dbias else None,
+                None, None, *([None] * ctx.n_rest))
 
     op.register_autograd(backward, setup_context=setup)
 
