@@ -73,18 +73,23 @@ def test_under_autocast_the_op_computes_in_the_autocast_dtype(fake_group, spelli
     """fp32 parameters under torch.autocast(bfloat16): the linear computes in bf16, and so does the fused op, its
     operands cast as autocast casts them; its bf16 result is what is all-reduced, as in Inductor's graph."""
     torch.manual_seed(0)
-    model = RowParallel(spelling, fake_group)
-    x = torch.randn(3, 5, 32)
+    got = autocast_matches_inductor(RowParallel(spelling, fake_group), torch.randn(3, 5, 32))
+    assert turbo_inductor.rewrite_counts()["gemm_allreduce"] == 1
+    assert got[0].dtype == torch.bfloat16
+
+
+def autocast_matches_inductor(model, x):
+    """primus_turbo's (output, x's gradient, parameters' gradients) of ``model`` under autocast(bfloat16), asserted
+    equal to Inductor's in dtype and within bf16's rounding; returned."""
     with torch.autocast("cpu", dtype=torch.bfloat16):
         want = _run(model, x, "inductor")
         model.zero_grad(set_to_none=True)
         turbo_inductor.reset_records()
         got = _run(model, x, "primus_turbo")
-    assert turbo_inductor.rewrite_counts()["gemm_allreduce"] == 1
-    assert got[0].dtype == want[0].dtype == torch.bfloat16
     for g, w in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
         assert g.dtype == w.dtype
         torch.testing.assert_close(g, w, rtol=1e-2, atol=1e-2)
+    return got
 
 
 class NearMiss(nn.Module):

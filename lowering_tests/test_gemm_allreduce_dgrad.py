@@ -8,7 +8,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 
 import turbo_inductor
-from test_gemm_allreduce import _init, _run, _spawn
+from test_gemm_allreduce import _init, _run, _spawn, autocast_matches_inductor
 from turbo_inductor.kernels import registry
 
 
@@ -90,16 +90,8 @@ def test_under_autocast_the_op_computes_in_the_autocast_dtype(fake_group):
     casts them for the linear, and returns bf16 as Inductor's graph does; its backward all-reduces x's gradient in
     bf16 before it is cast back to fp32 (the unfused graph sums the fp32 cast: within bf16's rounding)."""
     torch.manual_seed(0)
-    model, x = ColumnParallel("funcol"), torch.randn(2, 5, 32)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        want = _run(model, x, "inductor")
-        model.zero_grad(set_to_none=True)
-        turbo_inductor.reset_records()
-        got = _run(model, x, "primus_turbo")
+    got = autocast_matches_inductor(ColumnParallel("funcol"), torch.randn(2, 5, 32))
     assert turbo_inductor.rewrite_counts()["gemm_allreduce_dgrad"] == 1
-    for g, w in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
-        assert g.dtype == w.dtype
-        torch.testing.assert_close(g, w, rtol=1e-2, atol=1e-2)
     assert got[0].dtype == torch.bfloat16 and got[1].dtype == torch.float32
 
 

@@ -92,13 +92,12 @@ class FP8LinearPass(RewritePass):
         if found is None:
             return None
         x, weight, bias, transposed = found
-        dtype = m.linear_dtype(node)
-        if dtype is None:
+        fakes = m.linear_operand_fakes(node, x, weight, bias)
+        if fakes is None:
             return None
-        xt, wt, bt = (m.fake_as(v, dtype) for v in (x, weight, bias))
-        wt = wt.t() if transposed and wt is not None else wt
-        eligible = (xt is not None and wt is not None and (bias is None or bt is not None)
-                    and can_rewrite(xt, wt, bt) and min(wt.shape) >= option.min_size
+        _, xt, wt, bt = fakes
+        wt = wt.t() if transposed else wt
+        eligible = (can_rewrite(xt, wt, bt) and min(wt.shape) >= option.min_size
                     and not (option.exclude and re.search(option.exclude, parameter_name(weight))))
         return found if eligible else None
 

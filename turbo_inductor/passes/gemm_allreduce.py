@@ -59,12 +59,10 @@ class GemmAllReducePass(RewritePass):
                 continue
             x, weight = linear.args[0], linear.args[1]
             bias = m.arg(linear, 2, "bias")
-            dtype = m.linear_dtype(linear)
-            if dtype is None:
+            fakes = m.linear_operand_fakes(linear, x, weight, bias)
+            if fakes is None or not can_rewrite(*fakes[1:]):
                 continue
-            xt, wt, bt = (m.fake_as(v, dtype) for v in (x, weight, bias))
-            if xt is None or wt is None or (bias is not None and bt is None) or not can_rewrite(xt, wt, bt):
-                continue
+            dtype = fakes[0]
             copy_back = self._in_place_copy(linear, reduce, wait)
             if copy_back is None and set(linear.users) != {reduce}:
                 continue  # the unreduced result is read elsewhere

@@ -98,13 +98,10 @@ class GemmAllReduceDgradPass(RewritePass):
                     or FP8LinearPass().match(linear, options) is not None:  # FP8 asked for: the linear stays FP8
                 continue
             x, weight, bias = node.args[2], linear.args[1], m.arg(linear, 2, "bias")
-            dtype = m.linear_dtype(linear)
-            if dtype is None:
+            fakes = m.linear_operand_fakes(linear, x, weight, bias)
+            if fakes is None or not can_rewrite(*fakes[1:]):
                 continue
-            xt, wt, bt = (m.fake_as(v, dtype) for v in (x, weight, bias))
-            if xt is None or wt is None or (bias is not None and bt is None) or not can_rewrite(xt, wt, bt):
-                continue
-            x, weight, bias = m.cast_to(graph, linear, (x, weight, bias), dtype)  # autocast's casts, if any
+            x, weight, bias = m.cast_to(graph, linear, (x, weight, bias), fakes[0])  # autocast's casts, if any
             new = m.insert_op(graph, linear, torch.ops.turbo_inductor.linear_dgrad_allreduce.default,
                               (x, weight, bias, group_name, options.impl))
             linear.replace_all_uses_with(new)

@@ -72,9 +72,21 @@ def linear_dtype(linear: fx.Node) -> torch.dtype | None:
     return out.dtype if out is not None else None
 
 
+def linear_operand_fakes(linear: fx.Node, x: Any, weight: Any, bias: Any) -> tuple | None:
+    """``(dtype, x, weight, bias)``: the dtype the linear-like ``linear`` computes in (:func:`linear_dtype`) and
+    the fakes of its operands as cast to it (bias None when it has none); None where one has no fake."""
+    dtype = linear_dtype(linear)
+    if dtype is None:
+        return None
+    xt, wt, bt = (fake_as(v, dtype) for v in (x, weight, bias))
+    if xt is None or wt is None or (bias is not None and bt is None):
+        return None
+    return dtype, xt, wt, bt
+
+
 def cast_to(graph: fx.Graph, before: fx.Node, values: tuple, dtype: torch.dtype) -> tuple:
-    """``values`` (nodes, or None) as ``dtype``: a ``Tensor.to`` inserted before ``before`` for each node of another
-    dtype (autocast's cast of a linear's operands, made explicit for the op that replaces the linear)."""
+    """``values`` (nodes, or None) as ``dtype``: a ``Tensor.to`` inserted before ``before`` for each node of
+    another dtype (autocast's cast of a linear's operands, made explicit for the op that replaces the linear)."""
     return tuple(insert_op(graph, before, torch.Tensor.to, (v, dtype))
                  if isinstance(v, fx.Node) and fake(v) is not None and fake(v).dtype != dtype else v
                  for v in values)
