@@ -122,3 +122,20 @@ def assert_ran(kernel: str, times: int) -> None:
         assert calls == times, f"{kernel} ran {calls} times, expected {times}"
     else:
         assert (calls > 0) == (times > 0), f"{kernel} ran {calls} times, expected {times}"
+
+
+def frozen_and_not(model, x, recipe):
+    """{freezing: (output, fp8_quantize calls of a second call, rewrite counts)} of ``model`` compiled for
+    inference with ``options={"fp8": recipe}``, with and without Inductor's freezing (a global config: Dynamo
+    reads it)."""
+    results = {}
+    for freezing in (False, True):
+        torch._dynamo.reset()
+        turbo_inductor.reset_records()
+        compiled = torch.compile(model, backend="primus_turbo", options={"fp8": recipe})
+        with torch.no_grad(), torch._inductor.config.patch(freezing=freezing):
+            compiled(x)
+            turbo_inductor.reset_kernel_calls()
+            out = compiled(x)
+        results[freezing] = out, kernel_calls("fp8_quantize"), turbo_inductor.rewrite_counts()
+    return results

@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import turbo_inductor
-from compare import assert_ran, kernel_calls, ops_after, run, snr_db
+from compare import assert_ran, frozen_and_not, kernel_calls, ops_after, run, snr_db
 from conftest import DEVICE
 from turbo_inductor.ops.fp8_linear import RECIPES, quantize_weight
 
@@ -153,22 +153,6 @@ def test_under_autocast_every_linear_becomes_fp8_in_the_autocast_dtype(recipe):
         torch.testing.assert_close(got, expected.float(), rtol=2 ** -8, atol=0)
 
 
-def _frozen_and_not(model, x, recipe):
-    """{freezing: (output, fp8_quantize calls of the second call)} of ``model`` compiled for inference with
-    ``options={"fp8": recipe}``, with and without Inductor's freezing (a global config: Dynamo reads it)."""
-    results = {}
-    for freezing in (False, True):
-        torch._dynamo.reset()
-        compiled = torch.compile(model, backend="primus_turbo", options={"fp8": recipe})
-        with torch.no_grad(), torch._inductor.config.patch(freezing=freezing):
-            compiled(x)
-            turbo_inductor.reset_kernel_calls()
-            out = compiled(x)
-        calls = sum(n for (kernel, _), n in turbo_inductor.kernel_calls().items() if kernel == "fp8_quantize")
-        results[freezing] = out, calls
-    return results
-
-
 @pytest.mark.skipif(DEVICE == "cuda", reason="traced into the graph on the GPU: test_gpu.py reads its code")
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_frozen_inference_quantizes_the_weights_when_compiling(recipe):
@@ -176,7 +160,7 @@ def test_frozen_inference_quantizes_the_weights_when_compiling(recipe):
     (3 quantizations for the 3 FP8 linears, against 6), with the same result bit for bit."""
     torch.manual_seed(0)
     model = MLP().to(torch.bfloat16)
-    results = _frozen_and_not(model, torch.randn(2, 8, 64, dtype=torch.bfloat16), recipe)
+    results = frozen_and_not(model, torch.randn(2, 8, 64, dtype=torch.bfloat16), recipe)
     assert results[False][1] == 6 and results[True][1] == 3
     for got, want in zip(results[True][0], results[False][0]):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
@@ -200,7 +184,7 @@ def test_frozen_inference_of_random_stacks_of_linears():
         torch.manual_seed(0)
         layers = [nn.Linear(i, o, bias=b) for i, o, b in zip(widths, widths[1:], biases)]
         model = nn.Sequential(*(m for layer in layers for m in (layer, nn.GELU()))).to(dtype)
-        results = _frozen_and_not(model, torch.randn(rows, widths[0], dtype=dtype), recipe)
+        results = frozen_and_not(model, torch.randn(rows, widths[0], dtype=dtype), recipe)
         assert results[False][1] == 2 * len(layers) and results[True][1] == len(layers)
         assert torch.equal(results[True][0], results[False][0])
 
@@ -212,7 +196,7 @@ def test_frozen_inference_runs_without_the_high_precision_weights():
     only W's FP8 copy, still gives the unfrozen result."""
     torch.manual_seed(0)
     model, x = MLP().to(DEVICE, torch.bfloat16), torch.randn(2, 8, 64, device=DEVICE, dtype=torch.bfloat16)
-    want = _frozen_and_not(model, x, "rowwise")[False][0]
+    want = frozen_and_not(model, x, "rowwise")[False][0]
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="primus_turbo", options={"fp8": "rowwise"})
     with torch.no_grad(), torch._inductor.config.patch(freezing=True, freezing_discard_parameters=True):

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 
 import turbo_inductor
-from compare import assert_ran, ops_after, run, snr_db
+from compare import assert_ran, frozen_and_not, ops_after, run, snr_db
 from conftest import DEVICE
 from turbo_inductor.kernels import registry
 from turbo_inductor.kernels.triton import glu as triton_glu, rmsnorm as triton_rmsnorm
@@ -286,20 +286,11 @@ def test_frozen_decoder_quantizes_only_what_no_producer_wrote():
     producers write x for qkv, gate_up and down_proj, so a call quantizes only o_proj's input (the attention's
     output), one per layer; the result equals the unfrozen compile's bit for bit."""
     model, x = _decoder()
-    results, counts = {}, {}
-    for freezing in (False, True):
-        torch._dynamo.reset()
-        turbo_inductor.reset_records()
-        compiled = torch.compile(model, backend="primus_turbo", options={"fp8": "rowwise"})
-        with torch.no_grad(), torch._inductor.config.patch(freezing=freezing):
-            compiled(x)
-            turbo_inductor.reset_kernel_calls()
-            results[freezing] = compiled(x)
-        counts[freezing] = turbo_inductor.rewrite_counts()
-        calls = sum(n for (kernel, _), n in turbo_inductor.kernel_calls().items() if kernel == "fp8_quantize")
+    results = frozen_and_not(model, x, "rowwise")
+    for freezing, (_, calls, _) in results.items():
         assert calls == len(model.layers) * (1 if freezing else 5)
-    assert counts[True] == counts[False], "every rewrite fires on the frozen graph as on the unfrozen one"
-    assert torch.equal(results[True], results[False])
+    assert results[True][2] == results[False][2], "every rewrite fires on the frozen graph as on the unfrozen one"
+    assert torch.equal(results[True][0], results[False][0])
 
 
 def _assert_same(got, want):

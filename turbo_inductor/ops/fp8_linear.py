@@ -297,12 +297,15 @@ def fp8_linear_bwd(dy: Tensor, x: Optional[Tensor], weight: Tensor, x_t: Tensor,
     wgrad = _wgrad(x, x_t, recipe)
     if dy2.shape[0] == 0:
         return dy.new_zeros(dx_shape), torch.zeros_like(weight) if wgrad else weight.new_empty(0)
-    if not wgrad:  # the weight wants no gradient: dy in the dgrad's layout alone
+    # dy^T quantized only for an FP8 wgrad; a weight that wants no gradient gets an empty one
+    if wgrad and not r.high_precision_wgrad:
+        dy_q, dy_t = _operand_both(dy2, r.activation_block, grad_dtype, r, impl)
+    else:
         dy_q = _operand(dy2, r.activation_block, grad_dtype, r, impl)
-        return _gemm(dy_q, (w_t, w_t_scale), dy.dtype, impl).view(dx_shape), weight.new_empty(0)
-    dy_q, dy_t = _operand_both(dy2, r.activation_block, grad_dtype, r, impl)
     dx = _gemm(dy_q, (w_t, w_t_scale), dy.dtype, impl)
-    if r.high_precision_wgrad:
+    if not wgrad:
+        dweight = weight.new_empty(0)
+    elif r.high_precision_wgrad:
         dweight = (dy2.t() @ x.reshape(-1, k)).to(weight.dtype)
     else:
         dweight = _gemm(dy_t, (x_t, x_t_scale), weight.dtype, impl)
