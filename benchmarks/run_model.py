@@ -6,7 +6,8 @@ the SNR against Inductor; writes the table as JSON and a speedup chart as PNG, p
 config on CPU, one Llama-3-8B layer at batch 2 x seq 4096 on a GPU.
 
     python -m benchmarks.run_model [--config llama3-8b[,...]] [--layers 1] [--batch 2] [--seq 4096] [--fp8 rowwise]
-                                   [--mode train|inference [--freezing]] [--out benchmarks/results]
+                                   [--mode train|inference [--freezing]] [--frozen-linears] [--autocast]
+                                   [--out benchmarks/results]
 """
 from __future__ import annotations
 
@@ -73,12 +74,20 @@ def main(argv=None):
     parser.add_argument("--freezing", action="store_true",
                         help="inference: compile every column under torch._inductor.config.freezing (parameters "
                              "become constants; the FP8 linears' weights are quantized when compiling)")
+    parser.add_argument("--frozen-linears", action="store_true",
+                        help="train: the linears' weights want no gradient (a LoRA-style fine-tune of a frozen base "
+                             "model), in every column")
+    parser.add_argument("--autocast", action="store_true",
+                        help="parameters and input in float32, every column run under torch.autocast in --dtype "
+                             "(mixed-precision training as the Hugging Face Trainer runs it)")
     parser.add_argument("--kernels", type=int, default=0,
                         help="GPU: print the N kernels taking most GPU time per column")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results"), help="folder for the JSON and PNG")
     args = parser.parse_args(argv)
     if args.freezing and args.mode != "inference":
         parser.error("--freezing needs --mode inference (Inductor freezes only graphs compiled without grad)")
+    if args.frozen_linears and args.mode != "train":
+        parser.error("--frozen-linears needs --mode train (in inference no weight gets a gradient)")
     for column in args.column:
         name, _, options = column.partition("=")
         try:
@@ -99,17 +108,22 @@ def main(argv=None):
 def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
     """Every column on the model ``model_name``: the table, printed and written (JSON, PNG)."""
     device, dtype = ("cuda" if on_gpu else "cpu"), getattr(torch, args.dtype)
+    autocast_dtype, dtype = (dtype, torch.float32) if args.autocast else (None, dtype)
     config = CONFIGS[model_name]
     if args.layers or on_gpu:
         config = type(config)(**{**config.__dict__, "layers": args.layers or 1})
 
     torch.manual_seed(0)
     base = LlamaDecoder(config).to(device, dtype)
+    if args.frozen_linears:
+        for module in base.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.requires_grad_(False)
     train = args.mode == "train"
     x = torch.randn(args.batch, args.seq, config.hidden, device=device, dtype=dtype, requires_grad=train)
     cotangent = torch.randn_like(x)
-    print(f"{model_name} x{config.layers} layer(s), batch {args.batch} x seq {args.seq}, {args.dtype}, {device}, "
-          f"{args.mode}")
+    print(f"{model_name} x{config.layers} layer(s), batch {args.batch} x seq {args.seq}, {args.dtype}"
+          f"{' autocast' if args.autocast else ''}, {device}, {args.mode}{', linears frozen' if args.frozen_linears else ''}")
 
     columns = [("eager", "eager", None), ("inductor", "inductor", None), ("primus_turbo", "primus_turbo", None)]
     recipes = [recipe for recipe in args.fp8.split(",") if recipe]
@@ -151,13 +165,14 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
             run = model if backend == "eager" else torch.compile(model, backend=backend, options=options)
 
         def step():
-            if not train:
-                with torch.no_grad():
-                    return run(x)
-            x.grad = None
-            model.zero_grad(set_to_none=True)
-            out = run(x)
-            out.backward(cotangent)
+            with torch.autocast(device, autocast_dtype, enabled=autocast_dtype is not None):
+                if not train:
+                    with torch.no_grad():
+                        return run(x)
+                x.grad = None
+                model.zero_grad(set_to_none=True)
+                out = run(x)
+            out.backward(cotangent.to(out.dtype))
             return out
 
         try:
@@ -271,7 +286,8 @@ def print_table(table: list[dict]) -> None:
 def _stem(args, name: str) -> str:
     os.makedirs(args.out, exist_ok=True)
     return os.path.join(args.out, name + ("" if args.mode == "train" else f"_{args.mode}")
-                        + ("_frozen" if args.freezing else ""))
+                        + ("_frozen" if args.freezing else "") + ("_frozen_linears" if args.frozen_linears else "")
+                        + ("_autocast" if args.autocast else ""))
 
 
 def _environment() -> dict:
@@ -293,7 +309,8 @@ def _pyplot():
 
 
 def _step_kind(args) -> str:
-    return "training step" if args.mode == "train" else "inference forward" + (", frozen" if args.freezing else "")
+    kind = "training step" if args.mode == "train" else "inference forward" + (", frozen" if args.freezing else "")
+    return kind + (", linears frozen" if args.frozen_linears else "") + (", autocast" if args.autocast else "")
 
 
 def write_outputs(args, name: str, config, table: list[dict], report: list[dict]) -> None:
@@ -302,6 +319,7 @@ def write_outputs(args, name: str, config, table: list[dict], report: list[dict]
     stem, environment = _stem(args, f"model_{name}"), _environment()
     with open(stem + ".json", "w") as f:
         json.dump({"environment": environment, "mode": args.mode, "freezing": args.freezing,
+                   "frozen_linears": args.frozen_linears, "autocast": args.autocast,
                    "config": {**config.__dict__, "batch": args.batch, "seq": args.seq},
                    "columns": table, "goals": report}, f, indent=1, default=str)
     _speedup_chart(stem, {name: table}, f"{name} x{config.layers} layer(s), batch {args.batch} x seq {args.seq}, "
