@@ -87,6 +87,31 @@ def test_residual_forward_backward_against_float64(impl, dtype):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("x_dtype, r_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.float16),
+                                              (torch.float16, torch.bfloat16)])
+def test_a_residual_of_another_dtype_promotes_as_the_add(impl, x_dtype, r_dtype):
+    """Under torch.autocast a bf16 branch output joins an fp32 residual stream: y and the sum come in the add's
+    dtype, the sum equal to the add's, and each addend's gradient in its own dtype."""
+    x, r = make((4, 7, 96), x_dtype, requires_grad=True), make((4, 7, 96), r_dtype, requires_grad=True)
+    w = make((96,), torch.float32, requires_grad=True)
+    promoted = torch.promote_types(x_dtype, r_dtype)
+    y, total = turbo_inductor.ops.rmsnorm_residual(x, r, w, eps=1e-6, impl=impl)
+    assert y.dtype == total.dtype == promoted
+    assert torch.equal(total, x + r)
+    dy, dtotal = torch.randn_like(y), torch.randn_like(total)
+    torch.autograd.backward([y, total], [dy, dtotal])
+    x64, r64, w64 = (t.detach().double().requires_grad_() for t in (x, r, w))
+    s64 = x64 + r64
+    expected = s64 * torch.rsqrt(s64.pow(2).mean(-1, keepdim=True) + 1e-6) * w64
+    torch.autograd.backward([expected, s64], [dy.double(), dtotal.double()])
+    assert_close(y, expected, promoted)
+    assert (x.grad.dtype, r.grad.dtype) == (x_dtype, r_dtype)
+    assert_close(x.grad, x64.grad, x_dtype)
+    assert_close(r.grad, r64.grad, r_dtype)
+    torch.library.opcheck(torch.ops.turbo_inductor.rmsnorm_residual_fwd, (x, r, w, 1e-6, impl))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_non_contiguous_inputs(impl):
     base = make((64, 6, 2), torch.float32)
     x = base.transpose(0, 2)[:, ::2]  # [2, 3, 64], strided
@@ -133,8 +158,10 @@ def test_bad_eps_and_residual_are_named():
     x = make((2, 8), torch.float32)
     with pytest.raises(ValueError, match="eps must be a finite number"):
         turbo_inductor.ops.rmsnorm(x, None, eps=float("nan"))
-    with pytest.raises(ValueError, match="residual .* must match x"):
+    with pytest.raises(ValueError, match=r"residual has shape \[2, 9\] but x has \[2, 8\]"):
         turbo_inductor.ops.rmsnorm_residual(x, make((2, 9), torch.float32))
+    with pytest.raises(ValueError, match="residual has dtype torch.int64"):
+        turbo_inductor.ops.rmsnorm_residual(x, torch.ones(2, 8, dtype=torch.int64, device=DEVICE))
 
 
 def test_forcing_an_implementation_that_cannot_run_says_why(monkeypatch):

@@ -134,6 +134,16 @@ def test_residual_add_is_fused_with_frozen_parameters():
     assert (counts["rmsnorm"], counts["rmsnorm_residual"]) == (2, 2)
 
 
+def test_promoting_residual_add_under_autocast_is_fused():
+    """Under torch.autocast the branch (a linear) returns bf16 while the residual stream stays fp32: the add
+    promotes, and fuses as a same-dtype add does (the add's dtype, each addend's gradient in its own)."""
+    model = ResidualBlock()
+    with torch.autocast("cpu", torch.bfloat16):
+        counts = assert_matches_inductor(model, [randn(2, 3, H), randn(2, 3, H)])
+    assert (counts["rmsnorm"], counts["rmsnorm_residual"]) == (2, 2)
+    assert ops_after("turbo_inductor.rmsnorm_residual") == 2 and ops_after("add") == 0
+
+
 def test_broadcasting_add_is_not_a_residual():
     class Bias(nn.Module):
         def __init__(self):

@@ -7,8 +7,10 @@ Ops in ``torch.ops.turbo_inductor``:
   rmsnorm_residual_fwd(x, residual, weight, eps, impl) -> (y, sum, rstd)    custom op; backward: rmsnorm_bwd
   rmsnorm_bwd(dy, x, weight, rstd, dresidual, impl) -> (dx, dweight)        custom op (not differentiable)
 
-The residual form adds in fp32, rounds the sum to x's dtype, returns it (the residual stream) and normalizes the
-rounded sum, so it equals ``rmsnorm(x + residual)``. ``rstd`` (fp32, x.shape[:-1]) is saved for backward; dweight
+The residual form adds in fp32, rounds the sum to the add's dtype (x's; or, where x and residual differ, their
+promotion: under ``torch.autocast`` a bf16 branch output is added to an fp32 residual stream), returns it (the
+residual stream) and normalizes the rounded sum, so it equals ``rmsnorm(x + residual)``; y is in the sum's dtype,
+and each addend's gradient in its own. ``rstd`` (fp32, x.shape[:-1]) is saved for backward; dweight
 is reduced in fp32. ``weight`` may be None; without weight, ``rmsnorm_bwd`` returns an empty dweight.
 """
 from __future__ import annotations
@@ -35,8 +37,9 @@ def _check_inputs(op: str, x: Tensor, weight: Optional[Tensor], eps: float,
         check(weight.dim() == 1 and weight.shape[0] == x.shape[-1], op,
               lambda: f"weight has shape {list(weight.shape)} but x's last dimension is {x.shape[-1]}")
     if residual is not None:
-        check(residual.shape == x.shape and residual.dtype == x.dtype, op,
-              lambda: f"residual ({list(residual.shape)}, {residual.dtype}) must match x ({list(x.shape)}, {x.dtype})")
+        check_float(op, "residual", residual)
+        check(residual.shape == x.shape, op,
+              lambda: f"residual has shape {list(residual.shape)} but x has {list(x.shape)}: they must match")
     check(math.isfinite(eps) and eps >= 0, op, lambda: f"eps must be a finite number >= 0, got {eps}")
     check_same_device(op, x=x, weight=weight, residual=residual)
 
@@ -45,10 +48,19 @@ def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.contiguous()
 
 
-def _empty_outputs(x: Tensor) -> tuple[Tensor, Tensor]:
+def output_dtype(x: Tensor, residual: Optional[Tensor]) -> torch.dtype:
+    """The dtype of y and of the sum: x's, or the promotion of x's and the residual's (as their add promotes)."""
+    return x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+
+
+def empty_output(x: Tensor, residual: Optional[Tensor] = None) -> Tensor:
+    """An uninitialized y (or sum) of x's shape, contiguous, in :func:`output_dtype`."""
+    return x.new_empty(x.shape, dtype=output_dtype(x, residual))
+
+
+def _empty_outputs(x: Tensor, residual: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Outputs for an input with no elements: empty y, and rstd as the plain math defines it."""
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    return y, torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device).fill_(float("nan"))
+    return empty_output(x, residual), torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device).fill_(float("nan"))
 
 
 # ---- forward -------------------------------------------------------------------------------------------------
@@ -74,7 +86,7 @@ def rmsnorm_residual_fwd(x: Tensor, residual: Tensor, weight: Optional[Tensor], 
                          impl: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
     _check_inputs("rmsnorm_residual", x, weight, eps, residual)
     if x.numel() == 0:
-        y, rstd = _empty_outputs(x)
+        y, rstd = _empty_outputs(x, residual)
         return y, torch.empty_like(y), rstd
     y, total, rstd = registry.select(FWD_KERNEL, x.device, impl)(
         rows_view(x), _contiguous(weight), rows_view(residual), eps)
@@ -84,7 +96,7 @@ def rmsnorm_residual_fwd(x: Tensor, residual: Tensor, weight: Optional[Tensor], 
 @rmsnorm_residual_fwd.register_fake
 def _(x, residual, weight, eps, impl="auto"):
     _check_inputs("rmsnorm_residual", x, weight, eps, residual)
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    y = empty_output(x, residual)
     return y, torch.empty_like(y), x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
@@ -131,25 +143,32 @@ def _setup_fwd(ctx, inputs, output):
 
 
 def input_grads(dy: Optional[Tensor], dtotal: Optional[Tensor], normalized: Tensor, weight: Optional[Tensor],
-                rstd: Tensor, has_residual: bool, impl: str) -> tuple:
+                rstd: Tensor, addend_dtypes: Optional[tuple[torch.dtype, torch.dtype]], impl: str) -> tuple:
     """(dx, dresidual, dweight) of an RMSNorm of ``normalized`` (x, or the sum x + residual), given its output's and
-    its sum's gradients (None where unused; ``dtotal`` only with a residual)."""
+    its sum's gradients (None where unused; ``dtotal`` only with a residual). ``addend_dtypes``: x's and the
+    residual's dtypes (None: no residual); the sum's gradient passes to each addend in its dtype, as the add's
+    backward casts it."""
+    dweight = None
     if dy is None:  # only the sum was used: its gradient passes to both addends
-        return dtotal, dtotal, None
-    dx, dweight = rmsnorm_bwd(dy, normalized, weight, rstd, dtotal, impl)
-    return dx, dx if has_residual else None, None if weight is None else dweight
+        dnormalized = dtotal
+    else:
+        dnormalized, dweight = rmsnorm_bwd(dy, normalized, weight, rstd, dtotal, impl)
+    if addend_dtypes is None:
+        return dnormalized, None, None if weight is None else dweight
+    x_dtype, residual_dtype = addend_dtypes
+    return dnormalized.to(x_dtype), dnormalized.to(residual_dtype), None if weight is None else dweight
 
 
 def _backward_fwd(ctx, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
-    dx, _, dweight = input_grads(dy, None, x, weight, rstd, False, ctx.impl)
+    dx, _, dweight = input_grads(dy, None, x, weight, rstd, None, ctx.impl)
     return dx, dweight, None, None
 
 
 def _setup_residual_fwd(ctx, inputs, output):
-    _x, _residual, weight, _eps, impl = inputs
+    x, residual, weight, _eps, impl = inputs
     ctx.save_for_backward(output[1], weight, output[2])
-    ctx.impl = impl
+    ctx.impl, ctx.addend_dtypes = impl, (x.dtype, residual.dtype)
     # An output nothing used gets None, not zeros: the sum is often read by the norm alone (a model's final norm),
     # and a zero dresidual would be a full-size tensor written and read for nothing (Inductor, unfused, has none).
     ctx.set_materialize_grads(False)
@@ -157,7 +176,7 @@ def _setup_residual_fwd(ctx, inputs, output):
 
 def _backward_residual_fwd(ctx, dy, dtotal, _drstd):
     total, weight, rstd = ctx.saved_tensors
-    return *input_grads(dy, dtotal, total, weight, rstd, True, ctx.impl), None, None
+    return *input_grads(dy, dtotal, total, weight, rstd, ctx.addend_dtypes, ctx.impl), None, None
 
 
 rmsnorm_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)

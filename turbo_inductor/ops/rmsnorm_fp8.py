@@ -22,7 +22,7 @@ from ..kernels.reference.fp8_quant import scale_shape
 from ..kernels.triton.rmsnorm import quantizes_in_its_pass
 from .fp8_linear import RECIPES, check_quantizes_in_rows, producer_quantization, quantizes_in_rows
 from .library import define_composite, kernel_op, rows_view
-from .rmsnorm import _check_inputs, _contiguous, input_grads
+from .rmsnorm import _check_inputs, _contiguous, empty_output, input_grads
 
 KERNEL = "rmsnorm_fwd_fp8"
 
@@ -36,7 +36,7 @@ def _outputs(x: Tensor, residual: Optional[Tensor], recipe: str) -> tuple[Tensor
     """Uninitialized outputs of the right shapes (the fake; an input with no elements)."""
     rows, h = math.prod(x.shape[:-1]), x.shape[-1]
     dtype, block_cols = producer_quantization(x, recipe)
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    y = empty_output(x, residual)
     return (y, torch.empty_like(y) if residual is not None else x.new_empty(0),
             x.new_empty(x.shape[:-1], dtype=torch.float32), x.new_empty((rows, h), dtype=dtype),
             x.new_empty(scale_shape(rows, h, 1, block_cols), dtype=torch.float32))
@@ -68,15 +68,15 @@ def _setup(ctx, inputs, output):
     y, total, rstd, q, scale = output
     ctx.save_for_backward(x if residual is None else total, weight, rstd)
     ctx.mark_non_differentiable(rstd, q, scale)
-    ctx.has_residual, ctx.impl = residual is not None, impl
+    ctx.addend_dtypes, ctx.impl = None if residual is None else (x.dtype, residual.dtype), impl
     # As rmsnorm_residual's: an output nothing used gets None rather than a full-size zero gradient.
     ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, dy, dtotal, _drstd, _dq, _dscale):
     normalized, weight, rstd = ctx.saved_tensors
-    dtotal = dtotal if ctx.has_residual else None  # (the empty sum's gradient, where there is no residual)
-    return *input_grads(dy, dtotal, normalized, weight, rstd, ctx.has_residual, ctx.impl), None, None, None
+    dtotal = dtotal if ctx.addend_dtypes else None  # (the empty sum's gradient, where there is no residual)
+    return *input_grads(dy, dtotal, normalized, weight, rstd, ctx.addend_dtypes, ctx.impl), None, None, None
 
 
 rmsnorm_fp8_fwd.register_autograd(_backward, setup_context=_setup)

@@ -1,13 +1,16 @@
 """``rmsnorm(a + b)`` -> ``turbo_inductor.rmsnorm_residual(a, b)``: the pre-norm block's residual add fused in.
 
 Runs after the rmsnorm pass, on the ``turbo_inductor.rmsnorm`` nodes it made. The sum usually feeds the next
-residual add as well: those other users read the fused op's second output. Only same-shape, same-dtype adds are
-taken (a broadcasting or promoting add is not the residual stream).
+residual add as well: those other users read the fused op's second output. Only adds of two tensors of the sum's
+shape are taken (a broadcasting add is not the residual stream); their dtypes may differ where the add promotes
+them (under ``torch.autocast`` a bf16 branch output joins an fp32 residual stream): the op promotes as the add.
 """
 from __future__ import annotations
 
+import torch
 import torch.fx as fx
 
+from ..ops.library import SUPPORTED_FLOAT_DTYPES
 from ..ops.rmsnorm import rmsnorm as rmsnorm_op, rmsnorm_residual as rmsnorm_residual_op
 from ..options import Options
 from . import matcher as m
@@ -26,7 +29,7 @@ class RMSNormResidualPass(RewritePass):
             total, weight, eps, impl = norm.args
             c = m.call(total)
             operands = m.binary_operands(c) if c is not None and c.op == "add" else None
-            if operands is None or not all(_same_tensor_type(o, total) for o in operands):
+            if operands is None or not all(_addend_of(o, total) for o in operands):
                 continue
             # the fused op replaces the add, so everything it reads must exist there
             if not m.available_at(weight, total, position):
@@ -41,6 +44,8 @@ class RMSNormResidualPass(RewritePass):
         return count
 
 
-def _same_tensor_type(value, like: fx.Node) -> bool:
-    t, ref = m.fake(value), m.fake(like)
-    return t is not None and t.shape == ref.shape and t.dtype == ref.dtype and t.device == ref.device
+def _addend_of(value, total: fx.Node) -> bool:
+    """Whether ``value`` is a tensor of the sum's shape and device, in a float dtype that promotes to the sum's."""
+    t, ref = m.fake(value), m.fake(total)
+    return (t is not None and t.shape == ref.shape and t.device == ref.device and t.dtype in SUPPORTED_FLOAT_DTYPES
+            and torch.promote_types(t.dtype, ref.dtype) == ref.dtype)

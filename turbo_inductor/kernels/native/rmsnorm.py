@@ -25,6 +25,8 @@ def _supports(x: torch.Tensor, weight: torch.Tensor | None) -> str | None:
 
 
 def supports_fwd(x, weight, residual, eps) -> str | None:
+    if residual is not None and residual.dtype != x.dtype:
+        return f"a residual of x's dtype, got {residual.dtype} for {x.dtype}"
     return _supports(x, weight)
 
 

@@ -2,10 +2,11 @@
 
 This file sets the semantics every other implementation must match:
 
-* with a residual, ``s = x + residual`` is computed in fp32 and rounded to ``x.dtype``; the norm is applied
-  to that rounded ``s``, so the fused op equals the unfused "add, then norm" program bit for bit in ``s``;
+* with a residual, ``s = x + residual`` is computed in fp32 and rounded to the add's dtype (x's, or the promotion
+  of x's and the residual's where they differ); the norm is applied to that rounded ``s``, so the fused op equals
+  the unfused "add, then norm" program bit for bit in ``s``;
 * ``rstd = 1 / sqrt(mean(s^2) + eps)`` in fp32, one value per row;
-* ``y = s * rstd * weight`` computed in fp32 and rounded to ``x.dtype`` once.
+* ``y = s * rstd * weight`` computed in fp32 and rounded to ``s``'s dtype once.
 """
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ from .fp8_quant import fp8_quantize
 
 @implementation("rmsnorm_fwd", "reference", priority=0, unavailable_reason=unavailable_reason)
 def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float):
-    """Returns ``(y, s_out, rstd)``: ``y`` [rows, H] in x.dtype, ``s_out`` the rounded ``x + residual``
+    """Returns ``(y, s_out, rstd)``: ``y`` [rows, H] in s's dtype, ``s_out`` the rounded ``x + residual``
     (None without a residual), ``rstd`` [rows] fp32."""
     if residual is not None:
-        s_out = (x.float() + residual.float()).to(x.dtype)
+        s_out = (x.float() + residual.float()).to(torch.promote_types(x.dtype, residual.dtype))
         s = s_out
     else:
         s_out = None
@@ -32,13 +33,13 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Te
     if weight is not None:
         y = y * weight.float()
     # ``.to`` may return its input unchanged (fp32): that is a fresh temporary here, never an alias of x.
-    return y.to(x.dtype).contiguous(), s_out, rstd
+    return y.to(s.dtype).contiguous(), s_out, rstd
 
 
 @implementation("rmsnorm_fwd_fp8", "reference", priority=0, unavailable_reason=unavailable_reason)
 def rmsnorm_fwd_fp8(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float,
                     fp8_dtype: torch.dtype, block_cols: int, power_of_two: bool = False):
-    """Returns ``(y, s_out, rstd, q, scale)``: :func:`rmsnorm_fwd`'s outputs and y (as rounded to x.dtype)
+    """Returns ``(y, s_out, rstd, q, scale)``: :func:`rmsnorm_fwd`'s outputs and y (as rounded to its dtype)
     quantized in blocks of 1 x ``block_cols``, as ``fp8_quantize(y, fp8_dtype, 1, block_cols)`` does it."""
     y, s_out, rstd = rmsnorm_fwd(x, weight, residual, eps)
     return y, s_out, rstd, *fp8_quantize(y, fp8_dtype, 1, block_cols, False, power_of_two=power_of_two)

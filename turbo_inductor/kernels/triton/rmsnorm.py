@@ -406,8 +406,11 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | 
     n_rows, H = x.shape
     # The width sets the launch configuration: a compiled graph specializes on it (the row count stays symbolic).
     H = int(H)
-    y = torch.empty_like(x)
-    s_out = torch.empty_like(x) if residual is not None else None
+    # y and the sum in the add's dtype (x's, or its promotion with the residual's): the kernels round to the
+    # dtypes of the outputs they store
+    out_dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+    y = torch.empty_like(x, dtype=out_dtype)
+    s_out = torch.empty_like(y) if residual is not None else None
     rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     q = scale = None
     if quantize is not None:
@@ -424,7 +427,7 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | 
     w_arg = weight if weight is not None else x
     r_arg = residual if residual is not None else x
     s_arg = s_out if s_out is not None else y
-    tiling = fwd_tiling(H, x.element_size())
+    tiling = fwd_tiling(H, y.element_size())
     with on_device(x.device):
         if tiling.chunked:
             launch(_rmsnorm_fwd_chunked_kernel)[(n_rows,)](
