@@ -131,15 +131,20 @@ def test_frozen_fp8_linears_read_the_weights_fp8_copy(recipe):
 
 @pytest.mark.parametrize("block_cols, power_of_two", [(4096, False), (128, False), (32, True)],
                          ids=["rowwise", "1x128", "1x32"])
-@pytest.mark.parametrize("residual", [False, True])
-def test_rmsnorm_fp8_at_real_sizes_equals_the_norm_then_the_quantization(block_cols, power_of_two, residual):
-    """The norm's FP8 epilogue, compiled for the GPU, against the norm followed by the quantization kernel."""
+@pytest.mark.parametrize("residual, dtype", [(False, torch.bfloat16), (True, torch.bfloat16), (True, torch.float32)],
+                         ids=["plain", "residual", "autocast"])
+def test_rmsnorm_fp8_at_real_sizes_equals_the_norm_then_the_quantization(block_cols, power_of_two, residual, dtype):
+    """The norm's FP8 epilogue, compiled for the GPU, against the norm followed by the quantization kernel; "autocast":
+    an fp32 residual stream with a bf16 branch, the norm's fp32 output written as its cast to bf16."""
     x = torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16) * 4
-    r = torch.randn_like(x) if residual else None
-    w = torch.rand(4096, device="cuda", dtype=torch.bfloat16) + 0.5
+    r = torch.randn_like(x, dtype=dtype) if residual else None
+    w = torch.rand(4096, device="cuda", dtype=dtype) + 0.5
     e4m3 = fp8_formats(x.device)[0]
-    fused = registry.implementations("rmsnorm_fwd_fp8")["triton"].fn(x, w, r, 1e-5, e4m3, block_cols, power_of_two)
+    out_dtype = torch.bfloat16 if dtype == torch.float32 else None
+    fused = registry.implementations("rmsnorm_fwd_fp8")["triton"].fn(x, w, r, 1e-5, e4m3, block_cols, power_of_two,
+                                                                     out_dtype=out_dtype)
     y, total, rstd = registry.implementations("rmsnorm_fwd")["triton"].fn(x, w, r, 1e-5)
+    y = y.to(out_dtype or y.dtype)
     # y and rstd within an ulp of the plain kernel's (compiled with the epilogue, the row sum may be reduced in
     # another order); q and scale exactly the quantization of the fused kernel's own y
     for got, want in zip(fused[:3], (y, total, rstd)):

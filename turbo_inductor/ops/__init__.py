@@ -31,11 +31,13 @@ def rmsnorm_residual(x: Tensor, residual: Tensor, weight: Optional[Tensor] = Non
 
 
 def rmsnorm_fp8(x: Tensor, residual: Optional[Tensor] = None, weight: Optional[Tensor] = None, eps: float = 1e-6,
-                recipe: str = "rowwise", *, impl: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                recipe: str = "rowwise", *, impl: str = "auto",
+                out_dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(y, x + residual, q, scale)``: RMSNorm (of ``x + residual`` where given; the sum is empty otherwise) with y
     also quantized as ``recipe`` quantizes an FP8 linear's input, to pass to :func:`fp8_linear` as ``x_q``,
-    ``x_scale``. For recipes that quantize x in blocks within a row (rowwise, blockwise, mxfp8)."""
-    return torch.ops.turbo_inductor.rmsnorm_fp8(x, residual, weight, eps, recipe, impl)
+    ``x_scale``. For recipes that quantize x in blocks within a row (rowwise, blockwise, mxfp8). ``out_dtype``: y
+    as the norm's output cast to it (an fp32 norm feeding bf16 linears under autocast)."""
+    return torch.ops.turbo_inductor.rmsnorm_fp8(x, residual, weight, eps, recipe, impl, out_dtype)
 
 
 def swiglu(gate: Tensor, up: Tensor, *, impl: str = "auto") -> Tensor:

@@ -128,8 +128,9 @@ def _no_weight_grad(x: Tensor) -> Tensor:
 
 def _check_backward_inputs(dy, x, weight, rstd, dresidual) -> None:
     _check_inputs("rmsnorm_bwd", x, weight, 0.0, dresidual)
-    check(dy.shape == x.shape and dy.dtype == x.dtype, "rmsnorm_bwd",
-          lambda: f"dy ({list(dy.shape)}, {dy.dtype}) must match x ({list(x.shape)}, {x.dtype})")
+    # dy in y's dtype, which may differ from x's (rmsnorm_fp8's out_dtype)
+    check(dy.shape == x.shape and dy.dtype in SUPPORTED_FLOAT_DTYPES, "rmsnorm_bwd",
+          lambda: f"dy ({list(dy.shape)}, {dy.dtype}) must be a float tensor of x's shape {list(x.shape)}")
     check(rstd.shape == x.shape[:-1] and rstd.dtype == torch.float32, "rmsnorm_bwd",
           lambda: f"rstd must be float32 of shape {list(x.shape[:-1])}, got {rstd.dtype} {list(rstd.shape)}")
 

@@ -1,10 +1,13 @@
 """RMSNorm that also writes its output in FP8 for the FP8 linears reading it: the quantization fused into its producer.
 
 Ops in ``torch.ops.turbo_inductor``:
-  rmsnorm_fp8(x, residual, weight, eps, recipe, impl) -> (y, sum, q, scale)             public (composite)
-  rmsnorm_fp8_fwd(x, residual, weight, eps, recipe, impl) -> (y, sum, rstd, q, scale)   custom op; backward: rmsnorm_bwd
+  rmsnorm_fp8(x, residual, weight, eps, recipe, impl, out_dtype) -> (y, sum, q, scale)             public (composite)
+  rmsnorm_fp8_fwd(x, residual, weight, eps, recipe, impl, out_dtype) -> (y, sum, rstd, q, scale)   custom op;
+                                                                                     backward: rmsnorm_bwd
 
-y, sum and rstd are those of ``rmsnorm`` (residual None; sum is then empty) or ``rmsnorm_residual``. q [rows, H] and
+y, sum and rstd are those of ``rmsnorm`` (residual None; sum is then empty) or ``rmsnorm_residual``; with
+``out_dtype``, y is that of the norm's output cast to it (under ``torch.autocast`` an fp32 norm's output is cast to
+bf16 for its linears: the norm writes it so, and the cast's backward is the norm's, which reads dy in that dtype). q [rows, H] and
 scale are y quantized as ``recipe`` quantizes a linear's input for the forward GEMM, which ``fp8_linear`` takes as
 ``x_q``, ``x_scale`` instead of reading y again to quantize it. The norm's kernel holds whole rows, so it quantizes
 only blocks within a row: recipes whose activation blocks are 1 x C (``fp8_linear.quantizes_in_rows``).
@@ -21,50 +24,55 @@ from ..kernels import registry
 from ..kernels.reference.fp8_quant import scale_shape
 from ..kernels.triton.rmsnorm import quantizes_in_its_pass
 from .fp8_linear import RECIPES, check_quantizes_in_rows, producer_quantization, quantizes_in_rows
-from .library import define_composite, kernel_op, rows_view
+from .library import SUPPORTED_FLOAT_DTYPES, check, define_composite, kernel_op, rows_view
 from .rmsnorm import _check_inputs, _contiguous, empty_output, input_grads
 
 KERNEL = "rmsnorm_fwd_fp8"
 
 
-def _check(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], eps: float, recipe: str) -> None:
+def _check(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], eps: float, recipe: str,
+           out_dtype: Optional[torch.dtype]) -> None:
     _check_inputs("rmsnorm_fp8", x, weight, eps, residual)
     check_quantizes_in_rows("rmsnorm_fp8", recipe)
+    check(out_dtype is None or out_dtype in SUPPORTED_FLOAT_DTYPES, "rmsnorm_fp8",
+          lambda: f"out_dtype must be one of float32, bfloat16, float16 or None, got {out_dtype}")
 
 
-def _outputs(x: Tensor, residual: Optional[Tensor], recipe: str) -> tuple[Tensor, ...]:
+def _outputs(x: Tensor, residual: Optional[Tensor], recipe: str, out_dtype: Optional[torch.dtype]) -> tuple[Tensor, ...]:
     """Uninitialized outputs of the right shapes (the fake; an input with no elements)."""
     rows, h = math.prod(x.shape[:-1]), x.shape[-1]
     dtype, block_cols = producer_quantization(x, recipe)
-    y = empty_output(x, residual)
-    return (y, torch.empty_like(y) if residual is not None else x.new_empty(0),
+    total = empty_output(x, residual)
+    y = total if out_dtype is None else x.new_empty(x.shape, dtype=out_dtype)
+    return (y, torch.empty_like(total) if residual is not None else x.new_empty(0),
             x.new_empty(x.shape[:-1], dtype=torch.float32), x.new_empty((rows, h), dtype=dtype),
             x.new_empty(scale_shape(rows, h, 1, block_cols), dtype=torch.float32))
 
 
 @kernel_op("rmsnorm_fp8_fwd", (KERNEL,))
 def rmsnorm_fp8_fwd(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], eps: float, recipe: str,
-                    impl: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    _check(x, residual, weight, eps, recipe)
+                    impl: str = "auto", out_dtype: Optional[torch.dtype] = None
+                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    _check(x, residual, weight, eps, recipe, out_dtype)
     if x.numel() == 0:
-        y, total, rstd, q, scale = _outputs(x, residual, recipe)
+        y, total, rstd, q, scale = _outputs(x, residual, recipe, out_dtype)
         return y, total, rstd.fill_(float("nan")), q, scale.fill_(1.0)
     dtype, block_cols = producer_quantization(x, recipe)
     y, total, rstd, q, scale = registry.select(KERNEL, x.device, impl)(
         rows_view(x), _contiguous(weight), None if residual is None else rows_view(residual), eps, dtype, block_cols,
-        power_of_two=RECIPES[recipe].power_of_two)
+        power_of_two=RECIPES[recipe].power_of_two, out_dtype=out_dtype)
     total = total.view(x.shape) if residual is not None else x.new_empty(0)
     return y.view(x.shape), total, rstd.view(x.shape[:-1]), q, scale
 
 
 @rmsnorm_fp8_fwd.register_fake
-def _(x, residual, weight, eps, recipe, impl="auto"):
-    _check(x, residual, weight, eps, recipe)
-    return _outputs(x, residual, recipe)
+def _(x, residual, weight, eps, recipe, impl="auto", out_dtype=None):
+    _check(x, residual, weight, eps, recipe, out_dtype)
+    return _outputs(x, residual, recipe, out_dtype)
 
 
 def _setup(ctx, inputs, output):
-    x, residual, weight, _eps, _recipe, impl = inputs
+    x, residual, weight, _eps, _recipe, impl, _out_dtype = inputs
     y, total, rstd, q, scale = output
     ctx.save_for_backward(x if residual is None else total, weight, rstd)
     ctx.mark_non_differentiable(rstd, q, scale)
@@ -76,25 +84,26 @@ def _setup(ctx, inputs, output):
 def _backward(ctx, dy, dtotal, _drstd, _dq, _dscale):
     normalized, weight, rstd = ctx.saved_tensors
     dtotal = dtotal if ctx.addend_dtypes else None  # (the empty sum's gradient, where there is no residual)
-    return *input_grads(dy, dtotal, normalized, weight, rstd, ctx.addend_dtypes, ctx.impl), None, None, None
+    return *input_grads(dy, dtotal, normalized, weight, rstd, ctx.addend_dtypes, ctx.impl), None, None, None, None
 
 
 rmsnorm_fp8_fwd.register_autograd(_backward, setup_context=_setup)
 
 
 def _rmsnorm_fp8(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], eps: float, recipe: str,
-                 impl: str = "auto") -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    y, total, _rstd, q, scale = rmsnorm_fp8_fwd(x, residual, weight, eps, recipe, impl)
+                 impl: str = "auto", out_dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    y, total, _rstd, q, scale = rmsnorm_fp8_fwd(x, residual, weight, eps, recipe, impl, out_dtype)
     return y, total, q, scale
 
 
 rmsnorm_fp8 = define_composite(
-    "rmsnorm_fp8(Tensor x, Tensor? residual, Tensor? weight, float eps, str recipe, str impl='auto') "
+    "rmsnorm_fp8(Tensor x, Tensor? residual, Tensor? weight, float eps, str recipe, str impl='auto', "
+    "ScalarType? out_dtype=None) "
     "-> (Tensor, Tensor, Tensor, Tensor)", _rmsnorm_fp8)
 
 
-def can_rewrite(y: Tensor, recipe: str) -> bool:
-    """Whether an RMSNorm of (fake) output ``y`` feeding FP8 linears of ``recipe`` can write their input in FP8 in its
+def can_rewrite(x: Tensor, recipe: str) -> bool:
+    """Whether an RMSNorm of (fake) input ``x`` feeding FP8 linears of ``recipe`` can write their input in FP8 in its
     own pass (where the Triton kernel would hand the quantization to a pass of its own, the rewrite gains nothing)."""
-    return (quantizes_in_rows(recipe) and registry.available_on(KERNEL, y.device)
-            and quantizes_in_its_pass(y.shape[-1], y.element_size(), producer_quantization(y, recipe)[1]))
+    return (quantizes_in_rows(recipe) and registry.available_on(KERNEL, x.device)
+            and quantizes_in_its_pass(x.shape[-1], x.element_size(), producer_quantization(x, recipe)[1]))

@@ -6,11 +6,17 @@ projections, the MLP's gate and up) becomes ``rmsnorm_fp8``, and those linears t
 ``x_q``, ``x_scale``. The norm's other users, and the linears' backward (which quantizes x^T from y), read y as
 before. Taken when every FP8 linear of the output uses one recipe that quantizes x in blocks within a row
 (``fp8_linear.quantizes_in_rows``); with mixed recipes, or none such, the graph is left alone.
+
+Under ``torch.autocast`` the linears read the norm's output through casts (an fp32 norm, bf16 linears: the fp8
+pass makes autocast's casts explicit). Where every user of the output is a cast to one dtype, the norm writes y in
+that dtype (``out_dtype``) and the casts go: y is the cast's value bit for bit, and in backward the norm reads dy
+in that dtype where the cast's backward would have converted it first.
 """
 from __future__ import annotations
 
 import operator
 
+import torch
 import torch.fx as fx
 
 from ..ops.rmsnorm import rmsnorm as rmsnorm_op, rmsnorm_residual as rmsnorm_residual_op
@@ -25,24 +31,28 @@ class RMSNormFP8Pass(RewritePass):
     name = "rmsnorm_fp8"
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
+        position = {node: i for i, node in enumerate(graph.nodes)}
         count = 0
         for norm in list(graph.nodes):
             outputs = _outputs(norm)
             if outputs is None:
                 continue
             normed, total = outputs
-            readers = fp8_readers(normed)
-            if readers is None or not can_rewrite(m.fake(normed), readers[1]):
+            x, residual, weight, eps, impl = _arguments(norm)
+            read, out_dtype = _read_as(normed, position)
+            readers = fp8_readers(read)
+            if readers is None or not can_rewrite(m.fake(x), readers[1]):
                 continue
             linears, recipe = readers
-            x, residual, weight, eps, impl = _arguments(norm)
             y, new_total, q, scale = m.insert_op(graph, norm, rmsnorm_fp8_op,
-                                                 (x, residual, weight, eps, recipe, impl), n_outputs=4)
-            normed.replace_all_uses_with(y)
+                                                 (x, residual, weight, eps, recipe, impl, out_dtype), n_outputs=4)
+            replaced = [normed] if read is normed else list(normed.users)  # the norm's output, or its casts
+            for value in replaced:
+                value.replace_all_uses_with(y)
             if total is not None:
                 total.replace_all_uses_with(new_total)
             hand_over(linears, q, scale)
-            m.erase_unused([norm] + [n for n in (normed, total) if n is not None and n is not norm])
+            m.erase_unused(dict.fromkeys([norm, *[n for n in (normed, total) if n is not None], *replaced]))
             count += 1
         return count
 
@@ -57,6 +67,19 @@ def _outputs(norm: fx.Node) -> tuple[fx.Node, fx.Node | None] | None:
     if 0 not in items:
         return None
     return items[0], items.get(1)
+
+
+def _read_as(normed: fx.Node, position: dict[fx.Node, int]) -> tuple[fx.Node, torch.dtype | None]:
+    """(the value the linears read, the dtype the norm writes y in; None: its own): the norm's output; or, where every
+    user of it casts it to one dtype (autocast's casts for its linears), the first of those casts and that dtype."""
+    casts = list(normed.users)
+    calls = [m.call(c) for c in casts]
+    if not casts or any(c is None or c.op != "cast" or c.args[0] is not normed for c in calls):
+        return normed, None
+    dtypes = {c.kwargs["dtype"] for c in calls}
+    if len(dtypes) != 1:
+        return normed, None
+    return min(casts, key=lambda c: position.get(c, len(position))), dtypes.pop()
 
 
 def _arguments(norm: fx.Node) -> tuple:

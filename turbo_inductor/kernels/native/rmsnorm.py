@@ -31,6 +31,8 @@ def supports_fwd(x, weight, residual, eps) -> str | None:
 
 
 def supports_bwd(dy, x, weight, rstd, dresidual) -> str | None:
+    if dy.dtype != x.dtype:
+        return f"dy of x's dtype, got {dy.dtype} for {x.dtype}"
     return _supports(x, weight)
 
 

@@ -21,6 +21,13 @@ from .fp8_quant import fp8_quantize
 def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float):
     """Returns ``(y, s_out, rstd)``: ``y`` [rows, H] in s's dtype, ``s_out`` the rounded ``x + residual``
     (None without a residual), ``rstd`` [rows] fp32."""
+    return _rmsnorm(x, weight, residual, eps, None)
+
+
+def _rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float,
+             out_dtype: torch.dtype | None):
+    """:func:`rmsnorm_fwd`, y in ``out_dtype`` if given (rounded to it from fp32 once, as casting the output to it
+    would round it)."""
     if residual is not None:
         s_out = (x.float() + residual.float()).to(torch.promote_types(x.dtype, residual.dtype))
         s = s_out
@@ -33,15 +40,17 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Te
     if weight is not None:
         y = y * weight.float()
     # ``.to`` may return its input unchanged (fp32): that is a fresh temporary here, never an alias of x.
-    return y.to(s.dtype).contiguous(), s_out, rstd
+    return y.to(out_dtype or s.dtype).contiguous(), s_out, rstd
 
 
 @implementation("rmsnorm_fwd_fp8", "reference", priority=0, unavailable_reason=unavailable_reason)
 def rmsnorm_fwd_fp8(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float,
-                    fp8_dtype: torch.dtype, block_cols: int, power_of_two: bool = False):
-    """Returns ``(y, s_out, rstd, q, scale)``: :func:`rmsnorm_fwd`'s outputs and y (as rounded to its dtype)
+                    fp8_dtype: torch.dtype, block_cols: int, power_of_two: bool = False,
+                    out_dtype: torch.dtype | None = None):
+    """Returns ``(y, s_out, rstd, q, scale)``: :func:`rmsnorm_fwd`'s outputs (y in ``out_dtype`` if given) and y
+    (as rounded to its dtype)
     quantized in blocks of 1 x ``block_cols``, as ``fp8_quantize(y, fp8_dtype, 1, block_cols)`` does it."""
-    y, s_out, rstd = rmsnorm_fwd(x, weight, residual, eps)
+    y, s_out, rstd = _rmsnorm(x, weight, residual, eps, out_dtype)
     return y, s_out, rstd, *fp8_quantize(y, fp8_dtype, 1, block_cols, False, power_of_two=power_of_two)
 
 

@@ -381,14 +381,15 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Te
 @implementation("rmsnorm_fwd_fp8", "triton", priority=20, unavailable_reason=unavailable_reason,
                 traceable=traceable)
 def rmsnorm_fwd_fp8(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float,
-                    fp8_dtype: torch.dtype, block_cols: int, power_of_two: bool = False):
+                    fp8_dtype: torch.dtype, block_cols: int, power_of_two: bool = False,
+                    out_dtype: torch.dtype | None = None):
     """Returns ``(y, s_out, rstd, q, scale)``; see ``..reference.rmsnorm.rmsnorm_fwd_fp8``. y is quantized in the
     norm's own pass where :func:`quantizes_in_its_pass`, else by the quantization kernel after it."""
     H = int(x.shape[1])
     if not quantizes_in_its_pass(H, x.element_size(), block_cols):
-        y, s_out, rstd = _fwd(x, weight, residual, eps)[:3]
+        y, s_out, rstd = _fwd(x, weight, residual, eps, out_dtype=out_dtype)[:3]
         return y, s_out, rstd, *fp8_quantize(y, fp8_dtype, 1, block_cols, False, power_of_two=power_of_two)
-    return _fwd(x, weight, residual, eps, (fp8_dtype, min(block_cols, H), power_of_two))
+    return _fwd(x, weight, residual, eps, (fp8_dtype, min(block_cols, H), power_of_two), out_dtype)
 
 
 def quantizes_in_its_pass(H: int, element_size: int, block_cols: int) -> bool:
@@ -399,18 +400,18 @@ def quantizes_in_its_pass(H: int, element_size: int, block_cols: int) -> bool:
 
 
 def _fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float,
-         quantize: tuple[torch.dtype, int, bool] | None = None):
+         quantize: tuple[torch.dtype, int, bool] | None = None, out_dtype: torch.dtype | None = None):
     """``(y, s_out, rstd, q, scale)``, with q and scale None unless ``quantize`` = (fp8 dtype, block, power of two),
-    blocks that :func:`quantizes_in_its_pass`."""
+    blocks that :func:`quantizes_in_its_pass`; y in ``out_dtype`` if given."""
     x = x.contiguous()
     n_rows, H = x.shape
     # The width sets the launch configuration: a compiled graph specializes on it (the row count stays symbolic).
     H = int(H)
-    # y and the sum in the add's dtype (x's, or its promotion with the residual's): the kernels round to the
-    # dtypes of the outputs they store
-    out_dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
-    y = torch.empty_like(x, dtype=out_dtype)
-    s_out = torch.empty_like(y) if residual is not None else None
+    # The sum in the add's dtype (x's, or its promotion with the residual's), y in the sum's or ``out_dtype``: the
+    # kernels round to the dtypes of the outputs they store.
+    sum_dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+    y = torch.empty_like(x, dtype=out_dtype or sum_dtype)
+    s_out = torch.empty_like(x, dtype=sum_dtype) if residual is not None else None
     rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     q = scale = None
     if quantize is not None:
@@ -427,7 +428,7 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | 
     w_arg = weight if weight is not None else x
     r_arg = residual if residual is not None else x
     s_arg = s_out if s_out is not None else y
-    tiling = fwd_tiling(H, y.element_size())
+    tiling = fwd_tiling(H, x.element_size())
     with on_device(x.device):
         if tiling.chunked:
             launch(_rmsnorm_fwd_chunked_kernel)[(n_rows,)](
