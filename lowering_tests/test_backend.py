@@ -105,6 +105,18 @@ def test_failing_pass_falls_back_with_one_warning_unless_strict(monkeypatch):
         torch.compile(model, backend="primus_turbo", options={"strict": True})(x)
 
 
+def test_a_graph_without_fake_tensors_is_left_to_inductor_with_one_warning():
+    """torch 2.11 retraces CPU graphs under Inductor's freezing before the pre-grad passes, without the fake tensors
+    the matchers read: the pass manager says so and leaves the graph as it is."""
+    gm = torch.fx.symbolic_trace(norm_model())  # a traced graph: no fake tensors in its nodes' meta
+    before = gm.graph.python_code("self").src
+    manager = PassManager(PASSES, Options.parse({}, PASSES))
+    with pytest.warns(UserWarning, match="carries no fake tensors"):
+        manager(gm.graph)
+    assert gm.graph.python_code("self").src == before
+    assert manager.record.failures == [("all", "the graph carries no fake tensors")] and not manager.record.counts
+
+
 def test_nothing_to_fuse_compiles_as_inductor():
     model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
     counts = assert_matches_inductor(model, [torch.randn(4, 32)])

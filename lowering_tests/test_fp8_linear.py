@@ -135,8 +135,8 @@ def test_under_autocast_every_linear_becomes_fp8_in_the_autocast_dtype(recipe):
     in bf16 whatever its operands' dtypes (x fp32 or bf16, W fp32), so each becomes an FP8 linear on its operands
     cast to bf16, as autocast casts them: the results are those of the model cast to bf16 (ReLU, which autocast
     leaves alone, between the linears), with bf16 outputs as under Inductor and fp32 gradients for fp32 tensors.
-    The output is equal bit for bit; the gradients within a bf16 rounding, which the bf16 model's gradients take
-    and Inductor's fused cast back to fp32 may skip."""
+    On CPU the output is equal bit for bit and the gradients within a bf16 rounding, which the bf16 model's
+    gradients take and Inductor's fused cast back to fp32 may skip; on the GPU at the FP8 noise level (below)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64, bias=False), nn.Linear(64, 32)).to(DEVICE)
     x = torch.randn(2, 8, 64, device=DEVICE)
@@ -148,6 +148,14 @@ def test_under_autocast_every_linear_becomes_fp8_in_the_autocast_dtype(recipe):
     assert all(g.dtype == torch.float32 for g in grads)
     (want,), want_grads = run(copy.deepcopy(model).to(torch.bfloat16), [x.to(torch.bfloat16)], "primus_turbo",
                               options=options)
+    if DEVICE == "cuda":
+        # Two different GPU graphs: a last-bit difference anywhere (cuBLASLt's kernel choice for other buffers,
+        # Inductor's fusions around the casts) moves an amax, and with it the FP8 rounding of a whole row or tensor:
+        # the same computation at the FP8 noise level.
+        assert snr_db(out, want) >= 30
+        for got, expected in zip(grads, want_grads):
+            assert snr_db(got, expected) >= GRADIENT_GATE[RECIPES[recipe].gradient_format]
+        return
     torch.testing.assert_close(out, want, rtol=0, atol=0)
     for got, expected in zip(grads, want_grads):
         torch.testing.assert_close(got, expected.float(), rtol=2 ** -8, atol=0)
