@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What the GPU machine checks, in one call (device tool): install, GPU tests, op and model benchmarks.
-#   bash benchmarks/run_gpu.sh [tests] [rmsnorm] [glu] [fp8] [fp8_quant] [model] [convergence] [profile] [gemm_ar]   (default: tests rmsnorm glu model)   logs and JSON land in $OUT
-#   TESTS="lowering_tests/test_gpu.py ..." limits the tests step to those files; MODEL_ARGS="--kernels 12 ..." (GEMM_AR_ARGS) adds
-#   arguments to the model (gemm_ar) step; MAX_JOBS sets the native build's jobs; INSTALLED=1 skips the install.
+#   bash benchmarks/run_gpu.sh [tests] [rmsnorm] [glu] [fp8] [fp8_quant] [model] [convergence] [profile] [gemm_ar] [fsdp2]   (default: tests rmsnorm glu model)   logs and JSON land in $OUT
+#   TESTS="lowering_tests/test_gpu.py ..." limits the tests step to those files; MODEL_ARGS="--kernels 12 ..." (GEMM_AR_ARGS, FSDP2_ARGS) adds
+#   arguments to the model (gemm_ar, fsdp2) step; MAX_JOBS sets the native build's jobs; INSTALLED=1 skips the install.
 set -o pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/turbo_out}
 mkdir -p "$OUT"
@@ -32,6 +32,7 @@ for step in $steps; do
     fp8_quant) (cd benchmarks && python3 bench_fp8_quant.py) 2>&1 | tee "$OUT/bench_fp8_quant.log" | grep -v Warning ;;
     gemm_ar) (cd benchmarks && torchrun --nproc-per-node "$(nvidia-smi -L | wc -l)" bench_gemm_allreduce.py ${GEMM_AR_ARGS:-}) 2>&1 | tee "$OUT/bench_gemm_allreduce.log" | grep -v Warning ;;  # kind nvidia-h200-x2
     glu)     (cd benchmarks && python3 bench_glu.py) 2>&1 | tee "$OUT/bench_glu.log" | grep -v Warning ;;
+    fsdp2)   torchrun --nproc-per-node "$(nvidia-smi -L | wc -l)" -m benchmarks.bench_fsdp2 --out "$OUT" ${FSDP2_ARGS:-} 2>&1 | tee "$OUT/bench_fsdp2.log" | grep -v Warning ;;  # kind nvidia-h200-x2
     *)       echo "unknown step $step"; exit 2 ;;
   esac
 done

@@ -133,3 +133,30 @@ def test_convergence_run_writes_curves_and_chart(tmp_path):
     assert (tmp_path / "convergence.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert curves["inductor"][-1] < curves["inductor"][0], "the loss goes down"
     assert convergence.max_deviation(curves["primus_turbo"], curves["inductor"]) < 0.01
+
+
+def _fsdp2_benchmark(rank, port, out):
+    import os
+
+    from benchmarks import bench_fsdp2
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank))
+    bench_fsdp2.main(["--config", "tiny", "--layers", "1", "--seq", "16", "--fp8", "rowwise", "--out", out])
+
+
+def test_fsdp2_benchmark_runs_every_column_on_two_processes(tmp_path):
+    """The FSDP2 benchmark (torchtitan's composition) as a smoke run on gloo: every column, the rewrites inside the
+    compiled layers, and the numbers it reports (the gradients' FP8 accuracy is the interpreter's here: platform.md)."""
+    from test_gemm_allreduce import _spawn
+
+    _spawn(_fsdp2_benchmark, str(tmp_path))
+    written = json.loads((tmp_path / "fsdp2_tiny.json").read_text())
+    columns = {c["column"]: c for c in written["columns"]}
+    peer = ["torchao fp8 rowwise"] if importlib.util.find_spec("torchao") else []
+    assert list(columns) == ["inductor", "primus_turbo", "primus_turbo fp8 rowwise"] + peer
+    assert written["world"] == 2
+    assert columns["primus_turbo"]["rewrites"] == {"rmsnorm": 2, "rmsnorm_residual": 1, "glu": 1}
+    assert columns["primus_turbo"]["out_snr_db"] > 40 and columns["primus_turbo"]["worst_grad_snr_db"] > 30
+    assert columns["primus_turbo fp8 rowwise"]["rewrites"]["fp8"] == 4
+    assert all(c["out_snr_db"] >= 25 and c["step_ms"] > 0 for c in columns.values())

@@ -1,0 +1,155 @@
+"""FP8 training under FSDP2, composed as torchtitan composes it: each decoder layer compiled, then sharded with
+``fully_shard`` (each layer, then the root). Columns: Inductor in bf16, backend="primus_turbo" in bf16 and in each
+FP8 recipe, and torchao's float8 training of the same recipe (where torchao is installed). On N GPUs through NCCL,
+or as N CPU processes on gloo (the tiny config: a smoke run, the CI's).
+
+    torchrun --nproc-per-node 2 -m benchmarks.bench_fsdp2 [--config llama3-8b] [--layers 2] [--batch 2]
+                                                          [--seq 4096] [--fp8 tensorwise,rowwise] [--steps 20]
+
+Every rank runs the same fixed number of steps (ranks issuing different numbers of collectives would hang). A
+step is forward and backward of the sharded model on the rank's own batch: the parameters' all-gathers and the
+gradients' reduce-scatters included. Rank 0 prints per column the median step time, its speedup over Inductor,
+the peak memory, and the SNR against Inductor of the output and of the (reduced) gradient of every parameter (the
+worst one), and writes ``<out>/fsdp2_<config>.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+import turbo_inductor
+from benchmarks.llama import CONFIGS, LlamaDecoder
+from benchmarks.run_model import TORCHAO_RECIPES, snr_db
+
+WARMUP = 2  # steps before timing (the first compiles)
+
+
+def main(argv=None):
+    on_gpu = torch.cuda.is_available()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="llama3-8b" if on_gpu else "tiny", choices=sorted(CONFIGS))
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=2, help="sequences per rank")
+    parser.add_argument("--seq", type=int, default=4096 if on_gpu else 32)
+    parser.add_argument("--fp8", default="tensorwise,rowwise", help="FP8 recipes (comma-separated; empty: none)")
+    parser.add_argument("--steps", type=int, default=20 if on_gpu else 2, help="timed steps, the same on every rank")
+    parser.add_argument("--out", default=os.path.join("benchmarks", "results"))
+    args = parser.parse_args(argv)
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("nccl" if on_gpu else "gloo")
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank))) if on_gpu else torch.device("cpu")
+        if on_gpu:
+            torch.cuda.set_device(device)
+        mesh = init_device_mesh(device.type, (world,))
+        table = run_columns(args, device, mesh)
+        if rank == 0:
+            print_table(args, world, table)
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, f"fsdp2_{args.config}.json"), "w") as f:
+                json.dump({"config": args.config, "layers": args.layers, "batch_per_rank": args.batch,
+                           "seq": args.seq, "world": world, "device": torch.cuda.get_device_name() if on_gpu else "cpu",
+                           "torch": torch.__version__, "columns": table}, f, indent=1)
+    finally:
+        dist.destroy_process_group()
+
+
+def columns(recipes: list[str]) -> list[tuple[str, str, dict | None, str | None]]:
+    """(name, backend, options, torchao recipe) of every column."""
+    result = [("inductor", "inductor", None, None), ("primus_turbo", "primus_turbo", None, None)]
+    result += [(f"primus_turbo fp8 {recipe}", "primus_turbo", {"fp8": recipe}, None) for recipe in recipes]
+    if importlib.util.find_spec("torchao") is not None:
+        result += [(f"torchao fp8 {recipe}", "inductor", None, recipe) for recipe in recipes
+                   if recipe in TORCHAO_RECIPES]
+    return result
+
+
+def sharded(base: torch.nn.Module, backend: str, options: dict | None, torchao: str | None, mesh) -> torch.nn.Module:
+    """A copy of ``base`` with each layer compiled, then each layer and the root sharded (torchtitan's order)."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = copy.deepcopy(base)
+    if torchao:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(torchao))
+    for i, layer in enumerate(model.layers):
+        compiled = torch.compile(layer, backend=backend, options=options)
+        model.layers.register_module(str(i), compiled)
+        fully_shard(compiled, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def run_columns(args, device: torch.device, mesh) -> list[dict]:
+    config = CONFIGS[args.config]
+    config = type(config)(**{**config.__dict__, "layers": args.layers})
+    torch.manual_seed(0)  # the same weights on every rank
+    base = LlamaDecoder(config).to(device, torch.bfloat16)
+    generator = torch.Generator(device).manual_seed(1 + dist.get_rank())  # each rank its own batch
+    x = torch.randn(args.batch, args.seq, config.hidden, device=device, dtype=torch.bfloat16, generator=generator)
+    cotangent = torch.randn(x.shape, device=device, dtype=x.dtype, generator=generator)
+    recipes = [recipe for recipe in args.fp8.split(",") if recipe]
+    results = {}
+    for name, backend, options, torchao in columns(recipes):
+        torch._dynamo.reset()
+        turbo_inductor.reset_records()
+        model = sharded(base, backend, options, torchao, mesh)
+
+        def step():
+            model.zero_grad(set_to_none=True)
+            out = model(x)
+            out.backward(cotangent)
+            return out
+
+        for _ in range(WARMUP):
+            out = step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        times = []
+        for _ in range(args.steps):
+            dist.barrier()
+            start = time.perf_counter()
+            step()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - start) * 1e3)
+        grads = {n: p.grad.full_tensor().float().cpu() for n, p in model.named_parameters() if p.grad is not None}
+        results[name] = {"step_ms": statistics.median(times), "out": out.detach().float().cpu(), "grads": grads,
+                         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
+                         "rewrites": turbo_inductor.rewrite_counts() if backend == "primus_turbo" else {}}
+        del model
+    ref = results["inductor"]
+    table = []
+    for name, r in results.items():
+        # compiled layers' parameters are named through the compiled module (_orig_mod); match by position
+        worst = min((snr_db(g, w) for g, w in zip(r["grads"].values(), ref["grads"].values())), default=float("inf"))
+        table.append({"column": name, "step_ms": r["step_ms"], "speedup_vs_inductor": ref["step_ms"] / r["step_ms"],
+                      "peak_gib": r["peak_gib"], "out_snr_db": snr_db(r["out"], ref["out"]),
+                      "worst_grad_snr_db": worst, "rewrites": {k: v for k, v in r["rewrites"].items() if v}})
+    return table
+
+
+def print_table(args, world: int, table: list[dict]) -> None:
+    print(f"{args.config} x{args.layers} layers, FSDP2 on {world} ranks, batch {args.batch} x seq {args.seq} per rank")
+    print(f"{'column':28s} {'step ms':>9s} {'vs inductor':>11s} {'peak GiB':>9s} {'out SNR':>8s} {'grad SNR':>8s}")
+    for row in table:
+        peak = f"{row['peak_gib']:9.2f}" if row["peak_gib"] is not None else f"{'-':>9s}"
+        print(f"{row['column']:28s} {row['step_ms']:9.3f} {row['speedup_vs_inductor']:10.2f}x {peak} "
+              f"{row['out_snr_db']:8.1f} {row['worst_grad_snr_db']:8.1f}  {row['rewrites']}")
+
+
+if __name__ == "__main__":
+    main()
