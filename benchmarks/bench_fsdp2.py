@@ -130,7 +130,7 @@ def run_columns(args, device: torch.device, mesh) -> list[dict]:
         results[name] = {"step_ms": statistics.median(times), "out": out.detach().float().cpu(), "grads": grads,
                          "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
                          "rewrites": turbo_inductor.rewrite_counts() if backend == "primus_turbo" else {}}
-        del model
+        model = None  # freed before the next column builds its own
     ref = results["inductor"]
     table = []
     for name, r in results.items():
