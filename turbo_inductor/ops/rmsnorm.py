@@ -60,7 +60,8 @@ def empty_output(x: Tensor, residual: Optional[Tensor] = None) -> Tensor:
 
 def _empty_outputs(x: Tensor, residual: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Outputs for an input with no elements: empty y, and rstd as the plain math defines it."""
-    return empty_output(x, residual), torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device).fill_(float("nan"))
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device).fill_(float("nan"))
+    return empty_output(x, residual), rstd
 
 
 # ---- forward -------------------------------------------------------------------------------------------------

@@ -1,16 +1,17 @@
 """RMSNorm that also writes its output in FP8 for the FP8 linears reading it: the quantization fused into its producer.
 
 Ops in ``torch.ops.turbo_inductor``:
-  rmsnorm_fp8(x, residual, weight, eps, recipe, impl, out_dtype) -> (y, sum, q, scale)             public (composite)
-  rmsnorm_fp8_fwd(x, residual, weight, eps, recipe, impl, out_dtype) -> (y, sum, rstd, q, scale)   custom op;
-                                                                                     backward: rmsnorm_bwd
+  rmsnorm_fp8(x, residual, weight, eps, recipe, impl, out_dtype) -> (y, sum, q, scale)   public (composite)
+  rmsnorm_fp8_fwd(x, residual, weight, eps, recipe, impl, out_dtype) -> (y, sum, rstd, q, scale)
+                                                                 custom op; backward: rmsnorm_bwd
 
 y, sum and rstd are those of ``rmsnorm`` (residual None; sum is then empty) or ``rmsnorm_residual``; with
-``out_dtype``, y is that of the norm's output cast to it (under ``torch.autocast`` an fp32 norm's output is cast to
-bf16 for its linears: the norm writes it so, and the cast's backward is the norm's, which reads dy in that dtype). q [rows, H] and
-scale are y quantized as ``recipe`` quantizes a linear's input for the forward GEMM, which ``fp8_linear`` takes as
-``x_q``, ``x_scale`` instead of reading y again to quantize it. The norm's kernel holds whole rows, so it quantizes
-only blocks within a row: recipes whose activation blocks are 1 x C (``fp8_linear.quantizes_in_rows``).
+``out_dtype``, y is the norm's output cast to it (under ``torch.autocast`` an fp32 norm's output is cast to bf16
+for its linears: the norm writes it so, and the cast's backward is the norm's, which reads dy in that dtype).
+q [rows, H] and scale are y quantized as ``recipe`` quantizes a linear's input for the forward GEMM, which
+``fp8_linear`` takes as ``x_q``, ``x_scale`` instead of reading y again to quantize it. The norm's kernel holds
+whole rows, so it quantizes only blocks within a row: recipes whose activation blocks are 1 x C
+(``fp8_linear.quantizes_in_rows``).
 """
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def _check(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], eps:
           lambda: f"out_dtype must be one of float32, bfloat16, float16 or None, got {out_dtype}")
 
 
-def _outputs(x: Tensor, residual: Optional[Tensor], recipe: str, out_dtype: Optional[torch.dtype]) -> tuple[Tensor, ...]:
+def _outputs(x: Tensor, residual: Optional[Tensor], recipe: str,
+             out_dtype: Optional[torch.dtype]) -> tuple[Tensor, ...]:
     """Uninitialized outputs of the right shapes (the fake; an input with no elements)."""
     rows, h = math.prod(x.shape[:-1]), x.shape[-1]
     dtype, block_cols = producer_quantization(x, recipe)
