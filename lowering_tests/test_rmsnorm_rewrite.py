@@ -175,6 +175,27 @@ def test_dynamic_batch_and_sequence_match_once_and_do_not_recompile():
     assert (records[0].counts["rmsnorm"], records[0].counts["rmsnorm_residual"]) == (2, 2)
 
 
+def test_dynamic_true_makes_eps_an_input_and_the_norms_still_fuse():
+    """With ``dynamic=True`` Dynamo first passes the norms' float eps as graph inputs (read by ``.item()``). The
+    norms match with that eps; our ops take eps as a float, so Dynamo's tensorify pass restarts the trace with eps
+    specialized (guarded), and the graph compiled has the norms and residual adds fused, with Inductor's results.
+    A changed eps recompiles and is used."""
+    model = ResidualBlock()
+    with torch._dynamo.config.patch(specialize_float=True):  # eps constant from the start: what the restart gives
+        assert_matches_inductor(model, [randn(2, 3, H), randn(2, 3, H)], dynamic=True)
+        specialized = turbo_inductor.compile_records()
+    counts = assert_matches_inductor(model, [randn(2, 3, H), randn(2, 3, H)], dynamic=True)
+    assert (counts["rmsnorm"], counts["rmsnorm_residual"]) == (2, 2)
+    records = turbo_inductor.compile_records()
+    assert len(records) == 1, "the abandoned trace's record is dropped"
+    assert records[0].ops_before == specialized[0].ops_before and records[0].ops_before["Tensor.item"] == 0
+    compiled = torch.compile(model, backend="primus_turbo", dynamic=True)
+    for eps in (1e-6, 0.5):
+        model.norm1.eps = eps
+        x, r = randn(3, 5, H), randn(3, 5, H)
+        torch.testing.assert_close(compiled(x, r), model(x, r), rtol=1e-4, atol=1e-4)
+
+
 class NearMiss(nn.Module):
     def __init__(self, variant):
         super().__init__()

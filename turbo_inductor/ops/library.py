@@ -37,7 +37,9 @@ def kernel_op(name: str, kernels: tuple[str, ...], symbolic_sizes: bool = True) 
 
     Launch configurations must be plain numbers, so tracing specializes the sizes they depend on (the normalized
     width, say, while the row count stays symbolic in the grid). ``symbolic_sizes=False``: the configuration
-    depends on every size, so with dynamic shapes the op stays one call instead of recompiling for each size."""
+    depends on every size, so with dynamic shapes the op stays one call instead of recompiling for each size. A
+    symbolic float argument (an eps that ``dynamic=True`` made a graph input) keeps the op one call as well, in the
+    trace that Dynamo then restarts with the float specialized."""
 
     def define(body: Callable) -> torch.library.CustomOpDef:
         op = torch.library.custom_op(f"{NAMESPACE}::{name}", body, mutates_args=())
@@ -52,6 +54,9 @@ def kernel_op(name: str, kernels: tuple[str, ...], symbolic_sizes: bool = True) 
             symbolic = not symbolic_sizes and any(
                 isinstance(size, torch.SymInt)
                 for v in bound.arguments.values() if isinstance(v, torch.Tensor) for size in v.shape)
+            # A symbolic float argument (dynamic=True makes a norm's eps one) is not traced into a Triton launch: the
+            # call stays one node, and Dynamo's tensorify pass then restarts the trace with the float specialized.
+            symbolic = symbolic or any(isinstance(v, torch.SymFloat) for v in bound.arguments.values())
             if (symbolic or _KEEP_WHOLE.get()
                     or not all(registry.traceable(kernel, device, impl) for kernel in kernels)):
                 return mode.__torch_dispatch__(func, types, args, kwargs)

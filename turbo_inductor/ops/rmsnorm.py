@@ -40,7 +40,10 @@ def _check_inputs(op: str, x: Tensor, weight: Optional[Tensor], eps: float,
         check_float(op, "residual", residual)
         check(residual.shape == x.shape, op,
               lambda: f"residual has shape {list(residual.shape)} but x has {list(x.shape)}: they must match")
-    check(math.isfinite(eps) and eps >= 0, op, lambda: f"eps must be a finite number >= 0, got {eps}")
+    # a symbolic eps (dynamic=True makes a module's float attributes graph inputs) is checked when a call gets its
+    # value: a check here would specialize the graph on it
+    check(isinstance(eps, torch.SymFloat) or (math.isfinite(eps) and eps >= 0), op,
+          lambda: f"eps must be a finite number >= 0, got {eps}")
     check_same_device(op, x=x, weight=weight, residual=residual)
 
 

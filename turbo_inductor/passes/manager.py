@@ -74,6 +74,12 @@ def reset_records() -> None:
     _RECORDS.clear()
 
 
+def forget(record: CompileRecord) -> None:
+    """Drop the record of a compile that did not finish."""
+    if record in _RECORDS:
+        _RECORDS.remove(record)
+
+
 @functools.lru_cache(maxsize=None)
 def _source_hash() -> str:
     """Hash of every source of the package: the passes and ops shape the rewritten graph, and on GPU the kernels'

@@ -52,8 +52,13 @@ class Call:
 def fake(value: Any) -> torch.Tensor | None:
     """The fake tensor Dynamo recorded for a node (None for non-tensors and constants)."""
     if isinstance(value, fx.Node):
-        value = value.meta.get("example_value", value.meta.get("val"))
+        value = _example(value)
     return value if isinstance(value, torch.Tensor) else None
+
+
+def _example(node: fx.Node) -> Any:
+    """What Dynamo recorded for a node's value: a fake tensor, a symbolic scalar, ..."""
+    return node.meta.get("example_value", node.meta.get("val"))
 
 
 def fake_as(value: Any, dtype: torch.dtype) -> torch.Tensor | None:
@@ -169,6 +174,19 @@ def as_number(value: Any) -> float | None:
     return None
 
 
+def as_scalar(value: Any) -> float | fx.Node | None:
+    """:func:`as_number`, or a graph value holding a symbolic float: with ``dynamic=True`` Dynamo passes a module's
+    float attributes (a norm's eps) as graph inputs, read by ``.item()``, and the op replacing a match takes that."""
+    number = as_number(value)
+    if number is not None:
+        return number
+    return value if _is_symbolic_float(value) else None
+
+
+def _is_symbolic_float(value: Any) -> bool:
+    return isinstance(value, fx.Node) and isinstance(_example(value), torch.SymFloat)
+
+
 def only_user(node: fx.Node) -> fx.Node | None:
     users = list(node.users)
     return users[0] if len(users) == 1 else None
@@ -203,7 +221,7 @@ def insert_op(graph: fx.Graph, before: fx.Node, op: torch._ops.OpOverload, args:
     with graph.inserting_before(before):
         node = graph.call_function(op, args)
         with fake_mode:
-            node.meta["example_value"] = op(*[fake(a) if isinstance(a, fx.Node) else a for a in args])
+            node.meta["example_value"] = op(*[_example(a) if isinstance(a, fx.Node) else a for a in args])
         if not n_outputs:
             return node
         items = []
@@ -216,11 +234,15 @@ def insert_op(graph: fx.Graph, before: fx.Node, op: torch._ops.OpOverload, args:
 
 def available_at(value: Any, node: fx.Node, position: dict[fx.Node, int]) -> bool:
     """Whether ``value`` (a node or a constant) can be read by an op inserted before ``node``: it comes earlier in
-    the graph (``position``: node -> index), or it reads nothing and is moved there. Under Inductor's freezing Dynamo
-    puts each parameter's ``get_attr`` just before its first use, which may follow the point where a fused op goes."""
+    the graph (``position``: node -> index), or it is moved there: a value that reads nothing, or a symbolic float
+    read from earlier values. Under Inductor's freezing Dynamo puts each parameter's ``get_attr`` just before its first
+    use, and with ``dynamic=True`` each float attribute's ``.item()`` likewise, which may follow the point where a
+    fused op goes."""
     if not isinstance(value, fx.Node) or position[value] < position[node]:
         return True
-    if value.op != "get_attr":
+    movable = value.op == "get_attr" or (_is_symbolic_float(value) and all(
+        position[n] < position[node] for n in value.all_input_nodes))
+    if not movable:
         return False
     node.prepend(value)
     position[value] = position[node] - 0.5

@@ -30,7 +30,7 @@ from .manager import RewritePass
 class RMSNormMatch:
     x: fx.Node
     weight: fx.Node | None
-    eps: float
+    eps: float | fx.Node  # a number, or a symbolic float's node (dynamic=True)
     output: fx.Node
     matched: list[fx.Node]  # nodes the rewrite makes dead, producers first
 
@@ -48,7 +48,7 @@ def match_functional(node: fx.Node) -> RMSNormMatch | None:
         return None
     if eps is None:  # what torch.rms_norm uses: the epsilon of its fp32 computation dtype
         eps = torch.finfo(torch.float32).eps
-    eps = m.as_number(eps)
+    eps = m.as_scalar(eps)
     if eps is None or (weight is not None and m.fake(weight) is None):
         return None
     return RMSNormMatch(x, weight, eps, node, [node])
@@ -71,7 +71,7 @@ def match_decomposed(mean: fx.Node) -> RMSNormMatch | None:
     ac = m.call(add)
     if ac is None or ac.op != "add":
         return None
-    eps = m.as_number(m.other_operand(ac, mean))
+    eps = m.as_scalar(m.other_operand(ac, mean))
     if eps is None:
         return None
     # xf * rsqrt(var + eps)  |  xf / sqrt(var + eps)
@@ -126,7 +126,7 @@ def _squared(node: Any) -> Any:
     return None
 
 
-def _match(xf: fx.Node, out: fx.Node, matched: list[fx.Node], eps: float,
+def _match(xf: fx.Node, out: fx.Node, matched: list[fx.Node], eps: float | fx.Node,
            weight: fx.Node | None = None) -> RMSNormMatch | None:
     """The match whose output is ``out``: its input is x before the upcast if the dtypes allow, else xf itself."""
     out_dtype = m.fake(out).dtype

@@ -32,7 +32,7 @@ class RMSNormResidualPass(RewritePass):
             if operands is None or not all(_addend_of(o, total) for o in operands):
                 continue
             # the fused op replaces the add, so everything it reads must exist there
-            if not m.available_at(weight, total, position):
+            if not all(m.available_at(v, total, position) for v in (weight, eps)):
                 continue
             normed, new_total = m.insert_op(graph, total, rmsnorm_residual_op,
                                             (*operands, weight, eps, impl), n_outputs=2)
