@@ -46,13 +46,14 @@ class RMSNormFP8Pass(RewritePass):
             linears, recipe = readers
             y, new_total, q, scale = m.insert_op(graph, norm, rmsnorm_fp8_op,
                                                  (x, residual, weight, eps, recipe, impl, out_dtype), n_outputs=4)
-            replaced = [normed] if read is normed else list(normed.users)  # the norm's output, or its casts
-            for value in replaced:
+            casts = [] if read is normed else [u for u in normed.users if not _reads_shape(u)]
+            for value in casts:  # they go: y is their value
                 value.replace_all_uses_with(y)
+            normed.replace_all_uses_with(y)  # its other users read y's shape alone (with casts), or y
             if total is not None:
                 total.replace_all_uses_with(new_total)
             hand_over(linears, q, scale)
-            m.erase_unused(dict.fromkeys([norm, *[n for n in (normed, total) if n is not None], *replaced]))
+            m.erase_unused(dict.fromkeys([norm, *[n for n in (normed, total) if n is not None], *casts]))
             count += 1
         return count
 
@@ -71,8 +72,9 @@ def _outputs(norm: fx.Node) -> tuple[fx.Node, fx.Node | None] | None:
 
 def _read_as(normed: fx.Node, position: dict[fx.Node, int]) -> tuple[fx.Node, torch.dtype | None]:
     """(the value the linears read, the dtype the norm writes y in; None: its own): the norm's output; or, where every
-    user of it casts it to one dtype (autocast's casts for its linears), the first of those casts and that dtype."""
-    casts = list(normed.users)
+    user of it casts it to one dtype (autocast's casts for its linears), the first of those casts and that dtype.
+    Users that read only its shape (with dynamic shapes Dynamo reads ``.size()`` for later views) do not count."""
+    casts = [u for u in normed.users if not _reads_shape(u)]
     calls = [m.call(c) for c in casts]
     if not casts or any(c is None or c.op != "cast" or c.args[0] is not normed for c in calls):
         return normed, None
@@ -80,6 +82,11 @@ def _read_as(normed: fx.Node, position: dict[fx.Node, int]) -> tuple[fx.Node, to
     if len(dtypes) != 1:
         return normed, None
     return min(casts, key=lambda c: position.get(c, len(position))), dtypes.pop()
+
+
+def _reads_shape(node: fx.Node) -> bool:
+    """Whether ``node`` reads only its input's shape, which the norm's output keeps in any dtype."""
+    return m.calls(node, "size") or m.calls(node, "dim")
 
 
 def _arguments(norm: fx.Node) -> tuple:
