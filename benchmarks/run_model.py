@@ -6,7 +6,7 @@ the SNR against Inductor; writes the table as JSON and a speedup chart as PNG, p
 config on CPU, one Llama-3-8B layer at batch 2 x seq 4096 on a GPU.
 
     python -m benchmarks.run_model [--config llama3-8b[,...]] [--layers 1] [--batch 2] [--seq 4096] [--fp8 rowwise]
-                                   [--mode train|inference [--freezing]] [--frozen-linears] [--autocast]
+                                   [--mode train|inference [--freezing]] [--frozen-linears] [--autocast] [--dynamic]
                                    [--out benchmarks/results]
 """
 from __future__ import annotations
@@ -77,6 +77,9 @@ def main(argv=None):
     parser.add_argument("--frozen-linears", action="store_true",
                         help="train: the linears' weights want no gradient (a LoRA-style fine-tune of a frozen base "
                              "model), in every column")
+    parser.add_argument("--dynamic", action="store_true", default=None,
+                        help="compile every column with dynamic=True: symbolic sizes from the start (default: "
+                             "Dynamo's automatic dynamic shapes, after a size changes)")
     parser.add_argument("--autocast", action="store_true",
                         help="parameters and input in float32, every column run under torch.autocast in --dtype "
                              "(mixed-precision training as the Hugging Face Trainer runs it)")
@@ -161,9 +164,10 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
             convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(options["torchao"]))
-            run = torch.compile(model, backend=backend)
+            run = torch.compile(model, backend=backend, dynamic=args.dynamic)
         else:
-            run = model if backend == "eager" else torch.compile(model, backend=backend, options=options)
+            run = model if backend == "eager" else torch.compile(model, backend=backend, options=options,
+                                                                 dynamic=args.dynamic)
 
         def step():
             with torch.autocast(device, autocast_dtype, enabled=autocast_dtype is not None):
@@ -288,7 +292,7 @@ def _stem(args, name: str) -> str:
     os.makedirs(args.out, exist_ok=True)
     return os.path.join(args.out, name + ("" if args.mode == "train" else f"_{args.mode}")
                         + ("_frozen" if args.freezing else "") + ("_frozen_linears" if args.frozen_linears else "")
-                        + ("_autocast" if args.autocast else ""))
+                        + ("_autocast" if args.autocast else "") + ("_dynamic" if args.dynamic else ""))
 
 
 def _environment() -> dict:
@@ -311,7 +315,8 @@ def _pyplot():
 
 def _step_kind(args) -> str:
     kind = "training step" if args.mode == "train" else "inference forward" + (", frozen" if args.freezing else "")
-    return kind + (", linears frozen" if args.frozen_linears else "") + (", autocast" if args.autocast else "")
+    return (kind + (", linears frozen" if args.frozen_linears else "") + (", autocast" if args.autocast else "")
+            + (", dynamic=True" if args.dynamic else ""))
 
 
 def write_outputs(args, name: str, config, table: list[dict], report: list[dict]) -> None:
@@ -320,7 +325,7 @@ def write_outputs(args, name: str, config, table: list[dict], report: list[dict]
     stem, environment = _stem(args, f"model_{name}"), _environment()
     with open(stem + ".json", "w") as f:
         json.dump({"environment": environment, "mode": args.mode, "freezing": args.freezing,
-                   "frozen_linears": args.frozen_linears, "autocast": args.autocast,
+                   "frozen_linears": args.frozen_linears, "autocast": args.autocast, "dynamic": bool(args.dynamic),
                    "config": {**config.__dict__, "batch": args.batch, "seq": args.seq},
                    "columns": table, "goals": report}, f, indent=1, default=str)
     _speedup_chart(stem, {name: table}, f"{name} x{config.layers} layer(s), batch {args.batch} x seq {args.seq}, "

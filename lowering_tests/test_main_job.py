@@ -79,11 +79,11 @@ def test_main_job_measures_frozen_inference(tmp_path):
         run_model.main(["--freezing"])
 
 
-def test_training_with_frozen_linears_under_autocast(tmp_path):
+def test_training_with_frozen_linears_under_autocast_and_dynamic_shapes(tmp_path):
     run_model.main(["--config", "tiny", "--layers", "1", "--seq", "16", "--fp8", "rowwise", "--frozen-linears",
-                    "--autocast", "--out", str(tmp_path)])
-    written = json.loads((tmp_path / "model_tiny_frozen_linears_autocast.json").read_text())
-    assert written["frozen_linears"] is True and written["autocast"] is True
+                    "--autocast", "--dynamic", "--out", str(tmp_path)])
+    written = json.loads((tmp_path / "model_tiny_frozen_linears_autocast_dynamic.json").read_text())
+    assert written["frozen_linears"] is True and written["autocast"] is True and written["dynamic"] is True
     fp8 = next(c for c in written["columns"] if c["column"] == "primus_turbo fp8 rowwise")
     # autocast: every linear computes in bf16 and converts (fp32 parameters)
     assert fp8["rewrites"]["fp8"] == 4 and fp8["out_snr_db"] > 20 and fp8["dx_snr_db"] > 20
