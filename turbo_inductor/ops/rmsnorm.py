@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from ..kernels import registry
+from ..kernels.reference.rmsnorm import sum_dtype
 from .library import (SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, define_composite,
                       kernel_op, rows_view)
 
@@ -51,14 +52,10 @@ def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.contiguous()
 
 
-def output_dtype(x: Tensor, residual: Optional[Tensor]) -> torch.dtype:
-    """The dtype of y and of the sum: x's, or the promotion of x's and the residual's (as their add promotes)."""
-    return x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
-
-
 def empty_output(x: Tensor, residual: Optional[Tensor] = None) -> Tensor:
-    """An uninitialized y (or sum) of x's shape, contiguous, in :func:`output_dtype`."""
-    return x.new_empty(x.shape, dtype=output_dtype(x, residual))
+    """An uninitialized y (or sum) of x's shape, contiguous, in the sum's dtype (x's, or the promotion of x's and
+    the residual's, as their add promotes)."""
+    return x.new_empty(x.shape, dtype=sum_dtype(x, residual))
 
 
 def _empty_outputs(x: Tensor, residual: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:

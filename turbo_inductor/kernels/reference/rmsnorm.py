@@ -17,6 +17,11 @@ from . import unavailable_reason
 from .fp8_quant import fp8_quantize
 
 
+def sum_dtype(x: torch.Tensor, residual: torch.Tensor | None) -> torch.dtype:
+    """The dtype of the sum ``x + residual`` and of y: x's, or the promotion of x's and the residual's."""
+    return x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+
+
 @implementation("rmsnorm_fwd", "reference", priority=0, unavailable_reason=unavailable_reason)
 def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float):
     """Returns ``(y, s_out, rstd)``: ``y`` [rows, H] in s's dtype, ``s_out`` the rounded ``x + residual``
@@ -29,7 +34,7 @@ def _rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tenso
     """:func:`rmsnorm_fwd`, y in ``out_dtype`` if given (rounded to it from fp32 once, as casting the output to it
     would round it)."""
     if residual is not None:
-        s_out = (x.float() + residual.float()).to(torch.promote_types(x.dtype, residual.dtype))
+        s_out = (x.float() + residual.float()).to(sum_dtype(x, residual))
         s = s_out
     else:
         s_out = None

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..reference.rmsnorm import sum_dtype
 from ..registry import implementation
 from . import launch, on_device, traceable, unavailable_reason
 from .fp8_quant import NO_FP8_OUTPUT, format_constexprs, fp8_quantize, store_fp8_row_blocks
@@ -409,9 +410,9 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | 
     H = int(H)
     # The sum in the add's dtype (x's, or its promotion with the residual's), y in the sum's or ``out_dtype``: the
     # kernels round to the dtypes of the outputs they store.
-    sum_dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
-    y = torch.empty_like(x, dtype=out_dtype or sum_dtype)
-    s_out = torch.empty_like(x, dtype=sum_dtype) if residual is not None else None
+    s_dtype = sum_dtype(x, residual)
+    y = torch.empty_like(x, dtype=out_dtype or s_dtype)
+    s_out = torch.empty_like(x, dtype=s_dtype) if residual is not None else None
     rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     q = scale = None
     if quantize is not None:
