@@ -125,9 +125,8 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
     train = args.mode == "train"
     x = torch.randn(args.batch, args.seq, config.hidden, device=device, dtype=dtype, requires_grad=train)
     cotangent = torch.randn_like(x)
-    print(f"{model_name} x{config.layers} layer(s), batch {args.batch} x seq {args.seq}, {args.dtype}"
-          f"{' autocast' if args.autocast else ''}, {device}, {args.mode}"
-          f"{', linears frozen' if args.frozen_linears else ''}")
+    print(f"{model_name} x{config.layers} layer(s), batch {args.batch} x seq {args.seq}, {args.dtype}, {device}, "
+          f"{_step_kind(args)}")
 
     columns = [("eager", "eager", None), ("inductor", "inductor", None), ("primus_turbo", "primus_turbo", None)]
     recipes = [recipe for recipe in args.fp8.split(",") if recipe]
