@@ -22,9 +22,10 @@ buffers that call c + 1 writes.
     torchrun --nproc-per-node 2 benchmarks/probe_gemm_push.py [--shapes 8192x4096x7168,...]
     TRITON_INTERPRET=1 python benchmarks/probe_gemm_push.py --selftest   # CPU (the CI runs it)
 
-Rank 0 prints, per shape: cuBLAS mm, the Triton GEMM alone (each tile configuration), mm then NCCL all-reduce, and
-each design, in ms (median per call of calls issued back to back), with the speedup over mm then all-reduce, and
-the designs' largest difference from it.
+Rank 0 prints, per shape M x N x K and per form (a linear's forward x @ w^T, w [N, K]; its input gradient's x @ w,
+w [K, N], as the column-parallel backward reduces it): cuBLAS mm, the Triton GEMM alone (each tile configuration,
+for the first form), mm then NCCL all-reduce, and each design, in ms (median per call of calls issued back to
+back), with the speedup over mm then all-reduce, and the designs' largest difference from it.
 """
 from __future__ import annotations
 
@@ -60,11 +61,27 @@ def _tile_offsets(tile_id, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G
 
 
 @triton.jit
-def _tile_product(x_desc, w_desc, first_row, first_col, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+def _descriptors(x_ptr, w_ptr, M, N, K, W_KN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """TMA descriptors of x [M, K] and of w: [N, K] (y = x @ w^T, a linear's forward) or, with ``W_KN``, [K, N]
+    (y = x @ w: a linear's input gradient dy @ W, the column-parallel backward's GEMM)."""
+    x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
+    if W_KN:
+        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_N])
+    else:
+        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
+    return x_desc, w_desc
+
+
+@triton.jit
+def _tile_product(x_desc, w_desc, first_row, first_col, K, W_KN: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        acc = tl.dot(x_desc.load([first_row, k]), w_desc.load([first_col, k]).T, acc)
+        if W_KN:
+            acc = tl.dot(x_desc.load([first_row, k]), w_desc.load([k, first_col]), acc)
+        else:
+            acc = tl.dot(x_desc.load([first_row, k]), w_desc.load([first_col, k]).T, acc)
     return acc
 
 
@@ -97,7 +114,7 @@ def _add_peer_tile(tile_id, out_ptr, recv_ptr, flags_ptr, call, M, N,
 
 @triton.jit
 def gemm_push_all_kernel(x_ptr, w_ptr, out_ptr, recv_ptr, flags_ptr, peer_recv_addr, peer_flags_addr, call,
-                         M, N, K, PUSH: tl.constexpr, ADD: tl.constexpr, BLOCK_M: tl.constexpr,
+                         M, N, K, PUSH: tl.constexpr, ADD: tl.constexpr, W_KN: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr, STAGES: tl.constexpr,
                          PROGRAMS: tl.constexpr):
     """Design 1: every tile's partial pushed to the peer; the peer's added two tiles later (a tile's flag is raised
@@ -105,13 +122,13 @@ def gemm_push_all_kernel(x_ptr, w_ptr, out_ptr, recv_ptr, flags_ptr, peer_recv_a
     dtype = out_ptr.dtype.element_ty
     peer_recv = peer_recv_addr.to(tl.pointer_type(dtype))
     peer_flags = peer_flags_addr.to(tl.pointer_type(tl.int32))
-    x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
-    w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
+    x_desc, w_desc = _descriptors(x_ptr, w_ptr, M, N, K, W_KN, BLOCK_M, BLOCK_N, BLOCK_K)
     previous = -1
     before = -1
     for tile_id in range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N), PROGRAMS):
         first_row, first_col, offs, mask = _tile_offsets(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP)
-        partial = _tile_product(x_desc, w_desc, first_row, first_col, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES).to(dtype)
+        partial = _tile_product(x_desc, w_desc, first_row, first_col, K, W_KN, BLOCK_M, BLOCK_N, BLOCK_K,
+                                STAGES).to(dtype)
         if PUSH:
             if previous >= 0:
                 _raise(peer_flags + previous, call)
@@ -133,7 +150,8 @@ def gemm_push_all_kernel(x_ptr, w_ptr, out_ptr, recv_ptr, flags_ptr, peer_recv_a
 
 @triton.jit
 def gemm_push_owner_kernel(x_ptr, w_ptr, out_ptr, recv_ptr, finals_ptr, flags_ptr, peer_recv_addr,
-                           peer_finals_addr, peer_flags_addr, call, rank, M, N, K, BLOCK_M: tl.constexpr,
+                           peer_finals_addr, peer_flags_addr, call, rank, M, N, K, W_KN: tl.constexpr,
+                           BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
                            STAGES: tl.constexpr, PROGRAMS: tl.constexpr):
     """Design 2, two ranks: rank 1 runs the tiles starting half-way, so each tile is computed early by one rank and
@@ -146,8 +164,7 @@ def gemm_push_owner_kernel(x_ptr, w_ptr, out_ptr, recv_ptr, finals_ptr, flags_pt
     peer_recv = peer_recv_addr.to(tl.pointer_type(dtype))
     peer_finals = peer_finals_addr.to(tl.pointer_type(dtype))
     peer_flags = peer_flags_addr.to(tl.pointer_type(tl.int32))
-    x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
-    w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
+    x_desc, w_desc = _descriptors(x_ptr, w_ptr, M, N, K, W_KN, BLOCK_M, BLOCK_N, BLOCK_K)
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     shift = tiles // 2 * rank  # rank 1 starts half-way
     owned_from = tiles // 2 if rank == 0 else tiles - tiles // 2  # the index from which this rank is the later one
@@ -155,7 +172,8 @@ def gemm_push_owner_kernel(x_ptr, w_ptr, out_ptr, recv_ptr, finals_ptr, flags_pt
     for index in range(tl.program_id(0), tiles, PROGRAMS):
         tile_id = (index + shift) % tiles
         first_row, first_col, offs, mask = _tile_offsets(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP)
-        partial = _tile_product(x_desc, w_desc, first_row, first_col, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES).to(dtype)
+        partial = _tile_product(x_desc, w_desc, first_row, first_col, K, W_KN, BLOCK_M, BLOCK_N, BLOCK_K,
+                                STAGES).to(dtype)
         if previous >= 0:
             _raise(peer_flags + previous, call)
         if index < owned_from:
@@ -214,17 +232,18 @@ class PushBuffers:
         return base + parity * getattr(self, name)[0].nbytes
 
     def __call__(self, x, w, config, design: str = "owner", push: bool = True, add: bool = True,
-                 loopback: bool = False, programs: int | None = None):
-        """y = all_reduce(x @ w^T) by ``design`` "all" or "owner". For timing "all" only: ``push=False`` (the GEMM
-        alone), ``add=False``, ``loopback`` (push into this rank's own buffer: no NVLink)."""
+                 loopback: bool = False, programs: int | None = None, w_kn: bool = False):
+        """y = all_reduce(x @ w^T) (``w_kn``: all_reduce(x @ w)) by ``design`` "all" or "owner". For timing "all"
+        only: ``push=False`` (the GEMM alone), ``add=False``, ``loopback`` (push into this rank's own buffer: no
+        NVLink)."""
         block_m, block_n, block_k, stages, warps = config
-        (M, K), N = x.shape, w.shape[0]
+        (M, K), N = x.shape, w.shape[1 if w_kn else 0]
         out = torch.empty(M, N, dtype=x.dtype, device=x.device)
         self.calls += 1
         parity = self.calls % 2
         tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
         programs = min(tiles, programs or torch.cuda.get_device_properties(x.device).multi_processor_count)
-        meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP=GROUP_M, STAGES=stages,
+        meta = dict(W_KN=w_kn, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP=GROUP_M, STAGES=stages,
                     PROGRAMS=programs, num_warps=warps)
         if design == "all":
             gemm_push_all_kernel[(programs,)](
@@ -242,13 +261,14 @@ def _owner_rank(rank, ranks, xs, w, config, outs):
     per process, and a grid's programs one after another: one program per rank)."""
     ranks[rank].peer_with(ranks[1 - rank], rank)
     triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8))
-    for call in range(2):  # both parities
-        outs[call, rank] = ranks[rank](xs[rank], w, config, programs=1)
+    for call, w_kn in enumerate((False, True)):  # both parities, both layouts of w
+        outs[call, rank] = ranks[rank](xs[rank], w.t().contiguous() if w_kn else w, config, programs=1, w_kn=w_kn)
 
 
 def selftest():
     """CPU, interpreter: design "all" with one rank pushing to itself gives twice its product; design "owner" with
-    two ranks in two processes sharing their buffers gives the sum of theirs, the same on both."""
+    two ranks in two processes sharing their buffers gives the sum of theirs, the same on both; w in either
+    layout."""
     import torch.multiprocessing as mp
 
     torch.manual_seed(0)
@@ -260,10 +280,11 @@ def selftest():
         tiles = triton.cdiv(M, config[0]) * triton.cdiv(N, config[1])
         alone = PushBuffers(M, N, torch.float32, xs.device, tiles)
         for programs in (1, 3):
-            for push in (False, True):
-                got = alone(xs[0], w, config, design="all", push=push, loopback=True, programs=programs)
+            for push, w_kn in ((False, False), (True, False), (True, True)):
+                got = alone(xs[0], w.t().contiguous() if w_kn else w, config, design="all", push=push,
+                            loopback=True, programs=programs, w_kn=w_kn)
                 err = (got.double() - xs[0].double() @ w.double().t() * (2 if push else 1)).abs().max()
-                assert err < 1e-4, (config, programs, push, err)
+                assert err < 1e-4, (config, programs, push, w_kn, err)
         ranks = [PushBuffers(M, N, torch.float32, xs.device, tiles) for _ in range(2)]
         for rank in ranks:
             for name in ("recv", "finals", "flags"):
@@ -304,41 +325,49 @@ def main():
     max_rows, max_cols = max(s[0] for s in shapes), max(s[1] for s in shapes)
     pushing = PushBuffers(max_rows, max_cols, torch.bfloat16, device,
                           triton.cdiv(max_rows, 128) * triton.cdiv(max_cols, 128), group_name)
-    rows = []
     for M, N, K in shapes:
         torch.manual_seed(rank)
         x = torch.randn(M, K, device=device, dtype=torch.bfloat16)
         w = torch.randn(N, K, device=device, dtype=torch.bfloat16) / K ** 0.5
+        best = None
+        # the forward's x @ w^T, then the input gradient's form x @ w (w as [K, N]), with the tiles best for the first
+        for form, w_kn in (("x @ w^T", False), ("x @ w", True)):
+            operand = w.t().contiguous() if w_kn else w
 
-        def mm_then_all_reduce():
-            y = x @ w.t()
-            dist.all_reduce(y)
-            return y
+            def mm():
+                return x @ operand if w_kn else x @ operand.t()
 
-        times = {"cuBLAS mm": time_ms(lambda: x @ w.t())[2]}
-        for config in CONFIGS:
-            times[f"Triton GEMM {config}"] = time_ms(lambda: pushing(x, w, config, design="all", push=False))[2]
-        best = min(CONFIGS, key=lambda c: times[f"Triton GEMM {c}"])
-        times["mm then all-reduce (NCCL)"] = time_ms(mm_then_all_reduce)[2]
-        variants = {f"design 'all' {best}": {"design": "all"},
-                    "  the same, no add (timing only)": {"design": "all", "add": False},
-                    "  the same, into its own buffer (timing only)": {"design": "all", "loopback": True},
-                    f"design 'owner' {best}": {"design": "owner"}}
-        want, diff = mm_then_all_reduce(), {}
-        for name, kwargs in variants.items():
-            try:  # a variant that does not compile fails alike on every rank
-                times[name] = time_ms(lambda: pushing(x, w, best, **kwargs))[2]
-                got = pushing(x, w, best, **kwargs)
-                diff[name] = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
-            except Exception as error:  # noqa: BLE001 (a probe: report and go on)
-                print(f"{name}: {type(error).__name__}: {str(error)[:1500]}")
-        diff = max(diff[name] for name in list(variants)[::3] if name in diff)
-        if rank == 0:
-            base = times["mm then all-reduce (NCCL)"]
-            print(f"\n{M}x{N}x{K}: largest difference from mm then all-reduce {diff:.2e} of its largest value")
-            for name, ms in times.items():
-                print(f"  {name:40s} {ms:8.4f} ms  {base / ms:5.2f}x mm then all-reduce")
-        rows.append((M, N, K, times, diff))
+            def mm_then_all_reduce():
+                y = mm()
+                dist.all_reduce(y)
+                return y
+
+            times = {"cuBLAS mm": time_ms(mm)[2]}
+            for config in CONFIGS if best is None else [best]:
+                times[f"Triton GEMM {config}"] = time_ms(
+                    lambda: pushing(x, operand, config, design="all", push=False, w_kn=w_kn))[2]
+            best = best or min(CONFIGS, key=lambda c: times[f"Triton GEMM {c}"])
+            times["mm then all-reduce (NCCL)"] = time_ms(mm_then_all_reduce)[2]
+            variants = {"design 'all'": {"design": "all"}, "design 'owner'": {"design": "owner"}}
+            if not w_kn:
+                variants.update({"  'all' without the add (timing only)": {"design": "all", "add": False},
+                                 "  'all' into its own buffer (timing only)": {"design": "all", "loopback": True}})
+            want, diffs = mm_then_all_reduce(), []
+            for name, kwargs in variants.items():
+                try:  # a variant that does not compile fails alike on every rank
+                    times[name] = time_ms(lambda: pushing(x, operand, best, w_kn=w_kn, **kwargs))[2]
+                    if not name.startswith(" "):
+                        got = pushing(x, operand, best, w_kn=w_kn, **kwargs)
+                        difference = (got.float() - want.float()).abs().max() / want.float().abs().max()
+                        diffs.append(f"{name} {difference.item():.1e}")
+                except Exception as error:  # noqa: BLE001 (a probe: report and go on)
+                    print(f"{name}: {type(error).__name__}: {str(error)[:1500]}")
+            if rank == 0:
+                base = times["mm then all-reduce (NCCL)"]
+                print(f"\n{M}x{N}x{K}, {form}, tiles {best}; largest difference from mm then all-reduce, of its "
+                      f"largest value: {', '.join(diffs)}")
+                for name, ms in times.items():
+                    print(f"  {name:42s} {ms:8.4f} ms  {base / ms:5.2f}x mm then all-reduce")
     dist.barrier()
     dist.destroy_process_group()
 
