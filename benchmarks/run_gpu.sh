@@ -16,7 +16,7 @@ elif ! python3 -m pip install -v --no-deps --no-build-isolation -e . > "$OUT/ins
   echo "native build failed: installing without the native kernels"
   TURBO_INDUCTOR_NATIVE=0 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$OUT/install.log" 2>&1 || { tail -30 "$OUT/install.log"; exit 1; }
 fi
-grep -E "turbo_inductor: (native|building)" "$OUT/install.log"
+[ -e "$OUT/install.log" ] && grep -E "turbo_inductor: (native|building)" "$OUT/install.log"
 # torchao (the FP8 peer's columns in the model benchmark), where its wheel was carried along: device tool
 # carry=["wheels"], the wheel from `pip download --no-deps --only-binary=:all: --python-version 3.12 torchao==0.18.0 -d wheels`
 for wheel in wheels/torchao-*.whl; do [ -e "$wheel" ] && python3 -m pip install -q --no-deps "$wheel" >> "$OUT/install.log" 2>&1; done
