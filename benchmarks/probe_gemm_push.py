@@ -167,7 +167,8 @@ def gemm_push_owner_kernel(x_ptr, w_ptr, out_ptr, recv_ptr, finals_ptr, flags_pt
     x_desc, w_desc = _descriptors(x_ptr, w_ptr, M, N, K, W_KN, BLOCK_M, BLOCK_N, BLOCK_K)
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     shift = tiles // 2 * rank  # rank 1 starts half-way
-    owned_from = tiles // 2 if rank == 0 else tiles - tiles // 2  # the index from which this rank is the later one
+    # the index from which this rank computes its tiles second, and owns them: half, and for rank 1 tiles - half
+    owned_from = tiles // 2 + rank * (tiles % 2)
     previous = -1  # the flag of the previous tile, raised one tile late (its stores have landed by then)
     for index in range(tl.program_id(0), tiles, PROGRAMS):
         tile_id = (index + shift) % tiles
