@@ -68,6 +68,14 @@ def test_opcheck(recipe):
     torch.library.opcheck(torch.ops.turbo_inductor.fp8_linear_bwd,
                           (torch.randn(2, 16, 32, device=DEVICE), None, w.detach(), *saved, recipe, "reference"),
                           test_utils=no_schema)
+    # no W^T saved (save_weight_t False): the backward quantizes it from W
+    torch.library.opcheck(fwd, (x, w, b, recipe, "reference", None, None, True, False), test_utils=no_schema[:2])
+    saved = fwd(x.detach(), w.detach(), b.detach(), recipe, "reference", None, None, True, False)[1:]
+    assert saved[2].dim() == 1
+    torch.library.opcheck(torch.ops.turbo_inductor.fp8_linear_bwd,
+                          (torch.randn(2, 16, 32, device=DEVICE), x_saved, w.detach(), *saved, recipe, "reference"),
+                          test_utils=no_schema)
+    torch.library.opcheck(torch.ops.turbo_inductor.fp8_linear, (x, w, b, recipe, "reference", None, None, False))
     q = torch.ops.turbo_inductor.fp8_quantize(x.detach()[0], torch.float8_e4m3fn, 1, 64, False, False, "reference")
     torch.library.opcheck(torch.ops.turbo_inductor.fp8_quantize,
                           (x.detach()[0], torch.float8_e4m3fn, 1, 64, True, False, "reference"))
@@ -248,6 +256,59 @@ def test_bad_quantized_weight_is_named(args, message):
                                                       w_q, w_scale)
 
 
+@pytest.mark.parametrize("impl", [EXACT_IMPL] + (["triton"] if DEVICE == "cpu" else []))
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_weight_t_not_saved_is_quantized_again_in_backward(recipe, impl):
+    """``save_weight_t=False``: the forward returns no W^T for the backward, which quantizes it from W itself, to
+    the same gradients bit for bit."""
+    x, w, b = make(3, 16, 64), make(32, 64, scale=0.1), make(32)
+    results = {}
+    for save in (True, False):
+        for t in (x, w, b):
+            t.grad = None
+        saved = torch.ops.turbo_inductor.fp8_linear_fwd(x, w, b, recipe, impl, None, None, True, save)[1:]
+        assert (saved[2].dim(), saved[3].dim()) == ((2, 2) if save else (1, 1))
+        y = turbo_inductor.ops.fp8_linear(x, w, b, recipe, impl=impl, save_weight_t=save)
+        y.backward(torch.linspace(-1, 1, y.numel(), device=DEVICE).view(y.shape))
+        results[save] = y.detach(), x.grad, w.grad, b.grad
+    for got, want in zip(results[False], results[True]):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "blockwise"])
+def test_option_save_weight_t_false_keeps_no_weight_copy_for_the_backward(recipe):
+    """``options={"fp8": {"recipe": ..., "save_weight_t": False}}``: every FP8 linear of the compiled model keeps
+    no quantized W^T from its forward to its backward (what it saves is smaller by a byte per weight), and the
+    outputs and gradients are those of the default, bit for bit."""
+    torch.manual_seed(0)
+    model, x = MLP().to(DEVICE), torch.randn(2, 8, 64, device=DEVICE)
+    results, saved_bytes = {}, {}
+    for save in (True, False):
+        torch._dynamo.reset()
+        turbo_inductor.reset_records()
+        compiled = torch.compile(model, backend="primus_turbo", options={
+            "fp8": {"recipe": recipe, "save_weight_t": save}, "impl": EXACT_IMPL, "record_graphs": True})
+        compiled(x.clone().requires_grad_())[0].sum().backward()  # compiles: fake tensors have no storage to hook
+        model.zero_grad()
+        storages = {}
+
+        def pack(t):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            outs = compiled(x.clone().requires_grad_())
+        sum(o.float().square().sum() for o in outs).backward()
+        assert turbo_inductor.rewrite_counts()["fp8"] == 3
+        assert ("save_weight_t = False" in turbo_inductor.compile_records()[0].graph_after) is not save
+        results[save] = [o.detach() for o in outs] + [p.grad.clone() for p in model.parameters()]
+        saved_bytes[save] = sum(storages.values())
+    for got, want in zip(results[False], results[True]):
+        assert torch.equal(got, want)
+    weights = sum(m.weight.numel() for m in (model.up, model.down, model.head))  # the FP8 linears'
+    assert saved_bytes[True] - saved_bytes[False] >= weights, (saved_bytes, weights)
+
+
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_rewrite_turns_every_eligible_linear_into_fp8(recipe):
     torch.manual_seed(0)
@@ -293,6 +354,9 @@ def test_off_by_default_and_bad_recipes_are_named():
     assert ops_after("turbo_inductor.fp8_linear") == 0
     with pytest.raises(Exception, match="option 'fp8' takes one of"):
         run(MLP(), [torch.randn(2, 8, 64)], "primus_turbo", options={"fp8": "int4"})
+    with pytest.raises(Exception, match="option 'fp8.save_weight_t' takes true/false, got 'maybe'"):
+        run(MLP(), [torch.randn(2, 8, 64)], "primus_turbo",
+            options={"fp8": {"recipe": "rowwise", "save_weight_t": "maybe"}})
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
@@ -413,30 +477,37 @@ def _fsdp2_training_matches_inductor(rank, port, recipe):
     models = {}
     # torchtitan's order: each block compiled, then sharded (the block and the root)
     # on CPU the reference kernels: the Triton interpreter's FP8 stores round ~2% of values wrongly (platform.md)
-    fp8 = {"fp8": recipe, **({"impl": "reference"} if device.type == "cpu" else {})}
-    for backend, options in (("primus_turbo", fp8), ("inductor", None)):
+    impl = {"impl": "reference"} if device.type == "cpu" else {}
+    columns = (("primus_turbo", "primus_turbo", {"fp8": recipe, **impl}), ("inductor", "inductor", None),
+               ("W^T not saved", "primus_turbo", {"fp8": {"recipe": recipe, "save_weight_t": False}, **impl}))
+    for name, backend, options in columns:
         compiled = torch.compile(copy.deepcopy(block), backend=backend, options=options, fullgraph=True)
         model = nn.Sequential(compiled)
         fully_shard(compiled, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        models[backend] = model
+        models[name] = model
     torch.manual_seed(1 + rank)  # each rank its own batch
     x = torch.randn(32, 64, device=device, dtype=torch.bfloat16)
     for _step in range(2):  # the second step reuses the compiled graphs, with the gradients accumulated
         outs = {name: model(x) for name, model in models.items()}
         for out in outs.values():
             out.float().square().mean().backward()
-    assert turbo_inductor.rewrite_counts()["fp8"] == 2
+    assert turbo_inductor.rewrite_counts()["fp8"] == 4  # both linears of each primus_turbo block
     assert snr_db(outs["primus_turbo"], outs["inductor"]) >= 25
+    # the backward quantizing W^T from the weight FSDP2 gathers again for it: the same numbers
+    assert torch.equal(outs["W^T not saved"], outs["primus_turbo"])
     for name, _ in block.named_parameters():
-        grads = [dict(model[0]._orig_mod.named_parameters())[name].grad.full_tensor() for model in models.values()]
-        assert snr_db(*grads) >= 20, name
+        grads = {key: dict(model[0]._orig_mod.named_parameters())[name].grad.full_tensor()
+                 for key, model in models.items()}
+        assert snr_db(grads["primus_turbo"], grads["inductor"]) >= 20, name
+        assert torch.equal(grads["W^T not saved"], grads["primus_turbo"]), name
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_fsdp2_training_of_compiled_blocks_runs_fp8_and_matches_inductor(recipe):
     """FSDP2 over compiled blocks (torchtitan): the linears become FP8, inside the parameters' all-gather and the
-    gradients' reduce-scatter; outputs and the reduced weight gradients match Inductor's bf16."""
+    gradients' reduce-scatter; outputs and the reduced weight gradients match Inductor's bf16, and are the same
+    with W^T quantized again in the backward (``save_weight_t`` False)."""
     from test_gemm_allreduce import _spawn
 
     _spawn(_fsdp2_training_matches_inductor, recipe)

@@ -285,14 +285,16 @@ def _decoder():
 
 
 @pytest.mark.parametrize("recipe", ["rowwise", "blockwise"])
-@pytest.mark.parametrize("train", [True, False], ids=["train", "inference"])
-def test_decoder_producers_write_fp8_for_their_linears(recipe, train):
+@pytest.mark.parametrize("train, save_weight_t", [(True, True), (True, False), (False, True)],
+                         ids=["train", "train, W^T not saved", "inference"])
+def test_decoder_producers_write_fp8_for_their_linears(recipe, train, save_weight_t):
     """Both norms of each layer (the input norm, a residual norm from the second layer on, and the post-attention
     residual norm) write the FP8 input of qkv and gate_up, and the SwiGLU that of down_proj; the final norm feeds no
     linear and stays. The backward runs the norms' and the GLU's own backward kernels. Outputs and gradients equal
-    the same compile with both fusions off (:func:`_assert_same`)."""
+    the same compile with both fusions off (:func:`_assert_same`), also where the linears keep no W^T for their
+    backward (the fusions hand x's FP8 form to linears that carry that keyword)."""
     model, x = _decoder()
-    options = {"fp8": recipe}
+    options = {"fp8": {"recipe": recipe, "save_weight_t": save_weight_t}}
     turbo_inductor.reset_kernel_calls()
     outs, grads = run(model, [x], "primus_turbo", train=train, options=options)
     layers = len(model.layers)

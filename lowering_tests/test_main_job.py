@@ -154,9 +154,13 @@ def test_fsdp2_benchmark_runs_every_column_on_two_processes(tmp_path):
     written = json.loads((tmp_path / "fsdp2_tiny.json").read_text())
     columns = {c["column"]: c for c in written["columns"]}
     peer = ["torchao fp8 rowwise"] if importlib.util.find_spec("torchao") else []
-    assert list(columns) == ["inductor", "primus_turbo", "primus_turbo fp8 rowwise"] + peer
+    assert list(columns) == ["inductor", "primus_turbo", "primus_turbo fp8 rowwise",
+                             "primus_turbo fp8 rowwise, W^T not saved"] + peer
     assert written["world"] == 2
     assert columns["primus_turbo"]["rewrites"] == {"rmsnorm": 2, "rmsnorm_residual": 1, "glu": 1}
     assert columns["primus_turbo"]["out_snr_db"] > 40 and columns["primus_turbo"]["worst_grad_snr_db"] > 30
     assert columns["primus_turbo fp8 rowwise"]["rewrites"]["fp8"] == 4
+    # the same numbers with W^T quantized again in the backward
+    for key in ("out_snr_db", "worst_grad_snr_db"):
+        assert columns["primus_turbo fp8 rowwise, W^T not saved"][key] == columns["primus_turbo fp8 rowwise"][key]
     assert all(c["out_snr_db"] >= 25 and c["step_ms"] > 0 for c in columns.values())

@@ -71,11 +71,14 @@ def _gelu(approximate: str) -> str:
 
 
 def fp8_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, recipe: str = "tensorwise", *,
-               impl: str = "auto", x_q: Optional[Tensor] = None, x_scale: Optional[Tensor] = None) -> Tensor:
+               impl: str = "auto", x_q: Optional[Tensor] = None, x_scale: Optional[Tensor] = None,
+               save_weight_t: bool = True) -> Tensor:
     """``F.linear`` with x and weight quantized to FP8 by ``recipe`` ("tensorwise", "rowwise", "rowwise_pow2",
     "blockwise", "mxfp8", "rowwise_with_gw_hp"), forward and backward (see ``turbo_inductor/ops/fp8_linear.py``).
-    ``x_q``, ``x_scale``: x already quantized for the forward (:func:`rmsnorm_fp8`'s q and scale)."""
-    return torch.ops.turbo_inductor.fp8_linear(x, weight, bias, recipe, impl, x_q, x_scale)
+    ``x_q``, ``x_scale``: x already quantized for the forward (:func:`rmsnorm_fp8`'s q and scale).
+    ``save_weight_t=False``: the backward quantizes W^T again instead of keeping it from the forward (less memory
+    between the two, one more read of W)."""
+    return torch.ops.turbo_inductor.fp8_linear(x, weight, bias, recipe, impl, x_q, x_scale, save_weight_t)
 
 
 def gemm_allreduce(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, group=None, *,

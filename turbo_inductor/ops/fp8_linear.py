@@ -1,11 +1,13 @@
 """FP8 linear: ``y = x W^T (+ bias)`` with x and W quantized by a recipe, forward and backward.
 
 Ops in ``torch.ops.turbo_inductor``:
-  fp8_linear(x, weight, bias, recipe, impl, x_q, x_scale) -> y   public op: fp8_linear_fwd(...)[0] where a
+  fp8_linear(x, weight, bias, recipe, impl, x_q, x_scale, save_weight_t) -> y
+                                                                 public op: fp8_linear_fwd(...)[0] where a
                                                                  gradient is wanted, else fp8_linear_inference
   fp8_linear_inference(x, weight, bias, recipe, impl, x_q, x_scale, w_q, w_scale) -> y
                                                                  the forward alone; W as weight or quantized
-  fp8_linear_fwd(x, weight, bias, recipe, impl, x_q, x_scale, weight_grad) -> (y, x_t, x_t_scale, w_t, w_t_scale)
+  fp8_linear_fwd(x, weight, bias, recipe, impl, x_q, x_scale, weight_grad, save_weight_t)
+                                                                 -> (y, x_t, x_t_scale, w_t, w_t_scale)
                                                                  custom op; backward: fp8_linear_bwd (+ dbias)
   fp8_linear_bwd(dy, x, weight, x_t, x_t_scale, w_t, w_t_scale, recipe, impl) -> (dx, dweight)
 
@@ -28,6 +30,11 @@ reads neither x nor W again, and dy and dy^T come from one call. With ``high_pre
 itself instead of x^T, for wgrad in x's dtype. A weight that wants no gradient (frozen, as a LoRA base model's)
 gets none: the forward then quantizes no x^T (``weight_grad`` False: the public op passes ``weight.requires_grad``)
 and the backward, finding none, runs no wgrad GEMM (it returns an empty dweight).
+
+``save_weight_t`` False: the forward quantizes W for its GEMM only and saves no W^T; the backward quantizes W^T
+from W (saved as a reference anyway), with the same result. That keeps no FP8 copy of the weight from the forward
+to the backward (1 byte per weight per linear), at the cost of one more read of W: what FSDP2 training wants, where
+W is all-gathered again for the backward and the saved copies would hold a layer's weights per layer.
 
 ``x_q``, ``x_scale`` (optional): x already quantized for the forward GEMM, as the recipe would quantize it
 (:func:`input_quantization`), by the op that produced x (``rmsnorm_fp8``, ``glu_fp8``: producer fusions). The
@@ -196,7 +203,8 @@ def _saves_x_t(recipe: str, weight_grad: bool) -> bool:
 
 def _forward(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], recipe: str, impl: str, for_backward: bool,
              x_q: Optional[Tensor], x_scale: Optional[Tensor], w_q: Optional[Tensor] = None,
-             w_scale: Optional[Tensor] = None, weight_grad: bool = True) -> tuple[Tensor, ...]:
+             w_scale: Optional[Tensor] = None, weight_grad: bool = True,
+             save_weight_t: bool = True) -> tuple[Tensor, ...]:
     """y and, if ``for_backward``, what the backward takes from the forward. ``x_q``, ``x_scale``: x already
     quantized for the forward GEMM (by its producer), or None; ``w_q``, ``w_scale`` (inference, weight None): W
     already quantized."""
@@ -206,7 +214,7 @@ def _forward(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], recipe
     if x2.shape[0] == 0:
         y = x.new_zeros(x.shape[:-1] + ((weight if weight is not None else w_q).shape[0],))
         y = y + (0 if bias is None else bias)
-        return (y, *_saved_transposes(x2, weight, recipe, weight_grad)) if for_backward else (y,)
+        return (y, *_saved_transposes(x2, weight, recipe, weight_grad, save_weight_t)) if for_backward else (y,)
     saves_x_t = for_backward and _saves_x_t(recipe, weight_grad)
     if x_q is not None:
         x_t = _operand(x2, r.activation_block, e4m3, r, impl, transposed=True) if saves_x_t else _unsaved(x, e4m3)
@@ -217,7 +225,7 @@ def _forward(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], recipe
         x_q, x_t = _operand(x2, r.activation_block, e4m3, r, impl), _unsaved(x, e4m3)
     if w_q is not None:
         w_q, w_t = (w_q, w_scale), _unsaved(x, e4m3)
-    elif for_backward:
+    elif for_backward and save_weight_t:
         w_q, w_t = _operand_both(weight, r.weight_block, e4m3, r, impl)
     else:
         w_q, w_t = _operand(weight, r.weight_block, e4m3, r, impl), _unsaved(x, e4m3)
@@ -233,12 +241,13 @@ def _unsaved(t: Tensor, fp8_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     return t.new_empty(0, dtype=fp8_dtype), t.new_empty(0, dtype=torch.float32)
 
 
-def _saved_transposes(x2: Tensor, weight: Tensor, recipe: str,
-                      weight_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _saved_transposes(x2: Tensor, weight: Tensor, recipe: str, weight_grad: bool,
+                      save_weight_t: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Uninitialized tensors of the saved transposes' shapes (the fake; a forward with no rows)."""
     r, e4m3 = RECIPES[recipe], fp8_formats(x2.device)[0]
     saved = []
-    for save, t, block in ((_saves_x_t(recipe, weight_grad), x2, r.activation_block), (True, weight, r.weight_block)):
+    for save, t, block in ((_saves_x_t(recipe, weight_grad), x2, r.activation_block),
+                           (save_weight_t, weight, r.weight_block)):
         rows, cols = t.shape
         block_rows, block_cols = _kernel_block(block, t)
         saved += ((t.new_empty((cols, rows), dtype=e4m3),
@@ -249,16 +258,17 @@ def _saved_transposes(x2: Tensor, weight: Tensor, recipe: str,
 
 @kernel_op("fp8_linear_fwd", (QUANTIZE_KERNEL, GEMM_KERNEL), symbolic_sizes=False)
 def fp8_linear_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, impl: str = "auto",
-                   x_q: Optional[Tensor] = None, x_scale: Optional[Tensor] = None,
-                   weight_grad: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    return _forward(x, weight, bias, recipe, impl, True, x_q, x_scale, weight_grad=weight_grad)
+                   x_q: Optional[Tensor] = None, x_scale: Optional[Tensor] = None, weight_grad: bool = True,
+                   save_weight_t: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return _forward(x, weight, bias, recipe, impl, True, x_q, x_scale, weight_grad=weight_grad,
+                    save_weight_t=save_weight_t)
 
 
 @fp8_linear_fwd.register_fake
-def _(x, weight, bias, recipe, impl="auto", x_q=None, x_scale=None, weight_grad=True):
+def _(x, weight, bias, recipe, impl="auto", x_q=None, x_scale=None, weight_grad=True, save_weight_t=True):
     _check("fp8_linear", x, weight, bias, recipe, x_q, x_scale)
     y = x.new_empty(x.shape[:-1] + (weight.shape[0],))
-    return y, *_saved_transposes(x.reshape(-1, x.shape[-1]), weight, recipe, weight_grad)
+    return y, *_saved_transposes(x.reshape(-1, x.shape[-1]), weight, recipe, weight_grad, save_weight_t)
 
 
 @kernel_op("fp8_linear_inference", (QUANTIZE_KERNEL, GEMM_KERNEL), symbolic_sizes=False)
@@ -302,6 +312,8 @@ def fp8_linear_bwd(dy: Tensor, x: Optional[Tensor], weight: Tensor, x_t: Tensor,
         dy_q, dy_t = _operand_both(dy2, r.activation_block, grad_dtype, r, impl)
     else:
         dy_q = _operand(dy2, r.activation_block, grad_dtype, r, impl)
+    if w_t.dim() != 2:  # the forward saved no W^T (save_weight_t False): quantized from W, as the forward would have
+        w_t, w_t_scale = _operand(weight, r.weight_block, e4m3, r, impl, transposed=True)
     dx = _gemm(dy_q, (w_t, w_t_scale), dy.dtype, impl)
     if not wgrad:
         dweight = weight.new_empty(0)
@@ -342,11 +354,11 @@ register_linear_autograd(fp8_linear_fwd, fp8_linear_bwd,
 
 
 def _fp8_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, impl: str = "auto",
-                x_q: Optional[Tensor] = None, x_scale: Optional[Tensor] = None) -> Tensor:
+                x_q: Optional[Tensor] = None, x_scale: Optional[Tensor] = None, save_weight_t: bool = True) -> Tensor:
     # Decided where the op is decomposed, under autograd (AOTAutograd traces training and inference graphs apart).
     wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
     if wants_grad:
-        return fp8_linear_fwd(x, weight, bias, recipe, impl, x_q, x_scale, weight.requires_grad)[0]
+        return fp8_linear_fwd(x, weight, bias, recipe, impl, x_q, x_scale, weight.requires_grad, save_weight_t)[0]
     if inductor_config.freezing:
         # Inductor freezes the parameters of this inference graph: W's quantization as a node of its own is run
         # once by freezing's constant folding, and the compiled graph reads W's FP8 copy instead of quantizing W at
@@ -359,7 +371,7 @@ def _fp8_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, 
 
 fp8_linear = define_composite(
     "fp8_linear(Tensor x, Tensor weight, Tensor? bias, str recipe, str impl='auto', Tensor? x_q=None, "
-    "Tensor? x_scale=None) -> Tensor", _fp8_linear)
+    "Tensor? x_scale=None, bool save_weight_t=True) -> Tensor", _fp8_linear)
 
 
 def can_rewrite(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:

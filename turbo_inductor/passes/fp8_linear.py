@@ -2,8 +2,10 @@
 of an unmodified model, no module swapping.
 
 Off by default. The option takes a recipe name ("tensorwise", "rowwise", "blockwise", "mxfp8"), or a dict
-``{"recipe": ..., "exclude": REGEX, "min_size": N}``: parameters whose name matches ``exclude`` (e.g. "lm_head")
-stay in high precision, and so do linears with fewer than ``min_size`` input or output features.
+``{"recipe": ..., "exclude": REGEX, "min_size": N, "save_weight_t": BOOL}``: parameters whose name matches
+``exclude`` (e.g. "lm_head") stay in high precision, and so do linears with fewer than ``min_size`` input or output
+features; ``save_weight_t=False`` has the backward quantize W^T again instead of keeping it from the forward
+(``ops/fp8_linear.py``: less memory between forward and backward, for FSDP2).
 Matched: ``nn.Linear`` / ``F.linear`` whose weight is [N, K] with N and K multiples of 16, in x's dtype
 (fp32/bf16/fp16), bias optional; and ``x @ W.t()`` / ``x @ W.T`` / ``torch.matmul(x, W.transpose(0, 1))`` (weight W)
 and ``x @ V`` (weight V^T) with a 2-D right operand. Under ``torch.autocast`` the operands are cast to the autocast
@@ -21,7 +23,7 @@ import torch
 import torch.fx as fx
 
 from ..ops.fp8_linear import RECIPES, can_rewrite
-from ..options import Options
+from ..options import Options, parse_bool
 from . import matcher as m
 from .manager import RewritePass
 
@@ -33,6 +35,7 @@ class FP8Option:
     recipe: str = OFF
     exclude: str = ""
     min_size: int = 0
+    save_weight_t: bool = True
 
 
 def parameter_name(node: fx.Node) -> str:
@@ -74,12 +77,13 @@ class FP8LinearPass(RewritePass):
         if value in (None, False, OFF, "", "0", "false"):
             return FP8Option()
         fields = dict(value) if isinstance(value, dict) else {"recipe": value}
-        unknown = set(fields) - {"recipe", "exclude", "min_size"}
+        unknown = set(fields) - {"recipe", "exclude", "min_size", "save_weight_t"}
         if unknown or fields.get("recipe") not in RECIPES:
             raise ValueError(f"primus_turbo: option 'fp8' takes one of {sorted(RECIPES)} or 'off', or a dict with "
-                             f"keys recipe/exclude/min_size; got {value!r}")
+                             f"keys recipe/exclude/min_size/save_weight_t; got {value!r}")
         re.compile(fields.get("exclude", ""))
-        return FP8Option(fields["recipe"], fields.get("exclude", ""), int(fields.get("min_size", 0)))
+        return FP8Option(fields["recipe"], fields.get("exclude", ""), int(fields.get("min_size", 0)),
+                         parse_bool("fp8.save_weight_t", fields.get("save_weight_t", True)))
 
     def enabled(self, value: FP8Option) -> bool:
         return value.recipe != OFF
@@ -112,7 +116,9 @@ class FP8LinearPass(RewritePass):
             if transposed:
                 weight = m.insert_op(graph, node, torch.ops.aten.t.default, (weight,))
             x, weight, bias = m.cast_to(graph, node, (x, weight, bias), m.linear_dtype(node))
-            m.replace_with_op(graph, node, torch.ops.turbo_inductor.fp8_linear.default,
-                              (x, weight, bias, option.recipe, options.impl))
+            linear = m.replace_with_op(graph, node, torch.ops.turbo_inductor.fp8_linear.default,
+                                       (x, weight, bias, option.recipe, options.impl))
+            if not option.save_weight_t:  # a keyword: the producer fusions hand x_q and x_scale over as arguments
+                linear.kwargs = {"save_weight_t": False}
             count += 1
         return count
