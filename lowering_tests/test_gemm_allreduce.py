@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.multiprocessing as mp
 import torch.nn as nn
+from torch._inductor.utils import run_and_get_code
 
 import turbo_inductor
 from compare import default_counts
@@ -130,8 +131,6 @@ def test_near_misses_are_left_alone(fake_group, variant):
 def test_traced_into_the_graph_as_functional_collectives(fake_group, impl, chunks, monkeypatch):
     """The op's body is traced: the compiled code issues the functional all-reduces itself (one per chunk, in
     forward and backward) and never calls back into a turbo_inductor op, so no host work is added per call."""
-    from torch._inductor.utils import run_and_get_code
-
     monkeypatch.setattr(overlap, "CHUNK_MIN_ROWS", 2)
     monkeypatch.setattr(overlap, "CHUNK_MIN_BYTES", 0)
     model = RowParallel("funcol", fake_group)
@@ -150,6 +149,46 @@ def test_opcheck(fake_group):
     torch.library.opcheck(torch.ops.turbo_inductor.gemm_allreduce, (x, w, b, fake_group.group_name, "auto"))
     torch.library.opcheck(torch.ops.turbo_inductor.gemm_allreduce_bwd,
                           (torch.randn(6, 24), x, w, fake_group.group_name, "auto"))
+    # a weight that wants no gradient: no x saved, an empty dweight
+    torch.library.opcheck(torch.ops.turbo_inductor.gemm_allreduce_bwd,
+                          (torch.randn(6, 24), None, w, fake_group.group_name, "auto"))
+    torch.library.opcheck(torch.ops.turbo_inductor.linear_dgrad_allreduce_bwd,
+                          (torch.randn(6, 24), None, w, fake_group.group_name, "auto"))
+    for op in (torch.ops.turbo_inductor.gemm_allreduce_bwd, torch.ops.turbo_inductor.linear_dgrad_allreduce_bwd):
+        dx, dweight = op(torch.randn(2, 3, 24), None, w, fake_group.group_name)[:2]
+        assert dx.shape == (2, 3, 32) and dweight.shape == (0,)
+
+
+@pytest.mark.parametrize("spelling", ["funcol", "in_place"])
+def test_a_frozen_weight_costs_no_wgrad(fake_group, spelling):
+    """A row-parallel linear whose weight wants no gradient (a frozen base model's, as LoRA trains it): x's and the
+    bias's gradients are Inductor's, the weight gets none. The op's autograd saves no x and its backward gets
+    none, so no implementation runs a wgrad GEMM (a traced one's would be dead code anyway; an opaque one, as
+    symm_mem's, would run it)."""
+    torch.manual_seed(0)
+    model = RowParallel(spelling, fake_group)
+    model.proj.weight.requires_grad_(False)
+    x = torch.randn(3, 5, 32)
+    results = {}
+    for backend in ("inductor", "primus_turbo"):
+        torch._dynamo.reset()
+        turbo_inductor.reset_records()
+        model.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_()
+        torch.compile(model, backend=backend)(xi).sum().backward()
+        results[backend] = xi.grad, model.proj.bias.grad
+    assert turbo_inductor.rewrite_counts()["gemm_allreduce"] == 1
+    assert model.proj.weight.grad is None
+    for got, want in zip(results["primus_turbo"], results["inductor"]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for trainable in (True, False):
+        model.proj.weight.requires_grad_(trainable)
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+            y = turbo_inductor.ops.gemm_allreduce(x.clone().requires_grad_(), model.proj.weight, model.proj.bias,
+                                                  fake_group)
+        assert (x.shape in saved) is trainable, saved
+        y.sum().backward()
 
 
 def test_unknown_group_and_uninitialized_distributed_are_named(fake_group):

@@ -9,6 +9,9 @@ Ops in ``torch.ops.turbo_inductor``:
   linear_dgrad_allreduce(x, weight, bias, group_name, impl) -> y             F.linear; backward: the op below
   linear_dgrad_allreduce_bwd(dy, x, weight, group_name, impl) -> (dx, dw)    dx = sum over ranks of dy @ weight
 
+A weight that wants no gradient (frozen, as a LoRA base model's) gets none: the forward saves no x for the
+backward, which gets x None and runs no wgrad GEMM (dw empty), as fp8_linear does.
+
 The backward is torch's for the unfused graph: the all-reduce's gradient is the all-reduce of the gradient
 (``_c10d_functional.all_reduce``'s registered autograd), then the linear's. ``group_name`` is the process group's
 name as functional collectives carry it (``ProcessGroup.group_name``). Called eagerly, the ranks first check that
@@ -24,6 +27,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..kernels import registry
+from ..kernels.reference.gemm_allreduce import weight_grad
 from .library import SUPPORTED_FLOAT_DTYPES, check, check_linear, kernel_op, register_linear_autograd
 
 FWD_KERNEL, BWD_KERNEL = "gemm_allreduce_fwd", "gemm_allreduce_bwd"
@@ -77,23 +81,43 @@ def _(x, weight, bias, group_name, impl="auto"):
     return x.new_empty(x.shape[:-1] + (weight.shape[0],))
 
 
+def _check_backward(op: str, dy: Tensor, x: Optional[Tensor], weight: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+    """dy [..., N] and x [..., K] (None: a weight that wants no gradient) as matrices, checked against weight."""
+    check(dy.dim() >= 1 and dy.shape[-1] == weight.shape[0] and dy.dtype == weight.dtype, op,
+          lambda: f"dy must be [..., {weight.shape[0]}] in {weight.dtype}, got {list(dy.shape)} {dy.dtype}")
+    if x is not None:
+        check_linear(op, x, weight, None)
+        check(x.shape[:-1] == dy.shape[:-1], op,
+              lambda: f"x {list(x.shape)} and dy {list(dy.shape)} must have the same leading dimensions")
+    return (dy.reshape(-1, weight.shape[0]).contiguous(),
+            None if x is None else x.reshape(-1, x.shape[-1]).contiguous())
+
+
+def _dweight_fake(x: Optional[Tensor], weight: Tensor) -> Tensor:
+    return weight.new_empty(weight.shape if x is not None else 0)
+
+
 @kernel_op("gemm_allreduce_bwd", (BWD_KERNEL,))
-def gemm_allreduce_bwd(dy: Tensor, x: Tensor, weight: Tensor, group_name: str,
+def gemm_allreduce_bwd(dy: Tensor, x: Optional[Tensor], weight: Tensor, group_name: str,
                        impl: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
-    check_linear("gemm_allreduce_bwd", x, weight, None)
-    dy2, x2 = dy.reshape(-1, weight.shape[0]).contiguous(), x.reshape(-1, x.shape[-1]).contiguous()
-    _checked_group("gemm_allreduce_bwd", group_name, [dy2.shape[0], weight.shape[0], x2.shape[1]], x.device)
-    dx, dweight, dbias = registry.select(BWD_KERNEL, x.device, impl)(dy2, x2, weight.contiguous(), group_name)
-    return dx.view(x.shape), dweight, dbias
+    dy2, x2 = _check_backward("gemm_allreduce_bwd", dy, x, weight)
+    _checked_group("gemm_allreduce_bwd", group_name, [dy2.shape[0], weight.shape[0], weight.shape[1]], dy.device)
+    dx, dweight, dbias = registry.select(BWD_KERNEL, dy.device, impl)(dy2, x2, weight.contiguous(), group_name)
+    return dx.view(dy.shape[:-1] + (weight.shape[1],)), dweight, dbias
 
 
 @gemm_allreduce_bwd.register_fake
 def _(dy, x, weight, group_name, impl="auto"):
-    check_linear("gemm_allreduce_bwd", x, weight, None)
-    return x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape[0])
+    _check_backward("gemm_allreduce_bwd", dy, x, weight)
+    return dy.new_empty(dy.shape[:-1] + (weight.shape[1],)), _dweight_fake(x, weight), weight.new_empty(weight.shape[0])
 
 
-register_linear_autograd(gemm_allreduce, gemm_allreduce_bwd)
+def _weight_grad(group_name: str, weight: Tensor) -> bool:
+    """Whether the backward takes x: for the wgrad, which a weight that wants no gradient does not get."""
+    return weight.requires_grad
+
+
+register_linear_autograd(gemm_allreduce, gemm_allreduce_bwd, keeps_x=_weight_grad)
 
 
 @kernel_op("linear_dgrad_allreduce", ())
@@ -114,24 +138,24 @@ def _(x, weight, bias, group_name, impl="auto"):
 
 
 @kernel_op("linear_dgrad_allreduce_bwd", (FWD_KERNEL,))
-def linear_dgrad_allreduce_bwd(dy: Tensor, x: Tensor, weight: Tensor, group_name: str,
+def linear_dgrad_allreduce_bwd(dy: Tensor, x: Optional[Tensor], weight: Tensor, group_name: str,
                                impl: str = "auto") -> tuple[Tensor, Tensor]:
     """``(dx, dweight)``: ``dx = sum over ranks of dy @ weight`` (the GEMM + all-reduce kernel on ``weight^T``),
-    ``dweight = dy^T x``."""
-    check_linear("linear_dgrad_allreduce_bwd", x, weight, None)
-    dy2, x2 = dy.reshape(-1, weight.shape[0]).contiguous(), x.reshape(-1, x.shape[-1]).contiguous()
-    _checked_group("linear_dgrad_allreduce_bwd", group_name, [dy2.shape[0], weight.shape[0], x2.shape[1]], x.device)
-    dx = registry.select(FWD_KERNEL, x.device, impl)(dy2, weight.t(), None, group_name)
-    return dx.view(x.shape), dy2.t() @ x2
+    ``dweight = dy^T x`` (empty without x)."""
+    dy2, x2 = _check_backward("linear_dgrad_allreduce_bwd", dy, x, weight)
+    _checked_group("linear_dgrad_allreduce_bwd", group_name, [dy2.shape[0], weight.shape[0], weight.shape[1]],
+                   dy.device)
+    dx = registry.select(FWD_KERNEL, dy.device, impl)(dy2, weight.t(), None, group_name)
+    return dx.view(dy.shape[:-1] + (weight.shape[1],)), weight_grad(dy2, x2, weight)
 
 
 @linear_dgrad_allreduce_bwd.register_fake
 def _(dy, x, weight, group_name, impl="auto"):
-    check_linear("linear_dgrad_allreduce_bwd", x, weight, None)
-    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+    _check_backward("linear_dgrad_allreduce_bwd", dy, x, weight)
+    return dy.new_empty(dy.shape[:-1] + (weight.shape[1],)), _dweight_fake(x, weight)
 
 
-register_linear_autograd(linear_dgrad_allreduce, linear_dgrad_allreduce_bwd)
+register_linear_autograd(linear_dgrad_allreduce, linear_dgrad_allreduce_bwd, keeps_x=_weight_grad)
 
 
 def can_rewrite(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:

@@ -45,7 +45,7 @@ def gemm_allreduce_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 
 
 @implementation("gemm_allreduce_bwd", "overlap", priority=PRIORITY, unavailable_reason=unavailable_reason)
-def gemm_allreduce_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, group_name: str):
+def gemm_allreduce_bwd(dy: torch.Tensor, x: torch.Tensor | None, weight: torch.Tensor, group_name: str):
     chunks = row_chunks(int(dy.shape[0]), max(dy.shape[1], weight.shape[1]) * dy.element_size())
     if len(chunks) == 1:
         return sequential.gemm_allreduce_bwd(dy, x, weight, group_name)
@@ -53,4 +53,4 @@ def gemm_allreduce_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, 
     g_chunks = [wait(p) for p in pending]
     dx = torch.cat([g @ weight for g in g_chunks])
     g = torch.cat(g_chunks)
-    return dx, g.t() @ x, g.sum(0)
+    return dx, sequential.weight_grad(g, x, weight), g.sum(0)

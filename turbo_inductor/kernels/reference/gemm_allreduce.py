@@ -22,6 +22,11 @@ def wait(t: torch.Tensor) -> torch.Tensor:
     return torch.ops._c10d_functional.wait_tensor(t)
 
 
+def weight_grad(g: torch.Tensor, x: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
+    """``g^T @ x``, or an empty tensor where x was not saved (a weight that wants no gradient: no wgrad GEMM)."""
+    return g.t() @ x if x is not None else weight.new_empty(0)
+
+
 @implementation("gemm_allreduce_fwd", "reference", priority=0, unavailable_reason=unavailable_reason)
 def gemm_allreduce_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                        group_name: str) -> torch.Tensor:
@@ -30,8 +35,9 @@ def gemm_allreduce_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 
 
 @implementation("gemm_allreduce_bwd", "reference", priority=0, unavailable_reason=unavailable_reason)
-def gemm_allreduce_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, group_name: str):
+def gemm_allreduce_bwd(dy: torch.Tensor, x: torch.Tensor | None, weight: torch.Tensor, group_name: str):
     """The all-reduce's backward (torch's: the gradients are all-reduced too), then the GEMMs':
-    ``g = sum over ranks of dy``; returns ``(g @ weight, g^T @ x, g summed over rows)``."""
+    ``g = sum over ranks of dy``; returns ``(g @ weight, g^T @ x, g summed over rows)`` (``weight_grad``: empty
+    without x)."""
     g = wait(start_all_reduce(dy, group_name))
-    return g @ weight, g.t() @ x, g.sum(0)
+    return g @ weight, weight_grad(g, x, weight), g.sum(0)

@@ -33,6 +33,7 @@ from typing import Optional
 import torch
 
 from ..collective.gemm_allreduce import row_chunks
+from ..reference.gemm_allreduce import weight_grad
 from ..registry import implementation
 from . import unavailable_reason
 
@@ -125,23 +126,24 @@ def _(x, weight, bias, group_name):
 
 
 @torch.library.custom_op(f"{NAMESPACE}::gemm_allreduce_bwd", mutates_args=())
-def _bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+def _bwd(dy: torch.Tensor, x: Optional[torch.Tensor], weight: torch.Tensor,
          group_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rows, cols = dy.shape
-    g, dx = torch.empty_like(dy), x.new_empty(x.shape)
+    g, dx = torch.empty_like(dy), dy.new_empty((rows, weight.shape[1]))
     reduction = _PeerSum(rows, cols, dy.dtype, dy.device, group_name)
-    chunks = row_chunks(rows, max(cols, x.shape[1]) * dy.element_size(), CHUNKS)
+    chunks = row_chunks(rows, max(cols, weight.shape[1]) * dy.element_size(), CHUNKS)
     reduced = [reduction.push(start, stop, dy[start:stop], g) for start, stop in chunks]  # all queued at once
     for (start, stop), event in zip(chunks, reduced):
         reduction.main.wait_event(event)
         torch.mm(g[start:stop], weight, out=dx[start:stop])  # overlaps the next chunks' reductions
     reduction.finish()
-    return dx, g.t() @ x, g.sum(0)
+    return dx, weight_grad(g, x, weight), g.sum(0)
 
 
 @_bwd.register_fake
 def _(dy, x, weight, group_name):
-    return x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape[0])
+    return (dy.new_empty((dy.shape[0], weight.shape[1])), weight.new_empty(weight.shape if x is not None else 0),
+            weight.new_empty(weight.shape[0]))
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, *args) -> str | None:
@@ -161,7 +163,7 @@ def gemm_allreduce_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 
 @implementation("gemm_allreduce_bwd", "symm_mem", priority=PRIORITY, unavailable_reason=unavailable_reason,
                 supports=supports)
-def gemm_allreduce_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, group_name: str):
+def gemm_allreduce_bwd(dy: torch.Tensor, x: torch.Tensor | None, weight: torch.Tensor, group_name: str):
     """``g = sum over ranks of dy`` (pushed in chunks as the forward's partials), then ``(g @ weight, g^T @ x,
-    g.sum(0))``, each chunk's ``g @ weight`` overlapping the next chunk's reduction."""
+    g.sum(0))``, each chunk's ``g @ weight`` overlapping the next chunk's reduction (no ``g^T @ x`` without x)."""
     return _bwd(dy, x, weight, group_name)
