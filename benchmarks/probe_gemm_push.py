@@ -212,6 +212,8 @@ class PushBuffers:
         self.finals = allocate(2, rows, cols, dtype=dtype)
         self.flags = allocate(2 * max_tiles, dtype=torch.int32).zero_()
         self.rank, self.calls = 0, 0
+        device = torch.device(device)
+        self.sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
         self.peer = {name: getattr(self, name).data_ptr() for name in ("recv", "finals", "flags")}
         if group_name is not None:
             import torch.distributed as dist
@@ -243,7 +245,7 @@ class PushBuffers:
         self.calls += 1
         parity = self.calls % 2
         tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
-        programs = min(tiles, programs or torch.cuda.get_device_properties(x.device).multi_processor_count)
+        programs = min(tiles, programs or self.sms)
         meta = dict(W_KN=w_kn, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP=GROUP_M, STAGES=stages,
                     PROGRAMS=programs, num_warps=warps)
         if design == "all":

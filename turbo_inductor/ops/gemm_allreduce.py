@@ -93,10 +93,6 @@ def _check_backward(op: str, dy: Tensor, x: Optional[Tensor], weight: Tensor) ->
             None if x is None else x.reshape(-1, x.shape[-1]).contiguous())
 
 
-def _dweight_fake(x: Optional[Tensor], weight: Tensor) -> Tensor:
-    return weight.new_empty(weight.shape if x is not None else 0)
-
-
 @kernel_op("gemm_allreduce_bwd", (BWD_KERNEL,))
 def gemm_allreduce_bwd(dy: Tensor, x: Optional[Tensor], weight: Tensor, group_name: str,
                        impl: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
@@ -108,8 +104,9 @@ def gemm_allreduce_bwd(dy: Tensor, x: Optional[Tensor], weight: Tensor, group_na
 
 @gemm_allreduce_bwd.register_fake
 def _(dy, x, weight, group_name, impl="auto"):
-    _check_backward("gemm_allreduce_bwd", dy, x, weight)
-    return dy.new_empty(dy.shape[:-1] + (weight.shape[1],)), _dweight_fake(x, weight), weight.new_empty(weight.shape[0])
+    dy2, x2 = _check_backward("gemm_allreduce_bwd", dy, x, weight)
+    dx = dy.new_empty(dy.shape[:-1] + (weight.shape[1],))
+    return dx, weight_grad(dy2, x2, weight), weight.new_empty(weight.shape[0])
 
 
 def _weight_grad(group_name: str, weight: Tensor) -> bool:
@@ -151,8 +148,8 @@ def linear_dgrad_allreduce_bwd(dy: Tensor, x: Optional[Tensor], weight: Tensor, 
 
 @linear_dgrad_allreduce_bwd.register_fake
 def _(dy, x, weight, group_name, impl="auto"):
-    _check_backward("linear_dgrad_allreduce_bwd", dy, x, weight)
-    return dy.new_empty(dy.shape[:-1] + (weight.shape[1],)), _dweight_fake(x, weight)
+    dy2, x2 = _check_backward("linear_dgrad_allreduce_bwd", dy, x, weight)
+    return dy.new_empty(dy.shape[:-1] + (weight.shape[1],)), weight_grad(dy2, x2, weight)
 
 
 register_linear_autograd(linear_dgrad_allreduce, linear_dgrad_allreduce_bwd, keeps_x=_weight_grad)

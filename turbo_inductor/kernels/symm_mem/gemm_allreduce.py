@@ -142,8 +142,7 @@ def _bwd(dy: torch.Tensor, x: Optional[torch.Tensor], weight: torch.Tensor,
 
 @_bwd.register_fake
 def _(dy, x, weight, group_name):
-    return (dy.new_empty((dy.shape[0], weight.shape[1])), weight.new_empty(weight.shape if x is not None else 0),
-            weight.new_empty(weight.shape[0]))
+    return dy.new_empty((dy.shape[0], weight.shape[1])), weight_grad(dy, x, weight), weight.new_empty(weight.shape[0])
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, *args) -> str | None:
