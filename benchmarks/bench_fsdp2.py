@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import importlib.util
 import json
 import os
@@ -43,6 +44,8 @@ def main(argv=None):
     parser.add_argument("--fp8", default="tensorwise,rowwise", help="FP8 recipes (comma-separated; empty: none)")
     parser.add_argument("--steps", type=int, default=20 if on_gpu else 2, help="timed steps, the same on every rank")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results"))
+    parser.add_argument("--snapshot", default="", help="columns (comma-separated) whose one extra step rank 0 "
+                        "records as a CUDA memory snapshot, <out>/snapshot_<column>.pickle (pytorch.org/memory_viz)")
     args = parser.parse_args(argv)
 
     from torch.distributed.device_mesh import init_device_mesh
@@ -107,9 +110,14 @@ def run_columns(args, device: torch.device, mesh) -> list[dict]:
     cotangent = torch.randn(x.shape, device=device, dtype=x.dtype, generator=generator)
     recipes = [recipe for recipe in args.fp8.split(",") if recipe]
     results = {}
+    allocated_before = torch.cuda.memory_allocated() if device.type == "cuda" else 0
     for name, backend, options, torchao in columns(recipes):
         torch._dynamo.reset()
         turbo_inductor.reset_records()
+        # The last column's model is garbage only once its reference cycles (FSDP's hooks) are collected; whatever
+        # earlier columns still leave allocated is no part of this one's peak (as in run_model).
+        gc.collect()
+        left_over = torch.cuda.memory_allocated() - allocated_before if device.type == "cuda" else 0
         model = sharded(base, backend, options, torchao, mesh)
 
         def step():
@@ -131,9 +139,12 @@ def run_columns(args, device: torch.device, mesh) -> list[dict]:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             times.append((time.perf_counter() - start) * 1e3)
+        if device.type == "cuda" and name in args.snapshot.split(","):
+            record_snapshot(step, os.path.join(args.out, f"snapshot_{name.replace(' ', '_')}.pickle"))
         grads = {n: p.grad.full_tensor().float().cpu() for n, p in model.named_parameters() if p.grad is not None}
+        peak = (torch.cuda.max_memory_allocated() - left_over) / 2**30 if device.type == "cuda" else None
         results[name] = {"step_ms": statistics.median(times), "out": out.detach().float().cpu(), "grads": grads,
-                         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
+                         "peak_gib": peak,
                          "rewrites": turbo_inductor.rewrite_counts() if backend == "primus_turbo" else {}}
         model = None  # freed before the next column builds its own
     ref = results["inductor"]
@@ -145,6 +156,18 @@ def run_columns(args, device: torch.device, mesh) -> list[dict]:
                       "peak_gib": r["peak_gib"], "out_snr_db": snr_db(r["out"], ref["out"]),
                       "worst_grad_snr_db": worst, "rewrites": {k: v for k, v in r["rewrites"].items() if v}})
     return table
+
+
+def record_snapshot(step, path: str) -> None:
+    """One step with the allocator's history recorded (each block's Python and C++ stack), saved by rank 0: where
+    a column's peak memory goes."""
+    torch.cuda.memory._record_memory_history(max_entries=200_000)
+    step()
+    torch.cuda.synchronize()
+    if dist.get_rank() == 0:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        torch.cuda.memory._dump_snapshot(path)
+    torch.cuda.memory._record_memory_history(enabled=None)
 
 
 def print_table(args, world: int, table: list[dict]) -> None:

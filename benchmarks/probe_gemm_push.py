@@ -1,7 +1,7 @@
 """Probe for issue #6: can a GEMM that pushes its output tiles into the peer's memory from its epilogue reach
 1.35x over mm then all-reduce? Not wired into the backend: this measures designs before one is built.
 
-Both kernels are persistent Triton GEMMs (one program per SM, tiles in grouped order, x and w loaded by TMA
+The kernels are persistent Triton GEMMs (one program per SM, tiles in grouped order, x and w loaded by TMA
 descriptors; y = x @ w^T) on two ranks, moving data by stores from the SMs into the peer's symmetric buffers
 (NVLink), with a flag per tile raised in the peer's flags (release, system scope) one tile after the tile's stores,
 when they have landed, so that raising it does not wait on NVLink. Flags hold the number of the call that raised
@@ -13,11 +13,16 @@ buffers that call c + 1 writes.
   partial of that tile into its output. Measured (eleventh session, 8192x4096x7168): 1.13-1.16x over mm then
   NCCL all-reduce. The epilogue's stores and adds stall the SMs: the same kernel pushing into its own buffer (no
   NVLink) is as slow, and pushing without the add costs 0.11 ms over the GEMM alone (0.60-0.62 ms, cuBLAS's speed).
-- design "owner" (not yet measured): rank 1 runs the tiles from half-way, so each tile is computed early by one rank
-  and half a kernel later by the other, its owner. The early rank only pushes its partial; the owner finds it
-  landed, adds it into its own tile in registers and pushes the sum back. No wait stalls a tile (the partials
-  landed long before), the only local re-read is the copy of the finals into the output after the GEMM, and each
-  rank sends half its output twice (a reduce-scatter and an all-gather).
+- design "owner": rank 1 runs the tiles from half-way, so each tile is computed early by one rank and half a kernel
+  later by the other, its owner. The early rank only pushes its partial; the owner finds it landed, adds it into
+  its own tile in registers and pushes the sum back. Each rank sends half its output twice (a reduce-scatter and an
+  all-gather). Measured (twelfth session): 1.10-1.13x at 8192x4096x7168, as "all": the stall is the stores.
+- design "comm": the GEMM's programs only store their tiles (a plain GEMM's epilogue) and COMM_PROGRAMS programs
+  more move them to the peer as they are produced (reduce-scatter by tile ownership, add, all-gather). Measured
+  (twelfth session, 8192x4096x7168): 2.27 ms with 4 comm programs, 1.25 with 8, 0.76 with 16 (1.15x): an SM moves
+  about 7 GB/s into the peer's memory this way (a flag raised per tile), so hiding the 64 MiB each rank sends
+  under 0.6 ms takes 16 SMs, and a GEMM on the other 116 needs a ninth wave of tiles. Stores from the SMs cannot carry this
+  all-reduce under the GEMM's time: the copy engines or TMA stores would have to.
 
     torchrun --nproc-per-node 2 benchmarks/probe_gemm_push.py [--shapes 8192x4096x7168,...]
     TRITON_INTERPRET=1 python benchmarks/probe_gemm_push.py --selftest   # CPU (the CI runs it)
@@ -196,6 +201,69 @@ def gemm_push_owner_kernel(x_ptr, w_ptr, out_ptr, recv_ptr, finals_ptr, flags_pt
         tl.store(out_ptr + offs, tl.load(finals_ptr + offs, mask=mask, cache_modifier=".cg"), mask=mask)
 
 
+@triton.jit
+def gemm_push_comm_kernel(x_ptr, w_ptr, out_ptr, recv_ptr, finals_ptr, flags_ptr, peer_recv_addr,
+                          peer_finals_addr, peer_flags_addr, call, rank, M, N, K, W_KN: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
+                          STAGES: tl.constexpr, GEMM_PROGRAMS: tl.constexpr, COMM_PROGRAMS: tl.constexpr,
+                          LAG: tl.constexpr):
+    """Design 3, two ranks: the GEMM's programs only store their tiles into the output and raise a local flag per
+    tile (a plain GEMM's epilogue); COMM_PROGRAMS more programs (SMs the GEMM's last wave leaves idle anyway) move
+    the tiles as they are produced. Tile t is owned by rank t % 2: the other rank's comm program pushes its partial
+    into the owner's receive buffer; the owner's adds the two (each rounded first, as mm then all-reduce does),
+    stores the sum and pushes it into the other's finals, which the other's comm program copies into its output LAG
+    tiles later. Comm program j moves tiles j, j + COMM_PROGRAMS, ... on both ranks, so it waits only on its twin.
+    A peer flag is raised one step late (before the next step's stores or waits), when the stores it covers have
+    landed.
+    Flags: [0, T) the local partials, [T, 2T) the peer's partials, [2T, 3T) the peer's finals."""
+    dtype = out_ptr.dtype.element_ty
+    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    pid = tl.program_id(0)
+    if pid < GEMM_PROGRAMS:
+        x_desc, w_desc = _descriptors(x_ptr, w_ptr, M, N, K, W_KN, BLOCK_M, BLOCK_N, BLOCK_K)
+        for tile_id in range(pid, tiles, GEMM_PROGRAMS):
+            first_row, first_col, offs, mask = _tile_offsets(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP)
+            partial = _tile_product(x_desc, w_desc, first_row, first_col, K, W_KN, BLOCK_M, BLOCK_N, BLOCK_K,
+                                    STAGES)
+            tl.store(out_ptr + offs, partial.to(dtype), mask=mask)
+            tl.debug_barrier()
+            tl.atomic_max(flags_ptr + tile_id, call, sem="release", scope="gpu")
+    else:
+        peer_recv = peer_recv_addr.to(tl.pointer_type(dtype))
+        peer_finals = peer_finals_addr.to(tl.pointer_type(dtype))
+        peer_flags = peer_flags_addr.to(tl.pointer_type(tl.int32))
+        previous = -1
+        for step in range(pid - GEMM_PROGRAMS, tiles + LAG * COMM_PROGRAMS, COMM_PROGRAMS):
+            if step < tiles:
+                _, _, offs, mask = _tile_offsets(step, M, N, BLOCK_M, BLOCK_N, GROUP)
+                _wait(flags_ptr + step, call)
+                mine = tl.load(out_ptr + offs, mask=mask, cache_modifier=".cg")
+                if step % 2 == rank:
+                    if previous >= 0:  # before waiting: the twin may be waiting for it
+                        _raise(peer_flags + previous, call)
+                    _wait(flags_ptr + tiles + step, call)
+                    theirs = tl.load(recv_ptr + offs, mask=mask, cache_modifier=".cg")
+                    total = (mine.to(tl.float32) + theirs.to(tl.float32)).to(dtype)
+                    tl.store(out_ptr + offs, total, mask=mask)
+                    tl.store(peer_finals + offs, total, mask=mask)
+                    previous = 2 * tiles + step
+                else:
+                    if previous >= 0:
+                        _raise(peer_flags + previous, call)
+                    tl.store(peer_recv + offs, mine, mask=mask)
+                    previous = tiles + step
+            late = step - LAG * COMM_PROGRAMS
+            if late >= 0 and late % 2 != rank:
+                if previous >= 0:  # before waiting, as above
+                    _raise(peer_flags + previous, call)
+                    previous = -1
+                _, _, offs, mask = _tile_offsets(late, M, N, BLOCK_M, BLOCK_N, GROUP)
+                _wait(flags_ptr + 2 * tiles + late, call)
+                tl.store(out_ptr + offs, tl.load(finals_ptr + offs, mask=mask, cache_modifier=".cg"), mask=mask)
+        if previous >= 0:
+            _raise(peer_flags + previous, call)
+
+
 class PushBuffers:
     """A rank's receive buffers for partials and for finals (two of each, used in turn by successive calls), its
     flags, the peer's addresses of the same, and the call counter. Symmetric memory on GPUs; on the CPU, plain
@@ -210,7 +278,7 @@ class PushBuffers:
             allocate = functools.partial(symm_mem.empty, device=device)
         self.recv = allocate(2, rows, cols, dtype=dtype)
         self.finals = allocate(2, rows, cols, dtype=dtype)
-        self.flags = allocate(2 * max_tiles, dtype=torch.int32).zero_()
+        self.flags = allocate(3 * max_tiles, dtype=torch.int32).zero_()
         self.rank, self.calls = 0, 0
         device = torch.device(device)
         self.sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
@@ -235,7 +303,8 @@ class PushBuffers:
         return base + parity * getattr(self, name)[0].nbytes
 
     def __call__(self, x, w, config, design: str = "owner", push: bool = True, add: bool = True,
-                 loopback: bool = False, programs: int | None = None, w_kn: bool = False):
+                 loopback: bool = False, programs: int | None = None, w_kn: bool = False, comm: int = 4,
+                 lag: int = 2):
         """y = all_reduce(x @ w^T) (``w_kn``: all_reduce(x @ w)) by ``design`` "all" or "owner". For timing "all"
         only: ``push=False`` (the GEMM alone), ``add=False``, ``loopback`` (push into this rank's own buffer: no
         NVLink)."""
@@ -252,6 +321,13 @@ class PushBuffers:
             gemm_push_all_kernel[(programs,)](
                 x, w, out, self.recv[parity], self.flags, self.address("recv", parity, own=loopback),
                 self.address("flags", 0, own=loopback), self.calls, M, N, K, PUSH=push, ADD=add, **meta)
+        elif design == "comm":
+            del meta["PROGRAMS"]
+            gemm_programs = min(tiles, (programs or self.sms) - comm)
+            gemm_push_comm_kernel[(gemm_programs + comm,)](
+                x, w, out, self.recv[parity], self.finals[parity], self.flags, self.address("recv", parity),
+                self.address("finals", parity), self.address("flags", 0), self.calls, self.rank, M, N, K,
+                GEMM_PROGRAMS=gemm_programs, COMM_PROGRAMS=comm, LAG=lag, **meta)
         else:
             gemm_push_owner_kernel[(programs,)](
                 x, w, out, self.recv[parity], self.finals[parity], self.flags, self.address("recv", parity),
@@ -264,8 +340,11 @@ def _owner_rank(rank, ranks, xs, w, config, outs):
     per process, and a grid's programs one after another: one program per rank)."""
     ranks[rank].peer_with(ranks[1 - rank], rank)
     triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8))
-    for call, w_kn in enumerate((False, True)):  # both parities, both layouts of w
-        outs[call, rank] = ranks[rank](xs[rank], w.t().contiguous() if w_kn else w, config, programs=1, w_kn=w_kn)
+    calls = [("owner", False, {}), ("owner", True, {}), ("comm", False, {"programs": 3, "comm": 1}),
+             ("comm", True, {"programs": 5, "comm": 2, "lag": 1})]  # both parities, both layouts of w
+    for call, (design, w_kn, kwargs) in enumerate(calls):
+        outs[call, rank] = ranks[rank](xs[rank], w.t().contiguous() if w_kn else w, config, design=design,
+                                       w_kn=w_kn, **{"programs": 1, **kwargs})
 
 
 def selftest():
@@ -292,7 +371,7 @@ def selftest():
         for rank in ranks:
             for name in ("recv", "finals", "flags"):
                 getattr(rank, name).share_memory_()
-        outs = torch.zeros(2, 2, M, N).share_memory_()
+        outs = torch.zeros(4, 2, M, N).share_memory_()
         context = mp.start_processes(_owner_rank, args=(ranks, xs, w, config, outs), nprocs=2, join=False,
                                      start_method="fork")
         deadline = time.monotonic() + 120
@@ -300,7 +379,7 @@ def selftest():
             if time.monotonic() > deadline:
                 for process in context.processes:
                     process.kill()
-                raise AssertionError(f"design 'owner' hung with tiles {config[:2]}")
+                raise AssertionError(f"design 'owner' or 'comm' hung with tiles {config[:2]}")
         assert (outs.double() - want).abs().max() < 1e-4, config
         assert torch.equal(outs[:, 0], outs[:, 1])
     print("selftest passed")
@@ -352,9 +431,8 @@ def main():
             best = best or min(CONFIGS, key=lambda c: times[f"Triton GEMM {c}"])
             times["mm then all-reduce (NCCL)"] = time_ms(mm_then_all_reduce)[2]
             variants = {"design 'all'": {"design": "all"}, "design 'owner'": {"design": "owner"}}
-            if not w_kn:
-                variants.update({"  'all' without the add (timing only)": {"design": "all", "add": False},
-                                 "  'all' into its own buffer (timing only)": {"design": "all", "loopback": True}})
+            variants.update({f"design 'comm', {comm} SMs, lag {lag}": {"design": "comm", "comm": comm, "lag": lag}
+                             for comm, lag in ((4, 2), (4, 8), (8, 2), (16, 2))})
             want, diffs = mm_then_all_reduce(), []
             for name, kwargs in variants.items():
                 try:  # a variant that does not compile fails alike on every rank

@@ -279,7 +279,7 @@ def test_weight_t_not_saved_is_quantized_again_in_backward(recipe, impl):
 def test_option_save_weight_t_false_keeps_no_weight_copy_for_the_backward(recipe):
     """``options={"fp8": {"recipe": ..., "save_weight_t": False}}``: every FP8 linear of the compiled model keeps
     no quantized W^T from its forward to its backward (what it saves is smaller by a byte per weight), and the
-    outputs and gradients are those of the default, bit for bit. (Where the ops trace into the graph, GPU, the
+    outputs and weight gradients are those of the default, bit for bit. (Where the ops trace into the graph, GPU, the
     backward then holds W itself instead: a parameter, no memory of its own.)"""
     torch.manual_seed(0)
     model, x = MLP().to(DEVICE), torch.randn(2, 8, 64, device=DEVICE)
@@ -307,7 +307,10 @@ def test_option_save_weight_t_false_keeps_no_weight_copy_for_the_backward(recipe
         results[save] = [o.detach() for o in outs] + [p.grad.clone() for p in model.parameters()]
         saved_bytes[save] = sum(storages.values())
     for got, want in zip(results[False], results[True]):
-        assert torch.equal(got, want)
+        if got.dim() > 1:  # outputs and weight gradients: the FP8 GEMMs' results, whose operands are bit-identical
+            assert torch.equal(got, want)
+        else:  # bias gradients: row sums that Inductor (GPU) may fuse and order differently around the W^T quant
+            torch.testing.assert_close(got, want)
     weights = sum(m.weight.numel() for m in (model.up, model.down, model.head))  # the FP8 linears'
     assert saved_bytes[True] - saved_bytes[False] >= weights, (saved_bytes, weights)
 
