@@ -23,6 +23,10 @@ buffers that call c + 1 writes.
   about 7 GB/s into the peer's memory this way (a flag raised per tile), so hiding the 64 MiB each rank sends
   under 0.6 ms takes 16 SMs, and a GEMM on the other 116 needs a ninth wave of tiles. Stores from the SMs cannot
   carry this all-reduce under the GEMM's time: the copy engines or TMA stores would have to.
+- design "owner" with TMA pushes (``tma=True``; written in the twelfth session after its last call, CPU-tested and
+  compiled for sm_90, not measured): the pushes are the TMA engine's bulk copies from shared memory into the peer's
+  memory, asynchronous, so the program computes its next tile while they fly; each flag waits for its copies'
+  completion. The staging takes 64 KB of shared memory: 213 KB in all with 3 stages of 128x256 tiles (4 do not fit).
 - the copy engines (``CopyEnginePipeline``): chunked cuBLAS GEMMs, each chunk copied to the peer by a copy engine,
   issued from Python and replayed as a CUDA graph, for the design's GPU time without the host's.
 
@@ -50,6 +54,7 @@ import triton.language as tl
 # TMA descriptors. A TMA store for the push did not fit in shared memory beside 4 stages of 128x256 tiles.
 CONFIGS = [(128, 256, 64, 3, 8), (128, 128, 64, 4, 8), (256, 128, 64, 3, 8), (128, 256, 64, 4, 8)]
 GROUP_M = 8  # row tiles per group: consecutive programs share x's rows and w's columns in L2
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 @triton.jit
@@ -109,6 +114,16 @@ def _wait(flag_ptr, call):
 
 
 @triton.jit
+def _pushes_landed(call, TMA: tl.constexpr):
+    """With TMA pushes, wait until this program's bulk copies have completed (their writes performed), so that a
+    flag raised next covers them: a release orders the SM's own stores, not the TMA engine's. The interpreter has
+    no PTX and completes every store at once."""
+    if TMA and not INTERPRETED:
+        tl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;\n\tmov.u32 $0, $1;",
+                                  "=r,r", [call], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _add_peer_tile(tile_id, out_ptr, recv_ptr, flags_ptr, call, M, N,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
     """out[tile] += the peer's partial of the tile, once the peer's flag says it has landed."""
@@ -160,18 +175,23 @@ def gemm_push_owner_kernel(x_ptr, w_ptr, out_ptr, recv_ptr, finals_ptr, flags_pt
                            peer_finals_addr, peer_flags_addr, call, rank, M, N, K, W_KN: tl.constexpr,
                            BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
-                           STAGES: tl.constexpr, PROGRAMS: tl.constexpr):
+                           STAGES: tl.constexpr, PROGRAMS: tl.constexpr, TMA: tl.constexpr):
     """Design 2, two ranks: rank 1 runs the tiles starting half-way, so each tile is computed early by one rank and
     late by the other, which owns it. The early rank pushes its partial (flags[t]); the owner, half a kernel later,
     finds it landed, adds it to its own (each rounded first, as mm then all-reduce does), stores the sum and pushes
     it into the early rank's finals (flags[T + t]). After its tiles, a rank copies the finals it was sent into its
     output. Each rank sends half its output twice (a reduce-scatter and an all-gather), and no wait stalls a tile:
-    only the last finals' flight and the copy are left after the GEMM."""
+    only the last finals' flight and the copy are left after the GEMM. With ``TMA`` the pushes are the TMA
+    engine's bulk copies from shared memory: the program computes its next tile while they fly."""
     dtype = out_ptr.dtype.element_ty
     peer_recv = peer_recv_addr.to(tl.pointer_type(dtype))
     peer_finals = peer_finals_addr.to(tl.pointer_type(dtype))
     peer_flags = peer_flags_addr.to(tl.pointer_type(tl.int32))
     x_desc, w_desc = _descriptors(x_ptr, w_ptr, M, N, K, W_KN, BLOCK_M, BLOCK_N, BLOCK_K)
+    if TMA:
+        recv_desc = tl.make_tensor_descriptor(peer_recv, shape=[M, N], strides=[N, 1], block_shape=[BLOCK_M, BLOCK_N])
+        finals_desc = tl.make_tensor_descriptor(peer_finals, shape=[M, N], strides=[N, 1],
+                                                block_shape=[BLOCK_M, BLOCK_N])
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     shift = tiles // 2 * rank  # rank 1 starts half-way
     # the index from which this rank computes its tiles second, and owns them: half, and for rank 1 tiles - half
@@ -183,18 +203,26 @@ def gemm_push_owner_kernel(x_ptr, w_ptr, out_ptr, recv_ptr, finals_ptr, flags_pt
         partial = _tile_product(x_desc, w_desc, first_row, first_col, K, W_KN, BLOCK_M, BLOCK_N, BLOCK_K,
                                 STAGES).to(dtype)
         if previous >= 0:
+            _pushes_landed(call, TMA)
             _raise(peer_flags + previous, call)
         if index < owned_from:
-            tl.store(peer_recv + offs, partial, mask=mask)
+            if TMA:
+                recv_desc.store([first_row, first_col], partial)
+            else:
+                tl.store(peer_recv + offs, partial, mask=mask)
             previous = tile_id
         else:
             _wait(flags_ptr + tile_id, call)
             theirs = tl.load(recv_ptr + offs, mask=mask, cache_modifier=".cg")
             total = (partial.to(tl.float32) + theirs.to(tl.float32)).to(dtype)
             tl.store(out_ptr + offs, total, mask=mask)
-            tl.store(peer_finals + offs, total, mask=mask)
+            if TMA:
+                finals_desc.store([first_row, first_col], total)
+            else:
+                tl.store(peer_finals + offs, total, mask=mask)
             previous = tiles + tile_id
     if previous >= 0:
+        _pushes_landed(call, TMA)
         _raise(peer_flags + previous, call)
     for index in range(tl.program_id(0), owned_from, PROGRAMS):  # the finals of the tiles the peer owns
         tile_id = (index + shift) % tiles
@@ -306,7 +334,7 @@ class PushBuffers:
 
     def __call__(self, x, w, config, design: str = "owner", push: bool = True, add: bool = True,
                  loopback: bool = False, programs: int | None = None, w_kn: bool = False, comm: int = 4,
-                 lag: int = 2):
+                 lag: int = 2, tma: bool = False):
         """y = all_reduce(x @ w^T) (``w_kn``: all_reduce(x @ w)) by ``design`` "all" or "owner". For timing "all"
         only: ``push=False`` (the GEMM alone), ``add=False``, ``loopback`` (push into this rank's own buffer: no
         NVLink)."""
@@ -333,7 +361,8 @@ class PushBuffers:
         else:
             gemm_push_owner_kernel[(programs,)](
                 x, w, out, self.recv[parity], self.finals[parity], self.flags, self.address("recv", parity),
-                self.address("finals", parity), self.address("flags", 0), self.calls, self.rank, M, N, K, **meta)
+                self.address("finals", parity), self.address("flags", 0), self.calls, self.rank, M, N, K, TMA=tma,
+                **meta)
         return out
 
 
@@ -386,7 +415,8 @@ def _owner_rank(rank, ranks, xs, w, config, outs):
     ranks[rank].peer_with(ranks[1 - rank], rank)
     triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8))
     calls = [("owner", False, {}), ("owner", True, {}), ("comm", False, {"programs": 3, "comm": 1}),
-             ("comm", True, {"programs": 5, "comm": 2, "lag": 1})]  # both parities, both layouts of w
+             ("comm", True, {"programs": 5, "comm": 2, "lag": 1}), ("owner", False, {"tma": True}),
+             ("owner", True, {"tma": True})]  # both parities, both layouts of w
     for call, (design, w_kn, kwargs) in enumerate(calls):
         outs[call, rank] = ranks[rank](xs[rank], w.t().contiguous() if w_kn else w, config, design=design,
                                        w_kn=w_kn, **{"programs": 1, **kwargs})
@@ -416,7 +446,7 @@ def selftest():
         for rank in ranks:
             for name in ("recv", "finals", "flags"):
                 getattr(rank, name).share_memory_()
-        outs = torch.zeros(4, 2, M, N).share_memory_()
+        outs = torch.zeros(6, 2, M, N).share_memory_()
         context = mp.start_processes(_owner_rank, args=(ranks, xs, w, config, outs), nprocs=2, join=False,
                                      start_method="fork")
         deadline = time.monotonic() + 120
@@ -477,14 +507,18 @@ def main():
             times["mm then all-reduce (NCCL)"] = time_ms(mm_then_all_reduce)[2]
             variants = {"design 'all'": {"design": "all"}, "design 'owner'": {"design": "owner"}}
             variants.update({f"design 'comm', {comm} SMs": {"design": "comm", "comm": comm} for comm in (8, 16)})
+            # a TMA push stages its tile in shared memory: 64 KB beside the stages, which 3 stages leave room for
+            variants["design 'owner', TMA pushes"] = {"design": "owner", "tma": True}
+            variants["design 'owner', TMA pushes, 3 stages"] = {"design": "owner", "tma": True,
+                                                               "config": (128, 256, 64, 3, 8)}
             want, diffs = mm_then_all_reduce(), []
             for name, kwargs in variants.items():
+                config = kwargs.pop("config", best)
                 try:  # a variant that does not compile fails alike on every rank
-                    times[name] = time_ms(lambda: pushing(x, operand, best, w_kn=w_kn, **kwargs))[2]
-                    if not name.startswith(" "):
-                        got = pushing(x, operand, best, w_kn=w_kn, **kwargs)
-                        difference = (got.float() - want.float()).abs().max() / want.float().abs().max()
-                        diffs.append(f"{name} {difference.item():.1e}")
+                    times[name] = time_ms(lambda: pushing(x, operand, config, w_kn=w_kn, **kwargs))[2]
+                    got = pushing(x, operand, config, w_kn=w_kn, **kwargs)
+                    difference = (got.float() - want.float()).abs().max() / want.float().abs().max()
+                    diffs.append(f"{name} {difference.item():.1e}")
                 except Exception as error:  # noqa: BLE001 (a probe: report and go on)
                     print(f"{name}: {type(error).__name__}: {str(error)[:1500]}")
             if not w_kn:
