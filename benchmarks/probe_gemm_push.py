@@ -12,7 +12,8 @@ buffers that call c + 1 writes.
 - design "all": every tile's partial is stored locally and pushed; two tiles later the program adds the peer's
   partial of that tile into its output. Measured (eleventh session, 8192x4096x7168): 1.13-1.16x over mm then
   NCCL all-reduce. The epilogue's stores and adds stall the SMs: the same kernel pushing into its own buffer (no
-  NVLink) is as slow, and pushing without the add costs 0.11 ms over the GEMM alone (0.60-0.62 ms, cuBLAS's speed).
+  NVLink) is as slow, and pushing without the add (a timing variant since removed) costs 0.11 ms over the GEMM
+  alone (0.60-0.62 ms, cuBLAS's speed).
 - design "owner": rank 1 runs the tiles from half-way, so each tile is computed early by one rank and half a kernel
   later by the other, its owner. The early rank only pushes its partial; the owner finds it landed, adds it into
   its own tile in registers and pushes the sum back. Each rank sends half its output twice (a reduce-scatter and an
@@ -136,7 +137,7 @@ def _add_peer_tile(tile_id, out_ptr, recv_ptr, flags_ptr, call, M, N,
 
 @triton.jit
 def gemm_push_all_kernel(x_ptr, w_ptr, out_ptr, recv_ptr, flags_ptr, peer_recv_addr, peer_flags_addr, call,
-                         M, N, K, PUSH: tl.constexpr, ADD: tl.constexpr, W_KN: tl.constexpr, BLOCK_M: tl.constexpr,
+                         M, N, K, PUSH: tl.constexpr, W_KN: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr, STAGES: tl.constexpr,
                          PROGRAMS: tl.constexpr):
     """Design 1: every tile's partial pushed to the peer; the peer's added two tiles later (a tile's flag is raised
@@ -157,16 +158,16 @@ def gemm_push_all_kernel(x_ptr, w_ptr, out_ptr, recv_ptr, flags_ptr, peer_recv_a
         tl.store(out_ptr + offs, partial, mask=mask)
         if PUSH:
             tl.store(peer_recv + offs, partial, mask=mask)
-            if ADD and before >= 0:
+            if before >= 0:
                 _add_peer_tile(before, out_ptr, recv_ptr, flags_ptr, call, M, N, BLOCK_M, BLOCK_N, GROUP)
             before = previous
             previous = tile_id
     if PUSH:
         if previous >= 0:
             _raise(peer_flags + previous, call)
-        if ADD and before >= 0:
+        if before >= 0:
             _add_peer_tile(before, out_ptr, recv_ptr, flags_ptr, call, M, N, BLOCK_M, BLOCK_N, GROUP)
-        if ADD and previous >= 0:
+        if previous >= 0:
             _add_peer_tile(previous, out_ptr, recv_ptr, flags_ptr, call, M, N, BLOCK_M, BLOCK_N, GROUP)
 
 
@@ -332,12 +333,13 @@ class PushBuffers:
         base = getattr(self, name).data_ptr() if own else self.peer[name]
         return base + parity * getattr(self, name)[0].nbytes
 
-    def __call__(self, x, w, config, design: str = "owner", push: bool = True, add: bool = True,
-                 loopback: bool = False, programs: int | None = None, w_kn: bool = False, comm: int = 4,
+    def __call__(self, x, w, config, design: str = "owner", push: bool = True, loopback: bool = False,
+                 programs: int | None = None, w_kn: bool = False, comm: int = 4,
                  lag: int = 2, tma: bool = False):
-        """y = all_reduce(x @ w^T) (``w_kn``: all_reduce(x @ w)) by ``design`` "all" or "owner". For timing "all"
-        only: ``push=False`` (the GEMM alone), ``add=False``, ``loopback`` (push into this rank's own buffer: no
-        NVLink)."""
+        """y = all_reduce(x @ w^T) (``w_kn``: all_reduce(x @ w)) by ``design`` "all", "owner" (``tma``: its pushes
+        by the TMA engine) or "comm" (``comm`` programs moving the tiles, copying finals ``lag`` steps late). For
+        "all" only: ``push=False`` (the GEMM alone), ``loopback`` (push into this rank's own buffer: the CPU test's
+        one rank)."""
         block_m, block_n, block_k, stages, warps = config
         (M, K), N = x.shape, w.shape[1 if w_kn else 0]
         out = torch.empty(M, N, dtype=x.dtype, device=x.device)
@@ -350,7 +352,7 @@ class PushBuffers:
         if design == "all":
             gemm_push_all_kernel[(programs,)](
                 x, w, out, self.recv[parity], self.flags, self.address("recv", parity, own=loopback),
-                self.address("flags", 0, own=loopback), self.calls, M, N, K, PUSH=push, ADD=add, **meta)
+                self.address("flags", 0, own=loopback), self.calls, M, N, K, PUSH=push, **meta)
         elif design == "comm":
             del meta["PROGRAMS"]
             gemm_programs = min(tiles, (programs or self.sms) - comm)
