@@ -6,12 +6,13 @@ or as N CPU processes on gloo (the tiny config: a smoke run, the CI's).
 
     torchrun --nproc-per-node 2 -m benchmarks.bench_fsdp2 [--config llama3-8b] [--layers 2] [--batch 2]
                                                           [--seq 4096] [--fp8 tensorwise,rowwise] [--steps 20]
+                                                          [--snapshot inductor,primus_turbo]
 
 Every rank runs the same fixed number of steps (ranks issuing different numbers of collectives would hang). A
 step is forward and backward of the sharded model on the rank's own batch: the parameters' all-gathers and the
 gradients' reduce-scatters included. Rank 0 prints per column the median step time, its speedup over Inductor,
-the peak memory, and the SNR against Inductor of the output and of the (reduced) gradient of every parameter (the
-worst one), and writes ``<out>/fsdp2_<config>.json``.
+the peak memory (less what earlier columns left allocated), and the SNR against Inductor of the output and of the
+(reduced) gradient of every parameter (the worst one), and writes ``<out>/fsdp2_<config>.json``.
 """
 from __future__ import annotations
 
