@@ -243,8 +243,8 @@ def gemm_push_comm_kernel(x_ptr, w_ptr, out_ptr, recv_ptr, finals_ptr, flags_ptr
                           STAGES: tl.constexpr, GEMM_PROGRAMS: tl.constexpr, COMM_PROGRAMS: tl.constexpr,
                           LAG: tl.constexpr):
     """Design 3, two ranks: the GEMM's programs only store their tiles into the output and raise a local flag per
-    tile (a plain GEMM's epilogue); COMM_PROGRAMS more programs (SMs the GEMM's last wave leaves idle anyway) move
-    the tiles as they are produced. Tile t is owned by rank t % 2: the other rank's comm program pushes its partial
+    tile (a plain GEMM's epilogue); COMM_PROGRAMS more programs, on SMs of their own, move the tiles as they are
+    produced. Tile t is owned by rank t % 2: the other rank's comm program pushes its partial
     into the owner's receive buffer; the owner's adds the two (each rounded first, as mm then all-reduce does),
     stores the sum and pushes it into the other's finals, which the other's comm program copies into its output LAG
     tiles later. Comm program j moves tiles j, j + COMM_PROGRAMS, ... on both ranks, so it waits only on its twin.
@@ -415,9 +415,10 @@ class CopyEnginePipeline:
         return self.out
 
 
-def _owner_rank(rank, ranks, xs, w, config, outs):
-    """One rank of the CPU test of design "owner": a process of its own (the interpreter runs one kernel at a time
-    per process, and a grid's programs one after another: one program per rank)."""
+def _two_ranks(rank, ranks, xs, w, config, outs):
+    """One rank of the CPU test of designs "owner" and "comm": a process of its own (the interpreter runs one kernel
+    at a time per process, and a grid's programs one after another: "owner" gets one program per rank; "comm" gets
+    its GEMM programs first and one comm program or two, each waiting only on its twin)."""
     ranks[rank].peer_with(ranks[1 - rank], rank)
     triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8))
     calls = [("owner", False, {}), ("owner", True, {}), ("comm", False, {"programs": 3, "comm": 1}),
@@ -453,7 +454,7 @@ def selftest():
             for name in ("recv", "finals", "flags"):
                 getattr(rank, name).share_memory_()
         outs = torch.zeros(6, 2, M, N).share_memory_()
-        context = mp.start_processes(_owner_rank, args=(ranks, xs, w, config, outs), nprocs=2, join=False,
+        context = mp.start_processes(_two_ranks, args=(ranks, xs, w, config, outs), nprocs=2, join=False,
                                      start_method="fork")
         deadline = time.monotonic() + 120
         while not context.join(timeout=1):
@@ -518,26 +519,23 @@ def main():
             variants["design 'owner', TMA pushes, 3 stages"] = {"design": "owner", "tma": True,
                                                                "config": (128, 256, 64, 3, 8)}
             want, diffs = mm_then_all_reduce(), []
-            for name, kwargs in variants.items():
-                config = kwargs.pop("config", best)
+
+            def measure(name, run):
                 try:  # a variant that does not compile fails alike on every rank
-                    times[name] = time_ms(lambda: pushing(x, operand, config, w_kn=w_kn, **kwargs))[2]
-                    got = pushing(x, operand, config, w_kn=w_kn, **kwargs)
-                    difference = (got.float() - want.float()).abs().max() / want.float().abs().max()
+                    times[name] = time_ms(run)[2]
+                    difference = (run().float() - want.float()).abs().max() / want.float().abs().max()
                     diffs.append(f"{name} {difference.item():.1e}")
                 except Exception as error:  # noqa: BLE001 (a probe: report and go on)
                     print(f"{name}: {type(error).__name__}: {str(error)[:1500]}")
+
+            for name, kwargs in variants.items():
+                config = kwargs.pop("config", best)
+                measure(name, functools.partial(pushing, x, operand, config, w_kn=w_kn, **kwargs))
             if not w_kn:
                 for chunks in (4, 8):
                     pipeline = CopyEnginePipeline(x, w, chunks, group_name)
-                    for name, run in ((f"copy engines, {chunks} chunks, from Python", pipeline),
-                                      (f"copy engines, {chunks} chunks, CUDA graph", pipeline.replay)):
-                        try:  # a form that fails fails alike on every rank
-                            times[name] = time_ms(run)[2]
-                            difference = (run().float() - want.float()).abs().max() / want.float().abs().max()
-                            diffs.append(f"{name} {difference.item():.1e}")
-                        except Exception as error:  # noqa: BLE001 (a probe: report and go on)
-                            print(f"{name}: {type(error).__name__}: {str(error)[:1500]}")
+                    measure(f"copy engines, {chunks} chunks, from Python", pipeline)
+                    measure(f"copy engines, {chunks} chunks, CUDA graph", pipeline.replay)
             if rank == 0:
                 base = times["mm then all-reduce (NCCL)"]
                 print(f"\n{M}x{N}x{K}, {form}, tiles {best}; largest difference from mm then all-reduce, of its "
