@@ -307,9 +307,12 @@ def test_option_save_weight_t_false_keeps_no_weight_copy_for_the_backward(recipe
         results[save] = [o.detach() for o in outs] + [p.grad.clone() for p in model.parameters()]
         saved_bytes[save] = sum(storages.values())
     for got, want in zip(results[False], results[True]):
-        if got.dim() > 1:  # outputs and weight gradients: the FP8 GEMMs' results, whose operands are bit-identical
+        # outputs and weight gradients: the FP8 GEMMs' results, whose operands are bit-identical. Bias gradients
+        # are row sums that Inductor fuses and orders differently around W^T's quantization where the ops trace
+        # into the graph (GPU): equal to fp32's tolerance there.
+        if got.dim() > 1 or DEVICE == "cpu":
             assert torch.equal(got, want)
-        else:  # bias gradients: row sums that Inductor (GPU) may fuse and order differently around the W^T quant
+        else:
             torch.testing.assert_close(got, want)
     weights = sum(m.weight.numel() for m in (model.up, model.down, model.head))  # the FP8 linears'
     assert saved_bytes[True] - saved_bytes[False] >= weights, (saved_bytes, weights)
