@@ -359,7 +359,7 @@ class PushBuffers:
                 self.address("flags", 0, own=loopback), self.calls, M, N, K, PUSH=push, **meta)
         elif design == "comm":
             del meta["PROGRAMS"]
-            gemm_programs = min(tiles, (programs or self.sms) - comm)
+            gemm_programs = programs - comm  # the comm programs take SMs of the grid's
             gemm_push_comm_kernel[(gemm_programs + comm,)](
                 x, w, out, self.recv[parity], self.finals[parity], self.flags, self.address("recv", parity),
                 self.address("finals", parity), self.address("flags", 0), self.calls, self.rank, M, N, K,
