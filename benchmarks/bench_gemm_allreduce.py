@@ -17,6 +17,7 @@ import argparse
 import functools
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 from common import report
 
 WARMUP, ITERATIONS = 10, 50
+PUSH = {"impl": "gemm_allreduce_fwd=push"}  # the pushing kernel (opt-in) where it takes the shape
 
 
 def time_ms(fn) -> tuple[float, float, float]:
@@ -63,6 +65,12 @@ def _with_chunks(module, chunks, fn, *args):
     return fn(*args)
 
 
+def _push_kernel_calls() -> int:
+    from turbo_inductor.kernels.symm_mem import gemm_push
+
+    return sum(buffers.calls() for buffers in gemm_push._BUFFERS.values())
+
+
 def _replayed(graphed, *args):
     torch.compiler.cudagraph_mark_step_begin()  # a new iteration: the last call's outputs may be overwritten
     return graphed(*args)
@@ -94,6 +102,9 @@ def main():
 
     rows = []
     for shape in args.shapes.split(","):
+        # Each shape compiled afresh, static, as a model of fixed shapes is: one function compiled for many
+        # backends and shapes would otherwise turn dynamic, and past Dynamo's recompile limit run eagerly.
+        torch._dynamo.reset()
         m, n, k = map(int, shape.split("x"))
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
@@ -101,16 +112,19 @@ def main():
                     "inductor": torch.compile(row_parallel, backend="inductor"),
                     "primus_turbo": torch.compile(row_parallel, backend="primus_turbo"),
                     "primus_turbo impl=overlap": torch.compile(row_parallel, backend="primus_turbo",
-                                                               options={"impl": "overlap"})}
+                                                               options={"impl": "overlap"}),
+                    "primus_turbo impl=push": torch.compile(row_parallel, backend="primus_turbo", options=PUSH)}
         if args.cudagraphs:
-            for backend in ("inductor", "primus_turbo"):
-                variants[f"{backend} (CUDA graphs)"] = functools.partial(_replayed, torch.compile(
-                    row_parallel, backend=backend, options={"triton.cudagraphs": True}))
+            for name, backend, options in (("inductor", "inductor", {}), ("primus_turbo", "primus_turbo", {}),
+                                           ("primus_turbo impl=push", "primus_turbo", PUSH)):
+                variants[f"{name} (CUDA graphs)"] = functools.partial(_replayed, torch.compile(
+                    row_parallel, backend=backend, options={"triton.cudagraphs": True, **options}))
         symm_mem = torch.compile(row_parallel, backend="primus_turbo", options={"impl": "symm_mem"})
         for chunks in map(int, args.symm_chunks.split(",")):  # read by each call: one compiled function serves all
             variants[f"primus_turbo impl=symm_mem chunks={chunks}"] = functools.partial(_with_chunks, symm_mem_impl,
                                                                                         chunks, symm_mem)
         for name, fn in variants.items():
+            pushed = _push_kernel_calls()
             try:
                 with torch.no_grad():
                     ms, host_ms, back_to_back_ms = time_ms(lambda: fn(x, w))
@@ -118,6 +132,8 @@ def main():
                 # fails the same way on every rank, so no rank is left waiting in a collective)
                 print(f"rank {rank}: {name} at {shape} failed: {type(error).__name__}: {error}"[:400])
                 continue
+            if _push_kernel_calls() > pushed and rank == 0:  # impl=push ran its kernel, not GEMM then all-reduce
+                print(f"{name} at {shape}: the pushing kernel ran {_push_kernel_calls() - pushed} calls")
             rows += [{"shape": f"{m}x{n}x{k}", "mode": "fwd", "backend": name, "ms": ms,
                       "rate": 2 * m * n * k / ms / 1e9, "host_ms": host_ms},
                      {"shape": f"{m}x{n}x{k}", "mode": "fwd back-to-back", "backend": name, "ms": back_to_back_ms,
@@ -127,7 +143,11 @@ def main():
         report("gemm_allreduce", rows, rate_unit="TFLOP/s")
         print("host time to issue one call, ms:", ", ".join(f"{r['shape']} {r['backend']}: {r['host_ms']:.3f}"
                                                             for r in rows if "host_ms" in r))
-    dist.destroy_process_group()
+    # With CUDA graphs that captured NCCL collectives still alive, destroy_process_group hung at exit (thirteenth
+    # session, --cudagraphs): every rank leaves together without tearing the group down.
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ for step in $steps; do
     fp8)     (cd benchmarks && python3 bench_fp8.py) 2>&1 | tee "$OUT/bench_fp8.log" | grep -v Warning ;;
     fp8_quant) (cd benchmarks && python3 bench_fp8_quant.py) 2>&1 | tee "$OUT/bench_fp8_quant.log" | grep -v Warning ;;
     gemm_ar) (cd benchmarks && torchrun --nproc-per-node "$(nvidia-smi -L | wc -l)" bench_gemm_allreduce.py ${GEMM_AR_ARGS:-}) 2>&1 | tee "$OUT/bench_gemm_allreduce.log" | grep -v Warning ;;  # kind nvidia-h200-x2
-    gemm_push) (cd benchmarks && timeout 300 torchrun --nproc-per-node "$(nvidia-smi -L | wc -l)" probe_gemm_push.py ${GEMM_PUSH_ARGS:-}) 2>&1 | tee "$OUT/probe_gemm_push.log" | grep -v -i "warn\|return func" ;;  # kind nvidia-h200-x2; needs no install (INSTALLED=1)
+    gemm_push) (cd benchmarks && PYTHONPATH=.. timeout 300 torchrun --nproc-per-node "$(nvidia-smi -L | wc -l)" probe_gemm_push.py ${GEMM_PUSH_ARGS:-}) 2>&1 | tee "$OUT/probe_gemm_push.log" | grep -v -i "warn\|return func" ;;  # kind nvidia-h200-x2
     glu)     (cd benchmarks && python3 bench_glu.py) 2>&1 | tee "$OUT/bench_glu.log" | grep -v Warning ;;
     fsdp2)   torchrun --nproc-per-node "$(nvidia-smi -L | wc -l)" -m benchmarks.bench_fsdp2 --out "$OUT" ${FSDP2_ARGS:-} 2>&1 | tee "$OUT/bench_fsdp2.log" | grep -v Warning ;;  # kind nvidia-h200-x2
     *)       echo "unknown step $step"; exit 2 ;;

@@ -390,15 +390,3 @@ def test_fp8_keeps_its_linears_and_their_all_reduce(fake_group):
     compiled(torch.randn(3, 5, 32)).sum().backward()
     assert turbo_inductor.rewrite_counts()["gemm_allreduce"] == 0 and turbo_inductor.rewrite_counts()["fp8"] == 1
     assert turbo_inductor.compile_records()[-1].ops_after["_c10d_functional.all_reduce"] == 1
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the probe's GPU run is its benchmark (benchmarks/README.md)")
-def test_pushing_gemm_probe_sums_across_ranks():
-    """benchmarks/probe_gemm_push.py's kernels (the GEMM that pushes its tiles to the peer) under the interpreter:
-    one rank pushing to itself, and two ranks in two processes sharing their buffers (design "owner")."""
-    import subprocess
-
-    probe = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "probe_gemm_push.py")
-    result = subprocess.run([sys.executable, probe, "--selftest"], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert result.returncode == 0 and "selftest passed" in result.stdout, result.stderr[-3000:]

@@ -14,3 +14,4 @@ from .native import fp8_quant as _native_fp8_quant  # noqa: F401
 from .reference import gemm_allreduce as _reference_gemm_allreduce  # noqa: F401
 from .collective import gemm_allreduce as _collective_gemm_allreduce  # noqa: F401
 from .symm_mem import gemm_allreduce as _symm_mem_gemm_allreduce  # noqa: F401
+from .symm_mem import gemm_push as _symm_mem_gemm_push  # noqa: F401

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import warnings
 from typing import Optional
 
 import torch
@@ -35,7 +34,7 @@ import torch
 from ..collective.gemm_allreduce import row_chunks
 from ..reference.gemm_allreduce import weight_grad
 from ..registry import implementation
-from . import unavailable_reason
+from . import symmetric_tensor, unavailable_reason
 
 PRIORITY = -20
 NAMESPACE = "turbo_inductor_symm_mem"
@@ -88,16 +87,8 @@ class _PeerSum:
 def _symmetric_buffers(rows: int, cols: int, dtype: torch.dtype, device: torch.device, group_name: str):
     """The symmetric memory's handle and, per rank of the group, that rank's buffer of W - 1 slots of [rows, cols]
     as mapped here (this rank's own is the allocation)."""
-    from torch.distributed import _symmetric_memory as symm_mem
-
-    with warnings.catch_warnings():  # needed on older torch, deprecated (a no-op) on newer
-        warnings.simplefilter("ignore", FutureWarning)
-        symm_mem.enable_symm_mem_for_group(group_name)
     world = torch.distributed.distributed_c10d._resolve_process_group(group_name).size()
-    own = symm_mem.empty(world - 1, rows, cols, dtype=dtype, device=device)
-    handle = symm_mem.rendezvous(own, group_name)
-    return handle, [own if peer == handle.rank else handle.get_buffer(peer, own.shape, dtype)
-                    for peer in range(world)]
+    return symmetric_tensor((world - 1, rows, cols), dtype, device, group_name)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,167 @@
+"""impl="push" of gemm_allreduce_fwd: the persistent GEMM that pushes its tiles into the peer's symmetric memory
+(``kernels/symm_mem/gemm_push.py``). On CPU its kernel runs in Triton's interpreter, one process per rank sharing
+their buffers; on two GPUs (NCCL, symmetric memory) the op, the row-parallel rewrite and the column-parallel
+backward run it and match GEMM then all-reduce and Inductor."""
+import time
+
+import pytest
+import torch
+import torch.distributed._functional_collectives as funcol
+import torch.multiprocessing as mp
+import triton
+
+import turbo_inductor
+from test_gemm_allreduce import WORLD, RowParallel, _init, _run, _spawn
+from test_gemm_allreduce_dgrad import ColumnParallel
+from turbo_inductor.kernels import registry
+from turbo_inductor.kernels.symm_mem import gemm_push
+
+PUSH = {"impl": "gemm_allreduce_fwd=push"}
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < WORLD, reason="symmetric memory: one GPU per rank")
+
+
+# ---- the kernel in the interpreter: two processes, each one program (the interpreter runs a grid's programs one
+# after another, so a program waiting on a later one of its own grid would never return) -----------------------
+
+def _interpreted_rank(rank, xs, w, w_kn, bias, recv, flags, outs, tile):
+    torch.set_num_threads(1)
+    counter = torch.zeros(1, dtype=torch.int32)
+    for call in range(outs.shape[0]):  # one buffer for every call, the counter advanced before each, as PeerBuffers
+        counter += 1
+        outs[call, rank] = gemm_push.launch(
+            xs[call, rank], w.t().contiguous() if w_kn else w, w_kn, bias, torch.empty_like(outs[0, 0]), recv[rank],
+            flags[rank], recv[1 - rank], flags[1 - rank], counter, rank, 1, tile)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on GPUs the tests below run the compiled kernel")
+@pytest.mark.parametrize("w_kn, with_bias", [(False, True), (True, False)])
+@pytest.mark.parametrize("M, N, tile", [(80, 80, (32, 32, 16, 1, 4)), (64, 48, (64, 16, 32, 1, 4))])
+def test_interpreted_kernel_sums_over_two_ranks(w_kn, with_bias, M, N, tile):
+    """Odd and even tile counts (rank 1 owns one tile more or as many), edge tiles clipped in rows or columns,
+    three calls through one buffer: every rank gets the sum over both ranks, the same bits on both."""
+    torch.manual_seed(0)
+    K, calls = 48, 3
+    xs, w = torch.randn(calls, 2, M, K), torch.randn(N, K)
+    bias = torch.randn(N) if with_bias else None
+    tiles = triton.cdiv(M, tile[0]) * triton.cdiv(N, tile[1])
+    recv = torch.full((2, M, N), float("nan")).share_memory_()  # a read before a push lands shows as NaN
+    flags = torch.zeros(2, tiles, dtype=torch.int32).share_memory_()
+    outs = torch.zeros(calls, 2, M, N).share_memory_()
+    context = mp.start_processes(_interpreted_rank, args=(xs, w, w_kn, bias, recv, flags, outs, tile), nprocs=2,
+                                 join=False, start_method="spawn")
+    deadline = time.monotonic() + 240
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            raise AssertionError(f"the pushing kernel hung at {M}x{N} with tiles {tile[:2]}")
+    want = (xs.double() @ w.double().t() + (0 if bias is None else bias.double())).sum(1)
+    torch.testing.assert_close(outs[:, 0].double(), want, rtol=1e-4, atol=1e-4)
+    assert torch.equal(outs[:, 0], outs[:, 1])
+    assert (flags == calls).all()  # every tile's flag raised by the last call
+
+
+# ---- launch heuristics and the choice between the kernel and GEMM then all-reduce -----------------------------
+
+@pytest.mark.parametrize("tiles, sms, programs", [(1024, 132, 128), (1056, 132, 118), (10, 132, 10), (1, 4, 1),
+                                                  (300, 8, 4)])
+def test_programs_leave_sms_free_without_adding_rounds(tiles, sms, programs):
+    assert gemm_push.programs_for(tiles, sms) == programs
+    assert programs <= max(1, sms - gemm_push.RESERVED_SMS)
+    assert triton.cdiv(tiles, programs) == triton.cdiv(tiles, max(1, min(tiles, sms - gemm_push.RESERVED_SMS)))
+
+
+def test_what_the_kernel_declines_is_named(fake_group):
+    group = fake_group.group_name
+    x, w = torch.randn(4096, 1024, dtype=torch.bfloat16), torch.randn(1024, 1024, dtype=torch.bfloat16)
+    assert gemm_push.declines(x, w, None, group) is None
+    assert gemm_push.declines(x, w.t(), None, group) is None  # the column-parallel backward's weight^T
+    assert "bf16 or fp16" in gemm_push.declines(x.float(), w.float(), None, group)
+    assert "multiples of 8" in gemm_push.declines(x[:, :1020], w[:, :1020], None, group)
+    assert "multiples of 8" in gemm_push.declines(x, w[::2], None, group)  # neither form is row-major
+    assert "at least 8 MiB" in gemm_push.declines(x[:16], w, None, group)
+
+
+def test_forced_on_cpu_it_says_why_it_cannot_run(fake_group):
+    x, w = torch.randn(6, 32), torch.randn(24, 32)
+    with pytest.raises(RuntimeError, match="implementation 'push' of gemm_allreduce_fwd cannot run on cpu: "
+                                           "symmetric memory needs a GPU"):
+        torch.ops.turbo_inductor.gemm_allreduce(x, w, None, fake_group.group_name, PUSH["impl"])
+
+
+def test_fake_gives_the_output_shape():
+    x, w = torch.randn(6, 32, device="meta"), torch.randn(24, 32, device="meta")
+    assert torch.ops.turbo_inductor_symm_mem.gemm_push_fwd(x, w, None, "g").shape == (6, 24)
+
+
+# ---- two GPUs --------------------------------------------------------------------------------------------------
+
+def _pushes_on_two_gpus(rank, port):
+    import torch.distributed as dist
+
+    group, device = _init(rank, port)
+    gemm_push.MIN_OUTPUT_BYTES = 0  # the kernel at the small sizes below, not GEMM then all-reduce
+    try:
+        # the op, eagerly: odd sizes (edge tiles clipped), with and without bias, both weight forms, several calls
+        torch.manual_seed(0)
+        w, b = torch.randn(520, 264, device=device, dtype=torch.bfloat16), torch.randn(520, device=device)
+        for call, (rows, bias, weight) in enumerate([(300, b.bfloat16(), w), (300, None, w), (1000, None, w),
+                                                     (300, None, w.t().contiguous().t())]):
+            torch.manual_seed(10 * call + rank)
+            x = torch.randn(rows, weight.shape[1], device=device, dtype=torch.bfloat16) / 16
+            got = torch.ops.turbo_inductor.gemm_allreduce(x, weight, bias, group.group_name, PUSH["impl"])
+            want = torch.nn.functional.linear(x.double(), weight.double(), None if bias is None else bias.double())
+            dist.all_reduce(want, group=group)
+            # bf16's gate, against the output's scale: each rank's partial is rounded to bf16 before the sum
+            assert (got.double() - want).abs().max() <= 1e-2 * want.abs().max()
+            everyone = [torch.empty_like(got) for _ in range(WORLD)]
+            dist.all_gather(everyone, got, group=group)
+            assert torch.equal(everyone[0], everyone[1])
+        assert gemm_push._BUFFERS[(520, torch.bfloat16, device, group.group_name)].rows == 1000  # grown once
+        torch.library.opcheck(torch.ops.turbo_inductor_symm_mem.gemm_push_fwd, (x, w, None, group.group_name))
+
+        # compiled, training: the row-parallel linear's forward and the column-parallel linear's input gradient
+        for model, rewrite in ((RowParallel("funcol", group), "gemm_allreduce"),
+                               (ColumnParallel("funcol"), "gemm_allreduce_dgrad")):
+            torch.manual_seed(0)  # the same weights on both ranks
+            model = model.to(device, torch.bfloat16)
+            torch.manual_seed(1 + rank)  # each rank its own input
+            x = torch.randn(4, 5, 32, device=device, dtype=torch.bfloat16)
+            want = _run(model, x, "inductor")
+            model.zero_grad(set_to_none=True)
+            turbo_inductor.reset_records()
+            registry.reset_kernel_calls()
+            got = _run(model, x, "primus_turbo", PUSH)
+            assert turbo_inductor.rewrite_counts()[rewrite] == 1
+            calls = registry.kernel_calls()  # chosen when traced (the fake trace and the graph's may both ask)
+            assert calls[("gemm_allreduce_fwd", "push")] >= 1, calls
+            # and the kernel ran: the forward's [20, 24] output, or the backward's [20, 32] input gradient
+            assert gemm_push._BUFFERS[(24 if rewrite == "gemm_allreduce" else 32, torch.bfloat16, device,
+                                       group.group_name)].calls() >= 1
+            for g, w_ in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
+                torch.testing.assert_close(g, w_, rtol=1e-2, atol=1e-2)
+
+        # replayed as CUDA graphs: the call counter lives on the device, so every replay is a call of its own
+        def row_parallel(x, w):
+            return funcol.all_reduce(torch.nn.functional.linear(x, w), "sum", group.group_name)
+
+        torch._dynamo.reset()
+        graphed = torch.compile(row_parallel, backend="primus_turbo", options={"triton.cudagraphs": True, **PUSH})
+        buffers = gemm_push.peer_buffers(300, 520, torch.bfloat16, device, group.group_name)
+        before = buffers.calls()
+        for step in range(4):
+            torch.manual_seed(100 * step + rank)
+            x = torch.randn(300, 264, device=device, dtype=torch.bfloat16) / 16
+            torch.compiler.cudagraph_mark_step_begin()
+            got = graphed(x, w).clone()
+            want = torch.nn.functional.linear(x.double(), w.double())
+            dist.all_reduce(want, group=group)
+            assert (got.double() - want).abs().max() <= 1e-2 * want.abs().max(), step
+        assert buffers.calls() - before >= 4
+    finally:
+        dist.destroy_process_group()
+
+
+@TWO_GPUS
+def test_two_gpus_push_matches_gemm_then_all_reduce_and_inductor():
+    _spawn(_pushes_on_two_gpus)
