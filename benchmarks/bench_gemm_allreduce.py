@@ -1,5 +1,6 @@
 """GEMM + all-reduce (a row-parallel linear) on several GPUs: mm then NCCL all-reduce, Inductor compiling the same
-function with functional collectives, and backend="primus_turbo" (gemm_allreduce), forward only, in one run.
+function with functional collectives, and backend="primus_turbo" (gemm_allreduce: by default, and with its opt-in
+implementations overlap, push and symm_mem), forward only, in one run.
 
     torchrun --nproc-per-node 2 benchmarks/bench_gemm_allreduce.py [--shapes 8192x4096x7168,...] [--symm-chunks 4,8]
                                                                     [--cudagraphs]
@@ -8,8 +9,9 @@ Every rank runs the same fixed number of iterations (do_bench sizes its loop per
 numbers of collectives hang); rank 0 prints the median of per-iteration CUDA-event times (mode "fwd": one call
 after a barrier, the latency, host time included), and of the host's time to issue a call, and the time per call of
 calls issued back to back (mode "fwd back-to-back"), and writes $OUT/gemm_allreduce.json. ``--cudagraphs`` adds
-Inductor's and primus_turbo's compiled functions replayed as CUDA graphs (``triton.cudagraphs``): no host time per
-kernel, the GPU's own pace even for one call.
+Inductor's and primus_turbo's compiled functions (default and push) replayed as CUDA graphs
+(``triton.cudagraphs``): no host time per kernel, the GPU's own pace even for one call. For impl=push, rank 0
+prints how many calls ran its kernel (none: the shape fell back to GEMM then all-reduce).
 """
 from __future__ import annotations
 

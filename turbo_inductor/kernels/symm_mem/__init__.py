@@ -24,8 +24,8 @@ def unavailable_reason(device: torch.device) -> str | None:
 def symmetric_tensor(shape: tuple, dtype: torch.dtype, device: torch.device,
                      group_name: str) -> tuple[object, list[torch.Tensor]]:
     """``(handle, tensors)``: a tensor of ``shape`` in symmetric memory, its handle (``rank``, ``barrier``, ...), and
-    every rank's tensor of the group as mapped here (``tensors[handle.rank]`` is the allocation). A collective (``rendezvous``): every rank of the group
-    makes the same calls in the same order."""
+    every rank's tensor of the group as mapped here (``tensors[handle.rank]`` is the allocation). A collective
+    (``rendezvous``): every rank of the group makes the same calls in the same order."""
     from torch.distributed import _symmetric_memory as symm_mem
 
     with warnings.catch_warnings():  # needed on older torch, deprecated (a no-op) on newer
