@@ -40,10 +40,10 @@ class RowParallel(nn.Module):
         return torch.relu(y) * 2
 
 
-def _run(model, x, backend, options=None):
+def _run(model, x, backend, options=None, dynamic=None):
     torch._dynamo.reset()
     x = x.detach().clone().requires_grad_()
-    out = torch.compile(model, backend=backend, options=options)(x)
+    out = torch.compile(model, backend=backend, options=options, dynamic=dynamic)(x)
     out.backward(torch.ones_like(out))
     return out.detach(), x.grad, [p.grad.clone() for p in model.parameters()]
 

@@ -2,6 +2,8 @@
 (``kernels/symm_mem/gemm_push.py``). On CPU its kernel runs in Triton's interpreter, one process per rank sharing
 their buffers; on two GPUs (NCCL, symmetric memory) the op, the row-parallel rewrite and the column-parallel
 backward run it and match GEMM then all-reduce and Inductor."""
+import dataclasses
+import re
 import time
 
 import pytest
@@ -9,6 +11,7 @@ import torch
 import torch.distributed._functional_collectives as funcol
 import torch.multiprocessing as mp
 import triton
+from torch._inductor.utils import run_and_get_code
 
 import turbo_inductor
 from test_gemm_allreduce import WORLD, RowParallel, _init, _run, _spawn
@@ -80,6 +83,33 @@ def test_what_the_kernel_declines_is_named(fake_group):
     assert "multiples of 8" in gemm_push.declines(x[:, :1020], w[:, :1020], None, group)
     assert "multiples of 8" in gemm_push.declines(x, w[::2], None, group)  # neither form is row-major
     assert "at least 8 MiB" in gemm_push.declines(x[:16], w, None, group)
+
+
+@pytest.mark.parametrize("dtype, dynamic", [(torch.float32, False), (torch.float32, True), (torch.bfloat16, True)])
+def test_where_the_kernel_declines_the_graph_is_gemm_then_all_reduce(fake_group, monkeypatch, dtype, dynamic):
+    """Declined when traced (fp32; bf16 under 8 MiB), impl=push traces GEMM then the functional all-reduce, as the
+    reference does, forward and backward, with the row count symbolic too. (The implementation is made available
+    on CPU for the trace: what it declines never reaches the GPU kernel.)"""
+    push = registry.implementations("gemm_allreduce_fwd")["push"]
+    monkeypatch.setitem(registry._IMPLS["gemm_allreduce_fwd"], "push",
+                        dataclasses.replace(push, unavailable_reason=lambda device: None))
+    registry._candidates.cache_clear()
+    try:
+        torch.manual_seed(0)
+        model = RowParallel("funcol", fake_group).to(dtype)
+        x = torch.randn(3, 5, 32, dtype=dtype)
+        want = _run(model, x, "inductor")
+        model.zero_grad(set_to_none=True)
+        turbo_inductor.reset_records()
+        got, codes = run_and_get_code(_run, model, x, "primus_turbo", PUSH, dynamic)
+        assert turbo_inductor.rewrite_counts()["gemm_allreduce"] == 1
+        for code in codes:  # forward and backward: an all-reduce each (of y, of dy), no pushing kernel
+            assert "turbo_inductor" not in code
+            assert len(re.findall(r"_c10d_functional\.all_reduce_?\.default\(", code)) == 1, code
+        for g, w in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
+            torch.testing.assert_close(g, w)  # the same program as Inductor's: equal to the dtype's rounding
+    finally:
+        registry._candidates.cache_clear()
 
 
 def test_forced_on_cpu_it_says_why_it_cannot_run(fake_group):
