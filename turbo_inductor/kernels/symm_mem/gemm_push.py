@@ -30,7 +30,6 @@ dtypes other than bf16/fp16, shapes TMA cannot address, outputs under ``MIN_OUTP
 from __future__ import annotations
 
 import logging
-import os
 from typing import Optional
 
 import torch
@@ -40,6 +39,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..reference import gemm_allreduce as sequential
 from ..registry import implementation
+from ..triton import interpreting, on_device
 from . import symmetric_tensor, unavailable_reason as symm_mem_unavailable_reason
 
 log = logging.getLogger("turbo_inductor")
@@ -53,7 +53,7 @@ RESERVED_SMS = 4
 # Below this output size GEMM then all-reduce runs instead: the kernel won 1.09-1.16x at 8 MiB (1024x4096) and took
 # twice GEMM then all-reduce's time at 2 MiB (256x4096x7168; benchmarks/README.md, thirteenth session).
 MIN_OUTPUT_BYTES = 8 << 20
-INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+INTERPRETED = tl.constexpr(interpreting())
 # (cols, dtype, device, group) -> PeerBuffers; a key's buffers grow to the most rows asked for.
 _BUFFERS: dict[tuple, "PeerBuffers"] = {}
 
@@ -167,10 +167,11 @@ def launch(x: torch.Tensor, w: torch.Tensor, w_kn: bool, bias: Optional[torch.Te
     x_desc = TensorDescriptor.from_tensor(x, [block_m, block_k])
     w_desc = TensorDescriptor.from_tensor(w, [block_k, block_n] if w_kn else [block_n, block_k])
     peer_desc = TensorDescriptor.from_tensor(peer_recv, [block_m, block_n])
-    gemm_push_kernel[(programs,)](
-        x_desc, w_desc, bias if bias is not None else out, out, recv, flags, peer_desc, peer_flags, call, rank,
-        M, N, K, HAS_BIAS=bias is not None, W_KN=w_kn, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        GROUP=GROUP_M, STAGES=stages, PROGRAMS=programs, num_warps=warps)
+    with on_device(x.device):  # Triton launches on the current device, which need not be x's
+        gemm_push_kernel[(programs,)](
+            x_desc, w_desc, bias if bias is not None else out, out, recv, flags, peer_desc, peer_flags, call, rank,
+            M, N, K, HAS_BIAS=bias is not None, W_KN=w_kn, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+            GROUP=GROUP_M, STAGES=stages, PROGRAMS=programs, num_warps=warps)
     return out
 
 
