@@ -17,6 +17,18 @@ TOLERANCE = {torch.float64: 1e-7, torch.float32: 1e-4, torch.bfloat16: 1e-2, tor
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
+# Files whose tests compile whole models, the longest first (seconds to minutes each on CPU). They run before the
+# rest: pytest-xdist hands tests out in this order, and a long test handed out last kept one worker busy for minutes
+# after the other had finished.
+LONG_FIRST = ("test_main_job.py", "test_hf_llama.py", "test_fp8_producers.py", "test_hf_models.py",
+              "test_fp8_linear.py", "test_gemm_allreduce.py", "test_gemm_allreduce_dgrad.py", "test_gemm_push.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))
+
+
 # Op tests run where the Triton kernels really run: the GPU when there is one, else the CPU interpreter.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

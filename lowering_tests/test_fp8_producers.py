@@ -273,15 +273,18 @@ def test_out_dtype_writes_the_norms_output_cast_and_takes_its_gradient(impl, res
 
 
 def _decoder():
-    from benchmarks.llama import CONFIGS, LlamaDecoder
+    """Two decoder layers, half the benchmark's tiny width: the interpreter quantizes the weights a program per row,
+    which took most of the time at 256. The GLU's 256-wide rows still hold two 1 x 128 blocks."""
+    from benchmarks.llama import LlamaConfig, LlamaDecoder
 
     torch.manual_seed(0)
-    model = LlamaDecoder(CONFIGS["tiny"]).to(DEVICE)
+    config = LlamaConfig(hidden=128, intermediate=256, heads=4, kv_heads=2, layers=2)
+    model = LlamaDecoder(config).to(DEVICE)
     with torch.no_grad():
         for layer in model.layers:  # norm weights that are not all ones
             layer.input_norm.weight.uniform_(0.5, 1.5)
             layer.post_attention_norm.weight.uniform_(0.5, 1.5)
-    return model, torch.randn(2, 16, 256, device=DEVICE)
+    return model, torch.randn(2, 16, config.hidden, device=DEVICE)
 
 
 @pytest.mark.parametrize("recipe", ["rowwise", "blockwise"])
@@ -364,14 +367,14 @@ def test_rows_wider_than_the_producers_tile_keep_their_linears_quantization(monk
     and the linear quantizes x itself. Rowwise needs a whole row's amax: a GLU row spanning several tiles keeps it (a
     second pass over the row measured slower), while blockwise's 1 x 128 blocks fit the tiles and fuse. A norm whose
     rows do not fit its register tile (the chunked kernel) keeps every recipe's."""
-    monkeypatch.setattr(triton_glu, "MAX_BLOCK_F", 256)  # the tiny decoder's 512-wide rows span two tiles
+    monkeypatch.setattr(triton_glu, "MAX_BLOCK_F", 128)  # the decoder's 256-wide rows span two tiles
     model, x = _decoder()
     run(model, [x], "primus_turbo", options={"fp8": "rowwise"})
     assert turbo_inductor.rewrite_counts()["glu_fp8"] == 0 and turbo_inductor.rewrite_counts()["rmsnorm_fp8"] == 4
     turbo_inductor.reset_records()
     run(model, [x], "primus_turbo", options={"fp8": "blockwise"})
     assert turbo_inductor.rewrite_counts()["glu_fp8"] == 2
-    monkeypatch.setattr(triton_rmsnorm, "FWD_MAX_FUSED_BYTES", 256)  # 256 fp32 values a row: chunked
+    monkeypatch.setattr(triton_rmsnorm, "FWD_MAX_FUSED_BYTES", 256)  # 128 fp32 values a row: chunked
     turbo_inductor.reset_records()
     run(model, [x], "primus_turbo", options={"fp8": "blockwise"})
     assert turbo_inductor.rewrite_counts()["rmsnorm_fp8"] == 0 and turbo_inductor.rewrite_counts()["glu_fp8"] == 2
