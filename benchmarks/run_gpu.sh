@@ -25,7 +25,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=cs
 test_jobs=${TEST_JOBS:-$(( $(nproc) >= 32 ? 12 : 8 ))}
 for step in $steps; do
   case $step in
-    tests)   timeout 500 python3 -m pytest ${TESTS:-lowering_tests} -q -n "$test_jobs" 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+    tests)   timeout 500 python3 -m pytest ${TESTS:-lowering_tests} -q -n "$test_jobs" --dist worksteal 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
     rmsnorm) (cd benchmarks && python3 bench_rmsnorm.py) 2>&1 | tee "$OUT/bench_rmsnorm.log" | grep -v Warning ;;
     model)   python3 -m benchmarks.run_model --out "$OUT" ${MODEL_ARGS:-} 2>&1 | tee "$OUT/run_model.log" | tail -8 ;;
     profile) (cd benchmarks && python3 profile_compiled.py) 2>&1 | tee "$OUT/profile.log" | grep -v Warning ;;
