@@ -14,8 +14,8 @@ from turbo_inductor.kernels import registry
 @pytest.fixture(autouse=True)
 def reference_fp8_quantize(monkeypatch):
     """The benchmark's harness is what these tests check: on CPU its FP8 quantization runs as the reference
-    implementation, which takes a step of the tiny decoder from 10 s to 0.04 (interpreted, the Triton kernel runs a
-    program per row of each weight; test_fp8_quant_kernels tests it)."""
+    implementation, which takes an FP8 step of the tiny layer from 10 s to 0.04 s (interpreted, the Triton kernel
+    runs a program per row of each weight; test_fp8_quant_kernels tests it)."""
     if not torch.cuda.is_available():
         monkeypatch.setenv(registry.IMPL_ENV, "fp8_quantize=reference")
 
