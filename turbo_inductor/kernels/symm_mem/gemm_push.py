@@ -5,10 +5,11 @@ Design "owner" of ``benchmarks/probe_gemm_push.py`` (which measures it beside th
 the tiles from half-way, so each tile is computed early by one rank and half a kernel later by the other, its
 owner. The early rank pushes its partial into the owner's buffer; the owner, half a kernel later, finds it landed,
 adds it to its own partial (both rounded to the output dtype first, as GEMM then all-reduce rounds them), stores the
-sum and pushes it back into the early rank's buffer, which copies it into its output after its last tile. Each rank
-sends half its output twice (a reduce-scatter and an all-gather, the least data an all-reduce can move) while its
-SMs compute: the TMA engine copies each tile from shared memory to the peer asynchronously, and a tile's flag in the
-peer's memory is raised after the next tile's GEMM, once the copy has completed, so no SM waits on NVLink. Both
+sum and pushes it back into the early rank's buffer, which copies it into its output: between its own tiles where
+it has landed, the rest after its last tile. Each rank sends half its output twice (a reduce-scatter and an
+all-gather, the least data an all-reduce can move) while its SMs compute: the TMA engine copies each tile from
+shared memory to the peer asynchronously, and a tile's flag in the peer's memory is raised after the next tile's
+GEMM, once the copy has completed, so no SM waits on NVLink. Both
 ranks end with the owners' sums: the same bits on every rank. A tile's partial and final land in the same place
 (the tiles a rank owns and those it does not are disjoint), so one buffer of the output's size suffices, for
 successive calls too: a rank pushes call c + 1's partial of a tile its peer owns once it has every final of call c,
@@ -16,9 +17,12 @@ so after the peer's last read of that place in call c, and its final of a tile i
 call c + 1 has come, so after the peer finished call c. Flags hold the number of the call that raised them: a
 counter in device memory, advanced by the stream before each call, so that a CUDA graph's replays count too.
 
-Measured on two H200s (benchmarks/README.md, thirteenth session), compiled, calls back to back: 1.19x Inductor at
-8192x4096x7168 (0.727 ms; the GEMM alone takes 0.60), 1.46x at 8192x4096x2048, 1.17x at 4096x4096x7168; the
-column-parallel backward's form (x @ w) alike.
+Measured on two H200s (benchmarks/README.md, thirteenth and fifteenth sessions), compiled, calls back to back:
+1.19-1.21x Inductor at 8192x4096x7168 (0.713-0.727 ms; the GEMM alone takes 0.60, and 0.61 as this kernel without
+its pushes), 1.22-1.46x at 8192x4096x2048, 1.17-1.18x at 4096x4096x7168; the column-parallel backward's form
+(x @ w) alike. Where the other 0.1 ms goes (``probe_gemm_push.py --breakdown --interference``): NVLink traffic
+slows the GEMM by 0.03-0.055 ms whoever issues it (the copy engines too), the owners' waits and sums take 0.03,
+the copies of the finals 0.02.
 
 Opt-in, because a persistent kernel that waits on its peer can deadlock beside other kernels: if another kernel
 (an NCCL collective on another stream) holds SMs on both GPUs while waiting on its own peer, programs of this
@@ -59,9 +63,8 @@ _BUFFERS: dict[tuple, "PeerBuffers"] = {}
 
 
 @triton.jit
-def _tile_offsets(tile_id, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
-    """A tile's first row and column (tiles in grouped order), its columns, its offsets into [M, N] and their
-    mask."""
+def _tile_origin(tile_id, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
+    """A tile's first row and column, tiles in grouped order."""
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     group_size = GROUP * tiles_n
@@ -69,9 +72,7 @@ def _tile_offsets(tile_id, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G
     rows_in_group = min(tiles_m - first_m, GROUP)
     first_row = (first_m + (tile_id % group_size) % rows_in_group) * BLOCK_M
     first_col = ((tile_id % group_size) // rows_in_group) * BLOCK_N
-    rows = first_row + tl.arange(0, BLOCK_M)
-    cols = first_col + tl.arange(0, BLOCK_N)
-    return first_row, first_col, cols, rows[:, None] * N + cols[None, :], (rows[:, None] < M) & (cols[None, :] < N)
+    return first_row, first_col
 
 
 @triton.jit
@@ -83,41 +84,63 @@ def _raise(flag_ptr, call):
 
 
 @triton.jit
+def _landed(flag_ptr, call):
+    """Whether a flag says this call (or a later one) has raised it, read once (acquire, system scope)."""
+    return tl.atomic_cas(flag_ptr, -1, -1, sem="acquire", scope="sys") >= call
+
+
+@triton.jit
 def _wait(flag_ptr, call):
     """Wait until a flag says this call (or a later one) has raised it (acquire, system scope). The read is a
     compare-and-swap that never swaps (flags are never -1): it writes nothing, so it cannot undo a raise."""
-    while tl.atomic_cas(flag_ptr, -1, -1, sem="acquire", scope="sys") < call:
+    while not _landed(flag_ptr, call):
         pass
 
 
 @triton.jit
-def _pushes_landed(call):
-    """Wait until this program's TMA copies have completed (their writes performed), so that a flag raised next
-    covers them: a release orders the SM's own stores, not the TMA engine's. The interpreter has no PTX and
-    completes every store at once."""
+def _proxy_fence(call, WAIT_PUSHES: tl.constexpr):
+    """Order the TMA engine's copies (the async proxy) with the SM's flags (the generic proxy): ``WAIT_PUSHES``,
+    before a raise, wait until this program's pushes have completed (their writes performed), as a release orders
+    the SM's own stores only; else, after a wait, make the acquired data visible to the TMA loads that follow. The
+    interpreter has no PTX and completes every copy at once."""
     if not INTERPRETED:
-        tl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;\n\tmov.u32 $0, $1;",
-                                  "=r,r", [call], dtype=tl.int32, is_pure=False, pack=1)
+        if WAIT_PUSHES:
+            tl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;\n\tmov.u32 $0, $1;",
+                                      "=r,r", [call], dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            tl.inline_asm_elementwise("fence.proxy.async.global;\n\tmov.u32 $0, $1;",
+                                      "=r,r", [call], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
-def gemm_push_kernel(x_desc, w_desc, bias_ptr, out_ptr, recv_ptr, flags_ptr, peer_recv_desc, peer_flags_ptr,
+def _copy_final(recv_desc, out_desc, tile_id, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                GROUP: tl.constexpr):
+    """Copy a tile's final sum, which the peer pushed into this rank's buffer, into the output (TMA both ways)."""
+    first_row, first_col = _tile_origin(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP)
+    out_desc.store([first_row, first_col], recv_desc.load([first_row, first_col]))
+
+
+@triton.jit
+def gemm_push_kernel(x_desc, w_desc, bias_ptr, out_desc, recv_desc, flags_ptr, peer_recv_desc, peer_flags_ptr,
                      call_ptr, rank, M, N, K, HAS_BIAS: tl.constexpr, W_KN: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr, STAGES: tl.constexpr,
                      PROGRAMS: tl.constexpr):
     """out = x @ w^T (+ bias) summed over two ranks, ``W_KN``: x @ w with w [K, N]. recv is this rank's buffer the
     peer pushes into (a partial where this rank owns the tile, the final sum where the peer does), flags its flag
-    per tile; peer_recv_desc and peer_flags_ptr the peer's; call_ptr this call's number."""
-    dtype = out_ptr.dtype.element_ty
+    per tile; peer_recv_desc and peer_flags_ptr the peer's; call_ptr this call's number. Every tile moves through
+    shared memory by TMA (the GEMM's operands, the peer's partial, the sum stored and pushed), so the epilogue's
+    values stay in the MMA's registers: no layout conversion, and the SMs only issue the copies."""
+    dtype = out_desc.dtype
     call = tl.load(call_ptr)
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     shift = tiles // 2 * rank  # rank 1 starts half-way
     # the index from which this rank computes its tiles second, and owns them: half, and for rank 1 tiles - half
     owned_from = tiles // 2 + rank * (tiles % 2)
     previous = -1  # the previous tile's flag, raised one tile late: its push has completed by then
+    pending = tl.program_id(0)  # the next tile the peer owns whose final this program copies into the output
     for index in range(tl.program_id(0), tiles, PROGRAMS):
         tile_id = (index + shift) % tiles
-        first_row, first_col, cols, offs, mask = _tile_offsets(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP)
+        first_row, first_col = _tile_origin(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in tl.range(0, K, BLOCK_K, num_stages=STAGES):
             if W_KN:
@@ -125,28 +148,38 @@ def gemm_push_kernel(x_desc, w_desc, bias_ptr, out_ptr, recv_ptr, flags_ptr, pee
             else:
                 acc = tl.dot(x_desc.load([first_row, k]), w_desc.load([first_col, k]).T, acc)
         if HAS_BIAS:  # on every rank, then summed: F.linear's, as GEMM then all-reduce computes it
+            cols = first_col + tl.arange(0, BLOCK_N)
             acc += tl.load(bias_ptr + cols, mask=cols < N).to(tl.float32)[None, :]
         partial = acc.to(dtype)
         if previous >= 0:
-            _pushes_landed(call)
+            _proxy_fence(call, WAIT_PUSHES=True)
             _raise(peer_flags_ptr + previous, call)
         if index < owned_from:
             peer_recv_desc.store([first_row, first_col], partial)
         else:
             _wait(flags_ptr + tile_id, call)
-            theirs = tl.load(recv_ptr + offs, mask=mask, cache_modifier=".cg")
+            _proxy_fence(call, WAIT_PUSHES=False)
+            theirs = recv_desc.load([first_row, first_col])
             total = (partial.to(tl.float32) + theirs.to(tl.float32)).to(dtype)
-            tl.store(out_ptr + offs, total, mask=mask)
+            out_desc.store([first_row, first_col], total)
             peer_recv_desc.store([first_row, first_col], total)
+            # The peer computes the tile at this rank's index i at its index i + tiles / 2: a final that has landed
+            # is copied now, between GEMMs, rather than all of them after the last tile.
+            if pending < owned_from:
+                pending_tile = (pending + shift) % tiles
+                if _landed(flags_ptr + pending_tile, call):
+                    _proxy_fence(call, WAIT_PUSHES=False)
+                    _copy_final(recv_desc, out_desc, pending_tile, M, N, BLOCK_M, BLOCK_N, GROUP)
+                    pending += PROGRAMS
         previous = tile_id
     if previous >= 0:
-        _pushes_landed(call)
+        _proxy_fence(call, WAIT_PUSHES=True)
         _raise(peer_flags_ptr + previous, call)
-    for index in range(tl.program_id(0), owned_from, PROGRAMS):  # the finals of the tiles the peer owns
+    for index in range(pending, owned_from, PROGRAMS):  # the finals of the tiles the peer owns not yet copied
         tile_id = (index + shift) % tiles
-        _, _, _, offs, mask = _tile_offsets(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP)
         _wait(flags_ptr + tile_id, call)
-        tl.store(out_ptr + offs, tl.load(recv_ptr + offs, mask=mask, cache_modifier=".cg"), mask=mask)
+        _proxy_fence(call, WAIT_PUSHES=False)
+        _copy_final(recv_desc, out_desc, tile_id, M, N, BLOCK_M, BLOCK_N, GROUP)
 
 
 def programs_for(tiles: int, sms: int) -> int:
@@ -166,10 +199,12 @@ def launch(x: torch.Tensor, w: torch.Tensor, w_kn: bool, bias: Optional[torch.Te
     (M, K), N = x.shape, out.shape[1]
     x_desc = TensorDescriptor.from_tensor(x, [block_m, block_k])
     w_desc = TensorDescriptor.from_tensor(w, [block_k, block_n] if w_kn else [block_n, block_k])
-    peer_desc = TensorDescriptor.from_tensor(peer_recv, [block_m, block_n])
+    out_desc, recv_desc, peer_desc = (TensorDescriptor.from_tensor(t, [block_m, block_n])
+                                      for t in (out, recv, peer_recv))
     with on_device(x.device):  # Triton launches on the current device, which need not be x's
         gemm_push_kernel[(programs,)](
-            x_desc, w_desc, bias if bias is not None else out, out, recv, flags, peer_desc, peer_flags, call, rank,
+            x_desc, w_desc, bias if bias is not None else out, out_desc, recv_desc, flags, peer_desc, peer_flags,
+            call, rank,
             M, N, K, HAS_BIAS=bias is not None, W_KN=w_kn, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
             GROUP=GROUP_M, STAGES=stages, PROGRAMS=programs, num_warps=warps)
     return out
