@@ -204,9 +204,8 @@ def launch(x: torch.Tensor, w: torch.Tensor, w_kn: bool, bias: Optional[torch.Te
     with on_device(x.device):  # Triton launches on the current device, which need not be x's
         gemm_push_kernel[(programs,)](
             x_desc, w_desc, bias if bias is not None else out, out_desc, recv_desc, flags, peer_desc, peer_flags,
-            call, rank,
-            M, N, K, HAS_BIAS=bias is not None, W_KN=w_kn, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-            GROUP=GROUP_M, STAGES=stages, PROGRAMS=programs, num_warps=warps)
+            call, rank, M, N, K, HAS_BIAS=bias is not None, W_KN=w_kn, BLOCK_M=block_m, BLOCK_N=block_n,
+            BLOCK_K=block_k, GROUP=GROUP_M, STAGES=stages, PROGRAMS=programs, num_warps=warps)
     return out
 
 
