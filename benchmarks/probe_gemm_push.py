@@ -15,7 +15,7 @@ in the git history of this file):
   engine; 1.2-1.25x at 8192x4096x7168 as a CUDA graph, 1.05-1.15x at 2048.
 
     torchrun --nproc-per-node 2 benchmarks/probe_gemm_push.py [--shapes 8192x4096x7168,...] [--breakdown]
-                                                               [--interference]
+                                                               [--interference] [--host]
 
 Rank 0 prints, per shape M x N x K and per form (a linear's forward x @ w^T, w [N, K]; its input gradient's x @ w,
 as the column-parallel backward reduces it): cuBLAS mm, mm then NCCL all-reduce, and each design, in ms (median per
