@@ -101,8 +101,9 @@ def _wait(flag_ptr, call):
 def _proxy_fence(call, WAIT_PUSHES: tl.constexpr):
     """Order the TMA engine's copies (the async proxy) with the SM's flags (the generic proxy): ``WAIT_PUSHES``,
     before a raise, wait until this program's pushes have completed (their writes performed), as a release orders
-    the SM's own stores only; else, after a wait, make the acquired data visible to the TMA loads that follow. The
-    interpreter has no PTX and completes every copy at once."""
+    the SM's own stores only; else, after a wait, make the acquired data visible to the TMA loads that follow.
+    ``call`` is only the inline assembly's operand (Triton's inline assembly takes at least one). The interpreter
+    has no PTX and completes every copy at once."""
     if not INTERPRETED:
         if WAIT_PUSHES:
             tl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;\n\tmov.u32 $0, $1;",
