@@ -9,6 +9,7 @@ Triton and reference kernels then serve every op). Environment:
   TURBO_INDUCTOR_NATIVE=0  skip the native kernels; =1  require them (a failed build fails the install; by default
              it installs the package without them and says why).
 """
+
 import glob
 import os
 import sys
@@ -19,6 +20,7 @@ from setuptools import find_packages, setup
 def _native_archs(spec: str, torch, rocm: bool) -> list[str]:
     """GPU_ARCHS in the spelling torch's extension builder takes: "9.0" (TORCH_CUDA_ARCH_LIST) or "gfx942"
     (PYTORCH_ROCM_ARCH). Targets of the other vendor are left out."""
+
     def detected() -> str:
         if rocm:
             return torch.cuda.get_device_properties(0).gcnArchName.split(":")[0]
@@ -53,8 +55,11 @@ BUILD_COMMANDS = {"build", "build_ext", "bdist_wheel", "editable_wheel", "develo
 def say_skipped(reason: str) -> None:
     """Once per install: pip runs this file for its metadata too, where nothing is built."""
     if BUILD_COMMANDS & set(sys.argv[1:]):
-        print(f"turbo_inductor: native kernels skipped ({reason}); installing the Python package alone, whose "
-              f"Triton and reference kernels serve every op", file=sys.stderr)
+        print(
+            f"turbo_inductor: native kernels skipped ({reason}); installing the Python package alone, whose "
+            f"Triton and reference kernels serve every op",
+            file=sys.stderr,
+        )
 
 
 def optional_build(build_ext: type, required: bool) -> type:
@@ -77,6 +82,7 @@ def optional_build(build_ext: type, required: bool) -> type:
 
 def native_extension() -> tuple[list, dict]:
     """(ext_modules, cmdclass) for the native kernels, or ([], {}) after saying why they are skipped."""
+
     def skip(reason: str) -> tuple[list, dict]:
         say_skipped(reason)
         return [], {}
@@ -100,7 +106,8 @@ def native_extension() -> tuple[list, dict]:
     print(f"turbo_inductor: building the native kernels for {';'.join(archs)}", file=sys.stderr)
     sources = sorted(glob.glob("csrc/*.cu")) + sorted(glob.glob("csrc/*.cpp"))
     extension = cpp_extension.CUDAExtension(
-        "turbo_inductor._native", sources, extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3"]})
+        "turbo_inductor._native", sources, extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3"]}
+    )
     required = os.environ.get("TURBO_INDUCTOR_NATIVE") == "1"
     return [extension], {"build_ext": optional_build(cpp_extension.BuildExtension, required)}
 
@@ -111,7 +118,7 @@ if __name__ == "__main__":  # as pip's build backend runs it; lowering_tests/tes
         name="turbo_inductor",
         version="0.1.0",
         description="torch.compile backend 'primus_turbo': fused RMSNorm, SwiGLU, FP8 linear and GEMM+all-reduce "
-                    "kernels",
+        "kernels",
         packages=find_packages(include=["turbo_inductor", "turbo_inductor.*"]),
         python_requires=">=3.10",
         install_requires=["torch>=2.11"],

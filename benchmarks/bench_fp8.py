@@ -9,15 +9,16 @@
 - a training step (forward + backward) of square linears 8192 x d -> d by size, bf16 under Inductor against
   primus_turbo's FP8 recipes: where FP8 starts to pay, the value to recommend for the fp8 option's min_size.
 python benchmarks/bench_fp8.py [--sizes 512,1024,2048,4096,8192]   (--sizes "": no training step by size)"""
-from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from __future__ import annotations
 
 import argparse
 
-import turbo_inductor
+import torch
+import torch.nn.functional as F
 from common import bench_ms, fwd_bwd_step, gpu_ms, kernel_us, report
+
+import turbo_inductor
 
 E4M3_MAX = 448.0
 
@@ -55,13 +56,16 @@ def producer_then_linear(x: torch.Tensor, w: torch.Tensor, producer: str) -> lis
     # The columns share their code objects with the other producer's: without a reset, Dynamo would recompile them
     # for the new shapes with dynamic sizes, and a symbolic weight is no FP8 linear.
     torch._dynamo.reset()
-    columns = {"inductor": torch.compile(lambda x, w: inductor_fp8_linear(produce(x), w)),
-               f"primus_turbo {producer} alone": torch.compile(lambda x, w: produce(x), backend="primus_turbo")}
+    columns = {
+        "inductor": torch.compile(lambda x, w: inductor_fp8_linear(produce(x), w)),
+        f"primus_turbo {producer} alone": torch.compile(lambda x, w: produce(x), backend="primus_turbo"),
+    }
     for recipe in ("rowwise", "blockwise"):
         for fuse in (True, False):
             name = f"primus_turbo fp8 {recipe}" + ("" if fuse else f" ({producer} not writing FP8)")
-            columns[name] = torch.compile(lambda x, w: F.linear(produce(x), w), backend="primus_turbo",
-                                          options={"fp8": recipe, fusion: fuse})
+            columns[name] = torch.compile(
+                lambda x, w: F.linear(produce(x), w), backend="primus_turbo", options={"fp8": recipe, fusion: fuse}
+            )
     k = w.shape[1]
     x8 = torch.randn(x.shape[0], k, device="cuda").to(torch.float8_e4m3fn)  # the bare GEMM's pre-quantized operands
     w8 = w.to(torch.float8_e4m3fn)
@@ -70,16 +74,28 @@ def producer_then_linear(x: torch.Tensor, w: torch.Tensor, producer: str) -> lis
         bare_gpu_ms = gpu_ms(lambda: bare_fp8_gemm(x8, w8))
         for name, fn in columns.items():
             kernels = kernel_us(lambda: fn(x, w))
-            rows.append({"shape": shape, "mode": "fwd", "backend": name, "ms": bench_ms(lambda: fn(x, w)),
-                         "gpu_ms": sum(kernels.values()) / 1e3, "rate": 2 * x.shape[0] * k * w.shape[0]})
+            rows.append(
+                {
+                    "shape": shape,
+                    "mode": "fwd",
+                    "backend": name,
+                    "ms": bench_ms(lambda: fn(x, w)),
+                    "gpu_ms": sum(kernels.values()) / 1e3,
+                    "rate": 2 * x.shape[0] * k * w.shape[0],
+                }
+            )
             rows[-1]["rate"] /= rows[-1]["ms"] * 1e9
-            print(f"{name}: " + ", ".join(f"{k[:60]} {us:.1f} us" for k, us in
-                                          sorted(kernels.items(), key=lambda kv: -kv[1])))
+            print(
+                f"{name}: "
+                + ", ".join(f"{k[:60]} {us:.1f} us" for k, us in sorted(kernels.items(), key=lambda kv: -kv[1]))
+            )
     producer_gpu_ms = rows[1]["gpu_ms"]
     for row in rows[2:]:
         added = row["gpu_ms"] - producer_gpu_ms
-        print(f"{row['backend']}: the linear adds {added:.4f} ms of GPU time to the {producer} alone = "
-              f"{added / bare_gpu_ms:.3f}x the bare GEMM ({bare_gpu_ms:.4f} ms)")
+        print(
+            f"{row['backend']}: the linear adds {added:.4f} ms of GPU time to the {producer} alone = "
+            f"{added / bare_gpu_ms:.3f}x the bare GEMM ({bare_gpu_ms:.4f} ms)"
+        )
     print("rewrites:", turbo_inductor.rewrite_counts())
     return rows
 
@@ -101,8 +117,12 @@ def frozen_inference(x: torch.Tensor, w: torch.Tensor) -> list[dict]:
     GPU time against the bare FP8 GEMM's."""
     torch._dynamo.reset()
     columns = {"inductor": _ParameterLinear(w, inductor_fp8_linear)}
-    columns.update({f"primus_turbo fp8 {recipe}": _ParameterLinear(w, F.linear)
-                    for recipe in ("tensorwise", "rowwise", "blockwise")})
+    columns.update(
+        {
+            f"primus_turbo fp8 {recipe}": _ParameterLinear(w, F.linear)
+            for recipe in ("tensorwise", "rowwise", "blockwise")
+        }
+    )
     x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
     (tokens, k), n = x.shape, w.shape[0]
     shape, flops = f"frozen fp8 linear fwd {tokens}x{k}->{n}", 2 * tokens * k * n
@@ -110,10 +130,18 @@ def frozen_inference(x: torch.Tensor, w: torch.Tensor) -> list[dict]:
     def row(name: str, fn) -> dict:
         kernels = kernel_us(fn)
         ms = bench_ms(fn)
-        print(f"{name}: " + ", ".join(f"{kernel[:50]} {us:.1f} us"
-                                      for kernel, us in sorted(kernels.items(), key=lambda kv: -kv[1])))
-        return {"shape": shape, "mode": "fwd", "backend": name, "ms": ms, "gpu_ms": sum(kernels.values()) / 1e3,
-                "rate": flops / ms / 1e9}
+        print(
+            f"{name}: "
+            + ", ".join(f"{kernel[:50]} {us:.1f} us" for kernel, us in sorted(kernels.items(), key=lambda kv: -kv[1]))
+        )
+        return {
+            "shape": shape,
+            "mode": "fwd",
+            "backend": name,
+            "ms": ms,
+            "gpu_ms": sum(kernels.values()) / 1e3,
+            "rate": flops / ms / 1e9,
+        }
 
     with torch.no_grad(), torch._inductor.config.patch(freezing=True):
         rows = [row("bare fp8 GEMM (_scaled_mm, pre-quantized)", lambda: bare_fp8_gemm(x8, w8))]
@@ -122,9 +150,11 @@ def frozen_inference(x: torch.Tensor, w: torch.Tensor) -> list[dict]:
             fn = torch.compile(module, backend=backend, options={"fp8": recipe} if recipe else None)
             rows.append(row(name, lambda: fn(x)))
     for r in rows[1:]:
-        print(f"{r['backend']} (frozen): {r['ms'] / rows[0]['ms']:.3f}x the bare GEMM's wall time "
-              f"({rows[0]['ms']:.4f} ms), {r['gpu_ms'] / rows[0]['gpu_ms']:.3f}x its GPU time "
-              f"({rows[0]['gpu_ms']:.4f} ms)")
+        print(
+            f"{r['backend']} (frozen): {r['ms'] / rows[0]['ms']:.3f}x the bare GEMM's wall time "
+            f"({rows[0]['ms']:.4f} ms), {r['gpu_ms'] / rows[0]['gpu_ms']:.3f}x its GPU time "
+            f"({rows[0]['gpu_ms']:.4f} ms)"
+        )
     return rows
 
 
@@ -133,15 +163,23 @@ def training_by_size(sizes: list[int], tokens: int = 8192) -> list[dict]:
     for d in sizes:
         torch._dynamo.reset()  # each size compiles afresh, static: no recompile limit, no dynamic-shape fallback
         x = torch.randn(tokens, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        w = (torch.randn(d, d, device="cuda", dtype=torch.bfloat16) * d ** -0.5).requires_grad_()
+        w = (torch.randn(d, d, device="cuda", dtype=torch.bfloat16) * d**-0.5).requires_grad_()
         columns = {"inductor": torch.compile(F.linear, backend="inductor")}
         for recipe in ("tensorwise", "rowwise"):
-            columns[f"primus_turbo fp8 {recipe}"] = torch.compile(lambda x, w: F.linear(x, w), backend="primus_turbo",
-                                                                  options={"fp8": recipe})
+            columns[f"primus_turbo fp8 {recipe}"] = torch.compile(
+                lambda x, w: F.linear(x, w), backend="primus_turbo", options={"fp8": recipe}
+            )
         for name, fn in columns.items():
             ms = bench_ms(fwd_bwd_step(fn, x, w))
-            rows.append({"shape": f"linear {tokens}x{d}->{d}", "mode": "fwd+bwd", "backend": name, "ms": ms,
-                         "rate": 3 * 2 * tokens * d * d / ms / 1e9})
+            rows.append(
+                {
+                    "shape": f"linear {tokens}x{d}->{d}",
+                    "mode": "fwd+bwd",
+                    "backend": name,
+                    "ms": ms,
+                    "rate": 3 * 2 * tokens * d * d / ms / 1e9,
+                }
+            )
     return rows
 
 
@@ -165,15 +203,23 @@ def main():
         linear = torch.compile(lambda x, w: F.linear(x, w), backend="primus_turbo", options={"fp8": recipe})
         variants[f"primus_turbo fp8 {recipe}"] = (lambda f: lambda: f(x, w))(linear)
     # our Triton FP8 GEMM in place of cuBLASLt's block scaling (MXFP8 runs on it by default on Hopper)
-    linear = torch.compile(lambda x, w: F.linear(x, w), backend="primus_turbo",
-                           options={"fp8": "blockwise", "impl": "fp8_gemm=triton"})
+    linear = torch.compile(
+        lambda x, w: F.linear(x, w), backend="primus_turbo", options={"fp8": "blockwise", "impl": "fp8_gemm=triton"}
+    )
     variants["primus_turbo fp8 blockwise (Triton GEMM)"] = lambda: linear(x, w)
     rows = []
     with torch.no_grad():
         for name, fn in variants.items():
             ms = bench_ms(fn)
-            rows.append({"shape": f"fp8 linear fwd {tokens}x{k}->{n}", "mode": "fwd", "backend": name, "ms": ms,
-                         "rate": flops / ms / 1e9})
+            rows.append(
+                {
+                    "shape": f"fp8 linear fwd {tokens}x{k}->{n}",
+                    "mode": "fwd",
+                    "backend": name,
+                    "ms": ms,
+                    "rate": flops / ms / 1e9,
+                }
+            )
     print("rewrites:", turbo_inductor.rewrite_counts())
     report("fp8_linear", rows, rate_unit="TFLOP/s")
     gate_up = torch.randn(tokens, 2 * n, device="cuda", dtype=torch.bfloat16)

@@ -14,6 +14,7 @@ gradients' reduce-scatters included. Rank 0 prints per column the median step ti
 the peak memory (less what earlier columns left allocated), and the SNR against Inductor of the output and of the
 (reduced) gradient of every parameter (the worst one), and writes ``<out>/fsdp2_<config>.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,12 @@ def main(argv=None):
     parser.add_argument("--fp8", default="tensorwise,rowwise", help="FP8 recipes (comma-separated; empty: none)")
     parser.add_argument("--steps", type=int, default=20 if on_gpu else 2, help="timed steps, the same on every rank")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results"))
-    parser.add_argument("--snapshot", default="", help="columns (comma-separated) whose one extra step rank 0 "
-                        "records as a CUDA memory snapshot, <out>/snapshot_<column>.pickle (pytorch.org/memory_viz)")
+    parser.add_argument(
+        "--snapshot",
+        default="",
+        help="columns (comma-separated) whose one extra step rank 0 "
+        "records as a CUDA memory snapshot, <out>/snapshot_<column>.pickle (pytorch.org/memory_viz)",
+    )
     args = parser.parse_args(argv)
 
     from torch.distributed.device_mesh import init_device_mesh
@@ -63,9 +68,20 @@ def main(argv=None):
             print_table(args, world, table)
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, f"fsdp2_{args.config}.json"), "w") as f:
-                json.dump({"config": args.config, "layers": args.layers, "batch_per_rank": args.batch,
-                           "seq": args.seq, "world": world, "device": torch.cuda.get_device_name() if on_gpu else "cpu",
-                           "torch": torch.__version__, "columns": table}, f, indent=1)
+                json.dump(
+                    {
+                        "config": args.config,
+                        "layers": args.layers,
+                        "batch_per_rank": args.batch,
+                        "seq": args.seq,
+                        "world": world,
+                        "device": torch.cuda.get_device_name() if on_gpu else "cpu",
+                        "torch": torch.__version__,
+                        "columns": table,
+                    },
+                    f,
+                    indent=1,
+                )
     finally:
         dist.destroy_process_group()
 
@@ -76,11 +92,19 @@ def columns(recipes: list[str]) -> list[tuple[str, str, dict | None, str | None]
     result += [(f"primus_turbo fp8 {recipe}", "primus_turbo", {"fp8": recipe}, None) for recipe in recipes]
     # the backward quantizing W^T again from the weight FSDP2 all-gathers for it, instead of keeping it from the
     # forward: a layer's weights in FP8 less memory per layer, one more read of W
-    result += [(f"primus_turbo fp8 {recipe}, W^T not saved", "primus_turbo",
-                {"fp8": {"recipe": recipe, "save_weight_t": False}}, None) for recipe in recipes]
+    result += [
+        (
+            f"primus_turbo fp8 {recipe}, W^T not saved",
+            "primus_turbo",
+            {"fp8": {"recipe": recipe, "save_weight_t": False}},
+            None,
+        )
+        for recipe in recipes
+    ]
     if importlib.util.find_spec("torchao") is not None:
-        result += [(f"torchao fp8 {recipe}", "inductor", None, recipe) for recipe in recipes
-                   if recipe in TORCHAO_RECIPES]
+        result += [
+            (f"torchao fp8 {recipe}", "inductor", None, recipe) for recipe in recipes if recipe in TORCHAO_RECIPES
+        ]
     return result
 
 
@@ -144,18 +168,30 @@ def run_columns(args, device: torch.device, mesh) -> list[dict]:
             record_snapshot(step, os.path.join(args.out, f"snapshot_{name.replace(' ', '_')}.pickle"))
         grads = {n: p.grad.full_tensor().float().cpu() for n, p in model.named_parameters() if p.grad is not None}
         peak = (torch.cuda.max_memory_allocated() - left_over) / 2**30 if device.type == "cuda" else None
-        results[name] = {"step_ms": statistics.median(times), "out": out.detach().float().cpu(), "grads": grads,
-                         "peak_gib": peak,
-                         "rewrites": turbo_inductor.rewrite_counts() if backend == "primus_turbo" else {}}
+        results[name] = {
+            "step_ms": statistics.median(times),
+            "out": out.detach().float().cpu(),
+            "grads": grads,
+            "peak_gib": peak,
+            "rewrites": turbo_inductor.rewrite_counts() if backend == "primus_turbo" else {},
+        }
         model = None  # freed before the next column builds its own
     ref = results["inductor"]
     table = []
     for name, r in results.items():
         # compiled layers' parameters are named through the compiled module (_orig_mod); match by position
         worst = min((snr_db(g, w) for g, w in zip(r["grads"].values(), ref["grads"].values())), default=float("inf"))
-        table.append({"column": name, "step_ms": r["step_ms"], "speedup_vs_inductor": ref["step_ms"] / r["step_ms"],
-                      "peak_gib": r["peak_gib"], "out_snr_db": snr_db(r["out"], ref["out"]),
-                      "worst_grad_snr_db": worst, "rewrites": {k: v for k, v in r["rewrites"].items() if v}})
+        table.append(
+            {
+                "column": name,
+                "step_ms": r["step_ms"],
+                "speedup_vs_inductor": ref["step_ms"] / r["step_ms"],
+                "peak_gib": r["peak_gib"],
+                "out_snr_db": snr_db(r["out"], ref["out"]),
+                "worst_grad_snr_db": worst,
+                "rewrites": {k: v for k, v in r["rewrites"].items() if v},
+            }
+        )
     return table
 
 
@@ -176,8 +212,10 @@ def print_table(args, world: int, table: list[dict]) -> None:
     print(f"{'column':40s} {'step ms':>9s} {'vs inductor':>11s} {'peak GiB':>9s} {'out SNR':>8s} {'grad SNR':>8s}")
     for row in table:
         peak = f"{row['peak_gib']:9.2f}" if row["peak_gib"] is not None else f"{'-':>9s}"
-        print(f"{row['column']:40s} {row['step_ms']:9.3f} {row['speedup_vs_inductor']:10.2f}x {peak} "
-              f"{row['out_snr_db']:8.1f} {row['worst_grad_snr_db']:8.1f}  {row['rewrites']}")
+        print(
+            f"{row['column']:40s} {row['step_ms']:9.3f} {row['speedup_vs_inductor']:10.2f}x {peak} "
+            f"{row['out_snr_db']:8.1f} {row['worst_grad_snr_db']:8.1f}  {row['rewrites']}"
+        )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ Inductor's and primus_turbo's compiled functions (default and push) replayed as 
 (``triton.cudagraphs``): no host time per kernel, the GPU's own pace even for one call. For impl=push, rank 0
 prints how many calls ran its kernel (none: the shape fell back to GEMM then all-reduce).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
-
 from common import report
 
 WARMUP, ITERATIONS = 10, 50
@@ -80,12 +80,19 @@ def _replayed(graphed, *args):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--shapes", default="8192x4096x7168,8192x4096x2048,4096x4096x7168,16x4096x7168",
-                        help="M x N x K per rank (K is this rank's shard of the input features)")
-    parser.add_argument("--symm-chunks", default="4,8,16",
-                        help="row chunks per call of impl=symm_mem to measure (its CHUNKS), one row each")
-    parser.add_argument("--cudagraphs", action="store_true",
-                        help="also Inductor and primus_turbo replayed as CUDA graphs")
+    parser.add_argument(
+        "--shapes",
+        default="8192x4096x7168,8192x4096x2048,4096x4096x7168,16x4096x7168",
+        help="M x N x K per rank (K is this rank's shard of the input features)",
+    )
+    parser.add_argument(
+        "--symm-chunks",
+        default="4,8,16",
+        help="row chunks per call of impl=symm_mem to measure (its CHUNKS), one row each",
+    )
+    parser.add_argument(
+        "--cudagraphs", action="store_true", help="also Inductor and primus_turbo replayed as CUDA graphs"
+    )
     args = parser.parse_args()
     dist.init_process_group("nccl")
     rank = dist.get_rank()
@@ -109,22 +116,31 @@ def main():
         torch._dynamo.reset()
         m, n, k = map(int, shape.split("x"))
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
-        variants = {"mm then all-reduce": sequential,
-                    "inductor": torch.compile(row_parallel, backend="inductor"),
-                    "primus_turbo": torch.compile(row_parallel, backend="primus_turbo"),
-                    "primus_turbo impl=overlap": torch.compile(row_parallel, backend="primus_turbo",
-                                                               options={"impl": "overlap"}),
-                    "primus_turbo impl=push": torch.compile(row_parallel, backend="primus_turbo", options=PUSH)}
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+        variants = {
+            "mm then all-reduce": sequential,
+            "inductor": torch.compile(row_parallel, backend="inductor"),
+            "primus_turbo": torch.compile(row_parallel, backend="primus_turbo"),
+            "primus_turbo impl=overlap": torch.compile(
+                row_parallel, backend="primus_turbo", options={"impl": "overlap"}
+            ),
+            "primus_turbo impl=push": torch.compile(row_parallel, backend="primus_turbo", options=PUSH),
+        }
         if args.cudagraphs:
-            for name, backend, options in (("inductor", "inductor", {}), ("primus_turbo", "primus_turbo", {}),
-                                           ("primus_turbo impl=push", "primus_turbo", PUSH)):
-                variants[f"{name} (CUDA graphs)"] = functools.partial(_replayed, torch.compile(
-                    row_parallel, backend=backend, options={"triton.cudagraphs": True, **options}))
+            for name, backend, options in (
+                ("inductor", "inductor", {}),
+                ("primus_turbo", "primus_turbo", {}),
+                ("primus_turbo impl=push", "primus_turbo", PUSH),
+            ):
+                variants[f"{name} (CUDA graphs)"] = functools.partial(
+                    _replayed,
+                    torch.compile(row_parallel, backend=backend, options={"triton.cudagraphs": True, **options}),
+                )
         symm_mem = torch.compile(row_parallel, backend="primus_turbo", options={"impl": "symm_mem"})
         for chunks in map(int, args.symm_chunks.split(",")):  # read by each call: one compiled function serves all
-            variants[f"primus_turbo impl=symm_mem chunks={chunks}"] = functools.partial(_with_chunks, symm_mem_impl,
-                                                                                        chunks, symm_mem)
+            variants[f"primus_turbo impl=symm_mem chunks={chunks}"] = functools.partial(
+                _with_chunks, symm_mem_impl, chunks, symm_mem
+            )
         for name, fn in variants.items():
             pushed = _push_kernel_calls()
             try:
@@ -136,15 +152,30 @@ def main():
                 continue
             if _push_kernel_calls() > pushed and rank == 0:  # impl=push ran its kernel, not GEMM then all-reduce
                 print(f"{name} at {shape}: the pushing kernel ran {_push_kernel_calls() - pushed} calls")
-            rows += [{"shape": f"{m}x{n}x{k}", "mode": "fwd", "backend": name, "ms": ms,
-                      "rate": 2 * m * n * k / ms / 1e9, "host_ms": host_ms},
-                     {"shape": f"{m}x{n}x{k}", "mode": "fwd back-to-back", "backend": name, "ms": back_to_back_ms,
-                      "rate": 2 * m * n * k / back_to_back_ms / 1e9}]
+            rows += [
+                {
+                    "shape": f"{m}x{n}x{k}",
+                    "mode": "fwd",
+                    "backend": name,
+                    "ms": ms,
+                    "rate": 2 * m * n * k / ms / 1e9,
+                    "host_ms": host_ms,
+                },
+                {
+                    "shape": f"{m}x{n}x{k}",
+                    "mode": "fwd back-to-back",
+                    "backend": name,
+                    "ms": back_to_back_ms,
+                    "rate": 2 * m * n * k / back_to_back_ms / 1e9,
+                },
+            ]
     if rank == 0:
         print("rewrites:", turbo_inductor.rewrite_counts())
         report("gemm_allreduce", rows, rate_unit="TFLOP/s")
-        print("host time to issue one call, ms:", ", ".join(f"{r['shape']} {r['backend']}: {r['host_ms']:.3f}"
-                                                            for r in rows if "host_ms" in r))
+        print(
+            "host time to issue one call, ms:",
+            ", ".join(f"{r['shape']} {r['backend']}: {r['host_ms']:.3f}" for r in rows if "host_ms" in r),
+        )
     # With CUDA graphs that captured NCCL collectives still alive, destroy_process_group hung at exit (thirteenth
     # session, --cudagraphs): every rank leaves together without tearing the group down.
     dist.barrier()

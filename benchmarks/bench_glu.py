@@ -1,12 +1,12 @@
 """SwiGLU forward and forward+backward on the GPU: eager, backend="inductor", backend="primus_turbo" and the op
 called directly, in one run; wall clock and GPU time. python benchmarks/bench_glu.py [--shapes 8192x14336]"""
+
 from __future__ import annotations
 
 import argparse
 
 import torch
 import torch.nn.functional as F
-
 from common import bench_backends, report
 
 

@@ -1,11 +1,11 @@
 """RMSNorm forward and forward+backward on the GPU: eager, backend="inductor", backend="primus_turbo" (and the
 op called directly), in one run. Usage: python benchmarks/bench_rmsnorm.py [--shapes 8192x4096,16384x8192]"""
+
 from __future__ import annotations
 
 import argparse
 
 import torch
-
 from common import available_impls, bench_backends, gpu_ms, report
 
 
@@ -38,16 +38,33 @@ def main():
         w = torch.randn(hidden, device="cuda", dtype=dtype, requires_grad=True)
         n = tokens * hidden * x.element_size()
         cases = {
-            "rmsnorm": (hf_rmsnorm, (x, w), 2 * n, 5 * n,
-                        lambda x, w, impl="auto": turbo_inductor.ops.rmsnorm(x, w, eps=1e-5, impl=impl)),
+            "rmsnorm": (
+                hf_rmsnorm,
+                (x, w),
+                2 * n,
+                5 * n,
+                lambda x, w, impl="auto": turbo_inductor.ops.rmsnorm(x, w, eps=1e-5, impl=impl),
+            ),
             # fwd reads x, r and writes y, sum; bwd reads dy, dsum, sum and writes one dx (shared by x and r)
-            "rmsnorm+residual": (hf_residual_rmsnorm, (x, r, w), 4 * n, 8 * n,
-                                 lambda x, r, w, impl="auto": turbo_inductor.ops.rmsnorm_residual(
-                                     x, r, w, eps=1e-5, impl=impl)),
+            "rmsnorm+residual": (
+                hf_residual_rmsnorm,
+                (x, r, w),
+                4 * n,
+                8 * n,
+                lambda x, r, w, impl="auto": turbo_inductor.ops.rmsnorm_residual(x, r, w, eps=1e-5, impl=impl),
+            ),
         }
         for name, (fn, inputs, fwd_bytes, total_bytes, direct) in cases.items():
-            bench_backends(rows, f"{name} {tokens}x{hidden}", fn, inputs, direct, fwd_bytes, total_bytes,
-                           impls=tuple(available_impls("rmsnorm_fwd")))
+            bench_backends(
+                rows,
+                f"{name} {tokens}x{hidden}",
+                fn,
+                inputs,
+                direct,
+                fwd_bytes,
+                total_bytes,
+                impls=tuple(available_impls("rmsnorm_fwd")),
+            )
         copy_ms = gpu_ms(lambda: x.detach().clone())
         print(f"copy {tokens}x{hidden}: {copy_ms:.4f} ms GPU, {2 * n / copy_ms / 1e9:.2f} TB/s")
         print("rewrites:", turbo_inductor.rewrite_counts(), "kernels:", turbo_inductor.kernel_calls())

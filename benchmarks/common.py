@@ -1,4 +1,5 @@
 """Shared by the op benchmarks: timing, environment facts, the result table."""
+
 from __future__ import annotations
 
 import collections
@@ -71,8 +72,9 @@ def available_impls(kernel: str, names=("triton", "native")) -> list[str]:
     return [n for n in names if n in impls and impls[n].unavailable_reason(torch.device("cuda")) is None]
 
 
-def bench_backends(rows: list, label: str, fn, inputs, direct, fwd_bytes: int, total_bytes: int,
-                   impls: tuple[str, ...] = ()) -> None:
+def bench_backends(
+    rows: list, label: str, fn, inputs, direct, fwd_bytes: int, total_bytes: int, impls: tuple[str, ...] = ()
+) -> None:
     """Forward (no grad) and forward+backward of ``fn(*inputs)``: eager, the op called directly (``direct``), and
     ``fn`` compiled with backend="inductor" and "primus_turbo"; one row each in ``rows``. With ``impls``, the op
     called directly and primus_turbo once per named implementation (``direct(*inputs, impl=name)``, options
@@ -82,8 +84,10 @@ def bench_backends(rows: list, label: str, fn, inputs, direct, fwd_bytes: int, t
     variants = [("eager", fn), ("op (eager call)", direct)]
     variants += [(f"op impl={impl}", functools.partial(direct, impl=impl)) for impl in impls]
     variants += [(backend, torch.compile(fn, backend=backend)) for backend in ("inductor", "primus_turbo")]
-    variants += [(f"primus_turbo impl={impl}", torch.compile(fn, backend="primus_turbo", options={"impl": impl}))
-                 for impl in impls]
+    variants += [
+        (f"primus_turbo impl={impl}", torch.compile(fn, backend="primus_turbo", options={"impl": impl}))
+        for impl in impls
+    ]
     for backend, f in variants:
         # Dynamo checks the guards of every earlier compilation of fn's code on each call: start each variant
         # with none, so that no variant pays for the others' (fn is compiled for grad and no-grad below).
@@ -91,19 +95,32 @@ def bench_backends(rows: list, label: str, fn, inputs, direct, fwd_bytes: int, t
         with torch.no_grad():
             forward = lambda: f(*inputs)  # noqa: E731
             ms, gpu = bench_ms(forward), gpu_ms(forward)
-        rows.append({"shape": label, "mode": "fwd", "backend": backend, "ms": ms, "gpu_ms": gpu,
-                     "rate": fwd_bytes / gpu / 1e9})
+        rows.append(
+            {"shape": label, "mode": "fwd", "backend": backend, "ms": ms, "gpu_ms": gpu, "rate": fwd_bytes / gpu / 1e9}
+        )
         step = fwd_bwd_step(f, *inputs)
         ms, gpu = bench_ms(step), gpu_ms(step)
-        rows.append({"shape": label, "mode": "fwd+bwd", "backend": backend, "ms": ms, "gpu_ms": gpu,
-                     "rate": total_bytes / gpu / 1e9})
+        rows.append(
+            {
+                "shape": label,
+                "mode": "fwd+bwd",
+                "backend": backend,
+                "ms": ms,
+                "gpu_ms": gpu,
+                "rate": total_bytes / gpu / 1e9,
+            }
+        )
 
 
 def environment() -> dict:
     import triton
 
-    return {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "triton": triton.__version__}
+    return {
+        "date": datetime.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+    }
 
 
 def report(name: str, rows: list[dict], rate_unit: str = "TB/s") -> None:
@@ -113,12 +130,15 @@ def report(name: str, rows: list[dict], rate_unit: str = "TB/s") -> None:
     env = environment()
     gpu = all("gpu_ms" in row for row in rows)
     print(f"\n{name}: {env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['date']}")
-    print(f"| shape | mode | backend | ms | {'GPU ms | ' if gpu else ''}{rate_unit} | speedup vs inductor |"
-          + (" GPU-time speedup |" if gpu else ""))
+    print(
+        f"| shape | mode | backend | ms | {'GPU ms | ' if gpu else ''}{rate_unit} | speedup vs inductor |"
+        + (" GPU-time speedup |" if gpu else "")
+    )
     print("|---|---|---|---|---|---|" + ("---|---|" if gpu else ""))
     for row in rows:
-        base = next(r for r in rows if r["shape"] == row["shape"] and r["mode"] == row["mode"]
-                    and r["backend"] == "inductor")
+        base = next(
+            r for r in rows if r["shape"] == row["shape"] and r["mode"] == row["mode"] and r["backend"] == "inductor"
+        )
         row["speedup_vs_inductor"] = base["ms"] / row["ms"]
         line = f"| {row['shape']} | {row['mode']} | {row['backend']} | {row['ms']:.4f} | "
         if gpu:

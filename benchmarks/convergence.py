@@ -4,6 +4,7 @@ recipe; writes the curves as JSON and a chart (PNG) and prints each column's lar
 
     python -m benchmarks.convergence [--steps 50] [--fp8 tensorwise,rowwise] [--out benchmarks/results]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,9 @@ import turbo_inductor
 from benchmarks.llama import CONFIGS, LlamaDecoder
 
 
-def loss_curve(backend: str, options: dict | None = None, steps: int = 50, device: str = "cpu",
-               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def loss_curve(
+    backend: str, options: dict | None = None, steps: int = 50, device: str = "cpu", dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """Losses of ``steps`` AdamW steps of the tiny decoder compiled with ``backend``; same seed, data and task for
     every backend."""
     torch._dynamo.reset()
@@ -55,15 +57,18 @@ def main(argv=None) -> dict:
     # On CPU the FP8 GEMM is the emulation: say so rather than let the registry pick it silently.
     fp8_impl = {} if on_gpu else {"impl": "reference"}
     columns = {"inductor": ("inductor", None), "primus_turbo": ("primus_turbo", None)}
-    columns.update({f"primus_turbo fp8 {r}": ("primus_turbo", {"fp8": r, **fp8_impl})
-                    for r in args.fp8.split(",") if r})
+    columns.update(
+        {f"primus_turbo fp8 {r}": ("primus_turbo", {"fp8": r, **fp8_impl}) for r in args.fp8.split(",") if r}
+    )
     curves = {}
     for name, (backend, options) in columns.items():
         turbo_inductor.reset_records()
         curves[name] = loss_curve(backend, options, args.steps, device, dtype)
-        print(f"{name:28s} loss {curves[name][0]:.4f} -> {curves[name][-1]:.4f}, "
-              f"max deviation from inductor {max_deviation(curves[name], curves['inductor']):.2%}, "
-              f"rewrites {turbo_inductor.rewrite_counts() if backend == 'primus_turbo' else {}}")
+        print(
+            f"{name:28s} loss {curves[name][0]:.4f} -> {curves[name][-1]:.4f}, "
+            f"max deviation from inductor {max_deviation(curves[name], curves['inductor']):.2%}, "
+            f"rewrites {turbo_inductor.rewrite_counts() if backend == 'primus_turbo' else {}}"
+        )
     write_outputs(args.out, curves, device, dtype)
     return curves
 
@@ -72,8 +77,16 @@ def write_outputs(out: str, curves: dict, device: str, dtype: torch.dtype) -> No
     os.makedirs(out, exist_ok=True)
     stem = os.path.join(out, "convergence")
     with open(stem + ".json", "w") as f:
-        json.dump({"device": device, "dtype": str(dtype), "torch": torch.__version__,
-                   "curves": {name: curve.tolist() for name, curve in curves.items()}}, f, indent=1)
+        json.dump(
+            {
+                "device": device,
+                "dtype": str(dtype),
+                "torch": torch.__version__,
+                "curves": {name: curve.tolist() for name, curve in curves.items()},
+            },
+            f,
+            indent=1,
+        )
     import matplotlib
 
     matplotlib.use("Agg")
@@ -81,8 +94,9 @@ def write_outputs(out: str, curves: dict, device: str, dtype: torch.dtype) -> No
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
     for name, curve in curves.items():
-        ax.plot(range(1, len(curve) + 1), curve, label=name, linewidth=1.2,
-                linestyle="-" if name == "inductor" else "--")
+        ax.plot(
+            range(1, len(curve) + 1), curve, label=name, linewidth=1.2, linestyle="-" if name == "inductor" else "--"
+        )
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     gpu = torch.cuda.get_device_name() if device == "cuda" else "CPU"

@@ -1,6 +1,7 @@
 """A Llama-style decoder written the way Hugging Face writes it (so the backend sees what real models give it):
 RMSNorm with the fp32 upcast, GQA attention through SDPA, a SwiGLU MLP with a fused gate/up projection split by
 ``chunk``, pre-norm residuals. Shapes from the models' public configs."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,7 +55,8 @@ class DecoderLayer(nn.Module):
     def forward(self, x):
         b, s, h = x.shape
         q, k, v = self.qkv(self.input_norm(x)).split(
-            [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], -1)
+            [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], -1
+        )
         q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
         k = k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)

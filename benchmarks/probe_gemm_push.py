@@ -27,6 +27,7 @@ peer, no waits, sums or copies) and "no final copies"; built from the kernel's o
 into the peer's memory (and the peer's into this one): what NVLink traffic costs a GEMM that issues none of it.
 ``--host`` prints the host's time per call of the op and of its parts (the GPU synchronized before each call).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,6 +42,7 @@ import torch
 from turbo_inductor.kernels.symm_mem import gemm_push
 
 RESERVED_SMS = gemm_push.RESERVED_SMS  # the backend's; the probe also measures none
+
 
 class CopyEnginePipeline:
     """The copy engines' design, for its GPU time: row chunks of cuBLAS GEMMs, each chunk's partial copied into the
@@ -89,12 +91,14 @@ class CopyEnginePipeline:
 # 2: no final copies; 3: pushes only.
 _PARTS_EDITS = [
     ("PROGRAMS: tl.constexpr):\n", "PROGRAMS: tl.constexpr, PART: tl.constexpr):\n"),
-    ("""        if previous >= 0:
+    (
+        """        if previous >= 0:
             _proxy_fence(call, WAIT_PUSHES=True)
             _raise(peer_flags_ptr + previous, call)
         if index < owned_from:
             peer_recv_desc.store([first_row, first_col], partial)
-        else:""", """        if PART == 1:
+        else:""",
+        """        if PART == 1:
             out_desc.store([first_row, first_col], partial)
         elif PART == 3:
             peer_recv_desc.store([first_row, first_col], partial)
@@ -106,12 +110,17 @@ _PARTS_EDITS = [
         else:
             if previous >= 0:
                 _proxy_fence(call, WAIT_PUSHES=True)
-                _raise(peer_flags_ptr + previous, call)"""),
+                _raise(peer_flags_ptr + previous, call)""",
+    ),
     ("            if pending < owned_from:", "            if pending < owned_from and PART == 0:"),
-    ("    if previous >= 0:\n        _proxy_fence",
-     "    if previous >= 0 and (PART == 0 or PART == 2):\n        _proxy_fence"),
-    ("    for index in range(pending, owned_from, PROGRAMS):",
-     "    for index in range(pending, owned_from if PART == 0 else 0, PROGRAMS):"),
+    (
+        "    if previous >= 0:\n        _proxy_fence",
+        "    if previous >= 0 and (PART == 0 or PART == 2):\n        _proxy_fence",
+    ),
+    (
+        "    for index in range(pending, owned_from, PROGRAMS):",
+        "    for index in range(pending, owned_from if PART == 0 else 0, PROGRAMS):",
+    ),
     ("PROGRAMS=programs, num_warps=warps)", "PROGRAMS=programs, PART=PART, num_warps=warps)"),
     ("RESERVED_SMS = 4\n", "RESERVED_SMS = 4\nPART = 0\n"),
     ("from ..reference import gemm_allreduce as sequential\n", ""),
@@ -145,7 +154,7 @@ def interference(group_name: str, device: torch.device, rank: int, time_ms) -> N
 
     M, N, K = 8192, 4096, 7168
     x = torch.randn(M, K, device=device, dtype=torch.bfloat16)
-    w = torch.randn(N, K, device=device, dtype=torch.bfloat16) / K ** 0.5
+    w = torch.randn(N, K, device=device, dtype=torch.bfloat16) / K**0.5
     _, peer = symmetric_tensor((M // 2, N), torch.bfloat16, device, group_name)
     sent = torch.randn(M // 2, N, device=device, dtype=torch.bfloat16)
     parts = kernel_parts()
@@ -164,10 +173,13 @@ def interference(group_name: str, device: torch.device, rank: int, time_ms) -> N
             out = gemm()
             torch.cuda.current_stream().wait_stream(side)
             return out
+
         return run
 
-    gemms = {"cuBLAS mm": lambda: x @ w.t(), "the kernel, GEMM only": lambda: gemm_only(x, w, False, None,
-                                                                                          x.new_empty(M, N))}
+    gemms = {
+        "cuBLAS mm": lambda: x @ w.t(),
+        "the kernel, GEMM only": lambda: gemm_only(x, w, False, None, x.new_empty(M, N)),
+    }
     runs = {"32 MiB peer copy (copy engines)": copy}
     for name, gemm in gemms.items():
         runs[name], runs[f"{name} beside the copy"] = gemm, beside_copy(gemm)
@@ -185,31 +197,60 @@ def host_time(group_name: str, device: torch.device, rank: int) -> None:
 
     M, N, K = 8192, 4096, 2048
     x = torch.randn(M, K, device=device, dtype=torch.bfloat16)
-    w = torch.randn(N, K, device=device, dtype=torch.bfloat16) / K ** 0.5
+    w = torch.randn(N, K, device=device, dtype=torch.bfloat16) / K**0.5
     out = x.new_empty(M, N)
     pushing = gemm_push.peer_buffers(M, N, x.dtype, device, group_name)
     block_m, block_n, block_k, stages, warps = gemm_push.TILE
 
     def descriptors():
-        return [TensorDescriptor.from_tensor(t, block) for t, block in (
-            (x, [block_m, block_k]), (w, [block_n, block_k]), (out, [block_m, block_n]),
-            (pushing.recv[:M], [block_m, block_n]), (pushing.peer_recv[:M], [block_m, block_n]))]
+        return [
+            TensorDescriptor.from_tensor(t, block)
+            for t, block in (
+                (x, [block_m, block_k]),
+                (w, [block_n, block_k]),
+                (out, [block_m, block_n]),
+                (pushing.recv[:M], [block_m, block_n]),
+                (pushing.peer_recv[:M], [block_m, block_n]),
+            )
+        ]
 
     x_desc, w_desc, out_desc, recv_desc, peer_desc = descriptors()
 
     def triton_launch():  # the kernel's launch alone, its descriptors made beforehand
         pushing.counter += 1
         gemm_push.gemm_push_kernel[(128,)](
-            x_desc, w_desc, out, out_desc, recv_desc, pushing.flags, peer_desc, pushing.peer_flags, pushing.counter,
-            pushing.rank, M, N, K, HAS_BIAS=False, W_KN=False, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-            GROUP=gemm_push.GROUP_M, STAGES=stages, PROGRAMS=128, num_warps=warps)
+            x_desc,
+            w_desc,
+            out,
+            out_desc,
+            recv_desc,
+            pushing.flags,
+            peer_desc,
+            pushing.peer_flags,
+            pushing.counter,
+            pushing.rank,
+            M,
+            N,
+            K,
+            HAS_BIAS=False,
+            W_KN=False,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+            GROUP=gemm_push.GROUP_M,
+            STAGES=stages,
+            PROGRAMS=128,
+            num_warps=warps,
+        )
 
     op = torch.ops.turbo_inductor_symm_mem.gemm_push_fwd
-    parts = {"torch.ops.turbo_inductor_symm_mem.gemm_push_fwd": lambda: op(x, w, None, group_name),
-             "PeerBuffers.__call__": lambda: pushing(x, w, False, None, out),
-             "the Triton launch alone": triton_launch,
-             "five TensorDescriptor.from_tensor": descriptors,
-             "the call counter's add": lambda: pushing.counter.add_(0)}
+    parts = {
+        "torch.ops.turbo_inductor_symm_mem.gemm_push_fwd": lambda: op(x, w, None, group_name),
+        "PeerBuffers.__call__": lambda: pushing(x, w, False, None, out),
+        "the Triton launch alone": triton_launch,
+        "five TensorDescriptor.from_tensor": descriptors,
+        "the call counter's add": lambda: pushing.counter.add_(0),
+    }
     times = {}
     for name, run in parts.items():  # every rank the same calls: the kernel waits for its peer's
         for _ in range(5):
@@ -238,7 +279,6 @@ def main():
     args = parser.parse_args()
 
     import torch.distributed as dist
-
     from bench_gemm_allreduce import time_ms
 
     dist.init_process_group("nccl")
@@ -250,7 +290,7 @@ def main():
     for M, N, K in [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]:
         torch.manual_seed(rank)
         x = torch.randn(M, K, device=device, dtype=torch.bfloat16)
-        w = torch.randn(N, K, device=device, dtype=torch.bfloat16) / K ** 0.5
+        w = torch.randn(N, K, device=device, dtype=torch.bfloat16) / K**0.5
         pushing = gemm_push.peer_buffers(M, N, x.dtype, device, group_name)
         for form, w_kn in (("x @ w^T", False), ("x @ w", True)):
             operand = w.t().contiguous() if w_kn else w
@@ -280,9 +320,11 @@ def main():
             if parts is not None:
                 partial_kernel = parts.peer_buffers(M, N, x.dtype, device, group_name)
                 for part, name in ((1, "GEMM only"), (3, "pushes only"), (2, "no final copies")):
+
                     def run(part=part):
                         parts.PART = part
                         return partial_kernel(x, operand, w_kn, None, x.new_empty(M, N))
+
                     times[f"push kernel, {name} (wrong sums)"] = time_ms(run)[2]
             if not w_kn:
                 for chunks in (4, 8):
@@ -290,8 +332,10 @@ def main():
                     measure(f"copy engines, {chunks} chunks, CUDA graph", pipeline.replay)
             if rank == 0:
                 base = times["mm then all-reduce (NCCL)"]
-                print(f"\n{M}x{N}x{K}, {form}; largest difference from mm then all-reduce, of its largest value: "
-                      f"{', '.join(diffs)}")
+                print(
+                    f"\n{M}x{N}x{K}, {form}; largest difference from mm then all-reduce, of its largest value: "
+                    f"{', '.join(diffs)}"
+                )
                 for name, ms in times.items():
                     print(f"  {name:42s} {ms:8.4f} ms  {base / ms:5.2f}x mm then all-reduce", flush=True)
     if args.interference:

@@ -2,10 +2,10 @@
 Inductor's: the GPU time per step (the sum of kernel times, free of host overhead), the host time per step (issuing
 the step without waiting for the GPU) and the host's top entries:
 python benchmarks/profile_compiled.py"""
+
 import time
 
 import torch
-
 from bench_glu import swiglu
 from bench_rmsnorm import hf_rmsnorm
 from common import device_us, fwd_bwd_step
@@ -24,15 +24,18 @@ def profile(name, fn, *inputs):
             step()
         host_us = (time.perf_counter() - start) / STEPS * 1e6  # the GPU queue is deep enough for STEPS steps
         torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        ) as prof:
             for _ in range(STEPS):
                 step()
             torch.cuda.synchronize()
         events = prof.key_averages()
         gpu_us = sum(device_us(prof, STEPS).values())
-        print(f"\n== {name} fwd+bwd x{STEPS}, backend={backend}: GPU time per step {gpu_us:.1f} us, "
-              f"host time per step {host_us:.1f} us")
+        print(
+            f"\n== {name} fwd+bwd x{STEPS}, backend={backend}: GPU time per step {gpu_us:.1f} us, "
+            f"host time per step {host_us:.1f} us"
+        )
         print(events.table(sort_by="self_cuda_time_total", row_limit=8, max_name_column_width=60))
         print(events.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
 

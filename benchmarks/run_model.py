@@ -1,6 +1,8 @@
 """The main job: a Llama-style decoder trained (forward+backward; or, with --mode inference, forward without
 grad) under eager, backend="inductor" and backend="primus_turbo" (and its FP8 recipes, each next to torchao's
-float8 training with the same recipe where torchao is installed, compiled by Inductor and by primus_turbo); prints what the backend fused and a table of step time, tokens/s, model TFLOP/s, speedup over Inductor, peak memory, cold compile time and
+float8 training with the same recipe where torchao is installed, compiled by Inductor and by primus_turbo); prints
+what the backend fused and a table of step time, tokens/s, model TFLOP/s, speedup over Inductor, peak memory, cold
+compile time and
 the SNR against Inductor; writes the table as JSON and a speedup chart as PNG, per model, and with several models
 (``--config llama3-8b,llama2-7b,qwen2.5-7b``) one chart of every column's speedup per model. Defaults: the tiny
 config on CPU, one Llama-3-8B layer at batch 2 x seq 4096 on a GPU.
@@ -9,6 +11,7 @@ config on CPU, one Llama-3-8B layer at batch 2 x seq 4096 on a GPU.
                                    [--mode train|inference [--freezing]] [--frozen-linears] [--autocast] [--dynamic]
                                    [--out benchmarks/results]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +30,6 @@ import torch
 import turbo_inductor
 from benchmarks.llama import CONFIGS, LlamaDecoder
 from turbo_inductor.ops.fp8_linear import RECIPES
-
 
 # FP8 recipes torchao has under the same names (a torchao column is added for each one requested), and those whose
 # torchao configs primus_turbo runs on its own fp8_linear (a column of the torchao model compiled by primus_turbo).
@@ -55,36 +57,64 @@ def time_ms(step, device: str) -> float:
 def main(argv=None):
     on_gpu = torch.cuda.is_available()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default="llama3-8b" if on_gpu else "tiny",
-                        help=f"model shapes, comma-separated, from {sorted(CONFIGS)}")
+    parser.add_argument(
+        "--config",
+        default="llama3-8b" if on_gpu else "tiny",
+        help=f"model shapes, comma-separated, from {sorted(CONFIGS)}",
+    )
     parser.add_argument("--layers", type=int, default=None, help="default: 1 on GPU, the config's on CPU")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=4096 if on_gpu else 64)
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--fp8", default=",".join(RECIPES) if on_gpu else "",
-                        help="FP8 recipes to add as primus_turbo columns (comma-separated; empty: none; default on a "
-                             "GPU: every recipe)")
-    parser.add_argument("--impl", default="",
-                        help="kernel implementations to add as primus_turbo columns, each as options={'impl': ...} "
-                             "(comma-separated, e.g. triton,native,autotune; with --fp8, also per recipe)")
-    parser.add_argument("--column", action="append", default=[], metavar="NAME=JSON",
-                        help="a primus_turbo column with these backend options, e.g. 'fp8 no norms={\"fp8\": "
-                             "\"tensorwise\", \"rmsnorm\": false}' (repeatable)")
+    parser.add_argument(
+        "--fp8",
+        default=",".join(RECIPES) if on_gpu else "",
+        help="FP8 recipes to add as primus_turbo columns (comma-separated; empty: none; default on a "
+        "GPU: every recipe)",
+    )
+    parser.add_argument(
+        "--impl",
+        default="",
+        help="kernel implementations to add as primus_turbo columns, each as options={'impl': ...} "
+        "(comma-separated, e.g. triton,native,autotune; with --fp8, also per recipe)",
+    )
+    parser.add_argument(
+        "--column",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help='a primus_turbo column with these backend options, e.g. \'fp8 no norms={"fp8": '
+        '"tensorwise", "rmsnorm": false}\' (repeatable)',
+    )
     parser.add_argument("--mode", default="train", choices=("train", "inference"))
-    parser.add_argument("--freezing", action="store_true",
-                        help="inference: compile every column under torch._inductor.config.freezing (parameters "
-                             "become constants; the FP8 linears' weights are quantized when compiling)")
-    parser.add_argument("--frozen-linears", action="store_true",
-                        help="train: the linears' weights want no gradient (a LoRA-style fine-tune of a frozen base "
-                             "model), in every column")
-    parser.add_argument("--dynamic", action="store_true", default=None,
-                        help="compile every column with dynamic=True: symbolic sizes from the start (default: "
-                             "Dynamo's automatic dynamic shapes, after a size changes)")
-    parser.add_argument("--autocast", action="store_true",
-                        help="parameters and input in float32, every column run under torch.autocast in --dtype "
-                             "(mixed-precision training as the Hugging Face Trainer runs it)")
-    parser.add_argument("--kernels", type=int, default=0,
-                        help="GPU: print the N kernels taking most GPU time per column")
+    parser.add_argument(
+        "--freezing",
+        action="store_true",
+        help="inference: compile every column under torch._inductor.config.freezing (parameters "
+        "become constants; the FP8 linears' weights are quantized when compiling)",
+    )
+    parser.add_argument(
+        "--frozen-linears",
+        action="store_true",
+        help="train: the linears' weights want no gradient (a LoRA-style fine-tune of a frozen base "
+        "model), in every column",
+    )
+    parser.add_argument(
+        "--dynamic",
+        action="store_true",
+        default=None,
+        help="compile every column with dynamic=True: symbolic sizes from the start (default: "
+        "Dynamo's automatic dynamic shapes, after a size changes)",
+    )
+    parser.add_argument(
+        "--autocast",
+        action="store_true",
+        help="parameters and input in float32, every column run under torch.autocast in --dtype "
+        "(mixed-precision training as the Hugging Face Trainer runs it)",
+    )
+    parser.add_argument(
+        "--kernels", type=int, default=0, help="GPU: print the N kernels taking most GPU time per column"
+    )
     parser.add_argument("--out", default=os.path.join("benchmarks", "results"), help="folder for the JSON and PNG")
     args = parser.parse_args(argv)
     if args.freezing and args.mode != "inference":
@@ -125,24 +155,41 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
     train = args.mode == "train"
     x = torch.randn(args.batch, args.seq, config.hidden, device=device, dtype=dtype, requires_grad=train)
     cotangent = torch.randn_like(x)
-    print(f"{model_name} x{config.layers} layer(s), batch {args.batch} x seq {args.seq}, {args.dtype}, {device}, "
-          f"{_step_kind(args)}")
+    print(
+        f"{model_name} x{config.layers} layer(s), batch {args.batch} x seq {args.seq}, {args.dtype}, {device}, "
+        f"{_step_kind(args)}"
+    )
 
     columns = [("eager", "eager", None), ("inductor", "inductor", None), ("primus_turbo", "primus_turbo", None)]
     recipes = [recipe for recipe in args.fp8.split(",") if recipe]
     columns += [(f"primus_turbo fp8 {recipe}", "primus_turbo", {"fp8": recipe}) for recipe in recipes]
     impls = [impl for impl in args.impl.split(",") if impl]
-    columns += [(f"primus_turbo{f' fp8 {recipe}' if recipe else ''} impl={impl}", "primus_turbo",
-                 {"impl": impl, **({"fp8": recipe} if recipe else {})}) for impl in impls for recipe in [""] + recipes]
-    columns += [(f"primus_turbo {name}", "primus_turbo", json.loads(options))
-                for name, _, options in (column.partition("=") for column in args.column)]
+    columns += [
+        (
+            f"primus_turbo{f' fp8 {recipe}' if recipe else ''} impl={impl}",
+            "primus_turbo",
+            {"impl": impl, **({"fp8": recipe} if recipe else {})},
+        )
+        for impl in impls
+        for recipe in [""] + recipes
+    ]
+    columns += [
+        (f"primus_turbo {name}", "primus_turbo", json.loads(options))
+        for name, _, options in (column.partition("=") for column in args.column)
+    ]
     # torchao's float8 training compiled by Inductor (the peer), and the same model compiled by primus_turbo, which
     # runs torchao's linears on our fp8_linear where their recipe is one of ours (passes/torchao_float8.py)
     if importlib.util.find_spec("torchao") is not None:
-        columns += [(f"torchao fp8 {recipe}", "inductor", {"torchao": recipe}) for recipe in recipes
-                    if recipe in TORCHAO_RECIPES]
-        columns += [(f"torchao fp8 {recipe} on primus_turbo", "primus_turbo", {"torchao": recipe})
-                    for recipe in recipes if recipe in TORCHAO_ON_OURS]
+        columns += [
+            (f"torchao fp8 {recipe}", "inductor", {"torchao": recipe})
+            for recipe in recipes
+            if recipe in TORCHAO_RECIPES
+        ]
+        columns += [
+            (f"torchao fp8 {recipe} on primus_turbo", "primus_turbo", {"torchao": recipe})
+            for recipe in recipes
+            if recipe in TORCHAO_ON_OURS
+        ]
     results = {}
     from tqdm import tqdm  # comes with transformers; the progress of minutes-long compiles and measurements
 
@@ -165,8 +212,11 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
             convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(options["torchao"]))
             run = torch.compile(model, backend=backend, dynamic=args.dynamic)
         else:
-            run = model if backend == "eager" else torch.compile(model, backend=backend, options=options,
-                                                                 dynamic=args.dynamic)
+            run = (
+                model
+                if backend == "eager"
+                else torch.compile(model, backend=backend, options=options, dynamic=args.dynamic)
+            )
 
         def step():
             with torch.autocast(device, autocast_dtype, enabled=autocast_dtype is not None):
@@ -197,12 +247,21 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
         if "error" in r:
             table.append({"column": name, "error": r["error"]})
             continue
-        table.append({"column": name, "step_ms": r["ms"], "gpu_ms": r["gpu_ms"], "tokens_per_s": tokens / r["ms"] * 1e3,
-                      "model_tflops": flops / r["ms"] / 1e9, "speedup_vs_inductor": ref["ms"] / r["ms"],
-                      "peak_gib": r["peak_gib"], "compile_s": r["compile_s"],
-                      "out_snr_db": snr_db(r["out"], ref["out"]),
-                      "dx_snr_db": snr_db(r["grad"], ref["grad"]) if train else float("nan"),
-                      "rewrites": r.get("rewrites", {})})
+        table.append(
+            {
+                "column": name,
+                "step_ms": r["ms"],
+                "gpu_ms": r["gpu_ms"],
+                "tokens_per_s": tokens / r["ms"] * 1e3,
+                "model_tflops": flops / r["ms"] / 1e9,
+                "speedup_vs_inductor": ref["ms"] / r["ms"],
+                "peak_gib": r["peak_gib"],
+                "compile_s": r["compile_s"],
+                "out_snr_db": snr_db(r["out"], ref["out"]),
+                "dx_snr_db": snr_db(r["grad"], ref["grad"]) if train else float("nan"),
+                "rewrites": r.get("rewrites", {}),
+            }
+        )
     print_table(table)
     report = goals(table)
     for line in report:
@@ -217,25 +276,39 @@ def goals(table: list[dict]) -> list[dict]:
     inductor, report = rows["inductor"], []
     if "primus_turbo" in rows:
         bf16 = rows["primus_turbo"]
-        report.append({"goal": f"primus_turbo bf16 >= {BF16_GOAL:.2f}x Inductor at no more peak memory",
-                       "measured": f"{bf16['speedup_vs_inductor']:.2f}x" + (
-                           "" if math.isnan(bf16["peak_gib"]) else
-                           f", {bf16['peak_gib']:.2f} GiB vs {inductor['peak_gib']:.2f} GiB"),
-                       "met": bf16["speedup_vs_inductor"] >= BF16_GOAL and not
-                       bf16["peak_gib"] > inductor["peak_gib"]})  # nan (CPU) compares False: no memory to exceed
+        report.append(
+            {
+                "goal": f"primus_turbo bf16 >= {BF16_GOAL:.2f}x Inductor at no more peak memory",
+                "measured": f"{bf16['speedup_vs_inductor']:.2f}x"
+                + (
+                    ""
+                    if math.isnan(bf16["peak_gib"])
+                    else f", {bf16['peak_gib']:.2f} GiB vs {inductor['peak_gib']:.2f} GiB"
+                ),
+                "met": bf16["speedup_vs_inductor"] >= BF16_GOAL and not bf16["peak_gib"] > inductor["peak_gib"],
+            }
+        )  # nan (CPU) compares False: no memory to exceed
     for recipe in FP8_GOAL_RECIPES:
         if (fp8 := rows.get(f"primus_turbo fp8 {recipe}")) is not None:
-            report.append({"goal": f"primus_turbo fp8 {recipe} >= {FP8_GOAL:.2f}x Inductor bf16",
-                           "measured": f"{fp8['speedup_vs_inductor']:.2f}x",
-                           "met": fp8["speedup_vs_inductor"] >= FP8_GOAL})
+            report.append(
+                {
+                    "goal": f"primus_turbo fp8 {recipe} >= {FP8_GOAL:.2f}x Inductor bf16",
+                    "measured": f"{fp8['speedup_vs_inductor']:.2f}x",
+                    "met": fp8["speedup_vs_inductor"] >= FP8_GOAL,
+                }
+            )
     ours = [row for name, row in rows.items() if "primus_turbo" in name]
     if ours:
         slowest = max(ours, key=lambda row: row["compile_s"])
         ratio = slowest["compile_s"] / inductor["compile_s"]
-        report.append({"goal": f"compile time <= {COMPILE_GOAL:.2f}x Inductor's, every primus_turbo column",
-                       "measured": f"{ratio:.2f}x at most ({slowest['column']}: {slowest['compile_s']:.1f} s vs "
-                                   f"{inductor['compile_s']:.1f} s)",
-                       "met": ratio <= COMPILE_GOAL})
+        report.append(
+            {
+                "goal": f"compile time <= {COMPILE_GOAL:.2f}x Inductor's, every primus_turbo column",
+                "measured": f"{ratio:.2f}x at most ({slowest['column']}: {slowest['compile_s']:.1f} s vs "
+                f"{inductor['compile_s']:.1f} s)",
+                "met": ratio <= COMPILE_GOAL,
+            }
+        )
     return report
 
 
@@ -276,31 +349,45 @@ def model_flops(model, config, batch: int, seq: int) -> float:
 
 
 def print_table(table: list[dict]) -> None:
-    print(f"{'backend':28s} {'step ms':>9s} {'GPU ms':>8s} {'tokens/s':>10s} {'TFLOP/s':>8s} {'vs inductor':>12s} "
-          f"{'peak GiB':>9s} {'compile s':>10s} {'out SNR dB':>11s} {'dx SNR dB':>10s}")
+    print(
+        f"{'backend':28s} {'step ms':>9s} {'GPU ms':>8s} {'tokens/s':>10s} {'TFLOP/s':>8s} {'vs inductor':>12s} "
+        f"{'peak GiB':>9s} {'compile s':>10s} {'out SNR dB':>11s} {'dx SNR dB':>10s}"
+    )
     for row in table:
         if "error" in row:
             print(f"{row['column']:28s} failed: {row['error']}")
             continue
-        print(f"{row['column']:28s} {row['step_ms']:9.3f} {row['gpu_ms']:8.3f} {row['tokens_per_s']:10.0f} "
-              f"{row['model_tflops']:8.1f} {row['speedup_vs_inductor']:11.2f}x {row['peak_gib']:9.2f} {row['compile_s']:10.1f} "
-              f"{row['out_snr_db']:11.1f} {row['dx_snr_db']:10.1f}")
+        print(
+            f"{row['column']:28s} {row['step_ms']:9.3f} {row['gpu_ms']:8.3f} {row['tokens_per_s']:10.0f} "
+            f"{row['model_tflops']:8.1f} {row['speedup_vs_inductor']:11.2f}x {row['peak_gib']:9.2f} "
+            f"{row['compile_s']:10.1f} {row['out_snr_db']:11.1f} {row['dx_snr_db']:10.1f}"
+        )
 
 
 def _stem(args, name: str) -> str:
     os.makedirs(args.out, exist_ok=True)
-    return os.path.join(args.out, name + ("" if args.mode == "train" else f"_{args.mode}")
-                        + ("_frozen" if args.freezing else "") + ("_frozen_linears" if args.frozen_linears else "")
-                        + ("_autocast" if args.autocast else "") + ("_dynamic" if args.dynamic else ""))
+    return os.path.join(
+        args.out,
+        name
+        + ("" if args.mode == "train" else f"_{args.mode}")
+        + ("_frozen" if args.freezing else "")
+        + ("_frozen_linears" if args.frozen_linears else "")
+        + ("_autocast" if args.autocast else "")
+        + ("_dynamic" if args.dynamic else ""),
+    )
 
 
 def _environment() -> dict:
     import triton
 
     on_gpu = torch.cuda.is_available()
-    return {"date": datetime.date.today().isoformat(), "device": "cuda" if on_gpu else "cpu",
-            "gpu": torch.cuda.get_device_name() if on_gpu else None, "torch": torch.__version__,
-            "triton": triton.__version__}
+    return {
+        "date": datetime.date.today().isoformat(),
+        "device": "cuda" if on_gpu else "cpu",
+        "gpu": torch.cuda.get_device_name() if on_gpu else None,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+    }
 
 
 def _pyplot():
@@ -314,8 +401,12 @@ def _pyplot():
 
 def _step_kind(args) -> str:
     kind = "training step" if args.mode == "train" else "inference forward" + (", frozen" if args.freezing else "")
-    return (kind + (", linears frozen" if args.frozen_linears else "") + (", autocast" if args.autocast else "")
-            + (", dynamic=True" if args.dynamic else ""))
+    return (
+        kind
+        + (", linears frozen" if args.frozen_linears else "")
+        + (", autocast" if args.autocast else "")
+        + (", dynamic=True" if args.dynamic else "")
+    )
 
 
 def write_outputs(args, name: str, config, table: list[dict], report: list[dict]) -> None:
@@ -323,12 +414,28 @@ def write_outputs(args, name: str, config, table: list[dict], report: list[dict]
     column)."""
     stem, environment = _stem(args, f"model_{name}"), _environment()
     with open(stem + ".json", "w") as f:
-        json.dump({"environment": environment, "mode": args.mode, "freezing": args.freezing,
-                   "frozen_linears": args.frozen_linears, "autocast": args.autocast, "dynamic": bool(args.dynamic),
-                   "config": {**config.__dict__, "batch": args.batch, "seq": args.seq},
-                   "columns": table, "goals": report}, f, indent=1, default=str)
-    _speedup_chart(stem, {name: table}, f"{name} x{config.layers} layer(s), batch {args.batch} x seq {args.seq}, "
-                   f"{_step_kind(args)} ({environment['gpu'] or 'CPU'})")
+        json.dump(
+            {
+                "environment": environment,
+                "mode": args.mode,
+                "freezing": args.freezing,
+                "frozen_linears": args.frozen_linears,
+                "autocast": args.autocast,
+                "dynamic": bool(args.dynamic),
+                "config": {**config.__dict__, "batch": args.batch, "seq": args.seq},
+                "columns": table,
+                "goals": report,
+            },
+            f,
+            indent=1,
+            default=str,
+        )
+    _speedup_chart(
+        stem,
+        {name: table},
+        f"{name} x{config.layers} layer(s), batch {args.batch} x seq {args.seq}, "
+        f"{_step_kind(args)} ({environment['gpu'] or 'CPU'})",
+    )
     print(f"wrote {stem}.json and {stem}.png")
 
 
@@ -336,10 +443,15 @@ def write_summary(args, tables: dict[str, list[dict]]) -> None:
     """``models.json`` (every model's table) and ``models.png``: each column's speedup over Inductor, per model."""
     stem, environment = _stem(args, "models"), _environment()
     with open(stem + ".json", "w") as f:
-        json.dump({"environment": environment, "mode": args.mode, "batch": args.batch, "seq": args.seq,
-                   "models": tables}, f, indent=1, default=str)
-    _speedup_chart(stem, tables, f"batch {args.batch} x seq {args.seq}, {_step_kind(args)} "
-                   f"({environment['gpu'] or 'CPU'})")
+        json.dump(
+            {"environment": environment, "mode": args.mode, "batch": args.batch, "seq": args.seq, "models": tables},
+            f,
+            indent=1,
+            default=str,
+        )
+    _speedup_chart(
+        stem, tables, f"batch {args.batch} x seq {args.seq}, {_step_kind(args)} ({environment['gpu'] or 'CPU'})"
+    )
     print(f"wrote {stem}.json and {stem}.png")
 
 
@@ -351,8 +463,10 @@ def _speedup_chart(stem: str, tables: dict[str, list[dict]], title: str) -> None
     height = 0.8 / len(tables)
     fig, ax = plt.subplots(figsize=(8, 1.0 + 0.22 * len(columns) * max(1.5, len(tables))))
     for m, (model, table) in enumerate(tables.items()):
-        speedups = [next((row.get("speedup_vs_inductor", math.nan) for row in table if row["column"] == column),
-                         math.nan) for column in columns]
+        speedups = [
+            next((row.get("speedup_vs_inductor", math.nan) for row in table if row["column"] == column), math.nan)
+            for column in columns
+        ]
         offsets = [n + (m - (len(tables) - 1) / 2) * height for n in range(len(columns))]
         bars = ax.barh(offsets, speedups, height, label=model, color=plt.cm.tab10(m % 10))
         ax.bar_label(bars, fmt="%.2fx", fontsize=7, padding=2)

@@ -1,6 +1,7 @@
 """The SwiGLU Triton kernels' launch heuristics swept on the GPU: GPU time of the forward and the backward kernel,
 called directly, per tiling, against Inductor's kernels for the same math in the same run. It chose the constants
 in ``turbo_inductor/kernels/triton/glu.py``. python benchmarks/sweep_glu_tiles.py [--shapes 8192x14336]"""
+
 from __future__ import annotations
 
 import argparse
@@ -8,7 +9,6 @@ import itertools
 
 import torch
 import torch.nn.functional as F
-
 from common import environment, fwd_bwd_step, gpu_ms
 
 # (TILE_ELEMENTS, TILE_ELEMENTS_PER_THREAD, MAX_BLOCK_F) tried; the module's own values are always included.
@@ -35,8 +35,10 @@ def main():
 
     default = (glu.TILE_ELEMENTS, glu.TILE_ELEMENTS_PER_THREAD, glu.MAX_BLOCK_F)
     print(f"# glu tiles: {environment()}; module default {default}")
-    print("| shape | tile elements | per thread | max block F | fwd GPU ms | fwd+bwd GPU ms | fwd vs inductor | "
-          "fwd+bwd vs inductor |")
+    print(
+        "| shape | tile elements | per thread | max block F | fwd GPU ms | fwd+bwd GPU ms | fwd vs inductor | "
+        "fwd+bwd vs inductor |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for shape in args.shapes.split(","):
         rows, width = map(int, shape.split("x"))
@@ -48,8 +50,11 @@ def main():
             fwd = gpu_ms(lambda: glu.glu_fwd(g, u, None, None, "silu"))
             bwd = fwd + gpu_ms(lambda: glu.glu_bwd(dout, g, u, None, None, "silu", False))
             mark = " (default)" if (tile, per_thread, max_f) == default else ""
-            print(f"| {shape} | {tile}{mark} | {per_thread} | {max_f} | {fwd:.4f} | {bwd:.4f} | "
-                  f"{ind_fwd / fwd:.3f}x | {ind_bwd / bwd:.3f}x |", flush=True)
+            print(
+                f"| {shape} | {tile}{mark} | {per_thread} | {max_f} | {fwd:.4f} | {bwd:.4f} | "
+                f"{ind_fwd / fwd:.3f}x | {ind_bwd / bwd:.3f}x |",
+                flush=True,
+            )
         glu.TILE_ELEMENTS, glu.TILE_ELEMENTS_PER_THREAD, glu.MAX_BLOCK_F = default
 
 

@@ -1,4 +1,5 @@
 """Run one model under backend="inductor" and backend="primus_turbo" on the same inputs; compare everything."""
+
 from __future__ import annotations
 
 import collections
@@ -6,9 +7,9 @@ import copy
 import math
 
 import torch
+from conftest import DEVICE, TOLERANCE
 
 import turbo_inductor
-from conftest import DEVICE, TOLERANCE
 
 
 def snr_db(out, ref) -> float:
@@ -41,8 +42,9 @@ def run(model, inputs, backend, train=True, options=None, dynamic=None, cotangen
     grads = []
     if train:
         gen = torch.Generator().manual_seed(1)
-        cotangents = [torch.randn(o.shape, generator=gen).to(cotangent_dtype or o.dtype).to(o.device, o.dtype)
-                      for o in outs]
+        cotangents = [
+            torch.randn(o.shape, generator=gen).to(cotangent_dtype or o.dtype).to(o.device, o.dtype) for o in outs
+        ]
         torch.autograd.backward(outs, cotangents)
         grads = [t.grad for t in inputs if t.requires_grad] + [p.grad for p in model.parameters()]
     return [o.detach() for o in outs], grads
@@ -67,7 +69,9 @@ def assert_matches_inductor(model, inputs, train=True, options=None, dynamic=Non
             tol = TOLERANCE[dtype] * (2 if dtype in (torch.bfloat16, torch.float16) else 1)
             # gradients of weights are sums over rows: compare at the scale of the tensor
             atol = tol * max(1.0, w.abs().max().item()) if kind == "gradient" else tol
-            torch.testing.assert_close(g.double(), w.double(), rtol=tol, atol=atol, equal_nan=True, msg=lambda m: f"{kind} {i}: {m}")
+            torch.testing.assert_close(
+                g.double(), w.double(), rtol=tol, atol=atol, equal_nan=True, msg=lambda m: f"{kind} {i}: {m}"
+            )
     return collections.Counter(turbo_inductor.rewrite_counts())
 
 
@@ -76,8 +80,9 @@ def assert_as_accurate_as_inductor(model, inputs, train=True, options=None):
     than twice the gate while both are fine: primus_turbo's outputs and gradients must be no farther from the
     float64 truth (the model run eagerly in float64) than Inductor's, give or take the dtype's gate at the scale of
     the tensor. Returns primus_turbo's rewrite counts."""
-    truth = run(copy.deepcopy(model).double(), [t.double() for t in inputs], "eager", train,
-                cotangent_dtype=inputs[0].dtype)
+    truth = run(
+        copy.deepcopy(model).double(), [t.double() for t in inputs], "eager", train, cotangent_dtype=inputs[0].dtype
+    )
     expected = run(model, inputs, "inductor", train)
     turbo_inductor.reset_records()
     actual = run(model, inputs, "primus_turbo", train, options=options)

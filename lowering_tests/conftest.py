@@ -20,8 +20,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # Files whose tests compile whole models, the longest first (seconds to minutes each on CPU). They run before the
 # rest: pytest-xdist hands tests out in this order, and a long test handed out last kept one worker busy for minutes
 # after the other had finished (with --dist worksteal the idle worker then takes the short tests still queued).
-LONG_FIRST = ("test_main_job.py", "test_hf_llama.py", "test_fp8_producers.py", "test_hf_models.py",
-              "test_fp8_linear.py", "test_gemm_allreduce.py", "test_gemm_allreduce_dgrad.py", "test_gemm_push.py")
+LONG_FIRST = (
+    "test_main_job.py",
+    "test_hf_llama.py",
+    "test_fp8_producers.py",
+    "test_hf_models.py",
+    "test_fp8_linear.py",
+    "test_gemm_allreduce.py",
+    "test_gemm_allreduce_dgrad.py",
+    "test_gemm_push.py",
+)
 
 
 def pytest_collection_modifyitems(items):

@@ -1,4 +1,5 @@
 """The backend itself: registration, options and environment, logging, fallback on a failing pass, cache key."""
+
 import importlib.metadata
 import logging
 import warnings
@@ -6,9 +7,9 @@ import warnings
 import pytest
 import torch
 import torch.nn as nn
+from compare import assert_matches_inductor, default_counts, kernel_calls
 
 import turbo_inductor
-from compare import assert_matches_inductor, default_counts, kernel_calls
 from turbo_inductor.options import Options
 from turbo_inductor.passes import PASSES, PassManager
 from turbo_inductor.passes.rmsnorm import RMSNormPass
@@ -20,8 +21,9 @@ def norm_model():
 
 def run(options=None):
     model, x = norm_model(), torch.randn(4, 32)
-    torch.testing.assert_close(torch.compile(model, backend="primus_turbo", options=options)(x), model(x),
-                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        torch.compile(model, backend="primus_turbo", options=options)(x), model(x), rtol=1e-4, atol=1e-4
+    )
 
 
 def test_registered_by_entry_point_only():
@@ -71,11 +73,14 @@ def test_freezing_as_an_option_is_named_as_freezing_nothing():
     assert not [w for w in seen if "freezes no parameter" in str(w.message)]
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"rmsnrom": True}, "unknown option 'rmsnrom'"),
-    ({"rmsnorm": "maybe"}, "option 'rmsnorm' takes true/false"),
-    ({"impl": "cutlass"}, "unknown implementation 'cutlass'"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"rmsnrom": True}, "unknown option 'rmsnrom'"),
+        ({"rmsnorm": "maybe"}, "option 'rmsnorm' takes true/false"),
+        ({"impl": "cutlass"}, "unknown implementation 'cutlass'"),
+    ],
+)
 def test_bad_options_are_named(options, message):
     with pytest.raises(Exception, match=message):
         run(options)
@@ -98,7 +103,8 @@ def test_failing_pass_falls_back_with_one_warning_unless_strict(monkeypatch):
     torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
     assert [str(w.message) for w in caught if "primus_turbo" in str(w.message)] == [
         "primus_turbo: pass rmsnorm failed and was skipped for this graph (RuntimeError('boom')); "
-        "set options={'strict': True} to raise instead"]
+        "set options={'strict': True} to raise instead"
+    ]
     assert turbo_inductor.compile_records()[-1].failures == [("rmsnorm", "RuntimeError('boom')")]
     torch._dynamo.reset()
     with pytest.raises(Exception, match="boom"):

@@ -1,5 +1,6 @@
 """Every public op on bad input, called eagerly and inside a compiled function: an error that names the op and the
 problem, or a defined result (an empty input gives an empty result and gradients; NaN stays in its own row)."""
+
 import pytest
 import torch
 
@@ -15,21 +16,31 @@ def randn(*shape):
 
 # op name in messages: (call, good inputs by row count, bad inputs, the problem the message names)
 CASES = {
-    "rmsnorm": (lambda x, w: ops.rmsnorm(x, w),
-                lambda rows: [randn(rows, 16), randn(16)],
-                [randn(4, 16), randn(8)], "weight has shape"),
-    "rmsnorm_residual": (lambda x, r, w: ops.rmsnorm_residual(x, r, w)[0],
-                         lambda rows: [randn(rows, 16), randn(rows, 16), randn(16)],
-                         [randn(4, 16), randn(4, 8), randn(16)], "residual"),
-    "glu": (lambda g, u: ops.swiglu(g, u),
-            lambda rows: [randn(rows, 16), randn(rows, 16)],
-            [randn(4, 16), randn(4, 8)], "must match gate"),
-    "glu_fused": (lambda x: ops.glu_fused(x),
-                  lambda rows: [randn(rows, 32)],
-                  [randn(4, 15)], "must be even"),
-    "fp8_linear": (lambda x, w: ops.fp8_linear(x, w, None, "rowwise", impl="reference"),
-                   lambda rows: [randn(rows, 32), randn(16, 32)],
-                   [randn(4, 32), randn(16, 48)], "weight must be"),
+    "rmsnorm": (
+        lambda x, w: ops.rmsnorm(x, w),
+        lambda rows: [randn(rows, 16), randn(16)],
+        [randn(4, 16), randn(8)],
+        "weight has shape",
+    ),
+    "rmsnorm_residual": (
+        lambda x, r, w: ops.rmsnorm_residual(x, r, w)[0],
+        lambda rows: [randn(rows, 16), randn(rows, 16), randn(16)],
+        [randn(4, 16), randn(4, 8), randn(16)],
+        "residual",
+    ),
+    "glu": (
+        lambda g, u: ops.swiglu(g, u),
+        lambda rows: [randn(rows, 16), randn(rows, 16)],
+        [randn(4, 16), randn(4, 8)],
+        "must match gate",
+    ),
+    "glu_fused": (lambda x: ops.glu_fused(x), lambda rows: [randn(rows, 32)], [randn(4, 15)], "must be even"),
+    "fp8_linear": (
+        lambda x, w: ops.fp8_linear(x, w, None, "rowwise", impl="reference"),
+        lambda rows: [randn(rows, 32), randn(16, 32)],
+        [randn(4, 32), randn(16, 48)],
+        "weight must be",
+    ),
 }
 
 

@@ -1,15 +1,15 @@
 """The kernel dispatcher: implementations that take only some arguments, forced implementations, autotuning (per
 argument signature, once, on tensors being traced too), and the backend option that turns autotuning on."""
+
 import time
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-
 import torch.nn as nn
-
 from compare import assert_matches_inductor
 from conftest import DEVICE
+from torch._subclasses.fake_tensor import FakeTensorMode
+
 from turbo_inductor.kernels import registry
 
 KERNEL = "test_dispatcher_scale"
@@ -24,8 +24,13 @@ def _not_on(device):
     return "never available here"
 
 
-@registry.implementation(KERNEL, "slow", priority=30, unavailable_reason=_available,
-                         supports=lambda x, factor: None if factor > 0 else "positive factors only")
+@registry.implementation(
+    KERNEL,
+    "slow",
+    priority=30,
+    unavailable_reason=_available,
+    supports=lambda x, factor: None if factor > 0 else "positive factors only",
+)
 def _slow(x, factor):
     CALLS.append("slow")
     time.sleep(0.002)  # sure to lose every measurement
@@ -117,8 +122,13 @@ def test_unknown_implementation_is_named():
 
 def test_no_implementation_taking_the_arguments_is_named():
     kernel = "test_dispatcher_picky"
-    registry.implementation(kernel, "picky", priority=1, unavailable_reason=_available,
-                            supports=lambda x: "odd sizes only" if x.numel() % 2 == 0 else None)(lambda x: x)
+    registry.implementation(
+        kernel,
+        "picky",
+        priority=1,
+        unavailable_reason=_available,
+        supports=lambda x: "odd sizes only" if x.numel() % 2 == 0 else None,
+    )(lambda x: x)
     with pytest.raises(ValueError, match=r"no implementation of test_dispatcher_picky takes .*picky: odd sizes only"):
         registry.select(kernel, torch.device("cpu"))(torch.randn(4))
     assert registry.select(kernel, torch.device("cpu"))(torch.ones(3)).sum() == 3

@@ -1,13 +1,14 @@
 """The Triton FP8 GEMM against the fp32 emulation (the reference implementation) for every scaling granularity of
 the recipes, odd sizes included, and through fp8_linear forward and backward. On CPU the kernel runs in Triton's
 interpreter (small sizes); test_gpu.py runs it at real sizes."""
+
 from __future__ import annotations
 
 import pytest
 import torch
+from conftest import DEVICE
 
 import turbo_inductor
-from conftest import DEVICE
 from turbo_inductor.kernels import registry
 from turbo_inductor.kernels.reference import fp8_gemm as reference_gemm
 from turbo_inductor.kernels.reference import fp8_quant as reference_quant
@@ -110,13 +111,22 @@ def _scaled_mm_checked(a, b, scale_a, scale_b, out_dtype, use_fast_accum=False):
     if scale_a.dim() == 2 and scale_a.shape[1] > 1:  # 1x128 blocks: K-block-major
         assert scale_a.stride() == (1, m), scale_a.stride()
         assert scale_b.stride() == ((1, scale_b.shape[0]) if scale_b.shape[1] < n else (n, 1)), scale_b.stride()
-    expand = (lambda s, t: reference_gemm.expand_scale(s.reshape(s.shape if s.dim() == 2 else (1, 1)), t.shape))
+
+    def expand(s, t):
+        return reference_gemm.expand_scale(s.reshape(s.shape if s.dim() == 2 else (1, 1)), t.shape)
+
     return ((a.float() * expand(scale_a, a)) @ (b.float() * expand(scale_b, b))).to(out_dtype)
 
 
-@pytest.mark.parametrize("granularity, a_block, b_block", [
-    ("tensorwise", (0, 0), (0, 0)), ("rowwise", (1, 0), (1, 0)),
-    ("blockwise forward and dgrad", (1, 128), (128, 128)), ("blockwise wgrad", (1, 128), (1, 128))])
+@pytest.mark.parametrize(
+    "granularity, a_block, b_block",
+    [
+        ("tensorwise", (0, 0), (0, 0)),
+        ("rowwise", (1, 0), (1, 0)),
+        ("blockwise forward and dgrad", (1, 128), (128, 128)),
+        ("blockwise wgrad", (1, 128), (1, 128)),
+    ],
+)
 @pytest.mark.parametrize("M", [1, 33, 256])
 def test_vendor_gemm_lays_out_the_scales_torch_scaled_mm_takes(monkeypatch, granularity, a_block, b_block, M):
     """The vendor GEMM's padding and scale layouts, on a CPU: torch._scaled_mm replaced by a checked emulation."""

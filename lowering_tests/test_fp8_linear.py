@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-import turbo_inductor
 from compare import assert_ran, frozen_and_not, kernel_calls, ops_after, run, snr_db
 from conftest import DEVICE
+
+import turbo_inductor
 from turbo_inductor.ops.fp8_linear import RECIPES, quantize_weight
 
 GRADIENT_GATE = {"e4m3": 25.0, "e5m2": 20.0}  # shared/targets.md
@@ -55,40 +55,52 @@ def test_opcheck(recipe):
     # x^T and W^T come quantized from the forward; x itself only for a high-precision wgrad
     saved = fwd(x.detach(), w.detach(), b.detach(), recipe, "reference")[1:]
     x_saved = x.detach() if RECIPES[recipe].high_precision_wgrad else None
-    torch.library.opcheck(torch.ops.turbo_inductor.fp8_linear_bwd,
-                          (torch.randn(2, 16, 32, device=DEVICE), x_saved, w.detach(), *saved, recipe, "reference"),
-                          test_utils=no_schema)
+    torch.library.opcheck(
+        torch.ops.turbo_inductor.fp8_linear_bwd,
+        (torch.randn(2, 16, 32, device=DEVICE), x_saved, w.detach(), *saved, recipe, "reference"),
+        test_utils=no_schema,
+    )
     # a weight that wants no gradient: no x^T saved, an empty dweight
     torch.library.opcheck(fwd, (x, w.detach(), b, recipe, "reference", None, None, False), test_utils=no_schema[:2])
     saved = fwd(x.detach(), w.detach(), b.detach(), recipe, "reference", None, None, False)[1:]
     assert saved[0].dim() == 1
-    dx, dweight = torch.ops.turbo_inductor.fp8_linear_bwd(torch.randn(2, 16, 32, device=DEVICE), None, w.detach(),
-                                                          *saved, recipe, "reference")
+    dx, dweight = torch.ops.turbo_inductor.fp8_linear_bwd(
+        torch.randn(2, 16, 32, device=DEVICE), None, w.detach(), *saved, recipe, "reference"
+    )
     assert dx.shape == x.shape and dweight.shape == (0,)
-    torch.library.opcheck(torch.ops.turbo_inductor.fp8_linear_bwd,
-                          (torch.randn(2, 16, 32, device=DEVICE), None, w.detach(), *saved, recipe, "reference"),
-                          test_utils=no_schema)
+    torch.library.opcheck(
+        torch.ops.turbo_inductor.fp8_linear_bwd,
+        (torch.randn(2, 16, 32, device=DEVICE), None, w.detach(), *saved, recipe, "reference"),
+        test_utils=no_schema,
+    )
     # no W^T saved (save_weight_t False): the backward quantizes it from W
     torch.library.opcheck(fwd, (x, w, b, recipe, "reference", None, None, True, False), test_utils=no_schema[:2])
     saved = fwd(x.detach(), w.detach(), b.detach(), recipe, "reference", None, None, True, False)[1:]
     assert saved[2].dim() == 1
-    torch.library.opcheck(torch.ops.turbo_inductor.fp8_linear_bwd,
-                          (torch.randn(2, 16, 32, device=DEVICE), x_saved, w.detach(), *saved, recipe, "reference"),
-                          test_utils=no_schema)
+    torch.library.opcheck(
+        torch.ops.turbo_inductor.fp8_linear_bwd,
+        (torch.randn(2, 16, 32, device=DEVICE), x_saved, w.detach(), *saved, recipe, "reference"),
+        test_utils=no_schema,
+    )
     torch.library.opcheck(torch.ops.turbo_inductor.fp8_linear, (x, w, b, recipe, "reference", None, None, False))
     q = torch.ops.turbo_inductor.fp8_quantize(x.detach()[0], torch.float8_e4m3fn, 1, 64, False, False, "reference")
-    torch.library.opcheck(torch.ops.turbo_inductor.fp8_quantize,
-                          (x.detach()[0], torch.float8_e4m3fn, 1, 64, True, False, "reference"))
-    torch.library.opcheck(torch.ops.turbo_inductor.fp8_gemm, (q[0], q[1], q[0], q[1], torch.float32, "reference"),
-                          test_utils=no_schema)
+    torch.library.opcheck(
+        torch.ops.turbo_inductor.fp8_quantize, (x.detach()[0], torch.float8_e4m3fn, 1, 64, True, False, "reference")
+    )
+    torch.library.opcheck(
+        torch.ops.turbo_inductor.fp8_gemm, (q[0], q[1], q[0], q[1], torch.float32, "reference"), test_utils=no_schema
+    )
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: turbo_inductor.ops.fp8_linear(make(4, 64), make(32, 64), None, "fp4"), "recipe must be one of"),
-    (lambda: turbo_inductor.ops.fp8_linear(make(4, 64), make(30, 64)), "multiples of 16"),
-    (lambda: turbo_inductor.ops.fp8_linear(make(4, 64), make(32, 48)), "K = x.shape"),
-    (lambda: turbo_inductor.ops.fp8_linear(make(4, 64), make(32, 64), make(31)), "bias must be"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: turbo_inductor.ops.fp8_linear(make(4, 64), make(32, 64), None, "fp4"), "recipe must be one of"),
+        (lambda: turbo_inductor.ops.fp8_linear(make(4, 64), make(30, 64)), "multiples of 16"),
+        (lambda: turbo_inductor.ops.fp8_linear(make(4, 64), make(32, 48)), "K = x.shape"),
+        (lambda: turbo_inductor.ops.fp8_linear(make(4, 64), make(32, 64), make(31)), "bias must be"),
+    ],
+)
 def test_bad_input_is_named(call, message):
     with pytest.raises(ValueError, match=message):
         call()
@@ -107,11 +119,14 @@ class MLP(nn.Module):
 
 def fp8_twin(model, recipe):
     """The same model written by hand with the FP8 op: what the rewrite must compute."""
+
     def forward(x):
         def lin(layer):
             return lambda t: turbo_inductor.ops.fp8_linear(t, layer.weight, layer.bias, recipe, impl="reference")
+
         h = lin(model.down)(F.gelu(lin(model.up)(x)))
         return lin(model.head)(h), model.odd(h)
+
     return forward
 
 
@@ -154,8 +169,9 @@ def test_under_autocast_every_linear_becomes_fp8_in_the_autocast_dtype(recipe):
         assert turbo_inductor.rewrite_counts()["fp8"] == 3  # x fp32 for the first, bf16 for the others
         assert run(model, [x], "inductor")[0][0].dtype == out.dtype == torch.bfloat16
     assert all(g.dtype == torch.float32 for g in grads)
-    (want,), want_grads = run(copy.deepcopy(model).to(torch.bfloat16), [x.to(torch.bfloat16)], "primus_turbo",
-                              options=options)
+    (want,), want_grads = run(
+        copy.deepcopy(model).to(torch.bfloat16), [x.to(torch.bfloat16)], "primus_turbo", options=options
+    )
     if DEVICE == "cuda":
         # Two different GPU graphs: a last-bit difference anywhere (cuBLASLt's kernel choice for other buffers,
         # Inductor's fusions around the casts) moves an amax, and with it the FP8 rounding of a whole row or tensor:
@@ -166,7 +182,7 @@ def test_under_autocast_every_linear_becomes_fp8_in_the_autocast_dtype(recipe):
         return
     torch.testing.assert_close(out, want, rtol=0, atol=0)
     for got, expected in zip(grads, want_grads):
-        torch.testing.assert_close(got, expected.float(), rtol=2 ** -8, atol=0)
+        torch.testing.assert_close(got, expected.float(), rtol=2**-8, atol=0)
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="traced into the graph on the GPU: test_gpu.py reads its code")
@@ -190,12 +206,19 @@ def test_frozen_inference_of_random_stacks_of_linears():
     hypothesis = pytest.importorskip("hypothesis")
     st = hypothesis.strategies
 
-    @hypothesis.settings(max_examples=int(os.environ.get("TURBO_FUZZ_EXAMPLES", "4")), deadline=None,
-                         derandomize="TURBO_FUZZ_EXAMPLES" not in os.environ,
-                         suppress_health_check=list(hypothesis.HealthCheck))
-    @hypothesis.given(widths=st.lists(st.sampled_from([16, 32, 48, 128]), min_size=2, max_size=4),
-                      biases=st.lists(st.booleans(), min_size=3, max_size=3), recipe=st.sampled_from(sorted(RECIPES)),
-                      dtype=st.sampled_from([torch.float32, torch.bfloat16]), rows=st.integers(1, 9))
+    @hypothesis.settings(
+        max_examples=int(os.environ.get("TURBO_FUZZ_EXAMPLES", "4")),
+        deadline=None,
+        derandomize="TURBO_FUZZ_EXAMPLES" not in os.environ,
+        suppress_health_check=list(hypothesis.HealthCheck),
+    )
+    @hypothesis.given(
+        widths=st.lists(st.sampled_from([16, 32, 48, 128]), min_size=2, max_size=4),
+        biases=st.lists(st.booleans(), min_size=3, max_size=3),
+        recipe=st.sampled_from(sorted(RECIPES)),
+        dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+        rows=st.integers(1, 9),
+    )
     def check(widths, biases, recipe, dtype, rows):
         torch.manual_seed(0)
         layers = [nn.Linear(i, o, bias=b) for i, o, b in zip(widths, widths[1:], biases)]
@@ -228,32 +251,43 @@ def test_quantized_weight_gives_the_same_forward():
     inference = torch.ops.turbo_inductor.fp8_linear_inference
     for recipe in sorted(RECIPES):
         w_q, w_scale = quantize_weight(w.detach(), recipe, EXACT_IMPL)
-        torch.testing.assert_close(inference(x, None, b, recipe, EXACT_IMPL, None, None, w_q, w_scale),
-                                   inference(x, w, b, recipe, EXACT_IMPL), rtol=0, atol=0)
+        torch.testing.assert_close(
+            inference(x, None, b, recipe, EXACT_IMPL, None, None, w_q, w_scale),
+            inference(x, w, b, recipe, EXACT_IMPL),
+            rtol=0,
+            atol=0,
+        )
     # fp8 inputs: the schema test compares them, which fp8 tensors cannot on CPU (as test_opcheck)
     w_q, w_scale = quantize_weight(w.detach(), "rowwise", "reference")
-    torch.library.opcheck(inference, (x, None, b, "rowwise", "reference", None, None, w_q, w_scale),
-                          test_utils=("test_autograd_registration", "test_faketensor"))
+    torch.library.opcheck(
+        inference,
+        (x, None, b, "rowwise", "reference", None, None, w_q, w_scale),
+        test_utils=("test_autograd_registration", "test_faketensor"),
+    )
 
 
 def _quantized_weight(recipe="rowwise", shape=(32, 64)):
     return quantize_weight(torch.randn(*shape, device=DEVICE), recipe, "reference")
 
 
-@pytest.mark.parametrize("args, message", [
-    (lambda: (make(32, 64), *_quantized_weight()), "one of them, got both"),
-    (lambda: (None, None, None), "one of them, got neither"),
-    (lambda: (None, _quantized_weight()[0], None), "w_q and w_scale must be given together"),
-    (lambda: (None, _quantized_weight()[0].float(), _quantized_weight()[1]), "w_q must be"),
-    (lambda: (None, *_quantized_weight(shape=(32, 48))), "w_q must be"),
-    (lambda: (None, *_quantized_weight("blockwise")), "w_scale must be the rowwise scales of w"),
-    (lambda: (None, *_quantized_weight(shape=(24, 64))), "multiples of 16"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (lambda: (make(32, 64), *_quantized_weight()), "one of them, got both"),
+        (lambda: (None, None, None), "one of them, got neither"),
+        (lambda: (None, _quantized_weight()[0], None), "w_q and w_scale must be given together"),
+        (lambda: (None, _quantized_weight()[0].float(), _quantized_weight()[1]), "w_q must be"),
+        (lambda: (None, *_quantized_weight(shape=(32, 48))), "w_q must be"),
+        (lambda: (None, *_quantized_weight("blockwise")), "w_scale must be the rowwise scales of w"),
+        (lambda: (None, *_quantized_weight(shape=(24, 64))), "multiples of 16"),
+    ],
+)
 def test_bad_quantized_weight_is_named(args, message):
     weight, w_q, w_scale = args()
     with pytest.raises(ValueError, match=message):
-        torch.ops.turbo_inductor.fp8_linear_inference(make(4, 64), weight, None, "rowwise", "reference", None, None,
-                                                      w_q, w_scale)
+        torch.ops.turbo_inductor.fp8_linear_inference(
+            make(4, 64), weight, None, "rowwise", "reference", None, None, w_q, w_scale
+        )
 
 
 @pytest.mark.parametrize("impl", [EXACT_IMPL] + (["triton"] if DEVICE == "cpu" else []))
@@ -288,8 +322,11 @@ def test_option_save_weight_t_false_keeps_no_weight_copy_for_the_backward(recipe
     for save in (True, False):
         torch._dynamo.reset()
         turbo_inductor.reset_records()
-        compiled = torch.compile(model, backend="primus_turbo", options={
-            "fp8": {"recipe": recipe, "save_weight_t": save}, "impl": EXACT_IMPL, "record_graphs": True})
+        compiled = torch.compile(
+            model,
+            backend="primus_turbo",
+            options={"fp8": {"recipe": recipe, "save_weight_t": save}, "impl": EXACT_IMPL, "record_graphs": True},
+        )
         compiled(x.clone().requires_grad_())[0].sum().backward()  # compiles: fake tensors have no storage to hook
         model.zero_grad()
         storages = {}
@@ -339,8 +376,9 @@ def test_rewrite_turns_every_eligible_linear_into_fp8(recipe):
 def test_a_growing_batch_recompiles_once_as_inductor_does():
     """The whole-tensor blocks take no side on rows <= columns: no guard, no third compile past the in-features."""
     torch._dynamo.reset()
-    compiled = torch.compile(nn.Linear(64, 32), backend="primus_turbo", options={"fp8": "tensorwise",
-                                                                                "impl": "reference"})
+    compiled = torch.compile(
+        nn.Linear(64, 32), backend="primus_turbo", options={"fp8": "tensorwise", "impl": "reference"}
+    )
     turbo_inductor.reset_records()
     for rows in (4, 48, 80):  # below and above the 64 in-features
         compiled(torch.randn(rows, 64, requires_grad=True)).sum().backward()
@@ -364,8 +402,12 @@ def test_off_by_default_and_bad_recipes_are_named():
     with pytest.raises(Exception, match="option 'fp8' takes one of"):
         run(MLP(), [torch.randn(2, 8, 64)], "primus_turbo", options={"fp8": "int4"})
     with pytest.raises(Exception, match="option 'fp8.save_weight_t' takes true/false, got 'maybe'"):
-        run(MLP(), [torch.randn(2, 8, 64)], "primus_turbo",
-            options={"fp8": {"recipe": "rowwise", "save_weight_t": "maybe"}})
+        run(
+            MLP(),
+            [torch.randn(2, 8, 64)],
+            "primus_turbo",
+            options={"fp8": {"recipe": "rowwise", "save_weight_t": "maybe"}},
+        )
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
@@ -431,8 +473,14 @@ class HandQuantized(nn.Module):
         sx, sw = self.scale(x, self.x_dim), self.scale(self.w, self.w_dim)
         x8 = (x.float() / sx).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
         w8 = (self.w.float() / sw).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-        return torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw if self.w_dim is None else sw.t(),
-                                out_dtype=torch.bfloat16, use_fast_accum=self.fast_accum)
+        return torch._scaled_mm(
+            x8,
+            w8.t(),
+            scale_a=sx,
+            scale_b=sw if self.w_dim is None else sw.t(),
+            out_dtype=torch.bfloat16,
+            use_fast_accum=self.fast_accum,
+        )
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's torch._scaled_mm; the GPU's is the vendor path")
@@ -448,8 +496,11 @@ def test_hand_quantized_scaled_mm_runs_on_our_quantization(dim):
     assert record.ops_before["torch._scaled_mm"] == 1 and record.ops_after["torch._scaled_mm"] == 0
     assert record.ops_after["Tensor.amax"] == 0 and record.ops_after["Tensor.clamp"] == 0
     assert record.ops_after["turbo_inductor.fp8_linear"] == 1
-    assert any(f"'{'tensorwise' if dim is None else 'rowwise'}'" in line for line in record.graph_after.splitlines()
-               if "fp8_linear" in line)
+    assert any(
+        f"'{'tensorwise' if dim is None else 'rowwise'}'" in line
+        for line in record.graph_after.splitlines()
+        if "fp8_linear" in line
+    )
     # The same quantization math, but 1/s multiplies where the hand-written code divides by s: the two differ by one
     # fp32 ulp, which moves an fp8 value one step where it lands on a rounding boundary (a few elements in a
     # thousand): the outputs agree well beyond FP8's own error (~30 dB against bf16; 40-50 dB seen), not elementwise.
@@ -457,10 +508,16 @@ def test_hand_quantized_scaled_mm_runs_on_our_quantization(dim):
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's torch._scaled_mm; the GPU's is the vendor path")
-@pytest.mark.parametrize("variant", [{"floor": 1e-6}, {"floor": 1e-6, "x_dim": -1, "w_dim": -1},
-                                     {"fast_accum": False}, {"x_dim": -1, "w_dim": -1, "fast_accum": False}],
-                         ids=["tensorwise_other_floor", "rowwise_other_floor", "tensorwise_full_accumulation",
-                              "rowwise_full_accumulation"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"floor": 1e-6},
+        {"floor": 1e-6, "x_dim": -1, "w_dim": -1},
+        {"fast_accum": False},
+        {"x_dim": -1, "w_dim": -1, "fast_accum": False},
+    ],
+    ids=["tensorwise_other_floor", "rowwise_other_floor", "tensorwise_full_accumulation", "rowwise_full_accumulation"],
+)
 def test_other_hand_quantization_is_left_alone(variant):
     model, x = HandQuantized(**variant), torch.randn(32, 64, dtype=torch.bfloat16)
     with torch.no_grad():
@@ -473,10 +530,11 @@ def test_other_hand_quantization_is_left_alone(variant):
 
 # ---- FSDP2 (torchtitan's composition) --------------------------------------------------------------------------
 
+
 def _fsdp2_training_matches_inductor(rank, port, recipe):
+    from test_gemm_allreduce import WORLD, _init
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from test_gemm_allreduce import WORLD, _init
 
     _group, device = _init(rank, port)
     mesh = init_device_mesh(device.type, (WORLD,))
@@ -487,8 +545,11 @@ def _fsdp2_training_matches_inductor(rank, port, recipe):
     # torchtitan's order: each block compiled, then sharded (the block and the root)
     # on CPU the reference kernels: the Triton interpreter's FP8 stores round ~2% of values wrongly (platform.md)
     impl = {"impl": "reference"} if device.type == "cpu" else {}
-    columns = (("primus_turbo", "primus_turbo", {"fp8": recipe, **impl}), ("inductor", "inductor", None),
-               ("W^T not saved", "primus_turbo", {"fp8": {"recipe": recipe, "save_weight_t": False}, **impl}))
+    columns = (
+        ("primus_turbo", "primus_turbo", {"fp8": recipe, **impl}),
+        ("inductor", "inductor", None),
+        ("W^T not saved", "primus_turbo", {"fp8": {"recipe": recipe, "save_weight_t": False}, **impl}),
+    )
     for name, backend, options in columns:
         compiled = torch.compile(copy.deepcopy(block), backend=backend, options=options, fullgraph=True)
         model = nn.Sequential(compiled)
@@ -506,8 +567,9 @@ def _fsdp2_training_matches_inductor(rank, port, recipe):
     # the backward quantizing W^T from the weight FSDP2 gathers again for it: the same numbers
     assert torch.equal(outs["W^T not saved"], outs["primus_turbo"])
     for name, _ in block.named_parameters():
-        grads = {key: dict(model[0]._orig_mod.named_parameters())[name].grad.full_tensor()
-                 for key, model in models.items()}
+        grads = {
+            key: dict(model[0]._orig_mod.named_parameters())[name].grad.full_tensor() for key, model in models.items()
+        }
         assert snr_db(grads["primus_turbo"], grads["inductor"]) >= 20, name
         assert torch.equal(grads["W^T not saved"], grads["primus_turbo"]), name
 

@@ -5,12 +5,14 @@ linear taking x pre-quantized, bad input), and the rewrites of a Llama-style dec
 import pytest
 import torch
 import torch.nn as nn
-
-import turbo_inductor
 from compare import assert_ran, frozen_and_not, ops_after, run, snr_db
 from conftest import DEVICE
+
+import turbo_inductor
 from turbo_inductor.kernels import registry
-from turbo_inductor.kernels.triton import glu as triton_glu, interpreting, rmsnorm as triton_rmsnorm
+from turbo_inductor.kernels.triton import glu as triton_glu
+from turbo_inductor.kernels.triton import interpreting
+from turbo_inductor.kernels.triton import rmsnorm as triton_rmsnorm
 from turbo_inductor.ops.fp8_linear import RECIPES, quantizes_in_rows
 
 ROW_RECIPES = sorted(r for r in RECIPES if quantizes_in_rows(r))
@@ -45,13 +47,13 @@ IMPLS = ["reference", "triton"]
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("block_cols, power_of_two", [(10**6, False), (128, False), (32, True)],
-                         ids=["row", "1x128", "1x32_pow2"])
+@pytest.mark.parametrize(
+    "block_cols, power_of_two", [(10**6, False), (128, False), (32, True)], ids=["row", "1x128", "1x32_pow2"]
+)
 @pytest.mark.parametrize("H", [256, 200])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("residual, weight", [(True, True), (False, True), (False, False)])
-def test_fused_kernel_equals_the_norm_then_the_quantization(impl, block_cols, power_of_two, H, dtype, residual,
-                                                            weight):
+def test_fused_kernel_equals_the_norm_then_the_quantization(impl, block_cols, power_of_two, H, dtype, residual, weight):
     """Bit for bit (on CPU): the epilogue quantizes y as rounded to its dtype, with the quantization kernel's numerics
     (rows of a width that is not a power of two end in a partial block; 37 rows leave the last row tile partly
     empty)."""
@@ -67,8 +69,9 @@ def test_fused_kernel_equals_the_norm_then_the_quantization(impl, block_cols, po
         # a few ulps of the plain kernel's, and q and scale are exactly the quantization of the fused kernel's own y.
         for g, w_ in zip(got[:3], want[:3]):
             if w_ is not None:
-                torch.testing.assert_close(g, w_, rtol=2 ** -7 if dtype == torch.bfloat16 else 5e-7, atol=0,
-                                           equal_nan=True)
+                torch.testing.assert_close(
+                    g, w_, rtol=2**-7 if dtype == torch.bfloat16 else 5e-7, atol=0, equal_nan=True
+                )
         want = (*got[:3], *_quantize(impl, got[0], block, power_of_two))
     _assert_equal(got, want)
     assert got[4].shape == (37, -(-H // block)) and torch.isnan(got[4][5, 7 // block])
@@ -85,19 +88,25 @@ def test_triton_quantizes_after_the_norm_where_its_tile_cannot(case, monkeypatch
         block = 96
     x = torch.randn(9, 384, device=DEVICE, dtype=torch.bfloat16)
     w = torch.randn(384, device=DEVICE, dtype=torch.bfloat16)
-    _assert_equal(_fused("triton", x, w, None, 1e-6, E4M3, block, False),
-                  _norm_then_quantize("triton", x, w, None, 1e-6, block, False))
+    _assert_equal(
+        _fused("triton", x, w, None, 1e-6, E4M3, block, False),
+        _norm_then_quantize("triton", x, w, None, 1e-6, block, False),
+    )
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("F, block_cols, power_of_two", [
-    (1792, 128, False),   # several chunks of 1 x 128 blocks per row (a chunk is 256 wide)
-    (300, 32, True),      # rows narrower than a tile (several rows per tile), a partial last block
-    (300, 300, False),    # one block per row, the row in one tile
-    (5000, 5000, False),  # one block per row, wider than a tile: the quantization kernel after the GLU
-    (5000, 96, False),    # not a power of two: likewise
-    (5000, 2048, False),  # wider than a tile: likewise
-], ids=lambda v: str(v))
+@pytest.mark.parametrize(
+    "F, block_cols, power_of_two",
+    [
+        (1792, 128, False),  # several chunks of 1 x 128 blocks per row (a chunk is 256 wide)
+        (300, 32, True),  # rows narrower than a tile (several rows per tile), a partial last block
+        (300, 300, False),  # one block per row, the row in one tile
+        (5000, 5000, False),  # one block per row, wider than a tile: the quantization kernel after the GLU
+        (5000, 96, False),  # not a power of two: likewise
+        (5000, 2048, False),  # wider than a tile: likewise
+    ],
+    ids=lambda v: str(v),
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("form", ["halves", "separate", "moe"])
 def test_glu_kernel_equals_the_glu_then_the_quantization(impl, F, block_cols, power_of_two, dtype, form, monkeypatch):
@@ -110,8 +119,9 @@ def test_glu_kernel_equals_the_glu_then_the_quantization(impl, F, block_cols, po
     probs = torch.rand(7, device=DEVICE) if form == "moe" else None
     mask = torch.tensor([1, 0, 1, 1, 1, 0, 1], device=DEVICE, dtype=torch.bool) if form == "moe" else None
     glu = registry.implementations("glu_fwd")[impl].fn
-    got = registry.implementations("glu_fwd_fp8")[impl].fn(gate, up, probs, mask, "silu", E4M3, block_cols,
-                                                           power_of_two)
+    got = registry.implementations("glu_fwd_fp8")[impl].fn(
+        gate, up, probs, mask, "silu", E4M3, block_cols, power_of_two
+    )
     out = glu(gate, up, probs, mask, "silu")
     _assert_equal(got, (out, *_quantize(impl, out, block_cols, power_of_two)))
 
@@ -144,7 +154,9 @@ def test_op_gradients_are_rmsnorms_and_the_linear_takes_its_fp8_output(recipe, r
         out, total = forward()
         cotangents = [torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)]
         outputs = [out] + ([total] if residual else [])
-        cotangents += [torch.randn(total.shape, generator=torch.Generator().manual_seed(4)).to(DEVICE)] if residual else []
+        cotangents += (
+            [torch.randn(total.shape, generator=torch.Generator().manual_seed(4)).to(DEVICE)] if residual else []
+        )
         leaves = [t for t in (x, r, w, lin) if t is not None]
         grads = torch.autograd.grad(outputs, leaves, cotangents)
         with torch.no_grad():
@@ -198,19 +210,27 @@ def test_opcheck():
     for residual in (r, None):
         for recipe in ("rowwise", "blockwise"):
             for out_dtype in (None, torch.bfloat16):
-                torch.library.opcheck(torch.ops.turbo_inductor.rmsnorm_fp8_fwd,
-                                      (x, residual, w, 1e-6, recipe, "reference", out_dtype), test_utils=fp8_out)
+                torch.library.opcheck(
+                    torch.ops.turbo_inductor.rmsnorm_fp8_fwd,
+                    (x, residual, w, 1e-6, recipe, "reference", out_dtype),
+                    test_utils=fp8_out,
+                )
     q, scale = turbo_inductor.ops.rmsnorm_fp8(x, None, w, 1e-6, "rowwise", impl="reference")[2:]
     lin = torch.randn(32, 64, device=DEVICE)
-    torch.library.opcheck(torch.ops.turbo_inductor.fp8_linear_fwd, (x, lin, None, "rowwise", "reference", q, scale),
-                          test_utils=fp8_out)
-    torch.library.opcheck(torch.ops.turbo_inductor.fp8_linear_inference,
-                          (x, lin, None, "rowwise", "reference", q, scale), test_utils=fp8_out)
+    torch.library.opcheck(
+        torch.ops.turbo_inductor.fp8_linear_fwd, (x, lin, None, "rowwise", "reference", q, scale), test_utils=fp8_out
+    )
+    torch.library.opcheck(
+        torch.ops.turbo_inductor.fp8_linear_inference,
+        (x, lin, None, "rowwise", "reference", q, scale),
+        test_utils=fp8_out,
+    )
     probs, mask = torch.rand(2, 8, device=DEVICE), torch.rand(2, 8, device=DEVICE) > 0.5
     for args in ((x, None, None, None), (x[..., :32], x[..., 32:], probs, mask)):
         for recipe in ("rowwise", "mxfp8"):
-            torch.library.opcheck(torch.ops.turbo_inductor.glu_fp8, (*args, "silu", recipe, "reference"),
-                                  test_utils=fp8_out)
+            torch.library.opcheck(
+                torch.ops.turbo_inductor.glu_fp8, (*args, "silu", recipe, "reference"), test_utils=fp8_out
+            )
 
 
 def _bad(recipe="rowwise", q_shape=(16, 64), q_dtype=E4M3, scale_shape=(16, 1), scale_given=True):
@@ -220,24 +240,39 @@ def _bad(recipe="rowwise", q_shape=(16, 64), q_dtype=E4M3, scale_shape=(16, 1), 
     return lambda: turbo_inductor.ops.fp8_linear(x, lin, None, recipe, impl="reference", x_q=q, x_scale=scale)
 
 
-@pytest.mark.parametrize("call, message", [
-    (_bad(q_shape=(8, 64)), "x_q must be x quantized as \\[16, 64\\]"),
-    (_bad(q_dtype=torch.float8_e5m2), "x_q must be x quantized"),
-    (_bad(scale_shape=(16, 2)), "x_scale must be the rowwise scales of x, float32 \\[16, 1\\]"),
-    (_bad(recipe="mxfp8"), "x_scale must be the mxfp8 scales of x, float32 \\[16, 2\\]"),
-    (_bad(scale_given=False), "x_q and x_scale must be given together"),
-    (lambda: turbo_inductor.ops.rmsnorm_fp8(torch.randn(4, 64, device=DEVICE), None, None, 1e-6, "tensorwise"),
-     "recipe must quantize x in blocks within a row"),
-    (lambda: turbo_inductor.ops.rmsnorm_fp8(torch.randn(4, 64, device=DEVICE), torch.randn(4, 32, device=DEVICE),
-                                            None, 1e-6, "rowwise"), "residual"),
-    (lambda: turbo_inductor.ops.rmsnorm_fp8(torch.randn(4, 64, device=DEVICE), out_dtype=torch.int32),
-     "rmsnorm_fp8: out_dtype must be one of float32, bfloat16, float16 or None, got torch.int32"),
-    (lambda: turbo_inductor.ops.glu_fp8(torch.randn(4, 64, device=DEVICE), recipe="tensorwise"),
-     "glu_fp8: recipe must quantize x in blocks within a row"),
-    (lambda: turbo_inductor.ops.glu_fp8(torch.randn(4, 63, device=DEVICE)), "it must be even"),
-    (lambda: turbo_inductor.ops.glu_fp8(torch.randn(4, 64, device=DEVICE), torch.randn(4, 32, device=DEVICE)),
-     "up .* must match gate"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (_bad(q_shape=(8, 64)), "x_q must be x quantized as \\[16, 64\\]"),
+        (_bad(q_dtype=torch.float8_e5m2), "x_q must be x quantized"),
+        (_bad(scale_shape=(16, 2)), "x_scale must be the rowwise scales of x, float32 \\[16, 1\\]"),
+        (_bad(recipe="mxfp8"), "x_scale must be the mxfp8 scales of x, float32 \\[16, 2\\]"),
+        (_bad(scale_given=False), "x_q and x_scale must be given together"),
+        (
+            lambda: turbo_inductor.ops.rmsnorm_fp8(torch.randn(4, 64, device=DEVICE), None, None, 1e-6, "tensorwise"),
+            "recipe must quantize x in blocks within a row",
+        ),
+        (
+            lambda: turbo_inductor.ops.rmsnorm_fp8(
+                torch.randn(4, 64, device=DEVICE), torch.randn(4, 32, device=DEVICE), None, 1e-6, "rowwise"
+            ),
+            "residual",
+        ),
+        (
+            lambda: turbo_inductor.ops.rmsnorm_fp8(torch.randn(4, 64, device=DEVICE), out_dtype=torch.int32),
+            "rmsnorm_fp8: out_dtype must be one of float32, bfloat16, float16 or None, got torch.int32",
+        ),
+        (
+            lambda: turbo_inductor.ops.glu_fp8(torch.randn(4, 64, device=DEVICE), recipe="tensorwise"),
+            "glu_fp8: recipe must quantize x in blocks within a row",
+        ),
+        (lambda: turbo_inductor.ops.glu_fp8(torch.randn(4, 63, device=DEVICE)), "it must be even"),
+        (
+            lambda: turbo_inductor.ops.glu_fp8(torch.randn(4, 64, device=DEVICE), torch.randn(4, 32, device=DEVICE)),
+            "up .* must match gate",
+        ),
+    ],
+)
 def test_bad_input_is_named(call, message):
     with pytest.raises(ValueError, match=message):
         call()
@@ -249,18 +284,20 @@ def test_out_dtype_writes_the_norms_output_cast_and_takes_its_gradient(impl, res
     """Under autocast an fp32 norm's output is cast to bf16 for its linears: with ``out_dtype`` the norm writes y as
     that cast (one rounding from fp32, as the cast's), q is y's quantization, and the gradients equal those of the
     norm then the cast (the norm's backward reads dy in bf16, as the cast's backward would have converted it)."""
-    x = torch.randn(3, 8, 128, device=DEVICE, dtype=torch.bfloat16 if residual else torch.float32,
-                    requires_grad=True)
+    x = torch.randn(3, 8, 128, device=DEVICE, dtype=torch.bfloat16 if residual else torch.float32, requires_grad=True)
     r = torch.randn(3, 8, 128, device=DEVICE, requires_grad=True) if residual else None
     w = torch.randn(128, device=DEVICE, requires_grad=True)
     y, total, q, scale = turbo_inductor.ops.rmsnorm_fp8(x, r, w, 1e-6, "rowwise", impl=impl, out_dtype=torch.bfloat16)
     assert y.dtype == torch.bfloat16 and (total.dtype == torch.float32 if residual else total.numel() == 0)
-    plain = (turbo_inductor.ops.rmsnorm_residual(x, r, w, 1e-6, impl=impl)[0] if residual
-             else turbo_inductor.ops.rmsnorm(x, w, 1e-6, impl=impl))
+    plain = (
+        turbo_inductor.ops.rmsnorm_residual(x, r, w, 1e-6, impl=impl)[0]
+        if residual
+        else turbo_inductor.ops.rmsnorm(x, w, 1e-6, impl=impl)
+    )
     want = plain.to(torch.bfloat16)
     if impl == "triton" and interpreting():
         # the interpreter truncates fp32 -> bf16 where the cast rounds: an ulp
-        torch.testing.assert_close(y, want, rtol=2 ** -7, atol=0)
+        torch.testing.assert_close(y, want, rtol=2**-7, atol=0)
     else:
         assert torch.equal(y, want)
     _assert_equal((q, scale), _quantize(impl, y.reshape(-1, 128), 10**6, False))
@@ -288,8 +325,11 @@ def _decoder():
 
 
 @pytest.mark.parametrize("recipe", ["rowwise", "blockwise"])
-@pytest.mark.parametrize("train, save_weight_t", [(True, True), (True, False), (False, True)],
-                         ids=["train", "train, W^T not saved", "inference"])
+@pytest.mark.parametrize(
+    "train, save_weight_t",
+    [(True, True), (True, False), (False, True)],
+    ids=["train", "train, W^T not saved", "inference"],
+)
 def test_decoder_producers_write_fp8_for_their_linears(recipe, train, save_weight_t):
     """Both norms of each layer (the input norm, a residual norm from the second layer on, and the post-attention
     residual norm) write the FP8 input of qkv and gate_up, and the SwiGLU that of down_proj; the final norm feeds no
@@ -317,7 +357,9 @@ def test_decoder_producers_write_fp8_for_their_linears(recipe, train, save_weigh
     _assert_same(outs + grads, plain[0] + plain[1])
 
 
-@pytest.mark.skipif(DEVICE == "cuda", reason="traced into the graph on the GPU: kernel calls are counted when compiling")
+@pytest.mark.skipif(
+    DEVICE == "cuda", reason="traced into the graph on the GPU: kernel calls are counted when compiling"
+)
 def test_frozen_decoder_quantizes_only_what_no_producer_wrote():
     """Inference under freezing, the producer fusion on: the weights' quantization is folded when compiling and the
     producers write x for qkv, gate_up and down_proj, so a call quantizes only o_proj's input (the attention's
@@ -403,6 +445,7 @@ def test_tensorwise_and_plain_linears_are_left_alone():
     outs, grads = run(twin, [inputs], "primus_turbo", options={"fp8": {"recipe": "rowwise", "exclude": r"^b\."}})
     assert turbo_inductor.rewrite_counts()["rmsnorm_fp8"] == 1 and turbo_inductor.rewrite_counts()["fp8"] == 1
     assert ops_after("linear") == 1
-    plain = run(twin, [inputs], "primus_turbo", options={"fp8": {"recipe": "rowwise", "exclude": r"^b\."},
-                                                         "rmsnorm_fp8": False})
+    plain = run(
+        twin, [inputs], "primus_turbo", options={"fp8": {"recipe": "rowwise", "exclude": r"^b\."}, "rmsnorm_fp8": False}
+    )
     _assert_same(outs + grads, plain[0] + plain[1])

@@ -3,6 +3,7 @@ against float64 math written here. Without a GPU the Triton kernels run in the i
 TRITON_INTERPRET=1), whose fp32 -> fp8 casts are defective (platform.md): there, quantized values are compared after
 dequantization, and the only deviations allowed are the documented ones. On a GPU the Triton kernel must equal the
 reference bit for bit."""
+
 from __future__ import annotations
 
 import contextlib
@@ -10,8 +11,8 @@ import math
 
 import pytest
 import torch
-
 from conftest import native_on_device
+
 from turbo_inductor.kernels import registry
 from turbo_inductor.kernels.reference import fp8_quant as reference_fp8
 from turbo_inductor.kernels.triton import fp8_quant as triton_fp8
@@ -130,7 +131,7 @@ def _check(impl_name, x, fp8_dtype, block_rows, block_cols, transpose, power_of_
     if power_of_two:
         mantissa, _ = torch.frexp(s)
         assert bool((mantissa == 0.5).all()), "power-of-two scales must be exact powers of two"
-        assert bool((s >= ratio * (1 - 2.0 ** -23)).all()) and bool((s < 2 * ratio).all())
+        assert bool((s >= ratio * (1 - 2.0**-23)).all()) and bool((s < 2 * ratio).all())
     else:
         torch.testing.assert_close(s, ratio, rtol=1e-6, atol=0)
 
@@ -140,7 +141,7 @@ def _check(impl_name, x, fp8_dtype, block_rows, block_cols, transpose, power_of_
     s_full = _expand(s, br, bc, M, K)
     deq = qx.double() * s_full
     m = MANTISSA_BITS[fp8_dtype]
-    smallest_subnormal = torch.finfo(fp8_dtype).smallest_normal * 2.0 ** -m
+    smallest_subnormal = torch.finfo(fp8_dtype).smallest_normal * 2.0**-m
     tol = 2.0 ** -(m + 1) * (1 + 1e-5) * x64.abs() + smallest_subnormal * s_full
     bad = (deq - x64).abs() > tol
     if impl_name == "triton" and INTERPRETED:
@@ -153,7 +154,8 @@ def _check(impl_name, x, fp8_dtype, block_rows, block_cols, transpose, power_of_
         deq = torch.where(defect, correct.double() * s_full, deq)
     else:
         assert not bool(bad.any()), (
-            f"{int(bad.sum())} of {bad.numel()} values off; worst {((deq - x64).abs() - tol).max().item()}")
+            f"{int(bad.sum())} of {bad.numel()} values off; worst {((deq - x64).abs() - tol).max().item()}"
+        )
 
     # Saturation: each block's largest value lands on +-fmax exactly (not beyond: the cast saturates).
     if not power_of_two:
@@ -161,8 +163,9 @@ def _check(impl_name, x, fp8_dtype, block_rows, block_cols, transpose, power_of_
 
     # On a GPU the Triton and native kernels equal the reference bit for bit.
     if impl_name != "reference" and not INTERPRETED:
-        q_ref, s_ref = reference_fp8.fp8_quantize(x, fp8_dtype, block_rows, block_cols, transpose,
-                                                  power_of_two=power_of_two)
+        q_ref, s_ref = reference_fp8.fp8_quantize(
+            x, fp8_dtype, block_rows, block_cols, transpose, power_of_two=power_of_two
+        )
         assert torch.equal(scale, s_ref)
         assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
     return (q.t() if transpose else q), scale, deq
@@ -170,7 +173,7 @@ def _check(impl_name, x, fp8_dtype, block_rows, block_cols, transpose, power_of_
 
 def _snr_db(x, deq):
     x64 = x.double().cpu()
-    return 10 * math.log10(float((x64 ** 2).sum()) / float(((x64 - deq) ** 2).sum()))
+    return 10 * math.log10(float((x64**2).sum()) / float(((x64 - deq) ** 2).sum()))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -269,15 +272,17 @@ def test_amax_floor_on_zero_block(impl_name, block, power_of_two):
     M, K = 140, 160
     br, bc, _ = _block(block, M, K)
     x = _rand(M, K, torch.float32, seed=11)
-    x[:min(br, M), :min(bc, K)] = 0.0  # block (0, 0)
+    x[: min(br, M), : min(bc, K)] = 0.0  # block (0, 0)
     fp8_dtype = torch.float8_e4m3fn
     q, s = IMPLS[impl_name].fp8_quantize(x, fp8_dtype, br, bc, False, power_of_two=power_of_two)
     floor_scale = torch.tensor(1e-12, dtype=torch.float32) / torch.finfo(fp8_dtype).max  # fp32 division
     if power_of_two:
         floor_scale = torch.exp2(torch.ceil(torch.log2(floor_scale.double()))).float()
     assert s[0, 0].item() == floor_scale.item()
-    assert torch.equal(q[:min(br, M), :min(bc, K)].view(torch.uint8), torch.zeros(min(br, M), min(bc, K),
-                                                                                   dtype=torch.uint8, device=DEVICE))
+    assert torch.equal(
+        q[: min(br, M), : min(bc, K)].view(torch.uint8),
+        torch.zeros(min(br, M), min(bc, K), dtype=torch.uint8, device=DEVICE),
+    )
     if s.numel() > 1:
         assert bool((s.flatten()[1:] > 1e-6).all())  # the other blocks are scaled as usual
     assert bool(torch.isfinite(q.float()).all())
@@ -306,7 +311,7 @@ def test_strided_input(impl_name, block, layout):
     elif layout == "column_stride_2":
         x = _rand(M, 2 * K, torch.bfloat16, seed=17)[:, ::2]
     else:
-        x = _rand(M + 5, K + 3, torch.bfloat16, seed=17)[3:M + 3, 2:K + 2]
+        x = _rand(M + 5, K + 3, torch.bfloat16, seed=17)[3 : M + 3, 2 : K + 2]
     assert tuple(x.shape) == (M, K) and not x.is_contiguous()
     br, bc, pow2 = _block(block, M, K)
     q, s, _ = _check(impl_name, x, torch.float8_e4m3fn, br, bc, transpose=True, power_of_two=pow2)
@@ -349,8 +354,9 @@ def test_triton_two_pass_path(tiny_tiles, block, transpose):
     q, s, _ = _check("triton", x, torch.float8_e4m3fn, br, bc, transpose, power_of_two=pow2)
     # Deterministic (no atomics): a second run is bitwise identical.
     q2, s2 = triton_fp8.fp8_quantize(x, torch.float8_e4m3fn, br, bc, transpose, power_of_two=pow2)
-    assert torch.equal(s, s2) and torch.equal((q.t() if transpose else q).contiguous().view(torch.uint8),
-                                              q2.view(torch.uint8))
+    assert torch.equal(s, s2) and torch.equal(
+        (q.t() if transpose else q).contiguous().view(torch.uint8), q2.view(torch.uint8)
+    )
 
 
 def _both_layouts_block(name, M, K):
@@ -361,9 +367,11 @@ def _both_layouts_block(name, M, K):
 
 # The tiny tiles' many programs take the interpreter long: 20 rows (or columns) still make partial blocks in both
 # layouts, with 140 the other way.
-@pytest.mark.parametrize("M,K,two_pass", [(130, 140, False), (140, 130, False), (20, 140, True), (140, 20, True)],
-                         ids=["130-140-default_tiles", "140-130-default_tiles", "20-140-tiny_tiles",
-                              "140-20-tiny_tiles"])
+@pytest.mark.parametrize(
+    "M,K,two_pass",
+    [(130, 140, False), (140, 130, False), (20, 140, True), (140, 20, True)],
+    ids=["130-140-default_tiles", "140-130-default_tiles", "20-140-tiny_tiles", "140-20-tiny_tiles"],
+)
 @pytest.mark.parametrize("block", list(BLOCKS))
 @pytest.mark.parametrize("impl_name", list(IMPLS))
 def test_both_layouts_from_one_call(impl_name, block, M, K, two_pass, request):
@@ -432,8 +440,13 @@ def test_tiling_heuristics():
     # Tensorwise: two passes; one sub-tile per tile (one partial max per program).
     assert tiling(8192, 4096, 8192, 4096, False) == T.Fp8Tiling(False, 4, 1024, 1, 1, 8)
     assert tiling(8192, 4096, 8192, 4096, True) == T.Fp8Tiling(False, 32, 128, 1, 1, 8)
-    for M, K, br, bc, tr in [(1, 1, 1, 1, False), (17, 300, 128, 128, True), (300, 17, 3, 5, True),
-                             (5, 100000, 1, 100000, False), (100000, 3, 100000, 3, True)]:
+    for M, K, br, bc, tr in [
+        (1, 1, 1, 1, False),
+        (17, 300, 128, 128, True),
+        (300, 17, 3, 5, True),
+        (5, 100000, 1, 100000, False),
+        (100000, 3, 100000, 3, True),
+    ]:
         t = tiling(M, K, br, bc, tr)
         assert t.tile_rows * t.tile_cols <= max(T.TILE_ELEMENTS, T.MAX_TILE_ELEMENTS)
         assert 1 <= t.num_warps <= T.MAX_NUM_WARPS
@@ -446,8 +459,12 @@ def test_empty_and_invalid(impl_name):
         q, s = impl.fp8_quantize(torch.empty(M, K, device=DEVICE), torch.float8_e4m3fn, 1, 128, transpose)
         assert tuple(q.shape) == ((K, M) if transpose else (M, K)) and tuple(s.shape) == (M, -(-K // 128))
     x = torch.ones(4, 4, device=DEVICE)
-    for args in [(x[None], torch.float8_e4m3fn, 1, 4), (x.double(), torch.float8_e4m3fn, 1, 4),
-                 (x, torch.bfloat16, 1, 4), (x, torch.float8_e4m3fn, 0, 4)]:
+    for args in [
+        (x[None], torch.float8_e4m3fn, 1, 4),
+        (x.double(), torch.float8_e4m3fn, 1, 4),
+        (x, torch.bfloat16, 1, 4),
+        (x, torch.float8_e4m3fn, 0, 4),
+    ]:
         with pytest.raises(ValueError, match="fp8_quantize"):
             impl.fp8_quantize(*args, False)
 

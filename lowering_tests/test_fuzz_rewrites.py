@@ -1,20 +1,34 @@
 """Property-based fuzzing of the rewrites: random small models built from the patterns the backend fuses, their
 near misses and unrelated ops, compiled with backend="primus_turbo" and backend="inductor", must give the same
 outputs and gradients. CI runs a bounded number of examples; TURBO_FUZZ_EXAMPLES=200 runs more."""
+
 import os
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from compare import assert_as_accurate_as_inductor, assert_matches_inductor
 
 hypothesis = pytest.importorskip("hypothesis")
 st = hypothesis.strategies
 
-BLOCKS = ["hf_norm", "titan_norm", "torch_norm", "residual_norm", "swiglu", "swiglu_chunk", "geglu_tanh",
-          "sigmoid_gate", "norm_other_dim", "cube_norm", "linear", "gelu", "transpose_roundtrip", "scale"]
+BLOCKS = [
+    "hf_norm",
+    "titan_norm",
+    "torch_norm",
+    "residual_norm",
+    "swiglu",
+    "swiglu_chunk",
+    "geglu_tanh",
+    "sigmoid_gate",
+    "norm_other_dim",
+    "cube_norm",
+    "linear",
+    "gelu",
+    "transpose_roundtrip",
+    "scale",
+]
 
 
 class Block(nn.Module):
@@ -80,16 +94,26 @@ class RandomModel(nn.Module):
         return x, residual
 
 
-specs = st.lists(st.tuples(st.sampled_from(BLOCKS), st.sampled_from([1e-6, 1e-5, 1e-3]), st.booleans()),
-                 min_size=1, max_size=5)
+specs = st.lists(
+    st.tuples(st.sampled_from(BLOCKS), st.sampled_from([1e-6, 1e-5, 1e-3]), st.booleans()), min_size=1, max_size=5
+)
 
 
-@hypothesis.settings(max_examples=int(os.environ.get("TURBO_FUZZ_EXAMPLES", "6")), deadline=None,
-                     derandomize="TURBO_FUZZ_EXAMPLES" not in os.environ,
-                     suppress_health_check=list(hypothesis.HealthCheck))
-@hypothesis.given(specs=specs, hidden=st.sampled_from([16, 48]), batch=st.integers(1, 3), seq=st.integers(1, 5),
-                  train=st.booleans(), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
-                  impl=st.sampled_from(["auto", "reference"]))
+@hypothesis.settings(
+    max_examples=int(os.environ.get("TURBO_FUZZ_EXAMPLES", "6")),
+    deadline=None,
+    derandomize="TURBO_FUZZ_EXAMPLES" not in os.environ,
+    suppress_health_check=list(hypothesis.HealthCheck),
+)
+@hypothesis.given(
+    specs=specs,
+    hidden=st.sampled_from([16, 48]),
+    batch=st.integers(1, 3),
+    seq=st.integers(1, 5),
+    train=st.booleans(),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    impl=st.sampled_from(["auto", "reference"]),
+)
 def test_random_models_match_inductor(specs, hidden, batch, seq, train, dtype, impl):
     """impl "auto": our ops stay calls (the Triton interpreter); "reference": they are traced into the graph and
     compiled by Inductor, as on a GPU."""

@@ -1,6 +1,7 @@
 """GEMM + all-reduce: the rewrite of both spellings Dynamo gives, the op forward and backward against the unfused
 computation, overlap chunking, and ranks that disagree on shapes. Two real processes on gloo (CPU); the graph-level
 tests use one process in a fake process group of two."""
+
 import os
 import re
 import socket
@@ -12,10 +13,10 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.multiprocessing as mp
 import torch.nn as nn
+from compare import default_counts
 from torch._inductor.utils import run_and_get_code
 
 import turbo_inductor
-from compare import default_counts
 from turbo_inductor.kernels import registry
 from turbo_inductor.kernels.collective import gemm_allreduce as overlap
 from turbo_inductor.kernels.symm_mem import gemm_allreduce as symm_mem_impl
@@ -50,6 +51,7 @@ def _run(model, x, backend, options=None, dynamic=None):
 
 # ---- one process, fake group (graph-level: the fake all-reduce returns its input) -----------------------------
 
+
 @pytest.mark.parametrize("spelling", ["funcol", "in_place"])
 @pytest.mark.parametrize("bias", [True, False])
 def test_both_spellings_are_rewritten_in_training(fake_group, spelling, bias):
@@ -63,7 +65,9 @@ def test_both_spellings_are_rewritten_in_training(fake_group, spelling, bias):
     assert turbo_inductor.rewrite_counts()["gemm_allreduce"] == 1
     record = turbo_inductor.compile_records()[-1]
     assert record.ops_before["_c10d_functional.all_reduce"] == 1
-    assert record.ops_after["_c10d_functional.all_reduce"] == 0 and record.ops_after["turbo_inductor.gemm_allreduce"] == 1
+    assert (
+        record.ops_after["_c10d_functional.all_reduce"] == 0 and record.ops_after["turbo_inductor.gemm_allreduce"] == 1
+    )
     assert record.ops_after["Tensor.copy_"] == 0
     for g, w in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
@@ -147,13 +151,17 @@ def test_traced_into_the_graph_as_functional_collectives(fake_group, impl, chunk
 def test_opcheck(fake_group):
     x, w, b = torch.randn(6, 32), torch.randn(24, 32), torch.randn(24)
     torch.library.opcheck(torch.ops.turbo_inductor.gemm_allreduce, (x, w, b, fake_group.group_name, "auto"))
-    torch.library.opcheck(torch.ops.turbo_inductor.gemm_allreduce_bwd,
-                          (torch.randn(6, 24), x, w, fake_group.group_name, "auto"))
+    torch.library.opcheck(
+        torch.ops.turbo_inductor.gemm_allreduce_bwd, (torch.randn(6, 24), x, w, fake_group.group_name, "auto")
+    )
     # a weight that wants no gradient: no x saved, an empty dweight
-    torch.library.opcheck(torch.ops.turbo_inductor.gemm_allreduce_bwd,
-                          (torch.randn(6, 24), None, w, fake_group.group_name, "auto"))
-    torch.library.opcheck(torch.ops.turbo_inductor.linear_dgrad_allreduce_bwd,
-                          (torch.randn(6, 24), None, w, fake_group.group_name, "auto"))
+    torch.library.opcheck(
+        torch.ops.turbo_inductor.gemm_allreduce_bwd, (torch.randn(6, 24), None, w, fake_group.group_name, "auto")
+    )
+    torch.library.opcheck(
+        torch.ops.turbo_inductor.linear_dgrad_allreduce_bwd,
+        (torch.randn(6, 24), None, w, fake_group.group_name, "auto"),
+    )
     for op in (torch.ops.turbo_inductor.gemm_allreduce_bwd, torch.ops.turbo_inductor.linear_dgrad_allreduce_bwd):
         dx, dweight = op(torch.randn(2, 3, 24), None, w, fake_group.group_name)[:2]
         assert dx.shape == (2, 3, 32) and dweight.shape == (0,)
@@ -185,8 +193,9 @@ def test_a_frozen_weight_costs_no_wgrad(fake_group, spelling):
         model.proj.weight.requires_grad_(trainable)
         saved = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
-            y = turbo_inductor.ops.gemm_allreduce(x.clone().requires_grad_(), model.proj.weight, model.proj.bias,
-                                                  fake_group)
+            y = turbo_inductor.ops.gemm_allreduce(
+                x.clone().requires_grad_(), model.proj.weight, model.proj.bias, fake_group
+            )
         assert (x.shape in saved) is trainable, saved
         y.sum().backward()
 
@@ -214,12 +223,14 @@ def test_chunks_cover_every_row_once_and_small_sizes_stay_whole(count):
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_every_peer_pushes_into_a_slot_of_its_own(world):
     for destination in range(world):
-        slots = [symm_mem_impl.peer_slot(source, destination, world)
-                 for source in range(world) if source != destination]
+        slots = [
+            symm_mem_impl.peer_slot(source, destination, world) for source in range(world) if source != destination
+        ]
         assert sorted(slots) == list(range(world - 1))
 
 
 # ---- two processes on gloo ------------------------------------------------------------------------------------
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -314,7 +325,7 @@ def _disagreeing_shapes(rank, port):
     group, device = _init(rank, port)
     try:
         x = torch.randn(4 + 2 * rank, 32, device=device)  # rank 1 has two more rows
-        with pytest.raises(ValueError, match=r"disagree on the shapes: this rank \(rank %d\)" % rank):
+        with pytest.raises(ValueError, match=rf"disagree on the shapes: this rank \(rank {rank}\)"):
             torch.ops.turbo_inductor.gemm_allreduce(x, torch.randn(24, 32, device=device), None, group.group_name)
     finally:
         dist.destroy_process_group()

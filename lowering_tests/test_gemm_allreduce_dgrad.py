@@ -1,21 +1,25 @@
 """A column-parallel linear's backward all-reduce (Megatron's copy-to-tensor-parallel region, an autograd function
 that sums the gradient over the ranks) -> turbo_inductor.linear_dgrad_allreduce: the rewrite, its near misses, and
 the gradients against the unfused model on two gloo processes."""
+
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
+from test_gemm_allreduce import _init, _run, _spawn, autocast_matches_inductor
 
 import turbo_inductor
-from test_gemm_allreduce import _init, _run, _spawn, autocast_matches_inductor
 from turbo_inductor.kernels import registry
 
 
 def autograd_function(name: str, forward, backward) -> type:
     """A ``torch.autograd.Function`` of one tensor with these forward and backward."""
-    return type(name, (torch.autograd.Function,), {"forward": staticmethod(lambda ctx, x: forward(x)),
-                                                    "backward": staticmethod(lambda ctx, g: backward(g))})
+    return type(
+        name,
+        (torch.autograd.Function,),
+        {"forward": staticmethod(lambda ctx, x: forward(x)), "backward": staticmethod(lambda ctx, g: backward(g))},
+    )
 
 
 def sum_over_ranks(g):
@@ -34,10 +38,12 @@ def identity(x):
 
 # Megatron's copy to the tensor-parallel region in two spellings, and two near misses (a scaled sum; a forward that
 # is not the identity).
-SPELLINGS = {"funcol": autograd_function("CopyFuncol", identity, sum_over_ranks),
-             "in_place": autograd_function("CopyInPlace", identity, sum_over_ranks_in_place),
-             "scaled": autograd_function("CopyScaled", identity, lambda g: sum_over_ranks(g) * 0.5),
-             "not_identity": autograd_function("NotIdentity", lambda x: x * 2, lambda g: sum_over_ranks(g) * 2)}
+SPELLINGS = {
+    "funcol": autograd_function("CopyFuncol", identity, sum_over_ranks),
+    "in_place": autograd_function("CopyInPlace", identity, sum_over_ranks_in_place),
+    "scaled": autograd_function("CopyScaled", identity, lambda g: sum_over_ranks(g) * 0.5),
+    "not_identity": autograd_function("NotIdentity", lambda x: x * 2, lambda g: sum_over_ranks(g) * 2),
+}
 
 
 class ColumnParallel(nn.Module):
@@ -74,8 +80,9 @@ def matches_inductor(model, x, options=None):
 @pytest.mark.parametrize("bias", [True, False])
 def test_the_input_gradients_all_reduce_joins_the_linear(fake_group, spelling, bias):
     torch.manual_seed(0)
-    matches_inductor(ColumnParallel(spelling, bias=bias), torch.randn(2, 5, 32),
-                     {"impl": "reference", "record_graphs": True})
+    matches_inductor(
+        ColumnParallel(spelling, bias=bias), torch.randn(2, 5, 32), {"impl": "reference", "record_graphs": True}
+    )
     assert turbo_inductor.rewrite_counts()["gemm_allreduce_dgrad"] == 1
     record = turbo_inductor.compile_records()[-1]
     assert record.ops_before["autograd_function_apply"] == 1
@@ -124,8 +131,9 @@ def test_python_api_runs_both_tensor_parallel_linears_and_their_gradients(fake_g
 def test_opcheck(fake_group):
     x, w, b = torch.randn(6, 32), torch.randn(24, 32), torch.randn(24)
     torch.library.opcheck(torch.ops.turbo_inductor.linear_dgrad_allreduce, (x, w, b, fake_group.group_name, "auto"))
-    torch.library.opcheck(torch.ops.turbo_inductor.linear_dgrad_allreduce_bwd,
-                          (torch.randn(6, 24), x, w, fake_group.group_name, "auto"))
+    torch.library.opcheck(
+        torch.ops.turbo_inductor.linear_dgrad_allreduce_bwd, (torch.randn(6, 24), x, w, fake_group.group_name, "auto")
+    )
 
 
 def _gradients_match_the_unfused_model(rank, port, spelling):

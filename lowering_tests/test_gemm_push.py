@@ -2,6 +2,7 @@
 (``kernels/symm_mem/gemm_push.py``). On CPU its kernel runs in Triton's interpreter, one process per rank sharing
 their buffers; on two GPUs (NCCL, symmetric memory) the op, the row-parallel rewrite and the column-parallel
 backward run it and match GEMM then all-reduce and Inductor."""
+
 import dataclasses
 import re
 import time
@@ -11,11 +12,11 @@ import torch
 import torch.distributed._functional_collectives as funcol
 import torch.multiprocessing as mp
 import triton
+from test_gemm_allreduce import WORLD, RowParallel, _init, _run, _spawn
+from test_gemm_allreduce_dgrad import ColumnParallel
 from torch._inductor.utils import run_and_get_code
 
 import turbo_inductor
-from test_gemm_allreduce import WORLD, RowParallel, _init, _run, _spawn
-from test_gemm_allreduce_dgrad import ColumnParallel
 from turbo_inductor.kernels import registry
 from turbo_inductor.kernels.symm_mem import gemm_push
 
@@ -26,14 +27,27 @@ TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < WORLD, reason="symmetr
 # ---- the kernel in the interpreter: two processes, each one program (the interpreter runs a grid's programs one
 # after another, so a program waiting on a later one of its own grid would never return) -----------------------
 
+
 def _interpreted_rank(rank, xs, w, w_kn, bias, recv, flags, outs, tile):
     torch.set_num_threads(1)
     counter = torch.zeros(1, dtype=torch.int32)
     for call in range(outs.shape[0]):  # one buffer for every call, the counter advanced before each, as PeerBuffers
         counter += 1
         outs[call, rank] = gemm_push.launch(
-            xs[call, rank], w.t().contiguous() if w_kn else w, w_kn, bias, torch.empty_like(outs[0, 0]), recv[rank],
-            flags[rank], recv[1 - rank], flags[1 - rank], counter, rank, 1, tile)
+            xs[call, rank],
+            w.t().contiguous() if w_kn else w,
+            w_kn,
+            bias,
+            torch.empty_like(outs[0, 0]),
+            recv[rank],
+            flags[rank],
+            recv[1 - rank],
+            flags[1 - rank],
+            counter,
+            rank,
+            1,
+            tile,
+        )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on GPUs the tests below run the compiled kernel")
@@ -50,8 +64,9 @@ def test_interpreted_kernel_sums_over_two_ranks(w_kn, with_bias, M, N, tile):
     recv = torch.full((2, M, N), float("nan")).share_memory_()  # a read before a push lands shows as NaN
     flags = torch.zeros(2, tiles, dtype=torch.int32).share_memory_()
     outs = torch.zeros(calls, 2, M, N).share_memory_()
-    context = mp.start_processes(_interpreted_rank, args=(xs, w, w_kn, bias, recv, flags, outs, tile), nprocs=2,
-                                 join=False, start_method="spawn")
+    context = mp.start_processes(
+        _interpreted_rank, args=(xs, w, w_kn, bias, recv, flags, outs, tile), nprocs=2, join=False, start_method="spawn"
+    )
     deadline = time.monotonic() + 240
     while not context.join(timeout=1):
         if time.monotonic() > deadline:
@@ -77,15 +92,30 @@ def test_the_probes_breakdown_follows_the_kernel():
     x, w = torch.randn(M, K), torch.randn(N, K)
     tiles = triton.cdiv(M, tile[0]) * triton.cdiv(N, tile[1])
     recv, flags = torch.full((M, N), float("nan")), torch.zeros(tiles, dtype=torch.int32)
-    out = parts.launch(x, w, False, None, torch.empty(M, N), recv, flags, recv.clone(), flags.clone(),
-                       torch.ones(1, dtype=torch.int32), 0, 1, tile)
+    out = parts.launch(
+        x,
+        w,
+        False,
+        None,
+        torch.empty(M, N),
+        recv,
+        flags,
+        recv.clone(),
+        flags.clone(),
+        torch.ones(1, dtype=torch.int32),
+        0,
+        1,
+        tile,
+    )
     torch.testing.assert_close(out.double(), x.double() @ w.double().t(), rtol=1e-4, atol=1e-4)
 
 
 # ---- launch heuristics and the choice between the kernel and GEMM then all-reduce -----------------------------
 
-@pytest.mark.parametrize("tiles, sms, programs", [(1024, 132, 128), (1056, 132, 118), (10, 132, 10), (1, 4, 1),
-                                                  (300, 8, 4)])
+
+@pytest.mark.parametrize(
+    "tiles, sms, programs", [(1024, 132, 128), (1056, 132, 118), (10, 132, 10), (1, 4, 1), (300, 8, 4)]
+)
 def test_programs_leave_sms_free_without_adding_rounds(tiles, sms, programs):
     assert gemm_push.programs_for(tiles, sms) == programs
     assert programs <= max(1, sms - gemm_push.RESERVED_SMS)
@@ -109,8 +139,9 @@ def test_where_the_kernel_declines_the_graph_is_gemm_then_all_reduce(fake_group,
     reference does, forward and backward, with the row count symbolic too. (The implementation is made available
     on CPU for the trace: what it declines never reaches the GPU kernel.)"""
     push = registry.implementations("gemm_allreduce_fwd")["push"]
-    monkeypatch.setitem(registry._IMPLS["gemm_allreduce_fwd"], "push",
-                        dataclasses.replace(push, unavailable_reason=lambda device: None))
+    monkeypatch.setitem(
+        registry._IMPLS["gemm_allreduce_fwd"], "push", dataclasses.replace(push, unavailable_reason=lambda device: None)
+    )
     registry._candidates.cache_clear()
     try:
         torch.manual_seed(0)
@@ -132,8 +163,10 @@ def test_where_the_kernel_declines_the_graph_is_gemm_then_all_reduce(fake_group,
 
 def test_forced_on_cpu_it_says_why_it_cannot_run(fake_group):
     x, w = torch.randn(6, 32), torch.randn(24, 32)
-    with pytest.raises(RuntimeError, match="implementation 'push' of gemm_allreduce_fwd cannot run on cpu: "
-                                           "symmetric memory needs a GPU"):
+    with pytest.raises(
+        RuntimeError,
+        match="implementation 'push' of gemm_allreduce_fwd cannot run on cpu: symmetric memory needs a GPU",
+    ):
         torch.ops.turbo_inductor.gemm_allreduce(x, w, None, fake_group.group_name, PUSH["impl"])
 
 
@@ -144,6 +177,7 @@ def test_fake_gives_the_output_shape():
 
 # ---- two GPUs --------------------------------------------------------------------------------------------------
 
+
 def _pushes_on_two_gpus(rank, port):
     import torch.distributed as dist
 
@@ -153,8 +187,9 @@ def _pushes_on_two_gpus(rank, port):
         # the op, eagerly: odd sizes (edge tiles clipped), with and without bias, both weight forms, several calls
         torch.manual_seed(0)
         w, b = torch.randn(520, 264, device=device, dtype=torch.bfloat16), torch.randn(520, device=device)
-        for call, (rows, bias, weight) in enumerate([(300, b.bfloat16(), w), (300, None, w), (1000, None, w),
-                                                     (300, None, w.t().contiguous().t())]):
+        for call, (rows, bias, weight) in enumerate(
+            [(300, b.bfloat16(), w), (300, None, w), (1000, None, w), (300, None, w.t().contiguous().t())]
+        ):
             torch.manual_seed(10 * call + rank)
             x = torch.randn(rows, weight.shape[1], device=device, dtype=torch.bfloat16) / 16
             got = torch.ops.turbo_inductor.gemm_allreduce(x, weight, bias, group.group_name, PUSH["impl"])
@@ -169,8 +204,10 @@ def _pushes_on_two_gpus(rank, port):
         torch.library.opcheck(torch.ops.turbo_inductor_symm_mem.gemm_push_fwd, (x, w, None, group.group_name))
 
         # compiled, training: the row-parallel linear's forward and the column-parallel linear's input gradient
-        for model, rewrite in ((RowParallel("funcol", group), "gemm_allreduce"),
-                               (ColumnParallel("funcol"), "gemm_allreduce_dgrad")):
+        for model, rewrite in (
+            (RowParallel("funcol", group), "gemm_allreduce"),
+            (ColumnParallel("funcol"), "gemm_allreduce_dgrad"),
+        ):
             torch.manual_seed(0)  # the same weights on both ranks
             model = model.to(device, torch.bfloat16)
             torch.manual_seed(1 + rank)  # each rank its own input
@@ -184,8 +221,12 @@ def _pushes_on_two_gpus(rank, port):
             calls = registry.kernel_calls()  # chosen when traced (the fake trace and the graph's may both ask)
             assert calls[("gemm_allreduce_fwd", "push")] >= 1, calls
             # and the kernel ran: the forward's [20, 24] output, or the backward's [20, 32] input gradient
-            assert gemm_push._BUFFERS[(24 if rewrite == "gemm_allreduce" else 32, torch.bfloat16, device,
-                                       group.group_name)].calls() >= 1
+            assert (
+                gemm_push._BUFFERS[
+                    (24 if rewrite == "gemm_allreduce" else 32, torch.bfloat16, device, group.group_name)
+                ].calls()
+                >= 1
+            )
             for g, w_ in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
                 torch.testing.assert_close(g, w_, rtol=1e-2, atol=1e-2)
 

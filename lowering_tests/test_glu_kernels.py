@@ -1,6 +1,7 @@
 """GLU (SwiGLU / GeGLU) kernels called directly (not through torch.ops): the reference and the Triton implementation
 against float64 math written here. Without a GPU the Triton kernels run in the interpreter (conftest sets
 TRITON_INTERPRET=1)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -42,7 +43,7 @@ def _act64(x, activation):
         pdf = torch.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
         return x * cdf, cdf + x * pdf
     k, c = math.sqrt(2.0 / math.pi), 0.044715
-    t = torch.tanh(k * (x + c * x ** 3))
+    t = torch.tanh(k * (x + c * x**3))
     return 0.5 * x * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * c * x * x)
 
 
@@ -90,7 +91,10 @@ def _inputs(rows, F, dtype, layout, has_probs, has_mask, seed):
         gate, up = x[:, :F], x[:, F:]  # row stride 2F
     else:
         gate, up = x[:, :F].contiguous().to(DEVICE), x[:, F:].contiguous().to(DEVICE)
-    to_dev = (lambda t: t.to(DEVICE) if t is not None else None)
+
+    def to_dev(t):
+        return t.to(DEVICE) if t is not None else None
+
     return gate, up, dout.to(DEVICE), to_dev(probs), to_dev(mask)
 
 
@@ -100,7 +104,7 @@ def _backward(impl, dout, gate, up, probs, mask, activation, layout):
     dgate, dup, dprobs = impl.glu_bwd(dout, gate, up, probs, mask, activation, fused)
     if fused:
         assert dup is None and dgate.shape == (gate.shape[0], 2 * gate.shape[1]) and dgate.is_contiguous()
-        dgate, dup = dgate[:, :gate.shape[1]], dgate[:, gate.shape[1]:]
+        dgate, dup = dgate[:, : gate.shape[1]], dgate[:, gate.shape[1] :]
     else:
         assert dgate.is_contiguous() and dup.is_contiguous()
     return dgate, dup, dprobs

@@ -1,10 +1,11 @@
 """The GLU ops (SwiGLU, GeGLU, the MoE probs form) through torch.ops / the Python API."""
+
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import DEVICE, assert_close
 
 import turbo_inductor
-from conftest import DEVICE, assert_close
 
 IMPLS = ["triton", "reference"]
 ACTS = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}
@@ -80,8 +81,9 @@ def test_moe_probs_and_mask(impl):
 def test_swiglu_name_and_geglu_api(impl):
     g, u = make(4, 16), make(4, 16)
     torch.testing.assert_close(torch.ops.turbo_inductor.swiglu(g, u, impl), F.silu(g) * u, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(turbo_inductor.ops.geglu(g, u, "tanh", impl=impl), F.gelu(g, approximate="tanh") * u,
-                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        turbo_inductor.ops.geglu(g, u, "tanh", impl=impl), F.gelu(g, approximate="tanh") * u, rtol=1e-4, atol=1e-4
+    )
 
 
 def test_empty_and_non_contiguous():
@@ -93,16 +95,26 @@ def test_empty_and_non_contiguous():
     torch.testing.assert_close(turbo_inductor.ops.swiglu(g, u), F.silu(g) * u, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: turbo_inductor.ops.swiglu(make(2, 8), make(2, 9)), r"up \(\[2, 9\], torch.float32\) must match gate"),
-    (lambda: turbo_inductor.ops.swiglu(make(2, 8).double(), make(2, 8).double()), "gate has dtype torch.float64"),
-    (lambda: turbo_inductor.ops.glu_fused(make(2, 7)), "it must be even"),
-    (lambda: turbo_inductor.ops.glu_fused(make(2, 8), "relu"), "activation must be one of"),
-    (lambda: turbo_inductor.ops.glu_fused(make(2, 8), "silu", torch.rand(3, device=DEVICE)), "probs must be float32"),
-    (lambda: turbo_inductor.ops.glu_fused(make(2, 8), "silu", None, torch.ones(2, dtype=torch.bool, device=DEVICE)),
-     "mask needs probs"),
-    (lambda: turbo_inductor.ops.geglu(make(2, 8), make(2, 8), "fast"), "approximate must be"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: turbo_inductor.ops.swiglu(make(2, 8), make(2, 9)), r"up \(\[2, 9\], torch.float32\) must match gate"),
+        (lambda: turbo_inductor.ops.swiglu(make(2, 8).double(), make(2, 8).double()), "gate has dtype torch.float64"),
+        (lambda: turbo_inductor.ops.glu_fused(make(2, 7)), "it must be even"),
+        (lambda: turbo_inductor.ops.glu_fused(make(2, 8), "relu"), "activation must be one of"),
+        (
+            lambda: turbo_inductor.ops.glu_fused(make(2, 8), "silu", torch.rand(3, device=DEVICE)),
+            "probs must be float32",
+        ),
+        (
+            lambda: turbo_inductor.ops.glu_fused(
+                make(2, 8), "silu", None, torch.ones(2, dtype=torch.bool, device=DEVICE)
+            ),
+            "mask needs probs",
+        ),
+        (lambda: turbo_inductor.ops.geglu(make(2, 8), make(2, 8), "fast"), "approximate must be"),
+    ],
+)
 def test_bad_input_is_named(call, message):
     with pytest.raises(ValueError, match=message):
         call()

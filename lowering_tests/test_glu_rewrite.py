@@ -1,14 +1,15 @@
 """The GLU rewrites: spellings replaced, counts, forward and backward on the fused op, same results as
 backend="inductor"; near misses left alone."""
+
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-import turbo_inductor
 from compare import assert_matches_inductor, assert_ran, ops_after
 
-H, I = 32, 48
+import turbo_inductor
+
+H, I = 32, 48  # noqa: E741  (hidden and intermediate sizes, as the models name them)
 
 
 class SeparateMLP(nn.Module):
@@ -142,8 +143,11 @@ class MoEExpert(nn.Module):
         g, u = self.gate_up(x).chunk(2, -1)
         if not self.fused:
             g, u = g.contiguous(), u.contiguous()  # two tensors: the glu op
-        weight = {"none": probs[..., None], "unsqueeze": probs.unsqueeze(-1).to(x.dtype),
-                  "view": probs.view(*probs.shape, 1).to(x.dtype)}[self.spelling]
+        weight = {
+            "none": probs[..., None],
+            "unsqueeze": probs.unsqueeze(-1).to(x.dtype),
+            "view": probs.view(*probs.shape, 1).to(x.dtype),
+        }[self.spelling]
         return self.down(weight * (F.silu(g) * u))
 
 

@@ -1,14 +1,15 @@
 """On the GPU (skipped without CUDA): the kernels at real sizes against float64, Triton against the reference,
 and a Llama-style block compiled with primus_turbo against inductor. Run there with
 ``python -m pytest lowering_tests -q`` (see benchmarks/run_gpu.sh)."""
+
 import re
 
 import pytest
 import torch
-
-import turbo_inductor
 from compare import assert_matches_inductor, default_counts, snr_db
 from conftest import assert_close
+
+import turbo_inductor
 from turbo_inductor.kernels import registry
 from turbo_inductor.ops.fp8 import fp8_formats
 
@@ -80,8 +81,13 @@ def test_compiled_graph_launches_our_kernels_itself():
     compiled = torch.compile(model, backend="primus_turbo")
     _, codes = run_and_get_code(lambda: compiled(x).float().square().sum().backward())
     code = "\n".join(codes)
-    for kernel in ("_rmsnorm_fwd_kernel", "_rmsnorm_bwd_kernel", "_dw_reduce_kernel", "_glu_fwd_kernel",
-                   "_glu_bwd_kernel"):
+    for kernel in (
+        "_rmsnorm_fwd_kernel",
+        "_rmsnorm_bwd_kernel",
+        "_dw_reduce_kernel",
+        "_glu_fwd_kernel",
+        "_glu_bwd_kernel",
+    ):
         assert kernel in code, f"{kernel} is not launched by the compiled graph"
     assert "torch.ops.turbo_inductor" not in code
 
@@ -95,8 +101,9 @@ def test_compiled_fp8_linear_copies_nothing(recipe):
     x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     torch._dynamo.reset()
-    compiled = torch.compile(lambda x, w: torch.nn.functional.linear(x, w), backend="primus_turbo",
-                             options={"fp8": recipe})
+    compiled = torch.compile(
+        lambda x, w: torch.nn.functional.linear(x, w), backend="primus_turbo", options={"fp8": recipe}
+    )
     _, codes = run_and_get_code(lambda: compiled(x, w).float().square().sum().backward())
     code = "\n".join(codes)
     launched = sorted(set(re.findall(r"_fp8_\w+_kernel|turbo_inductor\w*\.\w+", code)))
@@ -129,10 +136,14 @@ def test_frozen_fp8_linears_read_the_weights_fp8_copy(recipe):
     torch.testing.assert_close(results[True][0], results[False][0], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("block_cols, power_of_two", [(4096, False), (128, False), (32, True)],
-                         ids=["rowwise", "1x128", "1x32"])
-@pytest.mark.parametrize("residual, dtype", [(False, torch.bfloat16), (True, torch.bfloat16), (True, torch.float32)],
-                         ids=["plain", "residual", "autocast"])
+@pytest.mark.parametrize(
+    "block_cols, power_of_two", [(4096, False), (128, False), (32, True)], ids=["rowwise", "1x128", "1x32"]
+)
+@pytest.mark.parametrize(
+    "residual, dtype",
+    [(False, torch.bfloat16), (True, torch.bfloat16), (True, torch.float32)],
+    ids=["plain", "residual", "autocast"],
+)
 def test_rmsnorm_fp8_at_real_sizes_equals_the_norm_then_the_quantization(block_cols, power_of_two, residual, dtype):
     """The norm's FP8 epilogue, compiled for the GPU, against the norm followed by the quantization kernel; "autocast":
     an fp32 residual stream with a bf16 branch, the norm's fp32 output written as its cast to bf16."""
@@ -141,8 +152,9 @@ def test_rmsnorm_fp8_at_real_sizes_equals_the_norm_then_the_quantization(block_c
     w = torch.rand(4096, device="cuda", dtype=dtype) + 0.5
     e4m3 = fp8_formats(x.device)[0]
     out_dtype = torch.bfloat16 if dtype == torch.float32 else None
-    fused = registry.implementations("rmsnorm_fwd_fp8")["triton"].fn(x, w, r, 1e-5, e4m3, block_cols, power_of_two,
-                                                                     out_dtype=out_dtype)
+    fused = registry.implementations("rmsnorm_fwd_fp8")["triton"].fn(
+        x, w, r, 1e-5, e4m3, block_cols, power_of_two, out_dtype=out_dtype
+    )
     y, total, rstd = registry.implementations("rmsnorm_fwd")["triton"].fn(x, w, r, 1e-5)
     y = y.to(out_dtype or y.dtype)
     # y and rstd within an ulp of the plain kernel's (compiled with the epilogue, the row sum may be reduced in
@@ -150,25 +162,29 @@ def test_rmsnorm_fp8_at_real_sizes_equals_the_norm_then_the_quantization(block_c
     for got, want in zip(fused[:3], (y, total, rstd)):
         assert (got is None) == (want is None)
         if want is not None:
-            torch.testing.assert_close(got, want, rtol=2 ** -7 if want.dtype == torch.bfloat16 else 5e-7, atol=0)
-    q, scale = registry.implementations("fp8_quantize")["triton"].fn(fused[0], e4m3, 1, block_cols, False,
-                                                                     power_of_two=power_of_two)
+            torch.testing.assert_close(got, want, rtol=2**-7 if want.dtype == torch.bfloat16 else 5e-7, atol=0)
+    q, scale = registry.implementations("fp8_quantize")["triton"].fn(
+        fused[0], e4m3, 1, block_cols, False, power_of_two=power_of_two
+    )
     assert torch.equal(fused[3].view(torch.uint8), q.view(torch.uint8)) and torch.equal(fused[4], scale)
 
 
-@pytest.mark.parametrize("block_cols, power_of_two", [(14336, False), (128, False), (32, True)],
-                         ids=["rowwise", "1x128", "1x32"])
+@pytest.mark.parametrize(
+    "block_cols, power_of_two", [(14336, False), (128, False), (32, True)], ids=["rowwise", "1x128", "1x32"]
+)
 def test_glu_fp8_at_real_sizes_equals_the_glu_then_the_quantization(block_cols, power_of_two):
     """The GLU's FP8 epilogue and its row-walking kernel (rowwise: a row of 14336 spans seven tiles), compiled for
     the GPU, bit for bit against the GLU then the quantization kernel (elementwise: no reduction order to differ)."""
     x = torch.randn(8192, 2 * 14336, device="cuda", dtype=torch.bfloat16) * 3
     gate, up = x[:, :14336], x[:, 14336:]
     e4m3 = fp8_formats(x.device)[0]
-    out, q, scale = registry.implementations("glu_fwd_fp8")["triton"].fn(gate, up, None, None, "silu", e4m3,
-                                                                         block_cols, power_of_two)
+    out, q, scale = registry.implementations("glu_fwd_fp8")["triton"].fn(
+        gate, up, None, None, "silu", e4m3, block_cols, power_of_two
+    )
     want = registry.implementations("glu_fwd")["triton"].fn(gate, up, None, None, "silu")
-    want_q, want_scale = registry.implementations("fp8_quantize")["triton"].fn(want, e4m3, 1, block_cols, False,
-                                                                               power_of_two=power_of_two)
+    want_q, want_scale = registry.implementations("fp8_quantize")["triton"].fn(
+        want, e4m3, 1, block_cols, False, power_of_two=power_of_two
+    )
     assert torch.equal(out, want) and torch.equal(scale, want_scale)
     assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
 
@@ -183,14 +199,16 @@ def test_compiled_decoder_producers_write_fp8_without_calling_back(recipe):
     from benchmarks.llama import LlamaConfig, LlamaDecoder
 
     model = LlamaDecoder(LlamaConfig(hidden=512, intermediate=1408, heads=8, kv_heads=4, layers=2)).to(
-        "cuda", torch.bfloat16)
+        "cuda", torch.bfloat16
+    )
     x = torch.randn(2, 128, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     results = []
     for fuse in (True, False):
         torch._dynamo.reset()
         turbo_inductor.reset_records()
-        compiled = torch.compile(model, backend="primus_turbo",
-                                 options={"fp8": recipe, "rmsnorm_fp8": fuse, "glu_fp8": fuse})
+        compiled = torch.compile(
+            model, backend="primus_turbo", options={"fp8": recipe, "rmsnorm_fp8": fuse, "glu_fp8": fuse}
+        )
         x.grad = None
         model.zero_grad()
         out, codes = run_and_get_code(lambda: compiled(x))
@@ -248,8 +266,9 @@ def test_blockwise_gemms_run_on_cublaslt_eager_and_compiled():
     for got, want in zip(fast, step(fp8_linear, "fp8_quantize=reference,fp8_gemm=reference")):
         torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
     torch._dynamo.reset()
-    compiled = torch.compile(lambda x, w, impl: torch.nn.functional.linear(x, w), backend="primus_turbo",
-                             options={"fp8": "blockwise"})
+    compiled = torch.compile(
+        lambda x, w, impl: torch.nn.functional.linear(x, w), backend="primus_turbo", options={"fp8": "blockwise"}
+    )
     for got, want in zip(step(compiled), fast):
         torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2 * want.abs().max().item())
 
@@ -267,11 +286,18 @@ def test_the_forward_gemm_accumulates_fast_and_the_backward_ones_in_full(recipe)
     tensorwise = recipe == "tensorwise"
 
     def scaled_mm(a, a_format, b, fast_accum):  # a @ b^T, each quantized whole or per row as the recipe says
-        (qa, sa), (qb, sb) = (torch.ops.turbo_inductor.fp8_quantize(t, fp8, t.shape[0] if tensorwise else 1,
-                                                                    t.shape[1]) for t, fp8 in ((a, a_format), (b, e4m3)))
-        return torch._scaled_mm(qa, qb.t(), scale_a=sa.reshape(()) if tensorwise else sa,
-                                scale_b=sb.reshape(()) if tensorwise else sb.reshape(1, -1), out_dtype=torch.bfloat16,
-                                use_fast_accum=fast_accum)
+        (qa, sa), (qb, sb) = (
+            torch.ops.turbo_inductor.fp8_quantize(t, fp8, t.shape[0] if tensorwise else 1, t.shape[1])
+            for t, fp8 in ((a, a_format), (b, e4m3))
+        )
+        return torch._scaled_mm(
+            qa,
+            qb.t(),
+            scale_a=sa.reshape(()) if tensorwise else sa,
+            scale_b=sb.reshape(()) if tensorwise else sb.reshape(1, -1),
+            out_dtype=torch.bfloat16,
+            use_fast_accum=fast_accum,
+        )
 
     assert torch.equal(y, scaled_mm(x.detach(), e4m3, w.detach(), True))
     assert torch.equal(dx, scaled_mm(dy, e5m2 if tensorwise else e4m3, w.detach().t().contiguous(), False))
@@ -282,7 +308,8 @@ def test_training_loop_does_not_grow_memory():
     from benchmarks.llama import LlamaConfig, LlamaDecoder
 
     model = LlamaDecoder(LlamaConfig(hidden=512, intermediate=1408, heads=8, kv_heads=4, layers=2)).to(
-        "cuda", torch.bfloat16)
+        "cuda", torch.bfloat16
+    )
     compiled = torch.compile(model, backend="primus_turbo")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randn(2, 128, 512, device="cuda", dtype=torch.bfloat16)

@@ -1,10 +1,11 @@
 """A Hugging Face Llama (tiny config, built from code) trains through the fused RMSNorm and SwiGLU ops, and in FP8
 under autocast."""
+
 import pytest
 import torch
+from compare import assert_matches_inductor, assert_ran, default_counts, ops_after, run, snr_db
 
 import turbo_inductor
-from compare import assert_matches_inductor, assert_ran, default_counts, ops_after, run, snr_db
 
 transformers = pytest.importorskip("transformers")
 
@@ -24,8 +25,16 @@ class LossOf(torch.nn.Module):
 def test_llama_runs_fused_ops_in_forward_and_backward(dtype):
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, attn_implementation="sdpa")
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        attn_implementation="sdpa",
+    )
     model = LossOf(transformers.LlamaForCausalLM(config).to(dtype))
     input_ids = torch.randint(0, config.vocab_size, (2, 16))
     counts = assert_matches_inductor(model, [input_ids])
@@ -53,8 +62,16 @@ def test_llama_with_fp32_parameters_trains_in_fp8_under_autocast(dynamic_checkpo
 
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, attn_implementation="sdpa")
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        attn_implementation="sdpa",
+    )
     llama = transformers.LlamaForCausalLM(config)
     dynamic = True if dynamic_checkpointed else None
     if dynamic_checkpointed:
@@ -68,10 +85,19 @@ def test_llama_with_fp32_parameters_trains_in_fp8_under_autocast(dynamic_checkpo
         turbo_inductor.reset_records()
         fused = run(model, [input_ids], "primus_turbo", options=options, dynamic=dynamic)
         counts = turbo_inductor.rewrite_counts()
-        plain = run(model, [input_ids], "primus_turbo",
-                    options={**options, "rmsnorm_fp8": False, "rmsnorm_residual": False}, dynamic=dynamic)
+        plain = run(
+            model,
+            [input_ids],
+            "primus_turbo",
+            options={**options, "rmsnorm_fp8": False, "rmsnorm_residual": False},
+            dynamic=dynamic,
+        )
     assert (counts["fp8"], counts["rmsnorm_residual"], counts["rmsnorm_fp8"], counts["glu_fp8"]) == (
-        7 * LAYERS + 1, LAYERS if dynamic_checkpointed else 2 * LAYERS, 2 * LAYERS, LAYERS)
+        7 * LAYERS + 1,
+        LAYERS if dynamic_checkpointed else 2 * LAYERS,
+        2 * LAYERS,
+        LAYERS,
+    )
     torch.testing.assert_close(fused[0][0], inductor[0][0], rtol=1e-2, atol=0)
     for f, p, i in zip(fused[1], plain[1], inductor[1]):
         assert f.dtype == i.dtype == torch.float32

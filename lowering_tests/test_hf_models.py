@@ -1,33 +1,76 @@
 """Hugging Face model families other than Llama (tiny configs, built from code) train in FP8 under autocast with fp32
 parameters, as the Trainer's mixed precision runs them: what each family's spelling lets the passes fuse."""
+
 import pytest
 import torch
-
-import turbo_inductor
 from compare import run, snr_db
 from conftest import DEVICE
 from test_hf_llama import LossOf
 
+import turbo_inductor
+
 transformers = pytest.importorskip("transformers")
 
 LAYERS = 2
-COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64, attn_implementation="sdpa")
+COMMON = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    attn_implementation="sdpa",
+)
 # family: (config, model, extra config, rewrites expected). Every linear becomes FP8 (q/k/v/o, gate/up/down, the
 # head): 7 per layer + 1, Phi-3's fused qkv and gate_up 4 per layer + 1. Gemma normalizes with (1 + weight) and
 # multiplies after the norm: its residual adds and its norms' casts stay; its GeGLU writes down_proj's FP8 input.
 FAMILIES = {
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {},  # q/k/v with biases
-              dict(rmsnorm=2 * LAYERS + 1, rmsnorm_residual=2 * LAYERS, glu=LAYERS, fp8=7 * LAYERS + 1,
-                   rmsnorm_fp8=2 * LAYERS, glu_fp8=LAYERS)),
-    "mistral": ("MistralConfig", "MistralForCausalLM", {},
-                dict(rmsnorm=2 * LAYERS + 1, rmsnorm_residual=2 * LAYERS, glu=LAYERS, fp8=7 * LAYERS + 1,
-                     rmsnorm_fp8=2 * LAYERS, glu_fp8=LAYERS)),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0},
-             dict(rmsnorm=2 * LAYERS + 1, rmsnorm_residual=2 * LAYERS, glu=LAYERS, fp8=4 * LAYERS + 1,
-                  rmsnorm_fp8=2 * LAYERS, glu_fp8=LAYERS)),
-    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16},
-              dict(rmsnorm=2 * LAYERS + 1, glu=LAYERS, fp8=7 * LAYERS + 1, glu_fp8=LAYERS)),
+    "qwen2": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        {},  # q/k/v with biases
+        dict(
+            rmsnorm=2 * LAYERS + 1,
+            rmsnorm_residual=2 * LAYERS,
+            glu=LAYERS,
+            fp8=7 * LAYERS + 1,
+            rmsnorm_fp8=2 * LAYERS,
+            glu_fp8=LAYERS,
+        ),
+    ),
+    "mistral": (
+        "MistralConfig",
+        "MistralForCausalLM",
+        {},
+        dict(
+            rmsnorm=2 * LAYERS + 1,
+            rmsnorm_residual=2 * LAYERS,
+            glu=LAYERS,
+            fp8=7 * LAYERS + 1,
+            rmsnorm_fp8=2 * LAYERS,
+            glu_fp8=LAYERS,
+        ),
+    ),
+    "phi3": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        {"pad_token_id": 0},
+        dict(
+            rmsnorm=2 * LAYERS + 1,
+            rmsnorm_residual=2 * LAYERS,
+            glu=LAYERS,
+            fp8=4 * LAYERS + 1,
+            rmsnorm_fp8=2 * LAYERS,
+            glu_fp8=LAYERS,
+        ),
+    ),
+    "gemma": (
+        "GemmaConfig",
+        "GemmaForCausalLM",
+        {"head_dim": 16},
+        dict(rmsnorm=2 * LAYERS + 1, glu=LAYERS, fp8=7 * LAYERS + 1, glu_fp8=LAYERS),
+    ),
 }
 
 

@@ -1,13 +1,14 @@
 """The README's main job runs on a CPU machine, reports every column and writes its JSON and PNG (timings are not
 checked here: they belong to the benchmark)."""
+
 import importlib.util
 import json
 
 import pytest
 import torch
+from compare import default_counts
 
 from benchmarks import convergence, run_model
-from compare import default_counts
 from turbo_inductor.kernels import registry
 
 
@@ -25,8 +26,12 @@ def test_main_job_runs_and_reports_every_column(capsys, tmp_path):
     out = capsys.readouterr().out
     written = json.loads((tmp_path / "model_tiny.json").read_text())
     peer = ["torchao fp8 rowwise", "torchao fp8 rowwise on primus_turbo"] if importlib.util.find_spec("torchao") else []
-    assert [c["column"] for c in written["columns"]] == ["eager", "inductor", "primus_turbo",
-                                                         "primus_turbo fp8 rowwise"] + peer
+    assert [c["column"] for c in written["columns"]] == [
+        "eager",
+        "inductor",
+        "primus_turbo",
+        "primus_turbo fp8 rowwise",
+    ] + peer
     for torchao in written["columns"][4:]:
         assert "error" not in torchao and torchao["out_snr_db"] > 20, "the peer's FP8 numerics, measured alike"
     if peer:  # primus_turbo runs the torchao model's four linears on its fp8_linear
@@ -39,7 +44,10 @@ def test_main_job_runs_and_reports_every_column(capsys, tmp_path):
     assert [r[0] for r in rows if "fused:" not in r] == ["eager", "inductor", "primus_turbo", "primus_turbo"]
     assert "failed" not in out
     assert [g["goal"].split(" >=")[0].split(" <=")[0] for g in written["goals"]] == [
-        "primus_turbo bf16", "primus_turbo fp8 rowwise", "compile time"]
+        "primus_turbo bf16",
+        "primus_turbo fp8 rowwise",
+        "compile time",
+    ]
     assert "goal: primus_turbo fp8 rowwise >= 1.40x Inductor bf16: " in out
     primus = next(r for r in rows if r[0] == "primus_turbo" and r[1] != "fp8" and "fused:" not in r)
     assert float(primus[-2]) > 30 and float(primus[-1]) > 30, "output and dx SNR against Inductor, in dB"
@@ -49,22 +57,46 @@ def test_goals_are_reported_met_or_missed_from_the_table():
     def row(column, speedup, peak=2.0, compile_s=10.0):
         return {"column": column, "speedup_vs_inductor": speedup, "peak_gib": peak, "compile_s": compile_s}
 
-    table = [row("inductor", 1.0), row("primus_turbo", 1.06, peak=2.1), row("primus_turbo fp8 tensorwise", 1.45),
-             row("primus_turbo fp8 rowwise", 1.39, compile_s=13.0), {"column": "primus_turbo fp8 mxfp8", "error": "x"}]
+    table = [
+        row("inductor", 1.0),
+        row("primus_turbo", 1.06, peak=2.1),
+        row("primus_turbo fp8 tensorwise", 1.45),
+        row("primus_turbo fp8 rowwise", 1.39, compile_s=13.0),
+        {"column": "primus_turbo fp8 mxfp8", "error": "x"},
+    ]
     report = {g["goal"]: (g["measured"], g["met"]) for g in run_model.goals(table)}
     assert report == {
         "primus_turbo bf16 >= 1.05x Inductor at no more peak memory": ("1.06x, 2.10 GiB vs 2.00 GiB", False),
         "primus_turbo fp8 tensorwise >= 1.40x Inductor bf16": ("1.45x", True),
         "primus_turbo fp8 rowwise >= 1.40x Inductor bf16": ("1.39x", False),
-        "compile time <= 1.25x Inductor's, every primus_turbo column":
-            ("1.30x at most (primus_turbo fp8 rowwise: 13.0 s vs 10.0 s)", False)}
+        "compile time <= 1.25x Inductor's, every primus_turbo column": (
+            "1.30x at most (primus_turbo fp8 rowwise: 13.0 s vs 10.0 s)",
+            False,
+        ),
+    }
     table[1]["peak_gib"] = 2.0
     assert run_model.goals(table)[0]["met"]
 
 
 def test_main_job_measures_inference(capsys, tmp_path):
-    run_model.main(["--config", "tiny", "--layers", "1", "--seq", "16", "--fp8", "", "--mode", "inference",
-                    "--impl", "reference", "--out", str(tmp_path)])
+    run_model.main(
+        [
+            "--config",
+            "tiny",
+            "--layers",
+            "1",
+            "--seq",
+            "16",
+            "--fp8",
+            "",
+            "--mode",
+            "inference",
+            "--impl",
+            "reference",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     written = json.loads((tmp_path / "model_tiny_inference.json").read_text())
     assert written["mode"] == "inference"
     columns = {c["column"]: c for c in written["columns"]}
@@ -79,8 +111,23 @@ def test_main_job_measures_inference(capsys, tmp_path):
 def test_main_job_measures_frozen_inference(tmp_path):
     import torch
 
-    run_model.main(["--config", "tiny", "--layers", "1", "--seq", "16", "--fp8", "rowwise", "--mode", "inference",
-                    "--freezing", "--out", str(tmp_path)])
+    run_model.main(
+        [
+            "--config",
+            "tiny",
+            "--layers",
+            "1",
+            "--seq",
+            "16",
+            "--fp8",
+            "rowwise",
+            "--mode",
+            "inference",
+            "--freezing",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     written = json.loads((tmp_path / "model_tiny_inference_frozen.json").read_text())
     assert written["freezing"] is True
     fp8 = next(c for c in written["columns"] if c["column"] == "primus_turbo fp8 rowwise")
@@ -91,8 +138,23 @@ def test_main_job_measures_frozen_inference(tmp_path):
 
 
 def test_training_with_frozen_linears_under_autocast_and_dynamic_shapes(tmp_path):
-    run_model.main(["--config", "tiny", "--layers", "1", "--seq", "16", "--fp8", "rowwise", "--frozen-linears",
-                    "--autocast", "--dynamic", "--out", str(tmp_path)])
+    run_model.main(
+        [
+            "--config",
+            "tiny",
+            "--layers",
+            "1",
+            "--seq",
+            "16",
+            "--fp8",
+            "rowwise",
+            "--frozen-linears",
+            "--autocast",
+            "--dynamic",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     written = json.loads((tmp_path / "model_tiny_frozen_linears_autocast_dynamic.json").read_text())
     assert written["frozen_linears"] is True and written["autocast"] is True and written["dynamic"] is True
     fp8 = next(c for c in written["columns"] if c["column"] == "primus_turbo fp8 rowwise")
@@ -116,15 +178,31 @@ def test_several_models_get_their_tables_and_one_chart_of_speedups_per_model(cap
 
 
 def test_a_column_of_any_backend_options(tmp_path):
-    run_model.main(["--config", "tiny", "--layers", "1", "--seq", "16", "--fp8", "", "--mode", "inference",
-                    "--column", 'no norms={"rmsnorm": false, "rmsnorm_residual": false}', "--out", str(tmp_path)])
+    run_model.main(
+        [
+            "--config",
+            "tiny",
+            "--layers",
+            "1",
+            "--seq",
+            "16",
+            "--fp8",
+            "",
+            "--mode",
+            "inference",
+            "--column",
+            'no norms={"rmsnorm": false, "rmsnorm_residual": false}',
+            "--out",
+            str(tmp_path),
+        ]
+    )
     columns = {c["column"]: c for c in json.loads((tmp_path / "model_tiny_inference.json").read_text())["columns"]}
     assert columns["primus_turbo no norms"]["rewrites"]["glu"] == 1
     assert "rmsnorm" not in columns["primus_turbo no norms"]["rewrites"]  # the passes turned off did not run
     assert columns["primus_turbo no norms"]["out_snr_db"] > 30
 
 
-@pytest.mark.parametrize("column", ["nameless", 'x=[1]', "x={bad"])
+@pytest.mark.parametrize("column", ["nameless", "x=[1]", "x={bad"])
 def test_a_bad_column_is_named(capsys, column):
     with pytest.raises(SystemExit):
         run_model.main(["--config", "tiny", "--column", column])
@@ -151,8 +229,9 @@ def _fsdp2_benchmark(rank, port, out):
 
     from benchmarks import bench_fsdp2
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                      LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank)
+    )
     bench_fsdp2.main(["--config", "tiny", "--layers", "1", "--seq", "16", "--fp8", "rowwise", "--out", out])
 
 
@@ -165,8 +244,10 @@ def test_fsdp2_benchmark_runs_every_column_on_two_processes(tmp_path):
     written = json.loads((tmp_path / "fsdp2_tiny.json").read_text())
     columns = {c["column"]: c for c in written["columns"]}
     peer = ["torchao fp8 rowwise"] if importlib.util.find_spec("torchao") else []
-    assert list(columns) == ["inductor", "primus_turbo", "primus_turbo fp8 rowwise",
-                             "primus_turbo fp8 rowwise, W^T not saved"] + peer
+    assert (
+        list(columns)
+        == ["inductor", "primus_turbo", "primus_turbo fp8 rowwise", "primus_turbo fp8 rowwise, W^T not saved"] + peer
+    )
     assert written["world"] == 2
     assert columns["primus_turbo"]["rewrites"] == {"rmsnorm": 2, "rmsnorm_residual": 1, "glu": 1}
     assert columns["primus_turbo"]["out_snr_db"] > 40 and columns["primus_turbo"]["worst_grad_snr_db"] > 30

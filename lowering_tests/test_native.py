@@ -2,6 +2,7 @@
 kernels (built on the CPU from csrc/registration.cpp), and, where the extension was built (GPU), the ops against
 the Triton kernels and in a compiled model. Their numerics against float64 run in test_rmsnorm_kernels.py and
 test_fp8_quant_kernels.py, which take the native implementation where it is built."""
+
 import pathlib
 import re
 import shutil
@@ -10,10 +11,10 @@ import sys
 import pytest
 import torch
 import torch.nn as nn
-
-import turbo_inductor
 from compare import assert_matches_inductor
 from conftest import DEVICE
+
+import turbo_inductor
 from turbo_inductor.kernels import native, registry
 
 CSRC = pathlib.Path(__file__).resolve().parent.parent / "csrc"
@@ -28,12 +29,15 @@ def test_python_layer_works_without_native_kernels():
     cpu = torch.device("cpu")
     for kernel in ("rmsnorm_fwd", "rmsnorm_bwd", "fp8_quantize"):
         assert "native" in registry.implementations(kernel)
-        assert registry.implementations(kernel)["native"].unavailable_reason(cpu) == "the native kernels run on GPUs only"
+        assert (
+            registry.implementations(kernel)["native"].unavailable_reason(cpu) == "the native kernels run on GPUs only"
+        )
     with pytest.raises(RuntimeError, match="'native' of rmsnorm_fwd cannot run on cpu: the native kernels run on GPUs"):
         turbo_inductor.ops.rmsnorm(torch.randn(4, 8), torch.randn(8), impl="native")
     x = torch.randn(4, 8)
-    torch.testing.assert_close(turbo_inductor.ops.rmsnorm(x, None, eps=1e-6),
-                               x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6))
+    torch.testing.assert_close(
+        turbo_inductor.ops.rmsnorm(x, None, eps=1e-6), x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6)
+    )
 
 
 def test_the_dispatcher_sends_each_quantization_to_the_faster_kernel():
@@ -60,7 +64,8 @@ def test_missing_extension_is_explained():
 # ---------------------------------------------------------------------------------------------------------------
 CUDA_ONLY = re.compile(
     r"\b(cuda[A-Z]\w*|__nv_\w+|nv_bfloat16\w*|cub::|asm|__shfl(_\w+)?_sync|__ballot_sync|__activemask|"
-    r"cuda_(fp8|fp16|bf16|runtime)\.h|__CUDA_ARCH__|CUDART_\w+|__syncwarp|__v(max|min)[su][24])\b")
+    r"cuda_(fp8|fp16|bf16|runtime)\.h|__CUDA_ARCH__|CUDART_\w+|__syncwarp|__v(max|min)[su][24])\b"
+)
 BRANCH = re.compile(r"#\s*(if|ifdef|ifndef|elif|else|endif)\b(.*)")
 
 
@@ -98,10 +103,17 @@ def hipify(directory: pathlib.Path) -> dict[str, str]:
     changed nothing), by the source's name, as torch's extension builder runs hipify."""
     from torch.utils.hipify import hipify_python
 
-    results = hipify_python.hipify(project_directory=str(directory), output_directory=str(directory),
-                                   includes=[str(directory / "*")], is_pytorch_extension=True, show_progress=False)
-    return {pathlib.Path(source).name: pathlib.Path(result.hipified_path or source).read_text()
-            for source, result in results.items()}
+    results = hipify_python.hipify(
+        project_directory=str(directory),
+        output_directory=str(directory),
+        includes=[str(directory / "*")],
+        is_pytorch_extension=True,
+        show_progress=False,
+    )
+    return {
+        pathlib.Path(source).name: pathlib.Path(result.hipified_path or source).read_text()
+        for source, result in results.items()
+    }
 
 
 def test_hipify_leaves_no_cuda_only_code(tmp_path):
@@ -119,8 +131,9 @@ def test_the_check_finds_what_hip_cannot_compile(tmp_path):
     (tmp_path / "csrc").mkdir()
     (tmp_path / "csrc" / "bad.cu").write_text(
         "#include <cuda_fp8.h>\n"
-        "__device__ float f(float v) { asm volatile(\"\"); return __shfl_xor_sync(0xffffffff, v, 1); }\n"
-        "#ifndef USE_ROCM\n__device__ void g() { __nv_cvt_float_to_fp8(0.f, __NV_SATFINITE, __NV_E4M3); }\n#endif\n")
+        '__device__ float f(float v) { asm volatile(""); return __shfl_xor_sync(0xffffffff, v, 1); }\n'
+        "#ifndef USE_ROCM\n__device__ void g() { __nv_cvt_float_to_fp8(0.f, __NV_SATFINITE, __NV_E4M3); }\n#endif\n"
+    )
     found = set().union(*(cuda_only_spellings(t) for t in hipify(tmp_path / "csrc").values()))
     assert {"asm", "__shfl_xor_sync"} <= found and "__nv_cvt_float_to_fp8" not in found
 
@@ -153,9 +166,8 @@ def test_meta_kernels_give_the_reference_shapes(native_ops):
     for M, K, br, bc in [(5, 12, 12, 12), (5, 12, 1, 12), (5, 12, 5, 1), (7, 3, 1, 1000)]:
         for transpose, both in [(False, False), (True, False), (False, True)]:
             got = native_ops.fp8_quantize(meta(x.new_empty(M, K)), torch.float8_e5m2, br, bc, transpose, False, both)
-            want = fp8_quant.fp8_quantize(torch.randn(M, K), torch.float8_e5m2, br, bc, transpose,
-                                          both_layouts=both)
-            assert [(g.shape, g.dtype) for g in got[:len(want)]] == [(t.shape, t.dtype) for t in want]
+            want = fp8_quant.fp8_quantize(torch.randn(M, K), torch.float8_e5m2, br, bc, transpose, both_layouts=both)
+            assert [(g.shape, g.dtype) for g in got[: len(want)]] == [(t.shape, t.dtype) for t in want]
             assert both or [g.shape for g in got[2:]] == [(0,), (0,)]
 
 
@@ -171,7 +183,7 @@ def test_meta_kernels_take_symbolic_sizes(native_ops):
         return q, y
 
     graph = make_fx(f, tracing_mode="symbolic")(torch.randn(7, 16))
-    (q, scale, q_t, y, rstd), = shapes
+    ((q, scale, q_t, y, rstd),) = shapes
     rows = q[0]
     assert isinstance(rows, torch.SymInt) and q == (rows, 16) and q_t == (16, rows) and scale == (rows, 1)
     assert y == (rows, 16) and rstd == (rows,)
@@ -190,8 +202,9 @@ def test_native_ops_pass_opcheck():
     rstd = ops.rmsnorm_fwd(x, w, None, 1e-6)[2]
     torch.library.opcheck(ops.rmsnorm_bwd, (x.clone(), x, w, rstd, None))
     for args in [(1, 512, False, False, True), (64, 512, True, False, False), (64, 1, True, True, False)]:
-        torch.library.opcheck(ops.fp8_quantize, (x, torch.float8_e4m3fn, *args), test_utils=("test_schema",
-                                                                                            "test_faketensor"))
+        torch.library.opcheck(
+            ops.fp8_quantize, (x, torch.float8_e4m3fn, *args), test_utils=("test_schema", "test_faketensor")
+        )
     # our public ops with the native implementation forced, autograd included
     torch.library.opcheck(torch.ops.turbo_inductor.rmsnorm_fwd, (x.requires_grad_(), w, 1e-6, "native"))
 
@@ -219,11 +232,15 @@ def test_native_agrees_with_triton_at_real_sizes(rows, H, dtype):
     assert torch.equal(nat_b[0], again[0]) and torch.equal(nat_b[1], again[1])  # deterministic, dw included
     tri_b = triton_rmsnorm.rmsnorm_bwd(dy, nat[1], w, nat[2], r)
     torch.testing.assert_close(nat_b[0], tri_b[0], rtol=tol, atol=tol)
-    torch.testing.assert_close(nat_b[1].float(), tri_b[1].float(), rtol=tol, atol=tol * rows ** 0.5)
+    torch.testing.assert_close(nat_b[1].float(), tri_b[1].float(), rtol=tol, atol=tol * rows**0.5)
     quantize = registry.implementations("fp8_quantize")["native"].fn
     whole = max(rows, H)  # the whole dimension in either layout
-    for br, bc, transpose, both in [(whole, whole, False, True), (1, whole, False, True), (1, H, False, False),
-                                    (rows, 1, True, False)]:
+    for br, bc, transpose, both in [
+        (whole, whole, False, True),
+        (1, whole, False, True),
+        (1, H, False, False),
+        (rows, 1, True, False),
+    ]:
         got = quantize(x, torch.float8_e4m3fn, br, bc, transpose, both_layouts=both)
         want = triton_fp8.fp8_quantize(x, torch.float8_e4m3fn, br, bc, transpose, both_layouts=both)
         assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got[1::2], want[1::2]))  # scales
@@ -253,12 +270,18 @@ def test_failed_native_build_installs_without_it_unless_required(tmp_path, monke
     helpers = runpy.run_path(str(CSRC.parent / "setup.py"), run_name="turbo_inductor_setup")
     (tmp_path / "broken.cpp").write_text("int broken( {\n")  # a compiler error, as a mismatched toolkit would give
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["setup.py", "build_ext", "--inplace"])  # a build (pip's metadata runs say nothing)
+    monkeypatch.setattr(
+        sys, "argv", ["setup.py", "build_ext", "--inplace"]
+    )  # a build (pip's metadata runs say nothing)
     build = helpers["optional_build"](cpp_extension.BuildExtension, required)
 
     def run():
-        setuptools.setup(name="broken", script_args=["-q", "build_ext", "--inplace"], cmdclass={"build_ext": build},
-                         ext_modules=[cpp_extension.CppExtension("broken", ["broken.cpp"])])
+        setuptools.setup(
+            name="broken",
+            script_args=["-q", "build_ext", "--inplace"],
+            cmdclass={"build_ext": build},
+            ext_modules=[cpp_extension.CppExtension("broken", ["broken.cpp"])],
+        )
 
     if required:
         with pytest.raises(RuntimeError, match="Error compiling objects"):

@@ -1,15 +1,16 @@
 """Reliability across the backend: the compile caches, run-to-run reproducibility, dynamic shapes for every rewrite."""
+
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from compare import default_counts
+from conftest import DEVICE
 from torch._dynamo.utils import counters
 
 import turbo_inductor
-from compare import default_counts
-from conftest import DEVICE
-from turbo_inductor.passes import manager
 from benchmarks.llama import CONFIGS, LlamaDecoder
+from turbo_inductor.passes import manager
 
 
 def tiny_decoder():
@@ -29,8 +30,10 @@ def train_step(model, x, options=None):
 def test_warm_cache_reproduces_rewrites_and_results_and_options_and_versions_invalidate_it(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     x = torch.randn(2, 8, 64)
-    with (torch._inductor.config.patch(fx_graph_cache=True, fx_graph_remote_cache=False),
-          torch._functorch.config.patch(enable_autograd_cache=True)):
+    with (
+        torch._inductor.config.patch(fx_graph_cache=True, fx_graph_remote_cache=False),
+        torch._functorch.config.patch(enable_autograd_cache=True),
+    ):
         cold = train_step(tiny_decoder(), x)
         cold_counts = turbo_inductor.rewrite_counts()
         torch._dynamo.reset()
@@ -84,7 +87,7 @@ def test_fp8_rewrite_with_dynamic_batch_and_sequence_does_not_recompile():
         out = compiled(x)
         expected = model(x)
         assert out.shape == expected.shape
-        assert (out - expected).pow(2).sum() < 10 ** -2.5 * expected.pow(2).sum(), "25 dB"
+        assert (out - expected).pow(2).sum() < 10**-2.5 * expected.pow(2).sum(), "25 dB"
         out.sum().backward()
     assert len(turbo_inductor.compile_records()) == 1, "a new size must not recompile"
     assert turbo_inductor.rewrite_counts()["fp8"] == 2
@@ -125,8 +128,9 @@ def _forward_and_backward(model, x, rewrite_options=None):
             graphs.append(graph_module)
             return make_boxed_func(graph_module.forward)
 
-        return aot_module_simplified(gm, inputs, fw_compiler=compiler, bw_compiler=compiler,
-                                     partition_fn=min_cut_rematerialization_partition)
+        return aot_module_simplified(
+            gm, inputs, fw_compiler=compiler, bw_compiler=compiler, partition_fn=min_cut_rematerialization_partition
+        )
 
     torch._dynamo.reset()
     torch.compile(model, backend=backend)(x).sum().backward()

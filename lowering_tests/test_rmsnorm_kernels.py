@@ -1,11 +1,13 @@
 """RMSNorm kernels called directly (not through torch.ops): the reference and the Triton implementation against
-float64 math written here. Without a GPU the Triton kernels run in the interpreter (conftest sets TRITON_INTERPRET=1)."""
+float64 math written here. Without a GPU the Triton kernels run in the interpreter (conftest sets
+TRITON_INTERPRET=1)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import native_on_device
+
 from turbo_inductor.kernels import registry
 from turbo_inductor.kernels.reference import rmsnorm as reference_rmsnorm
 from turbo_inductor.kernels.triton import interpreting
@@ -127,11 +129,13 @@ def _check_bwd(impl, rows, H, dtype, has_weight, has_dresidual, weight_dtype=Non
 # ---------------------------------------------------------------------------------------------------------------
 def sweep(test):
     """Every implementation x dtype x H x rows x (weight, residual) combination."""
-    for mark in (pytest.mark.parametrize("flags", FLAGS, ids=_flag_id),
-                 pytest.mark.parametrize("rows", [0, 1, 3, 33]),
-                 pytest.mark.parametrize("H", [1, 127, 256, 4097]),
-                 pytest.mark.parametrize("dtype", DTYPES, ids=str),
-                 pytest.mark.parametrize("impl_name", list(IMPLS))):
+    for mark in (
+        pytest.mark.parametrize("flags", FLAGS, ids=_flag_id),
+        pytest.mark.parametrize("rows", [0, 1, 3, 33]),
+        pytest.mark.parametrize("H", [1, 127, 256, 4097]),
+        pytest.mark.parametrize("dtype", DTYPES, ids=str),
+        pytest.mark.parametrize("impl_name", list(IMPLS)),
+    ):
         test = mark(test)
     return test
 
@@ -156,9 +160,13 @@ def test_weight_dtype_differs_from_input(impl_name):
 def test_empty_rows_give_zero_dw():
     for impl in IMPLS.values():
         w = _weight(127, torch.float32, 0)
-        dx, dw = impl.rmsnorm_bwd(torch.empty(0, 127, dtype=torch.float16, device=DEVICE),
-                                  torch.empty(0, 127, dtype=torch.float16, device=DEVICE), w,
-                                  torch.empty(0, device=DEVICE), None)
+        dx, dw = impl.rmsnorm_bwd(
+            torch.empty(0, 127, dtype=torch.float16, device=DEVICE),
+            torch.empty(0, 127, dtype=torch.float16, device=DEVICE),
+            w,
+            torch.empty(0, device=DEVICE),
+            None,
+        )
         assert dx.shape == (0, 127)
         assert dw.dtype == torch.float32 and torch.equal(dw, torch.zeros_like(dw))
 

@@ -1,9 +1,10 @@
 """The RMSNorm ops through torch.ops / the Python API: opcheck, float64 reference, odd shapes, bad input."""
+
 import pytest
 import torch
+from conftest import DEVICE, assert_close
 
 import turbo_inductor
-from conftest import DEVICE, assert_close
 from turbo_inductor.kernels.triton import interpreting
 
 IMPLS = ["triton", "reference"]
@@ -59,13 +60,20 @@ def test_forward_backward_against_float64(impl, dtype, hidden, with_weight):
     assert_close(x.grad, x64.grad, dtype)
     if with_weight:
         # dweight sums over rows: compare relative to its scale
-        torch.testing.assert_close(w.grad.double(), w64.grad, rtol=2e-2 if dtype != torch.float32 else 1e-4,
-                                   atol=(2e-2 if dtype != torch.float32 else 1e-4) * w64.grad.abs().max().item())
+        torch.testing.assert_close(
+            w.grad.double(),
+            w64.grad,
+            rtol=2e-2 if dtype != torch.float32 else 1e-4,
+            atol=(2e-2 if dtype != torch.float32 else 1e-4) * w64.grad.abs().max().item(),
+        )
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("x_dtype, r_dtype", [(d, d) for d in DTYPES] + [
-    (torch.bfloat16, torch.float32), (torch.float32, torch.float16), (torch.float16, torch.bfloat16)])
+@pytest.mark.parametrize(
+    "x_dtype, r_dtype",
+    [(d, d) for d in DTYPES]
+    + [(torch.bfloat16, torch.float32), (torch.float32, torch.float16), (torch.float16, torch.bfloat16)],
+)
 def test_residual_forward_backward_against_float64(impl, x_dtype, r_dtype):
     """Where x's and the residual's dtypes differ (under torch.autocast a bf16 branch output joins an fp32 residual
     stream), y and the sum come in the add's promoted dtype, the sum equal to the add's, and each addend's gradient
@@ -84,7 +92,7 @@ def test_residual_forward_backward_against_float64(impl, x_dtype, r_dtype):
     ref_y, ref_total = reference(x.detach(), w.detach(), 1e-6, residual=r.detach())
     if impl == "triton" and promoted == torch.bfloat16 and interpreting():
         # Triton's CPU interpreter truncates fp32 -> bf16 instead of rounding to nearest even: 1 ulp
-        torch.testing.assert_close(total, ref_total, rtol=2 ** -7, atol=0)
+        torch.testing.assert_close(total, ref_total, rtol=2**-7, atol=0)
     else:
         assert torch.equal(total, ref_total), "the sum is the add rounded to its dtype"
     assert_close(y, ref_y, promoted)
@@ -124,17 +132,25 @@ def test_nan_propagates_to_its_row_only(impl):
     assert torch.isnan(y[1]).all() and not torch.isnan(y[[0, 2, 3]]).any()
 
 
-@pytest.mark.parametrize("args, message", [
-    (lambda: (torch.randint(0, 5, (2, 8), device=DEVICE), None), "x has dtype torch.int64"),
-    (lambda: (make((2, 8), torch.float32), make((7,), torch.float32)), "weight has shape [7] but x's last dimension is 8"),
-    (lambda: (make((2, 8), torch.float32), make((8,), torch.float64)), "weight has dtype torch.float64"),
-    (lambda: (make((), torch.float32), None), "at least one dimension"),
-    (lambda: (make((2, 8), torch.float32), torch.ones(8, device="meta")), "different devices"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (lambda: (torch.randint(0, 5, (2, 8), device=DEVICE), None), "x has dtype torch.int64"),
+        (
+            lambda: (make((2, 8), torch.float32), make((7,), torch.float32)),
+            "weight has shape [7] but x's last dimension is 8",
+        ),
+        (lambda: (make((2, 8), torch.float32), make((8,), torch.float64)), "weight has dtype torch.float64"),
+        (lambda: (make((), torch.float32), None), "at least one dimension"),
+        (lambda: (make((2, 8), torch.float32), torch.ones(8, device="meta")), "different devices"),
+    ],
+)
 def test_bad_input_is_named(args, message):
     x, w = args()
-    with pytest.raises(ValueError, match="turbo_inductor.rmsnorm: .*" + message.replace("[", r"\[")
-                       .replace("]", r"\]").replace(".", r"\.")):
+    with pytest.raises(
+        ValueError,
+        match="turbo_inductor.rmsnorm: .*" + message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\."),
+    ):
         turbo_inductor.ops.rmsnorm(x, w)
 
 

@@ -1,13 +1,14 @@
 """The RMSNorm rewrites: which spellings are replaced, how many, in forward and backward, with the same results
 as backend="inductor"; near misses left alone."""
+
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-import turbo_inductor
 from compare import assert_matches_inductor, kernel_calls, ops_after, ops_before
 from conftest import DEVICE
+
+import turbo_inductor
 
 H = 64
 
@@ -96,8 +97,15 @@ def check_rewritten(counts, n, train, name="rmsnorm", op="turbo_inductor.rmsnorm
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("train", [True, False])
 def test_spellings_are_rewritten(dtype, train):
-    model = Stacked(HFRMSNorm(), HFRMSNorm(weight_first=False, eps=1e-5), TitanRMSNorm(),
-                    nn.RMSNorm(H, eps=1e-6), nn.RMSNorm(H), FunctionalNorm(1e-4), SqrtDivNorm()).to(dtype)
+    model = Stacked(
+        HFRMSNorm(),
+        HFRMSNorm(weight_first=False, eps=1e-5),
+        TitanRMSNorm(),
+        nn.RMSNorm(H, eps=1e-6),
+        nn.RMSNorm(H),
+        FunctionalNorm(1e-4),
+        SqrtDivNorm(),
+    ).to(dtype)
     counts = assert_matches_inductor(model, [randn(2, 5, H, dtype=dtype)], train=train)
     check_rewritten(counts, 7, train)
 
@@ -222,8 +230,18 @@ class NearMiss(nn.Module):
         raise AssertionError(v)
 
 
-@pytest.mark.parametrize("variant", ["mean_over_other_dim", "cube", "no_keepdim", "variance_used_elsewhere",
-                                     "normalizes_another_tensor", "eps_outside_rsqrt", "two_normalized_dims"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "mean_over_other_dim",
+        "cube",
+        "no_keepdim",
+        "variance_used_elsewhere",
+        "normalizes_another_tensor",
+        "eps_outside_rsqrt",
+        "two_normalized_dims",
+    ],
+)
 def test_near_misses_are_left_alone(variant):
     counts = assert_matches_inductor(NearMiss(variant), [randn(3, 4, H)])
     assert counts["rmsnorm"] == 0

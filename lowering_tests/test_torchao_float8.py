@@ -1,15 +1,16 @@
 """A model converted by torchao (``convert_to_float8_training``) and compiled with backend="primus_turbo": its
 Float8Linear matmuls become our fp8_linear with the same recipe, forward and backward, at torchao's accuracy."""
+
 import copy
 
 import pytest
 import torch
 import torch.nn as nn
+from compare import assert_ran, ops_after, run, snr_db
+from conftest import DEVICE
 
 import turbo_inductor
 from turbo_inductor.ops.fp8 import fp8_formats
-from compare import assert_ran, ops_after, run, snr_db
-from conftest import DEVICE
 
 torchao_float8 = pytest.importorskip("torchao.float8")
 
@@ -20,8 +21,12 @@ OURS = {"tensorwise": "tensorwise", "rowwise": "rowwise_pow2"}  # torchao's reci
 
 def trampolines(counts: str) -> int:
     """Dynamo's calls of an autograd function kept whole (torchao's matmul), in the op counts ``counts``."""
-    return sum(n for record in turbo_inductor.compile_records() for op, n in getattr(record, counts).items()
-               if op.endswith("trampoline_autograd_apply"))
+    return sum(
+        n
+        for record in turbo_inductor.compile_records()
+        for op, n in getattr(record, counts).items()
+        if op.endswith("trampoline_autograd_apply")
+    )
 
 
 def mlp():
@@ -62,9 +67,11 @@ def other_format():
     """FP8 casts in formats no recipe of ours uses, that every FP8 GEMM takes (no e5m2 x e5m2 product): x in
     e5m2, W and dy in e4m3."""
     e4m3, e5m2 = fp8_formats(torch.device(DEVICE))
-    return torchao_float8.Float8LinearConfig(cast_config_input=torchao_float8.CastConfig(target_dtype=e5m2),
-                                             cast_config_weight=torchao_float8.CastConfig(target_dtype=e4m3),
-                                             cast_config_grad_output=torchao_float8.CastConfig(target_dtype=e4m3))
+    return torchao_float8.Float8LinearConfig(
+        cast_config_input=torchao_float8.CastConfig(target_dtype=e5m2),
+        cast_config_weight=torchao_float8.CastConfig(target_dtype=e4m3),
+        cast_config_grad_output=torchao_float8.CastConfig(target_dtype=e4m3),
+    )
 
 
 def full_accumulation():
@@ -72,14 +79,18 @@ def full_accumulation():
     return torchao_float8.Float8LinearConfig(gemm_config_output=torchao_float8.Float8GemmConfig(use_fast_accum=False))
 
 
-@pytest.mark.parametrize("change", ["rowwise_with_gw_hp", "pad_inner_dim", "power_of_two_tensorwise", "other_format",
-                                    "full_accumulation"])
+@pytest.mark.parametrize(
+    "change", ["rowwise_with_gw_hp", "pad_inner_dim", "power_of_two_tensorwise", "other_format", "full_accumulation"]
+)
 def test_configs_that_are_not_our_recipes_stay_with_torchao(change):
     from_name = torchao_float8.Float8LinearConfig.from_recipe_name
-    config = {"rowwise_with_gw_hp": lambda: from_name("rowwise_with_gw_hp"),
-              "pad_inner_dim": lambda: torchao_float8.Float8LinearConfig(pad_inner_dim=True),
-              "power_of_two_tensorwise": lambda: torchao_float8.Float8LinearConfig(round_scales_to_power_of_2=True),
-              "other_format": other_format, "full_accumulation": full_accumulation}[change]()
+    config = {
+        "rowwise_with_gw_hp": lambda: from_name("rowwise_with_gw_hp"),
+        "pad_inner_dim": lambda: torchao_float8.Float8LinearConfig(pad_inner_dim=True),
+        "power_of_two_tensorwise": lambda: torchao_float8.Float8LinearConfig(round_scales_to_power_of_2=True),
+        "other_format": other_format,
+        "full_accumulation": full_accumulation,
+    }[change]()
     model, x = mlp(), torch.randn(4, 8, 64, device=DEVICE)
     fp8 = converted(model, config)
     torchao = run(fp8, [x], "inductor")

@@ -3,15 +3,16 @@ kernels itself), one opaque call where it does not (the Triton interpreter on CP
 
 On CPU the reference implementation stands in for the GPU's Triton one: both trace, and the graphs and results show
 that the op's body (not a call back into the op) is what runs."""
+
 import pytest
 import torch
 import torch.nn as nn
+from compare import assert_matches_inductor, default_counts
+from conftest import DEVICE
 from functorch.compile import aot_function, make_boxed_func
 from torch._inductor.utils import run_and_get_code
 
 import turbo_inductor
-from compare import assert_matches_inductor, default_counts
-from conftest import DEVICE
 
 pytestmark = pytest.mark.skipif(DEVICE != "cpu", reason="the GPU traces its Triton kernels: test_gpu.py")
 
@@ -25,14 +26,26 @@ def _inputs(*shapes):
 
 # name -> (call taking impl, input shapes, the kernel-level ops it uses in forward and backward)
 CASES = {
-    "rmsnorm": (lambda impl: lambda x, w: turbo_inductor.ops.rmsnorm(x, w, eps=1e-6, impl=impl),
-                [(6, 40), (40,)], {"rmsnorm_fwd", "rmsnorm_bwd"}),
-    "rmsnorm_residual": (lambda impl: lambda x, r, w: turbo_inductor.ops.rmsnorm_residual(x, r, w, 1e-6, impl=impl),
-                         [(6, 40), (6, 40), (40,)], {"rmsnorm_residual_fwd", "rmsnorm_bwd"}),
-    "swiglu": (lambda impl: lambda g, u: turbo_inductor.ops.swiglu(g, u, impl=impl),
-               [(6, 40), (6, 40)], {"glu", "glu_bwd"}),
-    "glu_fused": (lambda impl: lambda x: turbo_inductor.ops.glu_fused(x, impl=impl),
-                  [(6, 80)], {"glu_fused", "glu_fused_bwd"}),
+    "rmsnorm": (
+        lambda impl: lambda x, w: turbo_inductor.ops.rmsnorm(x, w, eps=1e-6, impl=impl),
+        [(6, 40), (40,)],
+        {"rmsnorm_fwd", "rmsnorm_bwd"},
+    ),
+    "rmsnorm_residual": (
+        lambda impl: lambda x, r, w: turbo_inductor.ops.rmsnorm_residual(x, r, w, 1e-6, impl=impl),
+        [(6, 40), (6, 40), (40,)],
+        {"rmsnorm_residual_fwd", "rmsnorm_bwd"},
+    ),
+    "swiglu": (
+        lambda impl: lambda g, u: turbo_inductor.ops.swiglu(g, u, impl=impl),
+        [(6, 40), (6, 40)],
+        {"glu", "glu_bwd"},
+    ),
+    "glu_fused": (
+        lambda impl: lambda x: turbo_inductor.ops.glu_fused(x, impl=impl),
+        [(6, 80)],
+        {"glu_fused", "glu_fused_bwd"},
+    ),
 }
 FP8_LINEAR = (lambda x, w: turbo_inductor.ops.fp8_linear(x, w, None, "rowwise", impl=REFERENCE), [(6, 32), (16, 32)])
 
@@ -94,6 +107,7 @@ def test_op_with_an_untraceable_kernel_stays_one_call():
 def test_fp8_linear_without_gradients_runs_the_forward_alone():
     """Where no gradient is wanted, fp8_linear decomposes to fp8_linear_inference, which writes no transposed
     operands for a backward; with gradients, to fp8_linear_fwd (which does, for tensorwise) and fp8_linear_bwd."""
+
     def linear(x, w):
         return turbo_inductor.ops.fp8_linear(x, w, None, "tensorwise", impl=REFERENCE)
 

@@ -1,9 +1,10 @@
 """turbo_inductor: a torch.compile backend ("primus_turbo") that routes LLM building blocks onto fused kernels.
 
-    model = torch.compile(model, backend="primus_turbo")          # no import needed
-    turbo_inductor.ops.rmsnorm(x, weight, eps=1e-6)               # the ops, callable directly
-    turbo_inductor.rewrite_counts()                               # what the last compilations rewrote
+model = torch.compile(model, backend="primus_turbo")          # no import needed
+turbo_inductor.ops.rmsnorm(x, weight, eps=1e-6)               # the ops, callable directly
+turbo_inductor.rewrite_counts()                               # what the last compilations rewrote
 """
+
 from . import ops
 from .kernels.registry import kernel_calls, reset_kernel_calls
 from .passes import compile_records, reset_records, rewrite_counts

@@ -6,10 +6,12 @@ sees the graph Dynamo captured before AOTAutograd. The ops the passes insert car
 fused kernels run in the forward and in the backward. A graph with nothing to fuse compiles exactly as with
 backend="inductor".
 """
+
 from __future__ import annotations
 
 import warnings
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch._inductor import config as inductor_config
@@ -27,8 +29,11 @@ def primus_turbo(gm: torch.fx.GraphModule, example_inputs: list[Any], options: M
     if patches.get("freezing") and not inductor_config.freezing:
         # Dynamo chose which parameters become constants before this call, reading the global config alone: the
         # option would freeze nothing (backend="inductor" alike), and the FP8 linears would quantize W at each call.
-        warnings.warn("primus_turbo: options={'freezing': True} freezes no parameter; set "
-                      "torch._inductor.config.freezing = True before compiling", stacklevel=2)
+        warnings.warn(
+            "primus_turbo: options={'freezing': True} freezes no parameter; set "
+            "torch._inductor.config.freezing = True before compiling",
+            stacklevel=2,
+        )
     manager = patches["pre_grad_custom_pass"] = PassManager(PASSES, parsed)
     if hasattr(inductor_config, "pre_grad_pass_timing"):
         # Run the passes before the cache lookup (torch >= 2.12 would otherwise run a pass that has a uuid only on a

@@ -12,11 +12,13 @@ Option keys of our own:
 Every other key must be an Inductor config key (``"max_autotune"``, ``"triton.cudagraphs"``...) and is passed to
 Inductor unchanged. ``options=`` wins over the environment.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from torch._inductor import config as inductor_config
 
@@ -67,7 +69,7 @@ class Options:
         return repr((self.passes, self.impl))
 
     @classmethod
-    def parse(cls, options: Mapping[str, Any] | None, passes: Sequence) -> "Options":
+    def parse(cls, options: Mapping[str, Any] | None, passes: Sequence) -> Options:
         """``passes``: the rewrite passes (each with ``name``, ``default`` and ``parse_option(value)``)."""
         options = dict(options or {})
 
@@ -86,7 +88,8 @@ class Options:
             if not _is_inductor_option(key):
                 raise ValueError(
                     f"primus_turbo: unknown option {key!r}: not a pass ({', '.join(pass_names)}), not one of "
-                    "impl/strict/record_graphs, and not an Inductor config key")
+                    "impl/strict/record_graphs, and not an Inductor config key"
+                )
             inductor.append((key, val))
         return cls(values, impl, strict, record_graphs, tuple(inductor))
 

@@ -10,6 +10,7 @@ backend fills from ``options={"impl": ...}``) or with the environment variable `
 error, never a silent substitute. ``autotune`` (for every kernel or per kernel) measures every candidate once
 per argument signature (shapes, dtypes, other arguments) and device, and keeps the fastest for the process.
 """
+
 from __future__ import annotations
 
 import collections
@@ -20,7 +21,7 @@ import functools
 import logging
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -70,10 +71,15 @@ def never(device: torch.device) -> bool:
     return False
 
 
-def implementation(kernel: str, name: str, *, priority: int | Callable[[torch.device], int],
-                   unavailable_reason: Callable[[torch.device], str | None],
-                   traceable: Callable[[torch.device], bool] = always,
-                   supports: Callable[..., str | None] | None = None):
+def implementation(
+    kernel: str,
+    name: str,
+    *,
+    priority: int | Callable[[torch.device], int],
+    unavailable_reason: Callable[[torch.device], str | None],
+    traceable: Callable[[torch.device], bool] = always,
+    supports: Callable[..., str | None] | None = None,
+):
     """Decorator: register ``fn`` as implementation ``name`` of ``kernel``. ``supports(*args)``: for an
     implementation that takes only some of the kernel's arguments, None when it takes these, else why not."""
 
@@ -130,7 +136,7 @@ def available_on(kernel: str, device: torch.device) -> bool:
     return any(i.unavailable_reason(device) is None for i in implementations(kernel).values())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _candidates(kernel: str, device_type: str, impl: str, env: str) -> tuple[str, tuple[Implementation, ...]]:
     """``(how, candidates)``: how ("forced", "auto" or "autotune") the call picks among the candidates, which are
     the implementations that run on the device, best first."""
@@ -145,20 +151,25 @@ def _candidates(kernel: str, device_type: str, impl: str, env: str) -> tuple[str
         if requested not in impls:
             raise ValueError(
                 f"turbo_inductor: {kernel} has no implementation {requested!r} "
-                f"(choose from {sorted(impls)}, 'auto' or 'autotune')")
+                f"(choose from {sorted(impls)}, 'auto' or 'autotune')"
+            )
         reason = impls[requested].unavailable_reason(device)
         if reason is not None:
             raise RuntimeError(
-                f"turbo_inductor: implementation {requested!r} of {kernel} cannot run on {device_type}: {reason}")
+                f"turbo_inductor: implementation {requested!r} of {kernel} cannot run on {device_type}: {reason}"
+            )
         return "forced", (impls[requested],)
-    usable = sorted((i for i in impls.values() if i.unavailable_reason(device) is None),
-                    key=lambda i: i.priority_on(device), reverse=True)
+    usable = sorted(
+        (i for i in impls.values() if i.unavailable_reason(device) is None),
+        key=lambda i: i.priority_on(device),
+        reverse=True,
+    )
     if not usable:
         reasons = "; ".join(f"{i.name}: {i.unavailable_reason(device)}" for i in impls.values())
         raise RuntimeError(f"turbo_inductor: no implementation of {kernel} runs on {device_type} ({reasons})")
     if requested == AUTO:  # only those up to the first that takes every argument can ever be chosen
         first_total = next((n for n, i in enumerate(usable) if i.supports is None), len(usable) - 1)
-        usable = usable[:first_total + 1]
+        usable = usable[: first_total + 1]
     return ("auto" if requested == AUTO else "autotune"), tuple(usable)
 
 
@@ -188,8 +199,9 @@ def _call_first_supporting(kernel: str, candidates: tuple[Implementation, ...], 
             _CALLS[(kernel, candidate.name)] += 1
             return candidate.fn(*args, **kwargs)
         if forced:
-            raise ValueError(f"turbo_inductor: implementation {candidate.name!r} of {kernel} cannot take these "
-                             f"arguments: {reason}")
+            raise ValueError(
+                f"turbo_inductor: implementation {candidate.name!r} of {kernel} cannot take these arguments: {reason}"
+            )
         reasons.append(f"{candidate.name}: {reason}")
     raise ValueError(f"turbo_inductor: no implementation of {kernel} takes these arguments ({'; '.join(reasons)})")
 
@@ -220,7 +232,8 @@ def _size(n) -> int:
 def _signature(device: torch.device, args: tuple, kwargs: dict) -> tuple:
     return (str(device),) + tuple(
         (tuple(_size(n) for n in a.shape), a.dtype) if isinstance(a, torch.Tensor) else a
-        for a in args + tuple(sorted(kwargs.items())))
+        for a in args + tuple(sorted(kwargs.items()))
+    )
 
 
 def _real_arguments(args) -> tuple:
@@ -283,8 +296,13 @@ def _call_autotuned(kernel: str, candidates: tuple[Implementation, ...], *args, 
             raise RuntimeError(f"turbo_inductor: autotune {kernel}: every candidate failed; see the warnings")
         winner = next(c for c in taking if c.name == min(times, key=times.get))
         _WINNERS[key] = winner
-        log.info("turbo_inductor: autotune %s %s -> %s (%s)", kernel, key[1:], winner.name,
-                 ", ".join(f"{name} {t * 1e6:.1f} us" for name, t in times.items()))
+        log.info(
+            "turbo_inductor: autotune %s %s -> %s (%s)",
+            kernel,
+            key[1:],
+            winner.name,
+            ", ".join(f"{name} {t * 1e6:.1f} us" for name, t in times.items()),
+        )
     _CALLS[(kernel, winner.name)] += 1
     return winner.fn(*args, **kwargs)
 

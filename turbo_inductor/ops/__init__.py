@@ -3,6 +3,7 @@
 ``impl`` forces a kernel implementation ("triton", "reference", ... or "kernel=name,..."); "auto" picks the best
 available on the tensors' device (see ``turbo_inductor.kernels.registry``).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -24,15 +25,23 @@ def rmsnorm(x: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6, *, im
     return torch.ops.turbo_inductor.rmsnorm(x, weight, eps, impl)
 
 
-def rmsnorm_residual(x: Tensor, residual: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6, *,
-                     impl: str = "auto") -> tuple[Tensor, Tensor]:
+def rmsnorm_residual(
+    x: Tensor, residual: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6, *, impl: str = "auto"
+) -> tuple[Tensor, Tensor]:
     """``(rmsnorm(x + residual), x + residual)`` in one pass, as a pre-norm transformer block needs."""
     return torch.ops.turbo_inductor.rmsnorm_residual(x, residual, weight, eps, impl)
 
 
-def rmsnorm_fp8(x: Tensor, residual: Optional[Tensor] = None, weight: Optional[Tensor] = None, eps: float = 1e-6,
-                recipe: str = "rowwise", *, impl: str = "auto",
-                out_dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def rmsnorm_fp8(
+    x: Tensor,
+    residual: Optional[Tensor] = None,
+    weight: Optional[Tensor] = None,
+    eps: float = 1e-6,
+    recipe: str = "rowwise",
+    *,
+    impl: str = "auto",
+    out_dtype: Optional[torch.dtype] = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(y, x + residual, q, scale)``: RMSNorm (of ``x + residual`` where given; the sum is empty otherwise) with y
     also quantized as ``recipe`` quantizes an FP8 linear's input, to pass to :func:`fp8_linear` as ``x_q``,
     ``x_scale``. For recipes that quantize x in blocks within a row (rowwise, blockwise, mxfp8). ``out_dtype``: y
@@ -50,15 +59,29 @@ def geglu(gate: Tensor, up: Tensor, approximate: str = "none", *, impl: str = "a
     return torch.ops.turbo_inductor.glu(gate, up, None, None, _gelu(approximate), impl)
 
 
-def glu_fused(x: Tensor, activation: str = "silu", probs: Optional[Tensor] = None, mask: Optional[Tensor] = None,
-              *, impl: str = "auto") -> Tensor:
+def glu_fused(
+    x: Tensor,
+    activation: str = "silu",
+    probs: Optional[Tensor] = None,
+    mask: Optional[Tensor] = None,
+    *,
+    impl: str = "auto",
+) -> Tensor:
     """``act(x[..., :F]) * x[..., F:]`` (times ``probs[..., None]``, rows where ``mask`` is False zeroed), for a
     fused gate/up projection ``x`` of last dimension 2F. activation: "silu", "gelu" or "gelu_tanh"."""
     return torch.ops.turbo_inductor.glu_fused(x, probs, mask, activation, impl)
 
 
-def glu_fp8(x: Tensor, up: Optional[Tensor] = None, probs: Optional[Tensor] = None, mask: Optional[Tensor] = None,
-            activation: str = "silu", recipe: str = "rowwise", *, impl: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+def glu_fp8(
+    x: Tensor,
+    up: Optional[Tensor] = None,
+    probs: Optional[Tensor] = None,
+    mask: Optional[Tensor] = None,
+    activation: str = "silu",
+    recipe: str = "rowwise",
+    *,
+    impl: str = "auto",
+) -> tuple[Tensor, Tensor, Tensor]:
     """``(out, q, scale)``: ``act(x) * up`` (or, without ``up``, :func:`glu_fused` of x) with out also quantized as
     ``recipe`` quantizes an FP8 linear's input, to pass to :func:`fp8_linear` as ``x_q``, ``x_scale``."""
     return torch.ops.turbo_inductor.glu_fp8(x, up, probs, mask, activation, recipe, impl)
@@ -70,9 +93,17 @@ def _gelu(approximate: str) -> str:
     return "gelu" if approximate == "none" else "gelu_tanh"
 
 
-def fp8_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, recipe: str = "tensorwise", *,
-               impl: str = "auto", x_q: Optional[Tensor] = None, x_scale: Optional[Tensor] = None,
-               save_weight_t: bool = True) -> Tensor:
+def fp8_linear(
+    x: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+    recipe: str = "tensorwise",
+    *,
+    impl: str = "auto",
+    x_q: Optional[Tensor] = None,
+    x_scale: Optional[Tensor] = None,
+    save_weight_t: bool = True,
+) -> Tensor:
     """``F.linear`` with x and weight quantized to FP8 by ``recipe`` ("tensorwise", "rowwise", "rowwise_pow2",
     "blockwise", "mxfp8", "rowwise_with_gw_hp"), forward and backward (see ``turbo_inductor/ops/fp8_linear.py``).
     ``x_q``, ``x_scale``: x already quantized for the forward (:func:`rmsnorm_fp8`'s q and scale).
@@ -81,15 +112,17 @@ def fp8_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, recipe:
     return torch.ops.turbo_inductor.fp8_linear(x, weight, bias, recipe, impl, x_q, x_scale, save_weight_t)
 
 
-def gemm_allreduce(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, group=None, *,
-                   impl: str = "auto") -> Tensor:
+def gemm_allreduce(
+    x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, group=None, *, impl: str = "auto"
+) -> Tensor:
     """A row-parallel linear: ``F.linear(x, weight, bias)`` summed over the ranks of ``group`` (a ProcessGroup or
     its name; default: the world), the reduction overlapped with the GEMM where an implementation does."""
     return torch.ops.turbo_inductor.gemm_allreduce(x, weight, bias, _group_name(group), impl)
 
 
-def linear_dgrad_allreduce(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, group=None, *,
-                           impl: str = "auto") -> Tensor:
+def linear_dgrad_allreduce(
+    x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, group=None, *, impl: str = "auto"
+) -> Tensor:
     """A column-parallel linear: ``F.linear(x, weight, bias)`` whose input gradient is summed over the ranks of
     ``group`` (the backward's GEMM and all-reduce as one GEMM + all-reduce)."""
     return torch.ops.turbo_inductor.linear_dgrad_allreduce(x, weight, bias, _group_name(group), impl)

@@ -3,14 +3,15 @@
 Ops in ``torch.ops.turbo_inductor`` (functional, exact fakes; not differentiable: ``fp8_linear`` carries autograd):
   fp8_quantize(x, fp8_dtype, block_rows, block_cols, transpose, power_of_two, impl) -> (q, scale)
       x [M, K] in blocks of block_rows x block_cols: scale = max(amax, 1e-12) / fmax per block (a power of two
-      for MXFP8), q = saturate(x * (1 / scale)); q is x^T's layout [K, M] when ``transpose``; scale [cdiv(M, br), cdiv(K, bc)]
+      for MXFP8), q = saturate(x * (1 / scale)); q is x^T's layout [K, M] when ``transpose``;
+      scale [cdiv(M, br), cdiv(K, bc)]
   fp8_gemm(a, a_scale, b, b_scale, out_dtype, impl) -> a_deq @ b_deq^T
       a [M, K] and b [N, K] fp8 with their block scales ([M or 1 or M/bm, K/bk] and [N..., K/bk])
 
 Formats follow the device: e4m3fn / e5m2 on NVIDIA and MI350 (gfx950), e4m3fnuz / e5m2fnuz on MI300 (gfx942).
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import torch
 from torch import Tensor
@@ -32,18 +33,29 @@ def _check_quantize(x: Tensor, fp8_dtype: torch.dtype, block_rows: int, block_co
     check_float("fp8_quantize", "x", x)
     check(x.dim() == 2, "fp8_quantize", lambda: f"x must be 2-D [M, K], got shape {list(x.shape)}")
     check(fp8_dtype in FP8_DTYPES, "fp8_quantize", lambda: f"fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}")
-    check(block_rows >= 1 and block_cols >= 1, "fp8_quantize",
-          lambda: f"blocks must be >= 1, got {block_rows} x {block_cols}")
+    check(
+        block_rows >= 1 and block_cols >= 1,
+        "fp8_quantize",
+        lambda: f"blocks must be >= 1, got {block_rows} x {block_cols}",
+    )
 
 
 @kernel_op("fp8_quantize", (QUANTIZE_KERNEL,), symbolic_sizes=False)
-def fp8_quantize(x: Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool = False,
-                 power_of_two: bool = False, impl: str = "auto") -> tuple[Tensor, Tensor]:
+def fp8_quantize(
+    x: Tensor,
+    fp8_dtype: torch.dtype,
+    block_rows: int,
+    block_cols: int,
+    transpose: bool = False,
+    power_of_two: bool = False,
+    impl: str = "auto",
+) -> tuple[Tensor, Tensor]:
     _check_quantize(x, fp8_dtype, block_rows, block_cols)
     if x.numel() == 0:
         return _quantize_outputs(x, fp8_dtype, block_rows, block_cols, transpose)
-    return registry.select(QUANTIZE_KERNEL, x.device, impl)(x, fp8_dtype, block_rows, block_cols, transpose,
-                                                            power_of_two=power_of_two)
+    return registry.select(QUANTIZE_KERNEL, x.device, impl)(
+        x, fp8_dtype, block_rows, block_cols, transpose, power_of_two=power_of_two
+    )
 
 
 @fp8_quantize.register_fake
@@ -61,14 +73,24 @@ def _quantize_outputs(x, fp8_dtype, block_rows, block_cols, transpose):
 
 def _check_gemm(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor) -> None:
     op = "fp8_gemm"
-    check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[1], op,
-          lambda: f"a [M, K] and b [N, K] must share K, got {list(a.shape)} and {list(b.shape)}")
+    check(
+        a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[1],
+        op,
+        lambda: f"a [M, K] and b [N, K] must share K, got {list(a.shape)} and {list(b.shape)}",
+    )
     check(a.dtype in FP8_DTYPES and b.dtype in FP8_DTYPES, op, lambda: f"a, b must be fp8, got {a.dtype}, {b.dtype}")
     for name, t, s in (("a", a, a_scale), ("b", b, b_scale)):
-        check(s.dtype == torch.float32 and s.dim() == 2 and _resolves(t.shape[0], s.shape[0])
-              and _resolves(t.shape[1], s.shape[1]), op,
-              lambda: f"{name}_scale must be fp32 [blocks of rows, blocks of K] with blocks of 1, 32, 128 or the "
-                      f"whole dimension; got {s.dtype} {list(s.shape)} for {name} {list(t.shape)}")
+        check(
+            s.dtype == torch.float32
+            and s.dim() == 2
+            and _resolves(t.shape[0], s.shape[0])
+            and _resolves(t.shape[1], s.shape[1]),
+            op,
+            lambda: (
+                f"{name}_scale must be fp32 [blocks of rows, blocks of K] with blocks of 1, 32, 128 or the "
+                f"whole dimension; got {s.dtype} {list(s.shape)} for {name} {list(t.shape)}"
+            ),
+        )
 
 
 def _resolves(size: int, n_blocks: int) -> bool:
@@ -80,8 +102,9 @@ def _resolves(size: int, n_blocks: int) -> bool:
 
 
 @kernel_op("fp8_gemm", (GEMM_KERNEL,), symbolic_sizes=False)
-def fp8_gemm(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, out_dtype: torch.dtype,
-             impl: str = "auto") -> Tensor:
+def fp8_gemm(
+    a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, out_dtype: torch.dtype, impl: str = "auto"
+) -> Tensor:
     _check_gemm(a, a_scale, b, b_scale)
     return registry.select(GEMM_KERNEL, a.device, impl)(a, a_scale, b, b_scale, out_dtype)
 
@@ -90,4 +113,3 @@ def fp8_gemm(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, out_dtype: 
 def _(a, a_scale, b, b_scale, out_dtype, impl="auto"):
     _check_gemm(a, a_scale, b, b_scale)
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
-

@@ -44,6 +44,7 @@ Inference under Inductor's ``freezing`` (parameters become constants): the publi
 own (:func:`quantize_weight`), which freezing's constant folding runs once at compile time, and
 ``fp8_linear_inference`` takes W's FP8 copy (``w_q``, ``w_scale``): per call, only x is quantized.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,8 +58,15 @@ from torch._inductor import config as inductor_config
 from ..kernels import registry
 from ..kernels.reference.fp8_quant import scale_shape
 from .fp8 import GEMM_KERNEL, QUANTIZE_KERNEL, fp8_formats, fp8_quantize
-from .library import (SUPPORTED_FLOAT_DTYPES, check, check_linear, define_composite, kernel_op, kept_whole,
-                      register_linear_autograd)
+from .library import (
+    SUPPORTED_FLOAT_DTYPES,
+    check,
+    check_linear,
+    define_composite,
+    kept_whole,
+    kernel_op,
+    register_linear_autograd,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +86,13 @@ RECIPES = {
     "tensorwise": Recipe((0, 0), (0, 0), "e5m2", fast_accum_forward=True),
     "rowwise": Recipe((1, 0), (1, 0), "e4m3", fast_accum_forward=True),
     "rowwise_pow2": Recipe((1, 0), (1, 0), "e4m3", power_of_two=True, fast_accum_forward=True),  # torchao's "rowwise"
-    "rowwise_with_gw_hp": Recipe((1, 0), (1, 0), "e4m3", high_precision_wgrad=True,  # torchao's name for it
-                                 fast_accum_forward=True),
+    "rowwise_with_gw_hp": Recipe(
+        (1, 0),
+        (1, 0),
+        "e4m3",
+        high_precision_wgrad=True,  # torchao's name for it
+        fast_accum_forward=True,
+    ),
     "blockwise": Recipe((1, 128), (128, 128), "e4m3"),
     "mxfp8": Recipe((1, 32), (1, 32), "e4m3", power_of_two=True),
 }
@@ -99,8 +112,9 @@ def _block_of(block: tuple[int, int], rows: int, cols: int) -> tuple[int, int]:
     return block[0] or whole, block[1] or whole
 
 
-def _operand(t: Tensor, block: tuple[int, int], dtype: torch.dtype, recipe: Recipe, impl: str,
-             transposed: bool = False) -> tuple[Tensor, Tensor]:
+def _operand(
+    t: Tensor, block: tuple[int, int], dtype: torch.dtype, recipe: Recipe, impl: str, transposed: bool = False
+) -> tuple[Tensor, Tensor]:
     """The GEMM operand ``t`` [R, C] quantized in ``block``-shaped blocks: (q, scale); with ``transposed``, the
     operand t^T [C, R] in ``block``-shaped blocks of its own (read from t, written in t^T's layout)."""
     quantize = registry.select(QUANTIZE_KERNEL, t.device, impl)
@@ -111,30 +125,46 @@ def _operand(t: Tensor, block: tuple[int, int], dtype: torch.dtype, recipe: Reci
     return q_t, scale.t().contiguous()
 
 
-def _operand_both(t: Tensor, block: tuple[int, int], dtype: torch.dtype, recipe: Recipe,
-                  impl: str) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+def _operand_both(
+    t: Tensor, block: tuple[int, int], dtype: torch.dtype, recipe: Recipe, impl: str
+) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
     """The GEMM operand ``t`` [R, C] and ``t^T`` [C, R], each quantized in ``block``-shaped blocks, from one call."""
     quantize = registry.select(QUANTIZE_KERNEL, t.device, impl)
-    q, scale, q_t, scale_t = quantize(t, dtype, *_kernel_block(block, t), False, power_of_two=recipe.power_of_two,
-                                      both_layouts=True)
+    q, scale, q_t, scale_t = quantize(
+        t, dtype, *_kernel_block(block, t), False, power_of_two=recipe.power_of_two, both_layouts=True
+    )
     return (q, scale), (q_t, scale_t)
 
 
-def _gemm(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor], out_dtype: torch.dtype, impl: str,
-          fast_accum: bool = False) -> Tensor:
+def _gemm(
+    a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor], out_dtype: torch.dtype, impl: str, fast_accum: bool = False
+) -> Tensor:
     return registry.select(GEMM_KERNEL, a[0].device, impl)(a[0], a[1], b[0], b[1], out_dtype, fast_accum=fast_accum)
 
 
-def _check(op: str, x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], recipe: str,
-           x_q: Optional[Tensor] = None, x_scale: Optional[Tensor] = None, w_q: Optional[Tensor] = None,
-           w_scale: Optional[Tensor] = None) -> None:
+def _check(
+    op: str,
+    x: Tensor,
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    recipe: str,
+    x_q: Optional[Tensor] = None,
+    x_scale: Optional[Tensor] = None,
+    w_q: Optional[Tensor] = None,
+    w_scale: Optional[Tensor] = None,
+) -> None:
     """``weight``, or (inference) W already quantized as ``w_q``, ``w_scale``: exactly one of them."""
     check(recipe in RECIPES, op, lambda: f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}")
     check((x_q is None) == (x_scale is None), op, lambda: "x_q and x_scale must be given together")
     check((w_q is None) == (w_scale is None), op, lambda: "w_q and w_scale must be given together")
-    check((weight is None) != (w_q is None), op,
-          lambda: "give the weight or its FP8 form (w_q, w_scale), one of them, got "
-                  + ("both" if weight is not None else "neither"))
+    check(
+        (weight is None) != (w_q is None),
+        op,
+        lambda: (
+            "give the weight or its FP8 form (w_q, w_scale), one of them, got "
+            + ("both" if weight is not None else "neither")
+        ),
+    )
     r = RECIPES[recipe]
     if weight is not None:
         check_linear(op, x, weight, bias)
@@ -142,23 +172,45 @@ def _check(op: str, x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
         check_linear(op, x, w_q, bias, "w_q", fp8_formats(x.device)[0])
         _check_quantized(op, "w", w_q, w_scale, *w_q.shape, x.device, r.weight_block, recipe)
     n, k = (weight if weight is not None else w_q).shape
-    check(n % ALIGNMENT == 0 and k % ALIGNMENT == 0, op,
-          lambda: f"weight dimensions must be multiples of {ALIGNMENT} for the FP8 GEMM, got {[n, k]}")
+    check(
+        n % ALIGNMENT == 0 and k % ALIGNMENT == 0,
+        op,
+        lambda: f"weight dimensions must be multiples of {ALIGNMENT} for the FP8 GEMM, got {[n, k]}",
+    )
     if x_q is not None:
         _check_quantized(op, "x", x_q, x_scale, math.prod(x.shape[:-1]), k, x.device, r.activation_block, recipe)
 
 
-def _check_quantized(op: str, name: str, q: Tensor, scale: Tensor, rows: int, cols: int, device: torch.device,
-                     block: tuple[int, int], recipe: str) -> None:
+def _check_quantized(
+    op: str,
+    name: str,
+    q: Tensor,
+    scale: Tensor,
+    rows: int,
+    cols: int,
+    device: torch.device,
+    block: tuple[int, int],
+    recipe: str,
+) -> None:
     """``q``, ``scale``: the operand ``name`` [rows, cols] quantized as ``recipe`` quantizes it in ``block``."""
     dtype, block_rows, block_cols = _quantization(block, rows, cols, device)
     expected = scale_shape(rows, cols, block_rows, block_cols)
-    check(q.shape == (rows, cols) and q.dtype == dtype and q.device == device, op,
-          lambda: f"{name}_q must be {name} quantized as [{rows}, {cols}] {dtype} on {device}, got {list(q.shape)} "
-                  f"{q.dtype} on {q.device}")
-    check(scale.shape == expected and scale.dtype == torch.float32 and scale.device == device, op,
-          lambda: f"{name}_scale must be the {recipe} scales of {name}, float32 {list(expected)}, got {scale.dtype} "
-                  f"{list(scale.shape)}")
+    check(
+        q.shape == (rows, cols) and q.dtype == dtype and q.device == device,
+        op,
+        lambda: (
+            f"{name}_q must be {name} quantized as [{rows}, {cols}] {dtype} on {device}, got {list(q.shape)} "
+            f"{q.dtype} on {q.device}"
+        ),
+    )
+    check(
+        scale.shape == expected and scale.dtype == torch.float32 and scale.device == device,
+        op,
+        lambda: (
+            f"{name}_scale must be the {recipe} scales of {name}, float32 {list(expected)}, got {scale.dtype} "
+            f"{list(scale.shape)}"
+        ),
+    )
 
 
 def quantizes_in_rows(recipe: str) -> bool:
@@ -169,9 +221,14 @@ def quantizes_in_rows(recipe: str) -> bool:
 
 
 def check_quantizes_in_rows(op: str, recipe: str) -> None:
-    check(quantizes_in_rows(recipe), op,
-          lambda: f"recipe must quantize x in blocks within a row (one of "
-                  f"{sorted(r for r in RECIPES if quantizes_in_rows(r))}), got {recipe!r}")
+    check(
+        quantizes_in_rows(recipe),
+        op,
+        lambda: (
+            f"recipe must quantize x in blocks within a row (one of "
+            f"{sorted(r for r in RECIPES if quantizes_in_rows(r))}), got {recipe!r}"
+        ),
+    )
 
 
 def producer_quantization(x: Tensor, recipe: str) -> tuple[torch.dtype, int]:
@@ -201,10 +258,20 @@ def _saves_x_t(recipe: str, weight_grad: bool) -> bool:
     return weight_grad and not _keeps_x(recipe)
 
 
-def _forward(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], recipe: str, impl: str, for_backward: bool,
-             x_q: Optional[Tensor], x_scale: Optional[Tensor], w_q: Optional[Tensor] = None,
-             w_scale: Optional[Tensor] = None, weight_grad: bool = True,
-             save_weight_t: bool = True) -> tuple[Tensor, ...]:
+def _forward(
+    x: Tensor,
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    recipe: str,
+    impl: str,
+    for_backward: bool,
+    x_q: Optional[Tensor],
+    x_scale: Optional[Tensor],
+    w_q: Optional[Tensor] = None,
+    w_scale: Optional[Tensor] = None,
+    weight_grad: bool = True,
+    save_weight_t: bool = True,
+) -> tuple[Tensor, ...]:
     """y and, if ``for_backward``, what the backward takes from the forward. ``x_q``, ``x_scale``: x already
     quantized for the forward GEMM (by its producer), or None; ``w_q``, ``w_scale`` (inference, weight None): W
     already quantized."""
@@ -241,27 +308,44 @@ def _unsaved(t: Tensor, fp8_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     return t.new_empty(0, dtype=fp8_dtype), t.new_empty(0, dtype=torch.float32)
 
 
-def _saved_transposes(x2: Tensor, weight: Tensor, recipe: str, weight_grad: bool,
-                      save_weight_t: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _saved_transposes(
+    x2: Tensor, weight: Tensor, recipe: str, weight_grad: bool, save_weight_t: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Uninitialized tensors of the saved transposes' shapes (the fake; a forward with no rows)."""
     r, e4m3 = RECIPES[recipe], fp8_formats(x2.device)[0]
     saved = []
-    for save, t, block in ((_saves_x_t(recipe, weight_grad), x2, r.activation_block),
-                           (save_weight_t, weight, r.weight_block)):
+    for save, t, block in (
+        (_saves_x_t(recipe, weight_grad), x2, r.activation_block),
+        (save_weight_t, weight, r.weight_block),
+    ):
         rows, cols = t.shape
         block_rows, block_cols = _kernel_block(block, t)
-        saved += ((t.new_empty((cols, rows), dtype=e4m3),
-                   t.new_empty(scale_shape(cols, rows, block_rows, block_cols), dtype=torch.float32))
-                  if save else _unsaved(t, e4m3))
+        saved += (
+            (
+                t.new_empty((cols, rows), dtype=e4m3),
+                t.new_empty(scale_shape(cols, rows, block_rows, block_cols), dtype=torch.float32),
+            )
+            if save
+            else _unsaved(t, e4m3)
+        )
     return tuple(saved)
 
 
 @kernel_op("fp8_linear_fwd", (QUANTIZE_KERNEL, GEMM_KERNEL), symbolic_sizes=False)
-def fp8_linear_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, impl: str = "auto",
-                   x_q: Optional[Tensor] = None, x_scale: Optional[Tensor] = None, weight_grad: bool = True,
-                   save_weight_t: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    return _forward(x, weight, bias, recipe, impl, True, x_q, x_scale, weight_grad=weight_grad,
-                    save_weight_t=save_weight_t)
+def fp8_linear_fwd(
+    x: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    recipe: str,
+    impl: str = "auto",
+    x_q: Optional[Tensor] = None,
+    x_scale: Optional[Tensor] = None,
+    weight_grad: bool = True,
+    save_weight_t: bool = True,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return _forward(
+        x, weight, bias, recipe, impl, True, x_q, x_scale, weight_grad=weight_grad, save_weight_t=save_weight_t
+    )
 
 
 @fp8_linear_fwd.register_fake
@@ -272,9 +356,17 @@ def _(x, weight, bias, recipe, impl="auto", x_q=None, x_scale=None, weight_grad=
 
 
 @kernel_op("fp8_linear_inference", (QUANTIZE_KERNEL, GEMM_KERNEL), symbolic_sizes=False)
-def fp8_linear_inference(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], recipe: str, impl: str = "auto",
-                         x_q: Optional[Tensor] = None, x_scale: Optional[Tensor] = None, w_q: Optional[Tensor] = None,
-                         w_scale: Optional[Tensor] = None) -> Tensor:
+def fp8_linear_inference(
+    x: Tensor,
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    recipe: str,
+    impl: str = "auto",
+    x_q: Optional[Tensor] = None,
+    x_scale: Optional[Tensor] = None,
+    w_q: Optional[Tensor] = None,
+    w_scale: Optional[Tensor] = None,
+) -> Tensor:
     """The forward alone, when no gradient is wanted: no transposed operands written for a backward. W comes as
     ``weight`` or already quantized (``w_q``, ``w_scale``: :func:`quantize_weight`'s)."""
     return _forward(x, weight, bias, recipe, impl, False, x_q, x_scale, w_q, w_scale)[0]
@@ -291,13 +383,23 @@ def quantize_weight(weight: Tensor, recipe: str, impl: str = "auto") -> tuple[Te
     in a graph being compiled (not traced into its kernels) so that Inductor's constant folding can run it."""
     r = RECIPES[recipe]
     with kept_whole():
-        return fp8_quantize(weight, fp8_formats(weight.device)[0], *_kernel_block(r.weight_block, weight), False,
-                            r.power_of_two, impl)
+        return fp8_quantize(
+            weight, fp8_formats(weight.device)[0], *_kernel_block(r.weight_block, weight), False, r.power_of_two, impl
+        )
 
 
 @kernel_op("fp8_linear_bwd", (QUANTIZE_KERNEL, GEMM_KERNEL), symbolic_sizes=False)
-def fp8_linear_bwd(dy: Tensor, x: Optional[Tensor], weight: Tensor, x_t: Tensor, x_t_scale: Tensor, w_t: Tensor,
-                   w_t_scale: Tensor, recipe: str, impl: str = "auto") -> tuple[Tensor, Tensor]:
+def fp8_linear_bwd(
+    dy: Tensor,
+    x: Optional[Tensor],
+    weight: Tensor,
+    x_t: Tensor,
+    x_t_scale: Tensor,
+    w_t: Tensor,
+    w_t_scale: Tensor,
+    recipe: str,
+    impl: str = "auto",
+) -> tuple[Tensor, Tensor]:
     _check_backward(dy, x, weight, recipe)
     r, (e4m3, e5m2) = RECIPES[recipe], fp8_formats(dy.device)
     grad_dtype = e5m2 if r.gradient_format == "e5m2" else e4m3
@@ -333,10 +435,16 @@ def _wgrad(x: Optional[Tensor], x_t: Tensor, recipe: str) -> bool:
 def _check_backward(dy: Tensor, x: Optional[Tensor], weight: Tensor, recipe: str) -> None:
     op = "fp8_linear_bwd"
     check(recipe in RECIPES, op, lambda: f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}")
-    check(dy.dim() >= 1 and dy.shape[-1] == weight.shape[0] and dy.dtype == weight.dtype, op,
-          lambda: f"dy must be [..., {weight.shape[0]}] in {weight.dtype}, got {list(dy.shape)} {dy.dtype}")
-    check(x is None or _keeps_x(recipe), op,
-          lambda: f"x must be None for recipe {recipe!r}: its wgrad takes x^T quantized")
+    check(
+        dy.dim() >= 1 and dy.shape[-1] == weight.shape[0] and dy.dtype == weight.dtype,
+        op,
+        lambda: f"dy must be [..., {weight.shape[0]}] in {weight.dtype}, got {list(dy.shape)} {dy.dtype}",
+    )
+    check(
+        x is None or _keeps_x(recipe),
+        op,
+        lambda: f"x must be None for recipe {recipe!r}: its wgrad takes x^T quantized",
+    )
     if x is not None:
         check_linear(op, x, weight, None)
 
@@ -348,13 +456,21 @@ def _(dy, x, weight, x_t, x_t_scale, w_t, w_t_scale, recipe, impl="auto"):
     return dy.new_empty(dy.shape[:-1] + (weight.shape[1],)), dweight
 
 
-register_linear_autograd(fp8_linear_fwd, fp8_linear_bwd,
-                         keeps_x=lambda recipe, weight: _keeps_x(recipe) and weight.requires_grad)
+register_linear_autograd(
+    fp8_linear_fwd, fp8_linear_bwd, keeps_x=lambda recipe, weight: _keeps_x(recipe) and weight.requires_grad
+)
 
 
-
-def _fp8_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, impl: str = "auto",
-                x_q: Optional[Tensor] = None, x_scale: Optional[Tensor] = None, save_weight_t: bool = True) -> Tensor:
+def _fp8_linear(
+    x: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    recipe: str,
+    impl: str = "auto",
+    x_q: Optional[Tensor] = None,
+    x_scale: Optional[Tensor] = None,
+    save_weight_t: bool = True,
+) -> Tensor:
     # Decided where the op is decomposed, under autograd (AOTAutograd traces training and inference graphs apart).
     wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
     if wants_grad:
@@ -371,15 +487,24 @@ def _fp8_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], recipe: str, 
 
 fp8_linear = define_composite(
     "fp8_linear(Tensor x, Tensor weight, Tensor? bias, str recipe, str impl='auto', Tensor? x_q=None, "
-    "Tensor? x_scale=None, bool save_weight_t=True) -> Tensor", _fp8_linear)
+    "Tensor? x_scale=None, bool save_weight_t=True) -> Tensor",
+    _fp8_linear,
+)
 
 
 def can_rewrite(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
     """Whether ``F.linear(x, weight, bias)`` on these (fake) tensors can run as an FP8 linear, forward and backward."""
-    return (x.dtype in SUPPORTED_FLOAT_DTYPES and weight.dim() == 2 and weight.dtype == x.dtype
-            and x.dim() >= 1 and x.shape[-1] == weight.shape[1]
-            and isinstance(weight.shape[0], int) and isinstance(weight.shape[1], int)
-            and weight.shape[0] % ALIGNMENT == 0 and weight.shape[1] % ALIGNMENT == 0
-            and (bias is None or (bias.shape == (weight.shape[0],) and bias.dtype == x.dtype))
-            and weight.device == x.device
-            and all(registry.available_on(k, x.device) for k in (QUANTIZE_KERNEL, GEMM_KERNEL)))
+    return (
+        x.dtype in SUPPORTED_FLOAT_DTYPES
+        and weight.dim() == 2
+        and weight.dtype == x.dtype
+        and x.dim() >= 1
+        and x.shape[-1] == weight.shape[1]
+        and isinstance(weight.shape[0], int)
+        and isinstance(weight.shape[1], int)
+        and weight.shape[0] % ALIGNMENT == 0
+        and weight.shape[1] % ALIGNMENT == 0
+        and (bias is None or (bias.shape == (weight.shape[0],) and bias.dtype == x.dtype))
+        and weight.device == x.device
+        and all(registry.available_on(k, x.device) for k in (QUANTIZE_KERNEL, GEMM_KERNEL))
+    )

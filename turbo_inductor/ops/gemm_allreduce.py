@@ -18,6 +18,7 @@ name as functional collectives carry it (``ProcessGroup.group_name``). Called ea
 they agree on the shapes (one small all-reduce): a rank whose shapes differ gets an error naming them, on every
 rank, instead of a collective that hangs or mixes mismatched buffers.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -34,8 +35,11 @@ FWD_KERNEL, BWD_KERNEL = "gemm_allreduce_fwd", "gemm_allreduce_bwd"
 
 
 def process_group(op: str, group_name: str):
-    check(dist.is_available() and dist.is_initialized(), op,
-          lambda: "torch.distributed is not initialized (call init_process_group first)")
+    check(
+        dist.is_available() and dist.is_initialized(),
+        op,
+        lambda: "torch.distributed is not initialized (call init_process_group first)",
+    )
     try:
         return dist.distributed_c10d._resolve_process_group(group_name)
     except Exception as error:  # noqa: BLE001  (its error types differ across torch versions)
@@ -48,10 +52,15 @@ def check_ranks_agree(op: str, group, sizes: list[int], device: torch.device) ->
     local = torch.tensor(sizes + [-s for s in sizes], dtype=torch.int64, device=device)
     extremes = local.clone()
     dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)
-    largest, smallest = extremes[:len(sizes)].tolist(), [-s for s in extremes[len(sizes):].tolist()]
-    check(largest == smallest, op, lambda: (
-        f"the ranks of group {group.group_name!r} disagree on the shapes: this rank (rank {dist.get_rank(group)}) "
-        f"has {sizes}, the group ranges from {smallest} to {largest} (every rank must call it with the same shapes)"))
+    largest, smallest = extremes[: len(sizes)].tolist(), [-s for s in extremes[len(sizes) :].tolist()]
+    check(
+        largest == smallest,
+        op,
+        lambda: (
+            f"the ranks of group {group.group_name!r} disagree on the shapes: this rank (rank {dist.get_rank(group)}) "
+            f"has {sizes}, the group ranges from {smallest} to {largest} (every rank must call it with the same shapes)"
+        ),
+    )
 
 
 def _checked_group(op: str, group_name: str, sizes: list, device: torch.device) -> None:
@@ -66,8 +75,7 @@ def _checked_group(op: str, group_name: str, sizes: list, device: torch.device) 
 
 
 @kernel_op("gemm_allreduce", (FWD_KERNEL,))
-def gemm_allreduce(x: Tensor, weight: Tensor, bias: Optional[Tensor], group_name: str,
-                   impl: str = "auto") -> Tensor:
+def gemm_allreduce(x: Tensor, weight: Tensor, bias: Optional[Tensor], group_name: str, impl: str = "auto") -> Tensor:
     check_linear("gemm_allreduce", x, weight, bias)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     _checked_group("gemm_allreduce", group_name, [x2.shape[0], weight.shape[0], x2.shape[1]], x.device)
@@ -83,19 +91,28 @@ def _(x, weight, bias, group_name, impl="auto"):
 
 def _check_backward(op: str, dy: Tensor, x: Optional[Tensor], weight: Tensor) -> tuple[Tensor, Optional[Tensor]]:
     """dy [..., N] and x [..., K] (None: a weight that wants no gradient) as matrices, checked against weight."""
-    check(dy.dim() >= 1 and dy.shape[-1] == weight.shape[0] and dy.dtype == weight.dtype, op,
-          lambda: f"dy must be [..., {weight.shape[0]}] in {weight.dtype}, got {list(dy.shape)} {dy.dtype}")
+    check(
+        dy.dim() >= 1 and dy.shape[-1] == weight.shape[0] and dy.dtype == weight.dtype,
+        op,
+        lambda: f"dy must be [..., {weight.shape[0]}] in {weight.dtype}, got {list(dy.shape)} {dy.dtype}",
+    )
     if x is not None:
         check_linear(op, x, weight, None)
-        check(x.shape[:-1] == dy.shape[:-1], op,
-              lambda: f"x {list(x.shape)} and dy {list(dy.shape)} must have the same leading dimensions")
-    return (dy.reshape(-1, weight.shape[0]).contiguous(),
-            None if x is None else x.reshape(-1, x.shape[-1]).contiguous())
+        check(
+            x.shape[:-1] == dy.shape[:-1],
+            op,
+            lambda: f"x {list(x.shape)} and dy {list(dy.shape)} must have the same leading dimensions",
+        )
+    return (
+        dy.reshape(-1, weight.shape[0]).contiguous(),
+        None if x is None else x.reshape(-1, x.shape[-1]).contiguous(),
+    )
 
 
 @kernel_op("gemm_allreduce_bwd", (BWD_KERNEL,))
-def gemm_allreduce_bwd(dy: Tensor, x: Optional[Tensor], weight: Tensor, group_name: str,
-                       impl: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+def gemm_allreduce_bwd(
+    dy: Tensor, x: Optional[Tensor], weight: Tensor, group_name: str, impl: str = "auto"
+) -> tuple[Tensor, Tensor, Tensor]:
     dy2, x2 = _check_backward("gemm_allreduce_bwd", dy, x, weight)
     _checked_group("gemm_allreduce_bwd", group_name, [dy2.shape[0], weight.shape[0], weight.shape[1]], dy.device)
     dx, dweight, dbias = registry.select(BWD_KERNEL, dy.device, impl)(dy2, x2, weight.contiguous(), group_name)
@@ -118,8 +135,9 @@ register_linear_autograd(gemm_allreduce, gemm_allreduce_bwd, keeps_x=_weight_gra
 
 
 @kernel_op("linear_dgrad_allreduce", ())
-def linear_dgrad_allreduce(x: Tensor, weight: Tensor, bias: Optional[Tensor], group_name: str,
-                           impl: str = "auto") -> Tensor:
+def linear_dgrad_allreduce(
+    x: Tensor, weight: Tensor, bias: Optional[Tensor], group_name: str, impl: str = "auto"
+) -> Tensor:
     """A column-parallel linear: ``F.linear(x, weight, bias)`` whose input gradient is summed over the group's
     ranks (Megatron's copy-to-tensor-parallel region before the linear): no collective forward; backward, the
     all-reduce of ``dy @ weight`` runs as one GEMM + all-reduce (the kernels of ``gemm_allreduce``)."""
@@ -135,13 +153,15 @@ def _(x, weight, bias, group_name, impl="auto"):
 
 
 @kernel_op("linear_dgrad_allreduce_bwd", (FWD_KERNEL,))
-def linear_dgrad_allreduce_bwd(dy: Tensor, x: Optional[Tensor], weight: Tensor, group_name: str,
-                               impl: str = "auto") -> tuple[Tensor, Tensor]:
+def linear_dgrad_allreduce_bwd(
+    dy: Tensor, x: Optional[Tensor], weight: Tensor, group_name: str, impl: str = "auto"
+) -> tuple[Tensor, Tensor]:
     """``(dx, dweight)``: ``dx = sum over ranks of dy @ weight`` (the GEMM + all-reduce kernel on ``weight^T``),
     ``dweight = dy^T x`` (empty without x)."""
     dy2, x2 = _check_backward("linear_dgrad_allreduce_bwd", dy, x, weight)
-    _checked_group("linear_dgrad_allreduce_bwd", group_name, [dy2.shape[0], weight.shape[0], weight.shape[1]],
-                   dy.device)
+    _checked_group(
+        "linear_dgrad_allreduce_bwd", group_name, [dy2.shape[0], weight.shape[0], weight.shape[1]], dy.device
+    )
     dx = registry.select(FWD_KERNEL, dy.device, impl)(dy2, weight.t(), None, group_name)
     return dx.view(dy.shape[:-1] + (weight.shape[1],)), weight_grad(dy2, x2, weight)
 
@@ -157,7 +177,13 @@ register_linear_autograd(linear_dgrad_allreduce, linear_dgrad_allreduce_bwd, kee
 
 def can_rewrite(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
     """Whether ``all_reduce(F.linear(x, weight, bias))`` on these (fake) tensors can run on our op."""
-    return (x.dtype in SUPPORTED_FLOAT_DTYPES and weight.dim() == 2 and weight.dtype == x.dtype and x.dim() >= 1
-            and x.shape[-1] == weight.shape[1] and weight.device == x.device
-            and (bias is None or (bias.shape == (weight.shape[0],) and bias.dtype == x.dtype))
-            and all(registry.available_on(k, x.device) for k in (FWD_KERNEL, BWD_KERNEL)))
+    return (
+        x.dtype in SUPPORTED_FLOAT_DTYPES
+        and weight.dim() == 2
+        and weight.dtype == x.dtype
+        and x.dim() >= 1
+        and x.shape[-1] == weight.shape[1]
+        and weight.device == x.device
+        and (bias is None or (bias.shape == (weight.shape[0],) and bias.dtype == x.dtype))
+        and all(registry.available_on(k, x.device) for k in (FWD_KERNEL, BWD_KERNEL))
+    )

@@ -12,6 +12,7 @@ training stack do, and gets a gradient; ``mask`` (optional, bool, same shape) dr
 the output and in every gradient. Math in fp32, results in the input dtype. Backward saves only the inputs and
 recomputes the activation. Without probs, ``dprobs`` is an empty tensor.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -20,34 +21,44 @@ import torch
 from torch import Tensor
 
 from ..kernels import registry
-from .library import (SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, define_composite,
-                      kernel_op)
+from .library import SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, define_composite, kernel_op
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 FWD_KERNEL, BWD_KERNEL = "glu_fwd", "glu_bwd"
 
 
-def _check(op: str, gate: Tensor, up: Tensor, probs: Optional[Tensor], mask: Optional[Tensor],
-           activation: str) -> None:
+def _check(op: str, gate: Tensor, up: Tensor, probs: Optional[Tensor], mask: Optional[Tensor], activation: str) -> None:
     check_float(op, "gate", gate)
     check(gate.dim() >= 1, op, lambda: "inputs must have at least one dimension")
-    check(up.shape == gate.shape and up.dtype == gate.dtype, op,
-          lambda: f"up ({list(up.shape)}, {up.dtype}) must match gate ({list(gate.shape)}, {gate.dtype})")
+    check(
+        up.shape == gate.shape and up.dtype == gate.dtype,
+        op,
+        lambda: f"up ({list(up.shape)}, {up.dtype}) must match gate ({list(gate.shape)}, {gate.dtype})",
+    )
     check(activation in ACTIVATIONS, op, lambda: f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     if probs is not None:
-        check(probs.dtype == torch.float32 and probs.shape == gate.shape[:-1], op,
-              lambda: f"probs must be float32 of shape {list(gate.shape[:-1])}, got {probs.dtype} {list(probs.shape)}")
+        check(
+            probs.dtype == torch.float32 and probs.shape == gate.shape[:-1],
+            op,
+            lambda: f"probs must be float32 of shape {list(gate.shape[:-1])}, got {probs.dtype} {list(probs.shape)}",
+        )
     if mask is not None:
         check(probs is not None, op, lambda: "mask needs probs (it drops rows of the MoE form)")
-        check(mask.dtype == torch.bool and mask.shape == gate.shape[:-1], op,
-              lambda: f"mask must be bool of shape {list(gate.shape[:-1])}, got {mask.dtype} {list(mask.shape)}")
+        check(
+            mask.dtype == torch.bool and mask.shape == gate.shape[:-1],
+            op,
+            lambda: f"mask must be bool of shape {list(gate.shape[:-1])}, got {mask.dtype} {list(mask.shape)}",
+        )
     check_same_device(op, gate=gate, up=up, probs=probs, mask=mask)
 
 
 def _check_fused(op: str, x: Tensor, probs, mask, activation) -> None:
     check_float(op, "x", x)
-    check(x.dim() >= 1 and x.shape[-1] % 2 == 0, op,
-          lambda: f"x's last dimension holds gate and up halves: it must be even, got shape {list(x.shape)}")
+    check(
+        x.dim() >= 1 and x.shape[-1] % 2 == 0,
+        op,
+        lambda: f"x's last dimension holds gate and up halves: it must be even, got shape {list(x.shape)}",
+    )
     half = x.shape[-1] // 2
     _check(op, x[..., :half], x[..., half:], probs, mask, activation)
 
@@ -69,8 +80,7 @@ def _no_probs_grad(like: Tensor) -> Tensor:
 def _forward(gate: Tensor, up: Tensor, probs, mask, activation: str, impl: str) -> Tensor:
     if gate.numel() == 0:
         return gate.new_empty(gate.shape)
-    out = registry.select(FWD_KERNEL, gate.device, impl)(_rows(gate), _rows(up), _flat(probs), _flat(mask),
-                                                         activation)
+    out = registry.select(FWD_KERNEL, gate.device, impl)(_rows(gate), _rows(up), _flat(probs), _flat(mask), activation)
     return out.view(gate.shape)
 
 
@@ -83,7 +93,8 @@ def _backward(dout, gate, up, probs, mask, activation, impl, fused: bool):
         dprobs = _no_probs_grad(gate) if probs is None else torch.zeros_like(probs)
         return dgate, None if fused else torch.zeros_like(up), dprobs
     dgate, dup, dprobs = registry.select(BWD_KERNEL, gate.device, impl)(
-        _rows(dout), _rows(gate), _rows(up), _flat(probs), _flat(mask), activation, fused)
+        _rows(dout), _rows(gate), _rows(up), _flat(probs), _flat(mask), activation, fused
+    )
     dgate = dgate.view(rows_shape + (dgate.shape[-1],))
     dup = None if fused else dup.view(up.shape)
     return dgate, dup, _no_probs_grad(gate) if probs is None else dprobs.view(probs.shape)
@@ -91,9 +102,11 @@ def _backward(dout, gate, up, probs, mask, activation, impl, fused: bool):
 
 # ---- gate and up as two tensors ------------------------------------------------------------------------------
 
+
 @kernel_op("glu", (FWD_KERNEL,))
-def glu(gate: Tensor, up: Tensor, probs: Optional[Tensor], mask: Optional[Tensor], activation: str,
-        impl: str = "auto") -> Tensor:
+def glu(
+    gate: Tensor, up: Tensor, probs: Optional[Tensor], mask: Optional[Tensor], activation: str, impl: str = "auto"
+) -> Tensor:
     _check("glu", gate, up, probs, mask, activation)
     return _forward(gate, up, probs, mask, activation, impl)
 
@@ -105,8 +118,15 @@ def _(gate, up, probs, mask, activation, impl="auto"):
 
 
 @kernel_op("glu_bwd", (BWD_KERNEL,))
-def glu_bwd(dout: Tensor, gate: Tensor, up: Tensor, probs: Optional[Tensor], mask: Optional[Tensor],
-            activation: str, impl: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+def glu_bwd(
+    dout: Tensor,
+    gate: Tensor,
+    up: Tensor,
+    probs: Optional[Tensor],
+    mask: Optional[Tensor],
+    activation: str,
+    impl: str = "auto",
+) -> tuple[Tensor, Tensor, Tensor]:
     _check("glu_bwd", gate, up, probs, mask, activation)
     _check_dout(dout, gate.shape, gate.dtype)
     return _backward(dout, gate, up, probs, mask, activation, impl, fused=False)
@@ -137,9 +157,11 @@ glu.register_autograd(_backward_glu, setup_context=_setup_glu)
 
 # ---- gate and up as the two halves of one tensor (a fused gate/up projection) ------------------------------
 
+
 @kernel_op("glu_fused", (FWD_KERNEL,))
-def glu_fused(x: Tensor, probs: Optional[Tensor], mask: Optional[Tensor], activation: str,
-              impl: str = "auto") -> Tensor:
+def glu_fused(
+    x: Tensor, probs: Optional[Tensor], mask: Optional[Tensor], activation: str, impl: str = "auto"
+) -> Tensor:
     _check_fused("glu_fused", x, probs, mask, activation)
     half = x.shape[-1] // 2
     x = x.contiguous()
@@ -153,8 +175,9 @@ def _(x, probs, mask, activation, impl="auto"):
 
 
 @kernel_op("glu_fused_bwd", (BWD_KERNEL,))
-def glu_fused_bwd(dout: Tensor, x: Tensor, probs: Optional[Tensor], mask: Optional[Tensor], activation: str,
-                  impl: str = "auto") -> tuple[Tensor, Tensor]:
+def glu_fused_bwd(
+    dout: Tensor, x: Tensor, probs: Optional[Tensor], mask: Optional[Tensor], activation: str, impl: str = "auto"
+) -> tuple[Tensor, Tensor]:
     _check_fused("glu_fused_bwd", x, probs, mask, activation)
     half = x.shape[-1] // 2
     _check_dout(dout, x.shape[:-1] + (half,), x.dtype)
@@ -186,16 +209,23 @@ glu_fused.register_autograd(_backward_glu_fused, setup_context=_setup_glu_fused)
 
 
 def _check_dout(dout: Tensor, shape, dtype) -> None:
-    check(dout.shape == shape and dout.dtype == dtype, "glu_bwd",
-          lambda: f"dout ({list(dout.shape)}, {dout.dtype}) must be {list(shape)}, {dtype}")
+    check(
+        dout.shape == shape and dout.dtype == dtype,
+        "glu_bwd",
+        lambda: f"dout ({list(dout.shape)}, {dout.dtype}) must be {list(shape)}, {dtype}",
+    )
 
 
 swiglu = define_composite(
     "swiglu(Tensor gate, Tensor up, str impl='auto') -> Tensor",
-    lambda gate, up, impl="auto": glu(gate, up, None, None, "silu", impl))
+    lambda gate, up, impl="auto": glu(gate, up, None, None, "silu", impl),
+)
 
 
 def can_rewrite(gate: Tensor) -> bool:
     """Whether a graph's GLU on (fake) inputs like ``gate`` can run on our ops, forward and backward."""
-    return (gate.dtype in SUPPORTED_FLOAT_DTYPES and gate.dim() >= 1
-            and all(registry.available_on(kernel, gate.device) for kernel in (FWD_KERNEL, BWD_KERNEL)))
+    return (
+        gate.dtype in SUPPORTED_FLOAT_DTYPES
+        and gate.dim() >= 1
+        and all(registry.available_on(kernel, gate.device) for kernel in (FWD_KERNEL, BWD_KERNEL))
+    )

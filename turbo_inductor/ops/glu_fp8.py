@@ -10,6 +10,7 @@ With ``up``, x is the gate (``glu``'s form); without, x holds gate and up as hal
 input for the forward GEMM, which ``fp8_linear`` takes as ``x_q``, ``x_scale``. Recipes that quantize in blocks
 within a row (``fp8_linear.quantizes_in_rows``).
 """
+
 from __future__ import annotations
 
 import math
@@ -46,13 +47,23 @@ def _check_all(x: Tensor, up: Optional[Tensor], probs, mask, activation: str, re
 def _outputs(gate: Tensor, recipe: str) -> tuple[Tensor, Tensor, Tensor]:
     rows, f = math.prod(gate.shape[:-1]), gate.shape[-1]
     dtype, block_cols = producer_quantization(gate, recipe)
-    return (gate.new_empty(gate.shape), gate.new_empty((rows, f), dtype=dtype),
-            gate.new_empty(scale_shape(rows, f, 1, block_cols), dtype=torch.float32))
+    return (
+        gate.new_empty(gate.shape),
+        gate.new_empty((rows, f), dtype=dtype),
+        gate.new_empty(scale_shape(rows, f, 1, block_cols), dtype=torch.float32),
+    )
 
 
 @kernel_op("glu_fp8", (KERNEL,))
-def glu_fp8(x: Tensor, up: Optional[Tensor], probs: Optional[Tensor], mask: Optional[Tensor], activation: str,
-            recipe: str, impl: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+def glu_fp8(
+    x: Tensor,
+    up: Optional[Tensor],
+    probs: Optional[Tensor],
+    mask: Optional[Tensor],
+    activation: str,
+    recipe: str,
+    impl: str = "auto",
+) -> tuple[Tensor, Tensor, Tensor]:
     _check_all(x, up, probs, mask, activation, recipe)
     gate, up = _halves(x.contiguous() if up is None else x, up)
     if gate.numel() == 0:
@@ -60,8 +71,15 @@ def glu_fp8(x: Tensor, up: Optional[Tensor], probs: Optional[Tensor], mask: Opti
         return out, q, scale.fill_(1.0)
     dtype, block_cols = producer_quantization(gate, recipe)
     out, q, scale = registry.select(KERNEL, gate.device, impl)(
-        _rows(gate), _rows(up), _flat(probs), _flat(mask), activation, dtype, block_cols,
-        power_of_two=RECIPES[recipe].power_of_two)
+        _rows(gate),
+        _rows(up),
+        _flat(probs),
+        _flat(mask),
+        activation,
+        dtype,
+        block_cols,
+        power_of_two=RECIPES[recipe].power_of_two,
+    )
     return out.view(gate.shape), q, scale
 
 
@@ -94,5 +112,8 @@ glu_fp8.register_autograd(_backward, setup_context=_setup)
 def can_rewrite(out: Tensor, recipe: str) -> bool:
     """Whether a GLU of (fake) output ``out`` feeding FP8 linears of ``recipe`` can write their input in FP8 in its
     own pass (where the Triton kernel would hand the quantization to a pass of its own, the rewrite gains nothing)."""
-    return (quantizes_in_rows(recipe) and all(registry.available_on(k, out.device) for k in (KERNEL, FWD_KERNEL))
-            and quantizes_in_its_pass(out.shape[-1], producer_quantization(out, recipe)[1]))
+    return (
+        quantizes_in_rows(recipe)
+        and all(registry.available_on(k, out.device) for k in (KERNEL, FWD_KERNEL))
+        and quantizes_in_its_pass(out.shape[-1], producer_quantization(out, recipe)[1])
+    )

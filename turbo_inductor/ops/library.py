@@ -5,12 +5,13 @@ Each op family has kernel-level custom ops (:func:`kernel_op`: functional, exact
 where the user-facing result is a subset of what backward needs saved (RMSNorm's rstd), a public op defined here
 as ``CompositeImplicitAutograd`` over them, the way ``aten::layer_norm`` sits on ``aten::native_layer_norm``.
 """
+
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -53,12 +54,14 @@ def kernel_op(name: str, kernels: tuple[str, ...], symbolic_sizes: bool = True) 
             impl = bound.arguments.get("impl", registry.AUTO)
             symbolic = not symbolic_sizes and any(
                 isinstance(size, torch.SymInt)
-                for v in bound.arguments.values() if isinstance(v, torch.Tensor) for size in v.shape)
+                for v in bound.arguments.values()
+                if isinstance(v, torch.Tensor)
+                for size in v.shape
+            )
             # A symbolic float argument (dynamic=True makes a norm's eps one) is not traced into a Triton launch: the
             # call stays one node, and Dynamo's tensorify pass then restarts the trace with the float specialized.
             symbolic = symbolic or any(isinstance(v, torch.SymFloat) for v in bound.arguments.values())
-            if (symbolic or _KEEP_WHOLE.get()
-                    or not all(registry.traceable(kernel, device, impl) for kernel in kernels)):
+            if symbolic or _KEEP_WHOLE.get() or not all(registry.traceable(kernel, device, impl) for kernel in kernels):
                 return mode.__torch_dispatch__(func, types, args, kwargs)
             with mode, registry.tracing():
                 return body(*args, **kwargs)
@@ -104,34 +107,61 @@ def check(condition: bool, op: str, message: Callable[[], str]) -> None:
 
 def check_float(op: str, name: str, t: torch.Tensor) -> None:
     check(isinstance(t, torch.Tensor), op, lambda: f"{name} must be a Tensor, got {type(t).__name__}")
-    check(t.dtype in SUPPORTED_FLOAT_DTYPES, op,
-          lambda: f"{name} has dtype {t.dtype}; supported: float32, bfloat16, float16")
+    check(
+        t.dtype in SUPPORTED_FLOAT_DTYPES,
+        op,
+        lambda: f"{name} has dtype {t.dtype}; supported: float32, bfloat16, float16",
+    )
 
 
 def check_same_device(op: str, **tensors: torch.Tensor | None) -> None:
     devices = [t.device for t in tensors.values() if t is not None]
-    check(all(d == devices[0] for d in devices), op, lambda: "tensors on different devices: " + ", ".join(
-        f"{name} on {t.device}" for name, t in tensors.items() if t is not None))
+    check(
+        all(d == devices[0] for d in devices),
+        op,
+        lambda: (
+            "tensors on different devices: "
+            + ", ".join(f"{name} on {t.device}" for name, t in tensors.items() if t is not None)
+        ),
+    )
 
 
-def check_linear(op: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, weight_name: str = "weight",
-                 weight_dtype: torch.dtype | None = None) -> None:
+def check_linear(
+    op: str,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    weight_name: str = "weight",
+    weight_dtype: torch.dtype | None = None,
+) -> None:
     """The operands of ``F.linear(x, weight, bias)``: weight [N, K] in ``weight_dtype`` (default: x's; an FP8 linear
     may take W already quantized) and bias [N] in x's dtype, K = x.shape[-1]."""
     check_float(op, "x", x)
     dtype = weight_dtype or x.dtype
-    check(isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.dtype == dtype and x.dim() >= 1
-          and weight.shape[1] == x.shape[-1], op,
-          lambda: f"{weight_name} must be [N, K] in {dtype} with K = x.shape[-1]; got {weight_name} "
-                  f"{list(weight.shape)} {weight.dtype}, x {list(x.shape)} {x.dtype}")
+    check(
+        isinstance(weight, torch.Tensor)
+        and weight.dim() == 2
+        and weight.dtype == dtype
+        and x.dim() >= 1
+        and weight.shape[1] == x.shape[-1],
+        op,
+        lambda: (
+            f"{weight_name} must be [N, K] in {dtype} with K = x.shape[-1]; got {weight_name} "
+            f"{list(weight.shape)} {weight.dtype}, x {list(x.shape)} {x.dtype}"
+        ),
+    )
     if bias is not None:
-        check(bias.shape == (weight.shape[0],) and bias.dtype == x.dtype, op,
-              lambda: f"bias must be [{weight.shape[0]}] of x's dtype, got {list(bias.shape)} {bias.dtype}")
+        check(
+            bias.shape == (weight.shape[0],) and bias.dtype == x.dtype,
+            op,
+            lambda: f"bias must be [{weight.shape[0]}] of x's dtype, got {list(bias.shape)} {bias.dtype}",
+        )
     check_same_device(op, x=x, **{weight_name: weight}, bias=bias)
 
 
-def register_linear_autograd(op, backward_op,
-                             keeps_x: Callable[[object, torch.Tensor], bool] = lambda arg, weight: True) -> None:
+def register_linear_autograd(
+    op, backward_op, keeps_x: Callable[[object, torch.Tensor], bool] = lambda arg, weight: True
+) -> None:
     """Autograd of a linear-like op ``op(x, weight, bias, arg, impl)`` (``arg``: its recipe, group, ...) through
     ``backward_op(dy, x, weight, *saved, arg, impl) -> (dx, dweight[, dbias])``; without a dbias output, the bias
     gradient is dy summed over rows. ``op`` returns y, or ``(y, *saved)``: what else its backward needs (not
@@ -153,8 +183,14 @@ def register_linear_autograd(op, backward_op,
         wants_dx, wants_dweight, wants_dbias = ctx.needs_input_grad[:3]
         if wants_dbias and not dbias:
             dbias = [dy.reshape(-1, dy.shape[-1]).sum(0, dtype=torch.float32).to(dy.dtype)]
-        return (dx if wants_dx else None, dweight if wants_dweight else None, dbias[0] if wants_dbias else None,
-                None, None, *([None] * ctx.n_rest))
+        return (
+            dx if wants_dx else None,
+            dweight if wants_dweight else None,
+            dbias[0] if wants_dbias else None,
+            None,
+            None,
+            *([None] * ctx.n_rest),
+        )
 
     op.register_autograd(backward, setup_context=setup)
 

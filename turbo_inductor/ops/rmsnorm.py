@@ -13,6 +13,7 @@ residual stream) and normalizes the rounded sum, so it equals ``rmsnorm(x + resi
 and each addend's gradient in its own. ``rstd`` (fp32, x.shape[:-1]) is saved for backward; dweight
 is reduced in fp32. ``weight`` may be None; without weight, ``rmsnorm_bwd`` returns an empty dweight.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,28 +24,43 @@ from torch import Tensor
 
 from ..kernels import registry
 from ..kernels.reference.rmsnorm import sum_dtype
-from .library import (SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, define_composite,
-                      kernel_op, rows_view)
+from .library import (
+    SUPPORTED_FLOAT_DTYPES,
+    check,
+    check_float,
+    check_same_device,
+    define_composite,
+    kernel_op,
+    rows_view,
+)
 
 FWD_KERNEL, BWD_KERNEL = "rmsnorm_fwd", "rmsnorm_bwd"
 
 
-def _check_inputs(op: str, x: Tensor, weight: Optional[Tensor], eps: float,
-                  residual: Optional[Tensor] = None) -> None:
+def _check_inputs(op: str, x: Tensor, weight: Optional[Tensor], eps: float, residual: Optional[Tensor] = None) -> None:
     check_float(op, "x", x)
     check(x.dim() >= 1, op, lambda: "x must have at least one dimension (the normalized last one)")
     if weight is not None:
         check_float(op, "weight", weight)
-        check(weight.dim() == 1 and weight.shape[0] == x.shape[-1], op,
-              lambda: f"weight has shape {list(weight.shape)} but x's last dimension is {x.shape[-1]}")
+        check(
+            weight.dim() == 1 and weight.shape[0] == x.shape[-1],
+            op,
+            lambda: f"weight has shape {list(weight.shape)} but x's last dimension is {x.shape[-1]}",
+        )
     if residual is not None:
         check_float(op, "residual", residual)
-        check(residual.shape == x.shape, op,
-              lambda: f"residual has shape {list(residual.shape)} but x has {list(x.shape)}: they must match")
+        check(
+            residual.shape == x.shape,
+            op,
+            lambda: f"residual has shape {list(residual.shape)} but x has {list(x.shape)}: they must match",
+        )
     # a symbolic eps (dynamic=True makes a module's float attributes graph inputs) is checked when a call gets its
     # value: a check here would specialize the graph on it
-    check(isinstance(eps, torch.SymFloat) or (math.isfinite(eps) and eps >= 0), op,
-          lambda: f"eps must be a finite number >= 0, got {eps}")
+    check(
+        isinstance(eps, torch.SymFloat) or (math.isfinite(eps) and eps >= 0),
+        op,
+        lambda: f"eps must be a finite number >= 0, got {eps}",
+    )
     check_same_device(op, x=x, weight=weight, residual=residual)
 
 
@@ -66,6 +82,7 @@ def _empty_outputs(x: Tensor, residual: Optional[Tensor] = None) -> tuple[Tensor
 
 # ---- forward -------------------------------------------------------------------------------------------------
 
+
 @kernel_op("rmsnorm_fwd", (FWD_KERNEL,))
 def rmsnorm_fwd(x: Tensor, weight: Optional[Tensor], eps: float, impl: str = "auto") -> tuple[Tensor, Tensor]:
     _check_inputs("rmsnorm", x, weight, eps)
@@ -78,19 +95,20 @@ def rmsnorm_fwd(x: Tensor, weight: Optional[Tensor], eps: float, impl: str = "au
 @rmsnorm_fwd.register_fake
 def _(x, weight, eps, impl="auto"):
     _check_inputs("rmsnorm", x, weight, eps)
-    return (torch.empty_like(x, memory_format=torch.contiguous_format),
-            x.new_empty(x.shape[:-1], dtype=torch.float32))
+    return (torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape[:-1], dtype=torch.float32))
 
 
 @kernel_op("rmsnorm_residual_fwd", (FWD_KERNEL,))
-def rmsnorm_residual_fwd(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float,
-                         impl: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+def rmsnorm_residual_fwd(
+    x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float, impl: str = "auto"
+) -> tuple[Tensor, Tensor, Tensor]:
     _check_inputs("rmsnorm_residual", x, weight, eps, residual)
     if x.numel() == 0:
         y, rstd = _empty_outputs(x, residual)
         return y, torch.empty_like(y), rstd
     y, total, rstd = registry.select(FWD_KERNEL, x.device, impl)(
-        rows_view(x), _contiguous(weight), rows_view(residual), eps)
+        rows_view(x), _contiguous(weight), rows_view(residual), eps
+    )
     return y.view(x.shape), total.view(x.shape), rstd.view(x.shape[:-1])
 
 
@@ -103,16 +121,24 @@ def _(x, residual, weight, eps, impl="auto"):
 
 # ---- backward ------------------------------------------------------------------------------------------------
 
+
 @kernel_op("rmsnorm_bwd", (BWD_KERNEL,))
-def rmsnorm_bwd(dy: Tensor, x: Tensor, weight: Optional[Tensor], rstd: Tensor, dresidual: Optional[Tensor],
-                impl: str = "auto") -> tuple[Tensor, Tensor]:
+def rmsnorm_bwd(
+    dy: Tensor, x: Tensor, weight: Optional[Tensor], rstd: Tensor, dresidual: Optional[Tensor], impl: str = "auto"
+) -> tuple[Tensor, Tensor]:
     _check_backward_inputs(dy, x, weight, rstd, dresidual)
     if x.numel() == 0:
         dx = torch.empty_like(x, memory_format=torch.contiguous_format)
-        return dx, _no_weight_grad(x) if weight is None else torch.zeros_like(weight, memory_format=torch.contiguous_format)
+        return dx, _no_weight_grad(x) if weight is None else torch.zeros_like(
+            weight, memory_format=torch.contiguous_format
+        )
     dx, dweight = registry.select(BWD_KERNEL, x.device, impl)(
-        rows_view(dy), rows_view(x), _contiguous(weight), rstd.reshape(-1).contiguous(),
-        None if dresidual is None else rows_view(dresidual))
+        rows_view(dy),
+        rows_view(x),
+        _contiguous(weight),
+        rstd.reshape(-1).contiguous(),
+        None if dresidual is None else rows_view(dresidual),
+    )
     return dx.view(x.shape), _no_weight_grad(x) if weight is None else dweight
 
 
@@ -130,13 +156,20 @@ def _no_weight_grad(x: Tensor) -> Tensor:
 def _check_backward_inputs(dy, x, weight, rstd, dresidual) -> None:
     _check_inputs("rmsnorm_bwd", x, weight, 0.0, dresidual)
     # dy in y's dtype, which may differ from x's (rmsnorm_fp8's out_dtype)
-    check(dy.shape == x.shape and dy.dtype in SUPPORTED_FLOAT_DTYPES, "rmsnorm_bwd",
-          lambda: f"dy ({list(dy.shape)}, {dy.dtype}) must be a float tensor of x's shape {list(x.shape)}")
-    check(rstd.shape == x.shape[:-1] and rstd.dtype == torch.float32, "rmsnorm_bwd",
-          lambda: f"rstd must be float32 of shape {list(x.shape[:-1])}, got {rstd.dtype} {list(rstd.shape)}")
+    check(
+        dy.shape == x.shape and dy.dtype in SUPPORTED_FLOAT_DTYPES,
+        "rmsnorm_bwd",
+        lambda: f"dy ({list(dy.shape)}, {dy.dtype}) must be a float tensor of x's shape {list(x.shape)}",
+    )
+    check(
+        rstd.shape == x.shape[:-1] and rstd.dtype == torch.float32,
+        "rmsnorm_bwd",
+        lambda: f"rstd must be float32 of shape {list(x.shape[:-1])}, got {rstd.dtype} {list(rstd.shape)}",
+    )
 
 
 # ---- autograd ------------------------------------------------------------------------------------------------
+
 
 def _setup_fwd(ctx, inputs, output):
     x, weight, _eps, impl = inputs
@@ -144,8 +177,15 @@ def _setup_fwd(ctx, inputs, output):
     ctx.impl = impl
 
 
-def input_grads(dy: Optional[Tensor], dtotal: Optional[Tensor], normalized: Tensor, weight: Optional[Tensor],
-                rstd: Tensor, addend_dtypes: Optional[tuple[torch.dtype, torch.dtype]], impl: str) -> tuple:
+def input_grads(
+    dy: Optional[Tensor],
+    dtotal: Optional[Tensor],
+    normalized: Tensor,
+    weight: Optional[Tensor],
+    rstd: Tensor,
+    addend_dtypes: Optional[tuple[torch.dtype, torch.dtype]],
+    impl: str,
+) -> tuple:
     """(dx, dresidual, dweight) of an RMSNorm of ``normalized`` (x, or the sum x + residual), given its output's and
     its sum's gradients (None where unused; ``dtotal`` only with a residual). ``addend_dtypes``: x's and the
     residual's dtypes (None: no residual); the sum's gradient passes to each addend in its dtype, as the add's
@@ -189,18 +229,21 @@ rmsnorm_residual_fwd.register_autograd(_backward_residual_fwd, setup_context=_se
 
 rmsnorm = define_composite(
     "rmsnorm(Tensor x, Tensor? weight, float eps, str impl='auto') -> Tensor",
-    lambda x, weight, eps, impl="auto": rmsnorm_fwd(x, weight, eps, impl)[0])
+    lambda x, weight, eps, impl="auto": rmsnorm_fwd(x, weight, eps, impl)[0],
+)
 
 rmsnorm_residual = define_composite(
     "rmsnorm_residual(Tensor x, Tensor residual, Tensor? weight, float eps, str impl='auto') -> (Tensor, Tensor)",
-    lambda x, residual, weight, eps, impl="auto": rmsnorm_residual_fwd(x, residual, weight, eps, impl)[:2])
+    lambda x, residual, weight, eps, impl="auto": rmsnorm_residual_fwd(x, residual, weight, eps, impl)[:2],
+)
 
 
 def can_rewrite(x: Tensor, weight: Optional[Tensor]) -> bool:
     """Whether a graph's RMSNorm on these (fake) tensors can run on our op, forward and backward."""
     if x.dtype not in SUPPORTED_FLOAT_DTYPES or x.dim() < 1:
         return False
-    if weight is not None and (weight.dtype not in SUPPORTED_FLOAT_DTYPES or weight.dim() != 1
-                               or weight.device != x.device):
+    if weight is not None and (
+        weight.dtype not in SUPPORTED_FLOAT_DTYPES or weight.dim() != 1 or weight.device != x.device
+    ):
         return False
     return all(registry.available_on(kernel, x.device) for kernel in (FWD_KERNEL, BWD_KERNEL))

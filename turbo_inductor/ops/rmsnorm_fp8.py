@@ -13,6 +13,7 @@ q [rows, H] and scale are y quantized as ``recipe`` quantizes a linear's input f
 whole rows, so it quantizes only blocks within a row: recipes whose activation blocks are 1 x C
 (``fp8_linear.quantizes_in_rows``).
 """
+
 from __future__ import annotations
 
 import math
@@ -31,38 +32,65 @@ from .rmsnorm import _check_inputs, _contiguous, empty_output, input_grads
 KERNEL = "rmsnorm_fwd_fp8"
 
 
-def _check(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], eps: float, recipe: str,
-           out_dtype: Optional[torch.dtype]) -> None:
+def _check(
+    x: Tensor,
+    residual: Optional[Tensor],
+    weight: Optional[Tensor],
+    eps: float,
+    recipe: str,
+    out_dtype: Optional[torch.dtype],
+) -> None:
     _check_inputs("rmsnorm_fp8", x, weight, eps, residual)
     check_quantizes_in_rows("rmsnorm_fp8", recipe)
-    check(out_dtype is None or out_dtype in SUPPORTED_FLOAT_DTYPES, "rmsnorm_fp8",
-          lambda: f"out_dtype must be one of float32, bfloat16, float16 or None, got {out_dtype}")
+    check(
+        out_dtype is None or out_dtype in SUPPORTED_FLOAT_DTYPES,
+        "rmsnorm_fp8",
+        lambda: f"out_dtype must be one of float32, bfloat16, float16 or None, got {out_dtype}",
+    )
 
 
-def _outputs(x: Tensor, residual: Optional[Tensor], recipe: str,
-             out_dtype: Optional[torch.dtype]) -> tuple[Tensor, ...]:
+def _outputs(
+    x: Tensor, residual: Optional[Tensor], recipe: str, out_dtype: Optional[torch.dtype]
+) -> tuple[Tensor, ...]:
     """Uninitialized outputs of the right shapes (the fake; an input with no elements)."""
     rows, h = math.prod(x.shape[:-1]), x.shape[-1]
     dtype, block_cols = producer_quantization(x, recipe)
     total = empty_output(x, residual)
     y = total if out_dtype is None else x.new_empty(x.shape, dtype=out_dtype)
-    return (y, torch.empty_like(total) if residual is not None else x.new_empty(0),
-            x.new_empty(x.shape[:-1], dtype=torch.float32), x.new_empty((rows, h), dtype=dtype),
-            x.new_empty(scale_shape(rows, h, 1, block_cols), dtype=torch.float32))
+    return (
+        y,
+        torch.empty_like(total) if residual is not None else x.new_empty(0),
+        x.new_empty(x.shape[:-1], dtype=torch.float32),
+        x.new_empty((rows, h), dtype=dtype),
+        x.new_empty(scale_shape(rows, h, 1, block_cols), dtype=torch.float32),
+    )
 
 
 @kernel_op("rmsnorm_fp8_fwd", (KERNEL,))
-def rmsnorm_fp8_fwd(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], eps: float, recipe: str,
-                    impl: str = "auto", out_dtype: Optional[torch.dtype] = None
-                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def rmsnorm_fp8_fwd(
+    x: Tensor,
+    residual: Optional[Tensor],
+    weight: Optional[Tensor],
+    eps: float,
+    recipe: str,
+    impl: str = "auto",
+    out_dtype: Optional[torch.dtype] = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     _check(x, residual, weight, eps, recipe, out_dtype)
     if x.numel() == 0:
         y, total, rstd, q, scale = _outputs(x, residual, recipe, out_dtype)
         return y, total, rstd.fill_(float("nan")), q, scale.fill_(1.0)
     dtype, block_cols = producer_quantization(x, recipe)
     y, total, rstd, q, scale = registry.select(KERNEL, x.device, impl)(
-        rows_view(x), _contiguous(weight), None if residual is None else rows_view(residual), eps, dtype, block_cols,
-        power_of_two=RECIPES[recipe].power_of_two, out_dtype=out_dtype)
+        rows_view(x),
+        _contiguous(weight),
+        None if residual is None else rows_view(residual),
+        eps,
+        dtype,
+        block_cols,
+        power_of_two=RECIPES[recipe].power_of_two,
+        out_dtype=out_dtype,
+    )
     total = total.view(x.shape) if residual is not None else x.new_empty(0)
     return y.view(x.shape), total, rstd.view(x.shape[:-1]), q, scale
 
@@ -92,8 +120,15 @@ def _backward(ctx, dy, dtotal, _drstd, _dq, _dscale):
 rmsnorm_fp8_fwd.register_autograd(_backward, setup_context=_setup)
 
 
-def _rmsnorm_fp8(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], eps: float, recipe: str,
-                 impl: str = "auto", out_dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _rmsnorm_fp8(
+    x: Tensor,
+    residual: Optional[Tensor],
+    weight: Optional[Tensor],
+    eps: float,
+    recipe: str,
+    impl: str = "auto",
+    out_dtype: Optional[torch.dtype] = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     y, total, _rstd, q, scale = rmsnorm_fp8_fwd(x, residual, weight, eps, recipe, impl, out_dtype)
     return y, total, q, scale
 
@@ -101,11 +136,16 @@ def _rmsnorm_fp8(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor]
 rmsnorm_fp8 = define_composite(
     "rmsnorm_fp8(Tensor x, Tensor? residual, Tensor? weight, float eps, str recipe, str impl='auto', "
     "ScalarType? out_dtype=None) "
-    "-> (Tensor, Tensor, Tensor, Tensor)", _rmsnorm_fp8)
+    "-> (Tensor, Tensor, Tensor, Tensor)",
+    _rmsnorm_fp8,
+)
 
 
 def can_rewrite(x: Tensor, recipe: str) -> bool:
     """Whether an RMSNorm of (fake) input ``x`` feeding FP8 linears of ``recipe`` can write their input in FP8 in its
     own pass (where the Triton kernel would hand the quantization to a pass of its own, the rewrite gains nothing)."""
-    return (quantizes_in_rows(recipe) and registry.available_on(KERNEL, x.device)
-            and quantizes_in_its_pass(x.shape[-1], x.element_size(), producer_quantization(x, recipe)[1]))
+    return (
+        quantizes_in_rows(recipe)
+        and registry.available_on(KERNEL, x.device)
+        and quantizes_in_its_pass(x.shape[-1], x.element_size(), producer_quantization(x, recipe)[1])
+    )

@@ -1,5 +1,6 @@
 """What the passes that fuse an FP8 linear's input quantization into the op producing the input share
 (``rmsnorm_fp8``, ``glu_fp8``): finding the linears that read a value, and handing them its FP8 form."""
+
 from __future__ import annotations
 
 import torch.fx as fx

@@ -12,6 +12,7 @@ and ``x @ V`` (weight V^T) with a 2-D right operand. Under ``torch.autocast`` th
 dtype first, as autocast casts them for the linear (fp32 weights, say): the FP8 linear computes in that dtype and
 returns it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,7 +59,8 @@ def linear_of(node: fx.Node):
         bias = m.arg(node, 2, "bias")
         return node.args[0], node.args[1], bias, False
     is_matmul = (node.op == "call_function" and node.target in _MATMULS) or (
-        node.op == "call_method" and node.target == "matmul")
+        node.op == "call_method" and node.target == "matmul"
+    )
     if not is_matmul or len(node.args) != 2 or node.kwargs:
         return None
     x, rhs = node.args
@@ -79,11 +81,17 @@ class FP8LinearPass(RewritePass):
         fields = dict(value) if isinstance(value, dict) else {"recipe": value}
         unknown = set(fields) - {"recipe", "exclude", "min_size", "save_weight_t"}
         if unknown or fields.get("recipe") not in RECIPES:
-            raise ValueError(f"primus_turbo: option 'fp8' takes one of {sorted(RECIPES)} or 'off', or a dict with "
-                             f"keys recipe/exclude/min_size/save_weight_t; got {value!r}")
+            raise ValueError(
+                f"primus_turbo: option 'fp8' takes one of {sorted(RECIPES)} or 'off', or a dict with "
+                f"keys recipe/exclude/min_size/save_weight_t; got {value!r}"
+            )
         re.compile(fields.get("exclude", ""))
-        return FP8Option(fields["recipe"], fields.get("exclude", ""), int(fields.get("min_size", 0)),
-                         parse_bool("fp8.save_weight_t", fields.get("save_weight_t", True)))
+        return FP8Option(
+            fields["recipe"],
+            fields.get("exclude", ""),
+            int(fields.get("min_size", 0)),
+            parse_bool("fp8.save_weight_t", fields.get("save_weight_t", True)),
+        )
 
     def enabled(self, value: FP8Option) -> bool:
         return value.recipe != OFF
@@ -101,8 +109,11 @@ class FP8LinearPass(RewritePass):
             return None
         _, xt, wt, bt = fakes
         wt = wt.t() if transposed else wt
-        eligible = (can_rewrite(xt, wt, bt) and min(wt.shape) >= option.min_size
-                    and not (option.exclude and re.search(option.exclude, parameter_name(weight))))
+        eligible = (
+            can_rewrite(xt, wt, bt)
+            and min(wt.shape) >= option.min_size
+            and not (option.exclude and re.search(option.exclude, parameter_name(weight)))
+        )
         return found if eligible else None
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
@@ -116,8 +127,9 @@ class FP8LinearPass(RewritePass):
             if transposed:
                 weight = m.insert_op(graph, node, torch.ops.aten.t.default, (weight,))
             x, weight, bias = m.cast_to(graph, node, (x, weight, bias), m.linear_dtype(node))
-            linear = m.replace_with_op(graph, node, torch.ops.turbo_inductor.fp8_linear.default,
-                                       (x, weight, bias, option.recipe, options.impl))
+            linear = m.replace_with_op(
+                graph, node, torch.ops.turbo_inductor.fp8_linear.default, (x, weight, bias, option.recipe, options.impl)
+            )
             if not option.save_weight_t:  # a keyword: the producer fusions hand x_q and x_scale over as arguments
                 linear.kwargs = {"save_weight_t": False}
             count += 1

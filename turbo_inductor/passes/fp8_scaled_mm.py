@@ -13,6 +13,7 @@ most one fp32 ulp, which moves an fp8 value one step only where it lands on a ro
 floors or maxima, amax over other dims, mixed granularities, other formats, ``_scaled_mm`` with a bias, a result
 scale or full accumulation (which our fp8_linear's forward does not do).
 """
+
 from __future__ import annotations
 
 import torch
@@ -89,8 +90,9 @@ class FP8ScaledMMPass(RewritePass):
         for node in list(graph.nodes):
             if node.op != "call_function" or node.target is not torch._scaled_mm or len(node.args) != 2:
                 continue
-            extra = {k: v for k, v in node.kwargs.items()
-                     if k not in ("scale_a", "scale_b", "out_dtype", "use_fast_accum")}
+            extra = {
+                k: v for k, v in node.kwargs.items() if k not in ("scale_a", "scale_b", "out_dtype", "use_fast_accum")
+            }
             if any(v is not None for v in extra.values()):  # bias, scale_result
                 continue
             qx, qw_t = node.args
@@ -106,15 +108,22 @@ class FP8ScaledMMPass(RewritePass):
             if node.kwargs.get("use_fast_accum", False) is not RECIPES[recipe].fast_accum_forward:
                 continue
             scale_b = node.kwargs.get("scale_b")  # rowwise: W's per-row scales as a [1, N] row
-            if node.kwargs.get("scale_a") is not x_scale or \
-                    (scale_b if recipe == "tensorwise" else m.transpose_source(scale_b)) is not w_scale:
+            if (
+                node.kwargs.get("scale_a") is not x_scale
+                or (scale_b if recipe == "tensorwise" else m.transpose_source(scale_b)) is not w_scale
+            ):
                 continue
             x_fake, w_fake = m.fake(x), m.fake(w)
-            if x_fake is None or w_fake is None or node.kwargs.get("out_dtype") != x_fake.dtype \
-                    or not can_rewrite(x_fake, w_fake, None):
+            if (
+                x_fake is None
+                or w_fake is None
+                or node.kwargs.get("out_dtype") != x_fake.dtype
+                or not can_rewrite(x_fake, w_fake, None)
+            ):
                 continue
-            m.replace_with_op(graph, node, torch.ops.turbo_inductor.fp8_linear.default,
-                              (x, w, None, recipe, options.impl))
+            m.replace_with_op(
+                graph, node, torch.ops.turbo_inductor.fp8_linear.default, (x, w, None, recipe, options.impl)
+            )
             m.erase_unused(m.producers([qx, qw_t, scale_b], stop={x, w}))  # scale_b: rowwise, a transpose
             count += 1
         return count

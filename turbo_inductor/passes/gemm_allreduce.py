@@ -10,6 +10,7 @@ Left alone: other reductions than sum, a linear whose unreduced result is read e
 anything but its name, and a linear the ``fp8`` option turns into an FP8 linear (its all-reduce then stays as
 written: a user who asked for FP8 gets FP8; an FP8 form of this op is to come).
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,13 +27,19 @@ def waited_sum_all_reduce(wait) -> tuple[fx.Node, fx.Node, str] | None:
     """(what is reduced, the all_reduce, group name) when ``wait`` waits on a functional sum all-reduce of a node on
     a group given by name, the wait its only reader."""
     functional = torch.ops._c10d_functional
-    if not (m.calls(wait, functions=(functional.wait_tensor, functional.wait_tensor.default))
-            and m.calls(wait.args[0], functions=(functional.all_reduce, functional.all_reduce.default))):
+    if not (
+        m.calls(wait, functions=(functional.wait_tensor, functional.wait_tensor.default))
+        and m.calls(wait.args[0], functions=(functional.all_reduce, functional.all_reduce.default))
+    ):
         return None
     reduce = wait.args[0]
     source, op, group_name = (list(reduce.args) + [None, None, None])[:3]
-    if op != "sum" or not isinstance(group_name, str) or m.only_user(reduce) is not wait \
-            or not isinstance(source, fx.Node):
+    if (
+        op != "sum"
+        or not isinstance(group_name, str)
+        or m.only_user(reduce) is not wait
+        or not isinstance(source, fx.Node)
+    ):
         return None
     return source, reduce, group_name
 
@@ -68,8 +75,12 @@ class GemmAllReducePass(RewritePass):
                 continue  # the unreduced result is read elsewhere
             anchor = copy_back if copy_back is not None else wait
             x, weight, bias = m.cast_to(graph, anchor, (x, weight, bias), dtype)  # autocast's casts, if any
-            new = m.insert_op(graph, anchor, torch.ops.turbo_inductor.gemm_allreduce.default,
-                              (x, weight, bias, group_name, options.impl))
+            new = m.insert_op(
+                graph,
+                anchor,
+                torch.ops.turbo_inductor.gemm_allreduce.default,
+                (x, weight, bias, group_name, options.impl),
+            )
             if copy_back is not None:
                 # y's readers after the copy saw the reduced value: they read the fused op now.
                 linear.replace_all_uses_with(new, delete_user_cb=lambda user: user not in (reduce, copy_back))

@@ -12,6 +12,7 @@ Dynamo keeps such a function as ``autograd_function_apply(fwd_body, bwd_body, x)
     reduction: more collectives than the one written), and the ``fp8`` option does not turn that linear into an
     FP8 linear (a user who asked for FP8 gets FP8, its gradient's all-reduce as written).
 """
+
 from __future__ import annotations
 
 import operator
@@ -53,9 +54,11 @@ def _through_views(node: fx.Node) -> fx.Node:
 def _is_identity(body: fx.Graph) -> bool:
     returned = _returned(body)
     calls = [n for n in body.nodes if n.op in ("call_function", "call_method")]
-    return (returned is not None and _through_views(returned).op == "placeholder"
-            and all(n.target in _HOUSEKEEPING or (n.op == "call_method" and n.target in _PASS_THROUGH)
-                    for n in calls))
+    return (
+        returned is not None
+        and _through_views(returned).op == "placeholder"
+        and all(n.target in _HOUSEKEEPING or (n.op == "call_method" and n.target in _PASS_THROUGH) for n in calls)
+    )
 
 
 def _reduced_group(body: fx.Graph) -> str | None:
@@ -72,8 +75,14 @@ def _reduced_group(body: fx.Graph) -> str | None:
     if _through_views(gradient).op != "placeholder" or (copy_back is not None and gradient is not returned):
         return None
     expected = {reduce, m.only_user(reduce)} | ({copy_back} if copy_back is not None else set())
-    others = [n for n in body.nodes if n.op in ("call_function", "call_method") and n not in expected
-              and n.target not in _HOUSEKEEPING and not (n.op == "call_method" and n.target in _PASS_THROUGH)]
+    others = [
+        n
+        for n in body.nodes
+        if n.op in ("call_function", "call_method")
+        and n not in expected
+        and n.target not in _HOUSEKEEPING
+        and not (n.op == "call_method" and n.target in _PASS_THROUGH)
+    ]
     return group_name if not others else None
 
 
@@ -83,8 +92,11 @@ class GemmAllReduceDgradPass(RewritePass):
     def apply(self, graph: fx.Graph, options: Options) -> int:
         count = 0
         for node in list(graph.nodes):
-            if node.op != "call_function" or node.target is not torch.ops.higher_order.autograd_function_apply \
-                    or len(node.args) != 3:
+            if (
+                node.op != "call_function"
+                or node.target is not torch.ops.higher_order.autograd_function_apply
+                or len(node.args) != 3
+            ):
                 continue
             fwd, bwd = _body(graph, node.args[0]), _body(graph, node.args[1])
             if fwd is None or bwd is None or not _is_identity(fwd):
@@ -94,16 +106,24 @@ class GemmAllReduceDgradPass(RewritePass):
             if group_name is None or item is None or item.target is not operator.getitem or item.args[1] != 0:
                 continue
             linear = m.only_user(item)
-            if linear is None or linear.target is not torch._C._nn.linear or linear.args[0] is not item \
-                    or FP8LinearPass().match(linear, options) is not None:  # FP8 asked for: the linear stays FP8
+            if (
+                linear is None
+                or linear.target is not torch._C._nn.linear
+                or linear.args[0] is not item
+                or FP8LinearPass().match(linear, options) is not None
+            ):  # FP8 asked for: the linear stays FP8
                 continue
             x, weight, bias = node.args[2], linear.args[1], m.arg(linear, 2, "bias")
             fakes = m.linear_operand_fakes(linear, x, weight, bias)
             if fakes is None or not can_rewrite(*fakes[1:]):
                 continue
             x, weight, bias = m.cast_to(graph, linear, (x, weight, bias), fakes[0])  # autocast's casts, if any
-            new = m.insert_op(graph, linear, torch.ops.turbo_inductor.linear_dgrad_allreduce.default,
-                              (x, weight, bias, group_name, options.impl))
+            new = m.insert_op(
+                graph,
+                linear,
+                torch.ops.turbo_inductor.linear_dgrad_allreduce.default,
+                (x, weight, bias, group_name, options.impl),
+            )
             linear.replace_all_uses_with(new)
             m.erase_unused([node.args[0], node.args[1], node, item, linear])
             count += 1

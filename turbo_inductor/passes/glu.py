@@ -13,6 +13,7 @@ Spellings matched (either multiplication order; fp32/bf16/fp16; any leading dims
 Left alone: other activations (``sigmoid(g) * u``), broadcasting or type-promoting multiplies, an activation whose
 result is used elsewhere too.
 """
+
 from __future__ import annotations
 
 import torch
@@ -111,13 +112,17 @@ def _only_adds_a_unit_dim(node) -> bool:
     if not isinstance(node, fx.Node) or not node.args or not isinstance(node.args[0], fx.Node):
         return False
     target = node.target
-    if target in (torch.unsqueeze, torch.Tensor.unsqueeze, torch.reshape, torch.Tensor.view, torch.Tensor.reshape) \
-            or (node.op == "call_method" and target in ("unsqueeze", "view", "reshape")):
+    if target in (torch.unsqueeze, torch.Tensor.unsqueeze, torch.reshape, torch.Tensor.view, torch.Tensor.reshape) or (
+        node.op == "call_method" and target in ("unsqueeze", "view", "reshape")
+    ):
         return True
     c = m.call(node)
     index = c.args[1] if c is not None and c.op == "getitem" else None
-    return isinstance(index, tuple) and None in index and all(i is None or i is Ellipsis or i == slice(None)
-                                                              for i in index)
+    return (
+        isinstance(index, tuple)
+        and None in index
+        and all(i is None or i is Ellipsis or i == slice(None) for i in index)
+    )
 
 
 def _weighting(node) -> tuple[fx.Node, fx.Node, list[fx.Node]] | None:
@@ -142,8 +147,8 @@ def _weighting(node) -> tuple[fx.Node, fx.Node, list[fx.Node]] | None:
 def _same_type(*nodes) -> bool:
     tensors = [m.fake(n) for n in nodes]
     return all(t is not None for t in tensors) and all(
-        t.shape == tensors[0].shape and t.dtype == tensors[0].dtype and t.device == tensors[0].device
-        for t in tensors)
+        t.shape == tensors[0].shape and t.dtype == tensors[0].dtype and t.device == tensors[0].device for t in tensors
+    )
 
 
 class GLUPass(RewritePass):

@@ -6,6 +6,7 @@ linears take its q and scale as ``x_q``, ``x_scale``. The output's other users, 
 before. Taken when the linears share one recipe that quantizes x in blocks within a row
 (``fp8_linear.quantizes_in_rows``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,8 +35,9 @@ class GLUFP8Pass(RewritePass):
             # glu_fp8(x, up, probs, mask, activation, recipe, impl): glu's arguments, or glu_fused's with no up
             x, *rest = glu.args
             args = (x, *rest[:-1]) if glu.target is glu_op else (x, None, *rest[:-1])
-            out, q, scale = m.insert_op(graph, glu, torch.ops.turbo_inductor.glu_fp8.default,
-                                        (*args, recipe, rest[-1]), n_outputs=3)
+            out, q, scale = m.insert_op(
+                graph, glu, torch.ops.turbo_inductor.glu_fp8.default, (*args, recipe, rest[-1]), n_outputs=3
+            )
             glu.replace_all_uses_with(out)
             hand_over(linears, q, scale)
             graph.erase_node(glu)

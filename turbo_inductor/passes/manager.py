@@ -4,6 +4,7 @@ Inductor calls it as its ``pre_grad_custom_pass`` (see ``backend.py``): it sees 
 AOTAutograd, so the ops it inserts keep their registered autograd in training. Each pass is applied as a unit: if
 one raises, the graph is restored to what it was before that pass and a warning names the pass (``strict`` raises).
 """
+
 from __future__ import annotations
 
 import collections
@@ -80,7 +81,7 @@ def forget(record: CompileRecord) -> None:
         _RECORDS.remove(record)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _source_hash() -> str:
     """Hash of every source of the package: the passes and ops shape the rewritten graph, and on GPU the kernels'
     code is traced into the compiled graph (``ops/library.py``), so all of them are part of the cache key."""
@@ -130,8 +131,11 @@ class PassManager(CustomGraphPass):
             # The matchers read shapes and dtypes from the fake tensors Dynamo records. torch 2.11 retraces CPU
             # graphs under Inductor's freezing before its pre-grad passes, without them: nothing could be matched.
             record.failures.append(("all", "the graph carries no fake tensors"))
-            warnings.warn("primus_turbo: the graph Inductor handed to the passes carries no fake tensors (torch 2.11 "
-                          "retraces CPU graphs under freezing): no rewrite was tried, Inductor compiles it alone")
+            warnings.warn(
+                "primus_turbo: the graph Inductor handed to the passes carries no fake tensors (torch 2.11 "
+                "retraces CPU graphs under freezing): no rewrite was tried, Inductor compiles it alone",
+                stacklevel=2,
+            )
             record.ops_after.update(record.ops_before)
             return
         for rewrite in self.passes:
@@ -144,8 +148,11 @@ class PassManager(CustomGraphPass):
                     raise
                 _restore(graph, snapshot)
                 record.failures.append((rewrite.name, repr(error)))
-                warnings.warn(f"primus_turbo: pass {rewrite.name} failed and was skipped for this graph "
-                              f"({error!r}); set options={{'strict': True}} to raise instead")
+                warnings.warn(
+                    f"primus_turbo: pass {rewrite.name} failed and was skipped for this graph "
+                    f"({error!r}); set options={{'strict': True}} to raise instead",
+                    stacklevel=2,
+                )
                 continue
             record.counts[rewrite.name] += count
             log.info("primus_turbo: replaced %d %s", count, rewrite.name)
@@ -156,8 +163,9 @@ class PassManager(CustomGraphPass):
             log.debug("primus_turbo: graph after passes:\n%s", graph.python_code("self").src)
 
     def uuid(self) -> str:
-        return hashlib.sha256((_source_hash() + self.options.fingerprint() + _distributed_identity()).encode()
-                              ).hexdigest()
+        return hashlib.sha256(
+            (_source_hash() + self.options.fingerprint() + _distributed_identity()).encode()
+        ).hexdigest()
 
 
 def _distributed_identity() -> str:

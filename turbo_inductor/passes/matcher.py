@@ -5,38 +5,74 @@ keep their registered autograd and the fusion holds in training. Torch IR is not
 ``torch.pow(x, 2)`` and ``x ** 2`` are different nodes. :func:`call` gives one canonical view of a node so that a
 pass is written once against ``("pow", (x, 2))`` whatever the spelling.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 import torch.fx as fx
 
 # function targets -> canonical op name
 _FUNCTIONS: dict[Callable, str] = {
-    operator.add: "add", torch.add: "add", torch.Tensor.add: "add",
-    operator.sub: "sub", torch.sub: "sub", torch.Tensor.sub: "sub",
-    operator.mul: "mul", torch.mul: "mul", torch.Tensor.mul: "mul",
-    operator.truediv: "div", torch.div: "div", torch.Tensor.div: "div",
-    operator.pow: "pow", torch.pow: "pow", torch.Tensor.pow: "pow",
-    torch.square: "square", torch.Tensor.square: "square",
-    torch.mean: "mean", torch.Tensor.mean: "mean",
-    torch.rsqrt: "rsqrt", torch.Tensor.rsqrt: "rsqrt",
-    torch.sqrt: "sqrt", torch.Tensor.sqrt: "sqrt",
-    torch.rms_norm: "rms_norm", torch.nn.functional.rms_norm: "rms_norm",
-    torch.Tensor.to: "cast", torch.Tensor.float: "cast", torch.Tensor.type_as: "cast",
-    torch.nn.functional.silu: "silu", torch.nn.functional.gelu: "gelu",
-    torch.chunk: "chunk", torch.Tensor.chunk: "chunk", torch.split: "split", torch.Tensor.split: "split",
+    operator.add: "add",
+    torch.add: "add",
+    torch.Tensor.add: "add",
+    operator.sub: "sub",
+    torch.sub: "sub",
+    torch.Tensor.sub: "sub",
+    operator.mul: "mul",
+    torch.mul: "mul",
+    torch.Tensor.mul: "mul",
+    operator.truediv: "div",
+    torch.div: "div",
+    torch.Tensor.div: "div",
+    operator.pow: "pow",
+    torch.pow: "pow",
+    torch.Tensor.pow: "pow",
+    torch.square: "square",
+    torch.Tensor.square: "square",
+    torch.mean: "mean",
+    torch.Tensor.mean: "mean",
+    torch.rsqrt: "rsqrt",
+    torch.Tensor.rsqrt: "rsqrt",
+    torch.sqrt: "sqrt",
+    torch.Tensor.sqrt: "sqrt",
+    torch.rms_norm: "rms_norm",
+    torch.nn.functional.rms_norm: "rms_norm",
+    torch.Tensor.to: "cast",
+    torch.Tensor.float: "cast",
+    torch.Tensor.type_as: "cast",
+    torch.nn.functional.silu: "silu",
+    torch.nn.functional.gelu: "gelu",
+    torch.chunk: "chunk",
+    torch.Tensor.chunk: "chunk",
+    torch.split: "split",
+    torch.Tensor.split: "split",
     operator.getitem: "getitem",
 }
 # method names -> canonical op name
 _METHODS: dict[str, str] = {
-    "add": "add", "sub": "sub", "mul": "mul", "div": "div", "pow": "pow", "square": "square",
-    "mean": "mean", "rsqrt": "rsqrt", "sqrt": "sqrt",
-    "to": "cast", "float": "cast", "half": "cast", "bfloat16": "cast", "type_as": "cast", "type": "cast",
-    "chunk": "chunk", "split": "split",
+    "add": "add",
+    "sub": "sub",
+    "mul": "mul",
+    "div": "div",
+    "pow": "pow",
+    "square": "square",
+    "mean": "mean",
+    "rsqrt": "rsqrt",
+    "sqrt": "sqrt",
+    "to": "cast",
+    "float": "cast",
+    "half": "cast",
+    "bfloat16": "cast",
+    "type_as": "cast",
+    "type": "cast",
+    "chunk": "chunk",
+    "split": "split",
 }
 # keyword arguments that change what these ops compute: a node that uses one is not canonical
 _MEANINGFUL_KWARGS = {"alpha", "rounding_mode", "out", "memory_format"}
@@ -92,9 +128,12 @@ def linear_operand_fakes(linear: fx.Node, x: Any, weight: Any, bias: Any) -> tup
 def cast_to(graph: fx.Graph, before: fx.Node, values: tuple, dtype: torch.dtype) -> tuple:
     """``values`` (nodes, or None) as ``dtype``: a ``Tensor.to`` inserted before ``before`` for each node of
     another dtype (autocast's cast of a linear's operands, made explicit for the op that replaces the linear)."""
-    return tuple(insert_op(graph, before, torch.Tensor.to, (v, dtype))
-                 if isinstance(v, fx.Node) and fake(v) is not None and fake(v).dtype != dtype else v
-                 for v in values)
+    return tuple(
+        insert_op(graph, before, torch.Tensor.to, (v, dtype))
+        if isinstance(v, fx.Node) and fake(v) is not None and fake(v).dtype != dtype
+        else v
+        for v in values
+    )
 
 
 def call(node: Any) -> Call | None:
@@ -126,7 +165,9 @@ def calls(node: Any, method: str = "", functions: tuple = ()) -> bool:
     """Whether ``node`` calls the Tensor method ``method`` or one of ``functions``, exactly as written (for ops
     :func:`call` has no canonical view of)."""
     return isinstance(node, fx.Node) and (
-        (node.op == "call_method" and node.target == method) or (node.op == "call_function" and node.target in functions))
+        (node.op == "call_method" and node.target == method)
+        or (node.op == "call_function" and node.target in functions)
+    )
 
 
 def is_op(node: Any, op: str) -> bool:
@@ -211,8 +252,9 @@ def last_dim_only(dim: Any, ndim: int) -> bool:
     return isinstance(dim, int) and not isinstance(dim, bool) and dim in (-1, ndim - 1)
 
 
-def insert_op(graph: fx.Graph, before: fx.Node, op: torch._ops.OpOverload, args: tuple,
-              n_outputs: int = 0) -> list[fx.Node] | fx.Node:
+def insert_op(
+    graph: fx.Graph, before: fx.Node, op: torch._ops.OpOverload, args: tuple, n_outputs: int = 0
+) -> list[fx.Node] | fx.Node:
     """Insert ``op(*args)`` before ``before`` with Dynamo's example-value metadata filled in.
 
     Returns the node, or for ``n_outputs`` > 0 the ``getitem`` nodes of its outputs.
@@ -240,8 +282,9 @@ def available_at(value: Any, node: fx.Node, position: dict[fx.Node, int]) -> boo
     fused op goes."""
     if not isinstance(value, fx.Node) or position[value] < position[node]:
         return True
-    movable = value.op == "get_attr" or (_is_symbolic_float(value) and all(
-        position[n] < position[node] for n in value.all_input_nodes))
+    movable = value.op == "get_attr" or (
+        _is_symbolic_float(value) and all(position[n] < position[node] for n in value.all_input_nodes)
+    )
     if not movable:
         return False
     node.prepend(value)

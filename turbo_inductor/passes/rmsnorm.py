@@ -12,6 +12,7 @@ Spellings matched (any eps, fp32/bf16/fp16, any leading dims):
 The op returns x's dtype; when the matched output has another dtype (an fp32 weight times a bf16 norm promotes
 to fp32), the weight multiply stays in the graph and only the normalization is replaced.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,7 +21,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ..ops.rmsnorm import can_rewrite, rmsnorm as rmsnorm_op
+from ..ops.rmsnorm import can_rewrite
+from ..ops.rmsnorm import rmsnorm as rmsnorm_op
 from ..options import Options
 from . import matcher as m
 from .manager import RewritePass
@@ -102,8 +104,12 @@ def match_decomposed(mean: fx.Node) -> RMSNormMatch | None:
         wt = m.fake(weight)
         # a weight that promotes (fp32 weight * bf16 norm) stays a separate multiply: fusing it would drop the
         # rounding to bf16 that the graph does before it
-        if (wt is not None and wt.dim() == 1 and wt.shape[0] == xft.shape[-1]
-                and m.fake(scale).dtype == m.fake(out).dtype):
+        if (
+            wt is not None
+            and wt.dim() == 1
+            and wt.shape[0] == xft.shape[-1]
+            and m.fake(scale).dtype == m.fake(out).dtype
+        ):
             weighted = _match(xf, scale, matched + [scale], eps, weight)
             if weighted is not None:
                 return weighted
@@ -126,8 +132,9 @@ def _squared(node: Any) -> Any:
     return None
 
 
-def _match(xf: fx.Node, out: fx.Node, matched: list[fx.Node], eps: float | fx.Node,
-           weight: fx.Node | None = None) -> RMSNormMatch | None:
+def _match(
+    xf: fx.Node, out: fx.Node, matched: list[fx.Node], eps: float | fx.Node, weight: fx.Node | None = None
+) -> RMSNormMatch | None:
     """The match whose output is ``out``: its input is x before the upcast if the dtypes allow, else xf itself."""
     out_dtype = m.fake(out).dtype
     for x in (m.strip_casts(xf), xf):
@@ -148,8 +155,7 @@ class RMSNormPass(RewritePass):
             found = match_functional(node) or match_decomposed(node)
             if found is None or not can_rewrite(m.fake(found.x), m.fake(found.weight)):
                 continue
-            new = m.insert_op(graph, found.output, rmsnorm_op,
-                              (found.x, found.weight, found.eps, options.impl))
+            new = m.insert_op(graph, found.output, rmsnorm_op, (found.x, found.weight, found.eps, options.impl))
             found.output.replace_all_uses_with(new)
             m.erase_unused(found.matched)
             count += 1

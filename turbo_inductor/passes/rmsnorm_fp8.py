@@ -12,6 +12,7 @@ pass makes autocast's casts explicit). Where every user of the output is a cast 
 that dtype (``out_dtype``) and the casts go: y is the cast's value bit for bit, and in backward the norm reads dy
 in that dtype where the cast's backward would have converted it first.
 """
+
 from __future__ import annotations
 
 import operator
@@ -19,8 +20,10 @@ import operator
 import torch
 import torch.fx as fx
 
-from ..ops.rmsnorm import rmsnorm as rmsnorm_op, rmsnorm_residual as rmsnorm_residual_op
-from ..ops.rmsnorm_fp8 import can_rewrite, rmsnorm_fp8 as rmsnorm_fp8_op
+from ..ops.rmsnorm import rmsnorm as rmsnorm_op
+from ..ops.rmsnorm import rmsnorm_residual as rmsnorm_residual_op
+from ..ops.rmsnorm_fp8 import can_rewrite
+from ..ops.rmsnorm_fp8 import rmsnorm_fp8 as rmsnorm_fp8_op
 from ..options import Options
 from . import matcher as m
 from .fp8_input import fp8_readers, hand_over
@@ -44,8 +47,9 @@ class RMSNormFP8Pass(RewritePass):
             if readers is None or not can_rewrite(m.fake(x), readers[1]):
                 continue
             linears, recipe = readers
-            y, new_total, q, scale = m.insert_op(graph, norm, rmsnorm_fp8_op,
-                                                 (x, residual, weight, eps, recipe, impl, out_dtype), n_outputs=4)
+            y, new_total, q, scale = m.insert_op(
+                graph, norm, rmsnorm_fp8_op, (x, residual, weight, eps, recipe, impl, out_dtype), n_outputs=4
+            )
             casts = [] if read is normed else [u for u in normed.users if not _reads_shape(u)]
             for value in casts:  # they go: y is their value
                 value.replace_all_uses_with(y)

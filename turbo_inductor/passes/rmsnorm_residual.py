@@ -5,13 +5,15 @@ residual add as well: those other users read the fused op's second output. Only 
 shape are taken (a broadcasting add is not the residual stream); their dtypes may differ where the add promotes
 them (under ``torch.autocast`` a bf16 branch output joins an fp32 residual stream): the op promotes as the add.
 """
+
 from __future__ import annotations
 
 import torch
 import torch.fx as fx
 
 from ..ops.library import SUPPORTED_FLOAT_DTYPES
-from ..ops.rmsnorm import rmsnorm as rmsnorm_op, rmsnorm_residual as rmsnorm_residual_op
+from ..ops.rmsnorm import rmsnorm as rmsnorm_op
+from ..ops.rmsnorm import rmsnorm_residual as rmsnorm_residual_op
 from ..options import Options
 from . import matcher as m
 from .manager import RewritePass
@@ -34,8 +36,9 @@ class RMSNormResidualPass(RewritePass):
             # the fused op replaces the add, so everything it reads must exist there
             if not all(m.available_at(v, total, position) for v in (weight, eps)):
                 continue
-            normed, new_total = m.insert_op(graph, total, rmsnorm_residual_op,
-                                            (*operands, weight, eps, impl), n_outputs=2)
+            normed, new_total = m.insert_op(
+                graph, total, rmsnorm_residual_op, (*operands, weight, eps, impl), n_outputs=2
+            )
             norm.replace_all_uses_with(normed)
             graph.erase_node(norm)
             total.replace_all_uses_with(new_total)
@@ -47,5 +50,10 @@ class RMSNormResidualPass(RewritePass):
 def _addend_of(value, total: fx.Node) -> bool:
     """Whether ``value`` is a tensor of the sum's shape and device, in a float dtype that promotes to the sum's."""
     t, ref = m.fake(value), m.fake(total)
-    return (t is not None and t.shape == ref.shape and t.device == ref.device and t.dtype in SUPPORTED_FLOAT_DTYPES
-            and torch.promote_types(t.dtype, ref.dtype) == ref.dtype)
+    return (
+        t is not None
+        and t.shape == ref.shape
+        and t.device == ref.device
+        and t.dtype in SUPPORTED_FLOAT_DTYPES
+        and torch.promote_types(t.dtype, ref.dtype) == ref.dtype
+    )

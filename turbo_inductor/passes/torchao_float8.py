@@ -18,6 +18,7 @@ float64): the same values with power-of-two scales, within one float32 ulp of th
 GEMMs accumulate fast (torchao's ``gemm_config_output``, our ``fast_accum_forward``), the backward ones in full;
 a config that asks otherwise is left to torchao.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -32,8 +33,14 @@ from . import matcher as m
 from .manager import RewritePass
 
 _FUNCTION = ("torchao.float8.float8_linear", "matmul_with_hp_or_float8_args")
-_CASTS = ("cast_config_input", "cast_config_input_for_grad_weight", "cast_config_weight",
-          "cast_config_weight_for_grad_input", "cast_config_grad_output", "cast_config_grad_output_for_grad_weight")
+_CASTS = (
+    "cast_config_input",
+    "cast_config_input_for_grad_weight",
+    "cast_config_weight",
+    "cast_config_weight_for_grad_input",
+    "cast_config_grad_output",
+    "cast_config_grad_output_for_grad_weight",
+)
 
 
 def autograd_function_of(node: fx.Node) -> type | None:
@@ -69,8 +76,11 @@ def recipe_of(config: Any, device: torch.device) -> str | None:
     granularities = {c.scaling_granularity.name for c in casts.values()}
     e4m3, e5m2 = fp8_formats(device)
     formats = [c.target_dtype for c in casts.values()]
-    if granularities == {"TENSORWISE"} and not config.round_scales_to_power_of_2 and \
-            formats == [e4m3, e4m3, e4m3, e4m3, e5m2, e5m2]:
+    if (
+        granularities == {"TENSORWISE"}
+        and not config.round_scales_to_power_of_2
+        and formats == [e4m3, e4m3, e4m3, e4m3, e5m2, e5m2]
+    ):
         recipe = "tensorwise"
     elif granularities == {"AXISWISE"} and config.round_scales_to_power_of_2 and formats == [e4m3] * len(_CASTS):
         recipe = "rowwise_pow2"
@@ -88,8 +98,12 @@ class TorchaoFloat8Pass(RewritePass):
         count = 0
         for node in list(graph.nodes):
             function = autograd_function_of(node)
-            if function is None or (function.__module__, function.__name__) != _FUNCTION or len(node.args) != 4 \
-                    or node.kwargs:
+            if (
+                function is None
+                or (function.__module__, function.__name__) != _FUNCTION
+                or len(node.args) != 4
+                or node.kwargs
+            ):
                 continue
             x, weight_t, mm_config, config = node.args
             weight, x_fake = m.transpose_source(weight_t), m.fake(x)
@@ -101,8 +115,9 @@ class TorchaoFloat8Pass(RewritePass):
                 continue
             if recipe is None or not can_rewrite(x_fake, m.fake(weight), None):
                 continue
-            m.replace_with_op(graph, node, torch.ops.turbo_inductor.fp8_linear.default,
-                              (x, weight, None, recipe, options.impl))
+            m.replace_with_op(
+                graph, node, torch.ops.turbo_inductor.fp8_linear.default, (x, weight, None, recipe, options.impl)
+            )
             m.erase_unused(m.producers([mm_config, config, weight_t], stop={x, weight}))
             count += 1
         return count

@@ -1,4 +1,5 @@
 """Implementations that overlap torch's GEMMs with process-group collectives (NCCL/RCCL on GPUs, gloo on CPU)."""
+
 from __future__ import annotations
 
 import torch

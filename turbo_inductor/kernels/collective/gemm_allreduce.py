@@ -9,6 +9,7 @@ Python with a host-synchronizing shape check per call, measured 0.37-0.69x Induc
 (benchmarks/README.md); this form is not measured yet. Below CHUNK_MIN_ROWS rows per chunk or CHUNK_MIN_BYTES of
 output, chunking cannot pay for its extra launches and smaller GEMMs, and the sequential reference runs.
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,8 +35,9 @@ def row_chunks(rows: int, row_bytes: int, chunks: int = CHUNKS) -> list[tuple[in
 
 
 @implementation("gemm_allreduce_fwd", "overlap", priority=PRIORITY, unavailable_reason=unavailable_reason)
-def gemm_allreduce_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                       group_name: str) -> torch.Tensor:
+def gemm_allreduce_fwd(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, group_name: str
+) -> torch.Tensor:
     # Chunk sizes set the graph's structure: a compiled graph specializes on the row count.
     chunks = row_chunks(int(x.shape[0]), weight.shape[0] * x.element_size())
     if len(chunks) == 1:

@@ -2,6 +2,7 @@
 ``turbo_inductor._native`` where torch has CUDA or ROCm and a toolkit. Loading that module registers the
 ``turbo_inductor_native`` operators (CUDA kernels and Meta shapes); these modules reach them through the dispatcher.
 Where the extension was not built, these implementations say so and the dispatcher passes over them."""
+
 from __future__ import annotations
 
 import functools
@@ -13,7 +14,7 @@ import torch
 log = logging.getLogger("turbo_inductor")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_error() -> str | None:
     """None once the extension is loaded, else why it cannot be."""
     try:
@@ -23,7 +24,7 @@ def load_error() -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _say_once(reason: str) -> None:
     log.warning("turbo_inductor: %s: the Triton kernels stand in for the native ones", reason)
 

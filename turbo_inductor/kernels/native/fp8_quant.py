@@ -1,6 +1,7 @@
 """FP8 quantization through the native kernels (``csrc/fp8_quant.cu``): blocks of the whole tensor, of rows or of
 columns (tensorwise, rowwise and transposed-rowwise operands), and both layouts of a tensorwise or rowwise operand
 from two reads of x; other blocks go to the next implementation. Semantics: ``..reference.fp8_quant``."""
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,15 @@ PRIORITY = 30
 LONGEST_ONE_LAYOUT_ROW = 4096
 
 
-def supports(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool,
-             power_of_two: bool = False, both_layouts: bool = False) -> str | None:
+def supports(
+    x: torch.Tensor,
+    fp8_dtype: torch.dtype,
+    block_rows: int,
+    block_cols: int,
+    transpose: bool,
+    power_of_two: bool = False,
+    both_layouts: bool = False,
+) -> str | None:
     if x.dim() != 2 or block_rows < 1 or block_cols < 1 or fp8_dtype not in FP8_DTYPES:
         return None  # invalid for every implementation: the call raises the error that names it
     M, K = x.shape
@@ -26,8 +34,10 @@ def supports(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_col
     if blocks is None:
         return f"blocks of the whole tensor, of rows or of columns only, got {block_rows} x {block_cols}"
     if both_layouts and (blocks == "columns" or _blocks_of(K, M, block_rows, block_cols) != blocks):
-        return (f"both layouts in blocks of the whole tensor or of whole rows (of x and of x^T) only, got "
-                f"{block_rows} x {block_cols} on {M} x {K}")
+        return (
+            f"both layouts in blocks of the whole tensor or of whole rows (of x and of x^T) only, got "
+            f"{block_rows} x {block_cols} on {M} x {K}"
+        )
     if blocks == "rows" and not both_layouts and K > LONGEST_ONE_LAYOUT_ROW:
         return f"row blocks in one layout on rows longer than {LONGEST_ONE_LAYOUT_ROW}: Triton's kernel is faster"
     if not x.is_contiguous():
@@ -37,10 +47,16 @@ def supports(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_col
     return None
 
 
-@implementation("fp8_quantize", "native", priority=PRIORITY, unavailable_reason=unavailable_reason,
-                supports=supports)
-def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool,
-                 power_of_two: bool = False, both_layouts: bool = False):
+@implementation("fp8_quantize", "native", priority=PRIORITY, unavailable_reason=unavailable_reason, supports=supports)
+def fp8_quantize(
+    x: torch.Tensor,
+    fp8_dtype: torch.dtype,
+    block_rows: int,
+    block_cols: int,
+    transpose: bool,
+    power_of_two: bool = False,
+    both_layouts: bool = False,
+):
     """``(q, scale)``, or ``(q, scale, q_t, scale_t)`` with ``both_layouts``; see
     ``..reference.fp8_quant.fp8_quantize``."""
     check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts)

@@ -1,4 +1,5 @@
 """RMSNorm through the native kernels (``csrc/rmsnorm.cu``); semantics: ``..reference.rmsnorm``."""
+
 from __future__ import annotations
 
 import torch
@@ -36,17 +37,21 @@ def supports_bwd(dy, x, weight, rstd, dresidual) -> str | None:
     return _supports(x, weight)
 
 
-@implementation("rmsnorm_fwd", "native", priority=PRIORITY, unavailable_reason=unavailable_reason,
-                supports=supports_fwd)
+@implementation(
+    "rmsnorm_fwd", "native", priority=PRIORITY, unavailable_reason=unavailable_reason, supports=supports_fwd
+)
 def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float):
     y, s_out, rstd = ops().rmsnorm_fwd(x.contiguous(), _contiguous(weight), _contiguous(residual), eps)
     return y, (s_out if residual is not None else None), rstd
 
 
-@implementation("rmsnorm_bwd", "native", priority=PRIORITY, unavailable_reason=unavailable_reason,
-                supports=supports_bwd)
-def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,
-                dresidual: torch.Tensor | None):
-    dx, dw = ops().rmsnorm_bwd(dy.contiguous(), x.contiguous(), _contiguous(weight), rstd.contiguous(),
-                               _contiguous(dresidual))
+@implementation(
+    "rmsnorm_bwd", "native", priority=PRIORITY, unavailable_reason=unavailable_reason, supports=supports_bwd
+)
+def rmsnorm_bwd(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor, dresidual: torch.Tensor | None
+):
+    dx, dw = ops().rmsnorm_bwd(
+        dy.contiguous(), x.contiguous(), _contiguous(weight), rstd.contiguous(), _contiguous(dresidual)
+    )
     return dx, (dw if weight is not None else None)

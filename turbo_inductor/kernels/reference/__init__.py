@@ -1,4 +1,5 @@
 """Reference implementations in plain PyTorch: they run on every device and set the semantics."""
+
 from __future__ import annotations
 
 import torch

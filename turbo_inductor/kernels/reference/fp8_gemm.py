@@ -1,11 +1,11 @@
 """The scaled FP8 GEMM emulated in fp32: dequantize both operands, multiply, round once. Sets the semantics."""
+
 from __future__ import annotations
 
 import torch
 
 from ..registry import implementation, never
 from . import unavailable_reason
-
 
 # The scaling blocks the FP8 recipes use along one dimension (besides the whole dimension).
 BLOCK_SIZES = (1, 32, 128)
@@ -18,8 +18,10 @@ def block_size(size: int, n_blocks: int) -> int:
             return block
     if n_blocks == 1:
         return max(size, 1)
-    raise ValueError(f"turbo_inductor.fp8_gemm: {n_blocks} scales for a dimension of {size} match no block size "
-                     f"in {BLOCK_SIZES} nor the whole dimension")
+    raise ValueError(
+        f"turbo_inductor.fp8_gemm: {n_blocks} scales for a dimension of {size} match no block size "
+        f"in {BLOCK_SIZES} nor the whole dimension"
+    )
 
 
 def expand_scale(scale: torch.Tensor, shape: torch.Size) -> torch.Tensor:

@@ -28,6 +28,7 @@ This file sets the semantics every other implementation must match:
   whole tensor, square blocks) ``q_t`` is ``q`` transposed; rowwise (1 x whole row) makes ``q_t`` x's columns
   scaled per column.
 """
+
 from __future__ import annotations
 
 import functools
@@ -42,7 +43,7 @@ INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 AMAX_FLOOR = 1e-12
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def device_formats(device: torch.device) -> tuple[torch.dtype, torch.dtype]:
     """(e4m3, e5m2) dtypes for ``device``: the fnuz pair on gfx942 (MI300), the OCP pair elsewhere."""
     if device.type == "cuda" and torch.version.hip is not None:
@@ -51,14 +52,21 @@ def device_formats(device: torch.device) -> tuple[torch.dtype, torch.dtype]:
     return torch.float8_e4m3fn, torch.float8_e5m2
 
 
-def check_args(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool = False,
-               both_layouts: bool = False) -> None:
+def check_args(
+    x: torch.Tensor,
+    fp8_dtype: torch.dtype,
+    block_rows: int,
+    block_cols: int,
+    transpose: bool = False,
+    both_layouts: bool = False,
+) -> None:
     """The argument checks both implementations make (ValueError)."""
     if transpose and both_layouts:
         raise ValueError("turbo_inductor: fp8_quantize writes both layouts only with transpose=False")
     if x.dim() != 2 or x.dtype not in INPUT_DTYPES:
-        raise ValueError(f"turbo_inductor: fp8_quantize expects a 2-D fp32/bf16/fp16 tensor, got "
-                         f"{tuple(x.shape)} {x.dtype}")
+        raise ValueError(
+            f"turbo_inductor: fp8_quantize expects a 2-D fp32/bf16/fp16 tensor, got {tuple(x.shape)} {x.dtype}"
+        )
     if fp8_dtype not in FP8_DTYPES:
         raise ValueError(f"turbo_inductor: fp8_quantize fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}")
     if int(block_rows) < 1 or int(block_cols) < 1:
@@ -92,8 +100,15 @@ def saturating_cast(y: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
 
 
 @implementation("fp8_quantize", "reference", priority=0, unavailable_reason=unavailable_reason)
-def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool,
-                 power_of_two: bool = False, both_layouts: bool = False):
+def fp8_quantize(
+    x: torch.Tensor,
+    fp8_dtype: torch.dtype,
+    block_rows: int,
+    block_cols: int,
+    transpose: bool,
+    power_of_two: bool = False,
+    both_layouts: bool = False,
+):
     """``(q, scale)`` (``(q, scale, q_t, scale_t)`` with ``both_layouts``); see the module docstring.
     ``power_of_two``: MXFP8-style E8M0 scales (exact powers of two)."""
     check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts)
@@ -114,13 +129,16 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
     scale = amax.clamp_min(AMAX_FLOOR) / torch.full_like(amax, torch.finfo(fp8_dtype).max)
     if power_of_two:
         scale = power_of_two_ceil(scale)
-    q = saturating_cast(blocks * (torch.ones_like(scale) / scale)[:, None, :, None], fp8_dtype).view(n_br * br, n_bc * bc)[:M, :K]
+    q = saturating_cast(blocks * (torch.ones_like(scale) / scale)[:, None, :, None], fp8_dtype).view(
+        n_br * br, n_bc * bc
+    )[:M, :K]
     q = q.t() if transpose else q
     return q.contiguous(), scale.contiguous()
 
 
-def both_layouts_by_two_calls(quantize, x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int,
-                              power_of_two: bool):
+def both_layouts_by_two_calls(
+    quantize, x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, power_of_two: bool
+):
     """``both_layouts``'s four outputs from two calls of ``quantize``: x^T's blocks over x^T are x's blocks of
     the transposed shape, written in x^T's layout."""
     q, scale = quantize(x, fp8_dtype, block_rows, block_cols, False, power_of_two=power_of_two)
@@ -128,5 +146,15 @@ def both_layouts_by_two_calls(quantize, x: torch.Tensor, fp8_dtype: torch.dtype,
     return q, scale, q_t, scale_t.t().contiguous()
 
 
-__all__ = ["fp8_quantize", "saturating_cast", "check_args", "scale_shape", "power_of_two_ceil", "device_formats",
-           "layouts_share_blocks", "both_layouts_by_two_calls", "FP8_DTYPES", "AMAX_FLOOR"]
+__all__ = [
+    "fp8_quantize",
+    "saturating_cast",
+    "check_args",
+    "scale_shape",
+    "power_of_two_ceil",
+    "device_formats",
+    "layouts_share_blocks",
+    "both_layouts_by_two_calls",
+    "FP8_DTYPES",
+    "AMAX_FLOOR",
+]

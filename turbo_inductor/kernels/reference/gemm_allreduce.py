@@ -1,6 +1,7 @@
 """GEMM then all-reduce, one after the other, through functional collectives (``_c10d_functional``): the semantics
 of ``gemm_allreduce``. Traced into a compiled graph it is the program Inductor compiles for the unfused spelling
 (the GEMM, then the all-reduce and its wait), so the rewrite is never slower than Inductor with it."""
+
 from __future__ import annotations
 
 import torch
@@ -28,8 +29,9 @@ def weight_grad(g: torch.Tensor, x: torch.Tensor | None, weight: torch.Tensor) -
 
 
 @implementation("gemm_allreduce_fwd", "reference", priority=0, unavailable_reason=unavailable_reason)
-def gemm_allreduce_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                       group_name: str) -> torch.Tensor:
+def gemm_allreduce_fwd(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, group_name: str
+) -> torch.Tensor:
     """``sum over the group's ranks of F.linear(x, weight, bias)``; x [M, K], weight [N, K]."""
     return wait(start_all_reduce(F.linear(x, weight, bias), group_name))
 

@@ -10,6 +10,7 @@ This file sets the semantics every other implementation must match:
   inputs hold (even NaN);
 * ``dprobs[row] = sum_j dout * act(gate) * up`` in fp32: the gradient of the per-row scale.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,9 +23,9 @@ from .fp8_quant import fp8_quantize
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
-_SQRT_1_2 = math.sqrt(0.5)                    # gelu: erf(x / sqrt(2))
+_SQRT_1_2 = math.sqrt(0.5)  # gelu: erf(x / sqrt(2))
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)  # gelu': the normal density's constant
-_TANH_K = math.sqrt(2.0 / math.pi)            # gelu_tanh: tanh(k * (x + c x^3))
+_TANH_K = math.sqrt(2.0 / math.pi)  # gelu_tanh: tanh(k * (x + c x^3))
 _TANH_C = 0.044715
 
 
@@ -61,8 +62,9 @@ def _keep(mask: torch.Tensor | None) -> torch.Tensor | None:
 
 
 @implementation("glu_fwd", "reference", priority=0, unavailable_reason=unavailable_reason)
-def glu_fwd(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, mask: torch.Tensor | None,
-            activation: str) -> torch.Tensor:
+def glu_fwd(
+    gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, mask: torch.Tensor | None, activation: str
+) -> torch.Tensor:
     """``out`` [rows, F] contiguous, gate.dtype: ``act(gate) * up * probs[:, None]``, masked rows zero."""
     act, _ = activation_and_grad(gate.float(), activation, need_grad=False)
     out = act * up.float() * _row_scale(probs)
@@ -75,8 +77,16 @@ def glu_fwd(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, ma
 
 
 @implementation("glu_fwd_fp8", "reference", priority=0, unavailable_reason=unavailable_reason)
-def glu_fwd_fp8(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, mask: torch.Tensor | None,
-                activation: str, fp8_dtype: torch.dtype, block_cols: int, power_of_two: bool = False):
+def glu_fwd_fp8(
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    probs: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    activation: str,
+    fp8_dtype: torch.dtype,
+    block_cols: int,
+    power_of_two: bool = False,
+):
     """``(out, q, scale)``: :func:`glu_fwd`'s out and out quantized in blocks of 1 x ``block_cols``, as
     ``fp8_quantize(out, fp8_dtype, 1, block_cols)`` does it."""
     out = glu_fwd(gate, up, probs, mask, activation)
@@ -84,8 +94,15 @@ def glu_fwd_fp8(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None
 
 
 @implementation("glu_bwd", "reference", priority=0, unavailable_reason=unavailable_reason)
-def glu_bwd(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None,
-            mask: torch.Tensor | None, activation: str, fused: bool):
+def glu_bwd(
+    dout: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    probs: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    activation: str,
+    fused: bool,
+):
     """``(dgate, dup, dprobs)``: ``dgate = dout * up * p * act'(gate)`` and ``dup = dout * act(gate) * p`` in
     gate's dtype, contiguous; ``dprobs`` fp32 [rows] (None when probs is None). ``fused``: the gradient of a fused
     gate/up input instead, one [rows, 2F] tensor (dgate | dup) in place of dgate, and dup None."""

@@ -8,6 +8,7 @@ This file sets the semantics every other implementation must match:
 * ``rstd = 1 / sqrt(mean(s^2) + eps)`` in fp32, one value per row;
 * ``y = s * rstd * weight`` computed in fp32 and rounded to ``s``'s dtype once.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,8 +30,13 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Te
     return _rmsnorm(x, weight, residual, eps, None)
 
 
-def _rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float,
-             out_dtype: torch.dtype | None):
+def _rmsnorm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    eps: float,
+    out_dtype: torch.dtype | None,
+):
     """:func:`rmsnorm_fwd`, y in ``out_dtype`` if given (rounded to it from fp32 once, as casting the output to it
     would round it)."""
     if residual is not None:
@@ -49,9 +55,16 @@ def _rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tenso
 
 
 @implementation("rmsnorm_fwd_fp8", "reference", priority=0, unavailable_reason=unavailable_reason)
-def rmsnorm_fwd_fp8(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float,
-                    fp8_dtype: torch.dtype, block_cols: int, power_of_two: bool = False,
-                    out_dtype: torch.dtype | None = None):
+def rmsnorm_fwd_fp8(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    eps: float,
+    fp8_dtype: torch.dtype,
+    block_cols: int,
+    power_of_two: bool = False,
+    out_dtype: torch.dtype | None = None,
+):
     """Returns ``(y, s_out, rstd, q, scale)``: :func:`rmsnorm_fwd`'s outputs (y in ``out_dtype`` if given) and y
     (as rounded to its dtype)
     quantized in blocks of 1 x ``block_cols``, as ``fp8_quantize(y, fp8_dtype, 1, block_cols)`` does it."""
@@ -60,8 +73,9 @@ def rmsnorm_fwd_fp8(x: torch.Tensor, weight: torch.Tensor | None, residual: torc
 
 
 @implementation("rmsnorm_bwd", "reference", priority=0, unavailable_reason=unavailable_reason)
-def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,
-                dresidual: torch.Tensor | None):
+def rmsnorm_bwd(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor, dresidual: torch.Tensor | None
+):
     """Returns ``(dx, dw)``. ``x`` is the normalized input (the rounded sum when the forward had a residual);
     ``dresidual``, when given, is added to ``dx`` (the residual stream's gradient)."""
     dy32 = dy.float()

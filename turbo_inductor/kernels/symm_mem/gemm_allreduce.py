@@ -3,7 +3,9 @@ the rank's partial output, and a side stream pushes it into every peer's symmetr
 copy (the copy engines, no SMs taken from the GEMM), meets the peers at a barrier (every rank's pushes to it have
 landed) and adds the peers' partials into the output, all while the next chunk's GEMM computes. Only the last
 chunk's push and add stay exposed, so more chunks hide more (down to GEMMs too small to run at full rate:
-``collective.row_chunks`` keeps small sizes whole). The backward reduces dy the same way, and each chunk's dx GEMM starts when its chunk is summed.
+``collective.row_chunks`` keeps small sizes whole). The backward reduces dy the same way, and each chunk's dx GEMM
+starts when its chunk
+is summed.
 No NCCL, no multicast; PyTorch's own fused matmul + reduce-scatter moves data the same way.
 
 Each rank sends its whole partial to each peer: the least data for two ranks (reduce-scatter + all-gather sends
@@ -23,6 +25,7 @@ with 4 chunks a call took 1.017 ms (Inductor's 1.064), of which issuing it took 
 of Python per chunk (a GEMM, a copy, a barrier, an add, stream waits). A Python-issued pipeline cannot overlap much
 more on that host; the same steps issued from C++ (or captured in a CUDA graph) would leave the GPU's times alone.
 """
+
 from __future__ import annotations
 
 import collections
@@ -91,7 +94,7 @@ def _symmetric_buffers(rows: int, cols: int, dtype: torch.dtype, device: torch.d
     return symmetric_tensor((world - 1, rows, cols), dtype, device, group_name)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.Stream(device)
 
@@ -117,8 +120,9 @@ def _(x, weight, bias, group_name):
 
 
 @torch.library.custom_op(f"{NAMESPACE}::gemm_allreduce_bwd", mutates_args=())
-def _bwd(dy: torch.Tensor, x: Optional[torch.Tensor], weight: torch.Tensor,
-         group_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _bwd(
+    dy: torch.Tensor, x: Optional[torch.Tensor], weight: torch.Tensor, group_name: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rows, cols = dy.shape
     g, dx = torch.empty_like(dy), dy.new_empty((rows, weight.shape[1]))
     reduction = _PeerSum(rows, cols, dy.dtype, dy.device, group_name)
@@ -144,15 +148,18 @@ def supports(x: torch.Tensor, weight: torch.Tensor, *args) -> str | None:
     return None
 
 
-@implementation("gemm_allreduce_fwd", "symm_mem", priority=PRIORITY, unavailable_reason=unavailable_reason,
-                supports=supports)
-def gemm_allreduce_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                       group_name: str) -> torch.Tensor:
+@implementation(
+    "gemm_allreduce_fwd", "symm_mem", priority=PRIORITY, unavailable_reason=unavailable_reason, supports=supports
+)
+def gemm_allreduce_fwd(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, group_name: str
+) -> torch.Tensor:
     return _fwd(x, weight, bias, group_name)
 
 
-@implementation("gemm_allreduce_bwd", "symm_mem", priority=PRIORITY, unavailable_reason=unavailable_reason,
-                supports=supports)
+@implementation(
+    "gemm_allreduce_bwd", "symm_mem", priority=PRIORITY, unavailable_reason=unavailable_reason, supports=supports
+)
 def gemm_allreduce_bwd(dy: torch.Tensor, x: torch.Tensor | None, weight: torch.Tensor, group_name: str):
     """``g = sum over ranks of dy`` (pushed in chunks as the forward's partials), then ``(g @ weight, g^T @ x,
     g.sum(0))``, each chunk's ``g @ weight`` overlapping the next chunk's reduction (no ``g^T @ x`` without x)."""

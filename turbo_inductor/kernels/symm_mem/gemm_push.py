@@ -31,6 +31,7 @@ kernel that did not find an SM wait for it, and resident programs spin waiting f
 back to GEMM then all-reduce (``kernels/reference``) where it cannot run or would lose: other than two ranks,
 dtypes other than bf16/fp16, shapes TMA cannot address, outputs under ``MIN_OUTPUT_BYTES``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -44,7 +45,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..reference import gemm_allreduce as sequential
 from ..registry import implementation
 from ..triton import interpreting, on_device
-from . import symmetric_tensor, unavailable_reason as symm_mem_unavailable_reason
+from . import symmetric_tensor
+from . import unavailable_reason as symm_mem_unavailable_reason
 
 log = logging.getLogger("turbo_inductor")
 NAMESPACE = "turbo_inductor_symm_mem"
@@ -59,7 +61,7 @@ RESERVED_SMS = 4
 MIN_OUTPUT_BYTES = 8 << 20
 INTERPRETED = tl.constexpr(interpreting())
 # (cols, dtype, device, group) -> PeerBuffers; a key's buffers grow to the most rows asked for.
-_BUFFERS: dict[tuple, "PeerBuffers"] = {}
+_BUFFERS: dict[tuple, PeerBuffers] = {}
 
 
 @triton.jit
@@ -106,26 +108,51 @@ def _proxy_fence(call, WAIT_PUSHES: tl.constexpr):
     has no PTX and completes every copy at once."""
     if not INTERPRETED:
         if WAIT_PUSHES:
-            tl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;\n\tmov.u32 $0, $1;",
-                                      "=r,r", [call], dtype=tl.int32, is_pure=False, pack=1)
+            tl.inline_asm_elementwise(
+                "cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;\n\tmov.u32 $0, $1;",
+                "=r,r",
+                [call],
+                dtype=tl.int32,
+                is_pure=False,
+                pack=1,
+            )
         else:
-            tl.inline_asm_elementwise("fence.proxy.async.global;\n\tmov.u32 $0, $1;",
-                                      "=r,r", [call], dtype=tl.int32, is_pure=False, pack=1)
+            tl.inline_asm_elementwise(
+                "fence.proxy.async.global;\n\tmov.u32 $0, $1;", "=r,r", [call], dtype=tl.int32, is_pure=False, pack=1
+            )
 
 
 @triton.jit
-def _copy_final(recv_desc, out_desc, tile_id, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                GROUP: tl.constexpr):
+def _copy_final(recv_desc, out_desc, tile_id, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
     """Copy a tile's final sum, which the peer pushed into this rank's buffer, into the output (TMA both ways)."""
     first_row, first_col = _tile_origin(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP)
     out_desc.store([first_row, first_col], recv_desc.load([first_row, first_col]))
 
 
 @triton.jit
-def gemm_push_kernel(x_desc, w_desc, bias_ptr, out_desc, recv_desc, flags_ptr, peer_recv_desc, peer_flags_ptr,
-                     call_ptr, rank, M, N, K, HAS_BIAS: tl.constexpr, W_KN: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr, STAGES: tl.constexpr,
-                     PROGRAMS: tl.constexpr):
+def gemm_push_kernel(
+    x_desc,
+    w_desc,
+    bias_ptr,
+    out_desc,
+    recv_desc,
+    flags_ptr,
+    peer_recv_desc,
+    peer_flags_ptr,
+    call_ptr,
+    rank,
+    M,
+    N,
+    K,
+    HAS_BIAS: tl.constexpr,
+    W_KN: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP: tl.constexpr,
+    STAGES: tl.constexpr,
+    PROGRAMS: tl.constexpr,
+):
     """out = x @ w^T (+ bias) summed over two ranks, ``W_KN``: x @ w with w [K, N]. recv is this rank's buffer the
     peer pushes into (a partial where this rank owns the tile, the final sum where the peer does), flags its flag
     per tile; peer_recv_desc and peer_flags_ptr the peer's; call_ptr this call's number. Every tile moves through
@@ -190,9 +217,21 @@ def programs_for(tiles: int, sms: int) -> int:
     return triton.cdiv(tiles, triton.cdiv(tiles, most))
 
 
-def launch(x: torch.Tensor, w: torch.Tensor, w_kn: bool, bias: Optional[torch.Tensor], out: torch.Tensor,
-           recv: torch.Tensor, flags: torch.Tensor, peer_recv: torch.Tensor, peer_flags: torch.Tensor,
-           call: torch.Tensor, rank: int, programs: int, tile: tuple = TILE) -> torch.Tensor:
+def launch(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w_kn: bool,
+    bias: Optional[torch.Tensor],
+    out: torch.Tensor,
+    recv: torch.Tensor,
+    flags: torch.Tensor,
+    peer_recv: torch.Tensor,
+    peer_flags: torch.Tensor,
+    call: torch.Tensor,
+    rank: int,
+    programs: int,
+    tile: tuple = TILE,
+) -> torch.Tensor:
     """One call of the kernel: ``out`` [M, N] = the sum over the two ranks of x @ w^T (``w_kn``: x @ w) + bias, with
     this rank's ``recv`` [M, N] and ``flags`` (a flag per tile) and the peer's (its memory as mapped here).
     ``call`` (one int32 in device memory) counts the calls from 1, the same on both ranks."""
@@ -200,13 +239,34 @@ def launch(x: torch.Tensor, w: torch.Tensor, w_kn: bool, bias: Optional[torch.Te
     (M, K), N = x.shape, out.shape[1]
     x_desc = TensorDescriptor.from_tensor(x, [block_m, block_k])
     w_desc = TensorDescriptor.from_tensor(w, [block_k, block_n] if w_kn else [block_n, block_k])
-    out_desc, recv_desc, peer_desc = (TensorDescriptor.from_tensor(t, [block_m, block_n])
-                                      for t in (out, recv, peer_recv))
+    out_desc, recv_desc, peer_desc = (
+        TensorDescriptor.from_tensor(t, [block_m, block_n]) for t in (out, recv, peer_recv)
+    )
     with on_device(x.device):  # Triton launches on the current device, which need not be x's
         gemm_push_kernel[(programs,)](
-            x_desc, w_desc, bias if bias is not None else out, out_desc, recv_desc, flags, peer_desc, peer_flags,
-            call, rank, M, N, K, HAS_BIAS=bias is not None, W_KN=w_kn, BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_K=block_k, GROUP=GROUP_M, STAGES=stages, PROGRAMS=programs, num_warps=warps)
+            x_desc,
+            w_desc,
+            bias if bias is not None else out,
+            out_desc,
+            recv_desc,
+            flags,
+            peer_desc,
+            peer_flags,
+            call,
+            rank,
+            M,
+            N,
+            K,
+            HAS_BIAS=bias is not None,
+            W_KN=w_kn,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+            GROUP=GROUP_M,
+            STAGES=stages,
+            PROGRAMS=programs,
+            num_warps=warps,
+        )
     return out
 
 
@@ -227,13 +287,26 @@ class PeerBuffers:
         self.sms = torch.cuda.get_device_properties(device).multi_processor_count
         _meet(device, group_name)  # the flags are zero on both ranks before either raises one
 
-    def __call__(self, x: torch.Tensor, w: torch.Tensor, w_kn: bool, bias: Optional[torch.Tensor],
-                 out: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, w: torch.Tensor, w_kn: bool, bias: Optional[torch.Tensor], out: torch.Tensor
+    ) -> torch.Tensor:
         M, N = out.shape
         self.counter += 1
         tiles = triton.cdiv(M, TILE[0]) * triton.cdiv(N, TILE[1])
-        return launch(x, w, w_kn, bias, out, self.recv[:M], self.flags, self.peer_recv[:M], self.peer_flags,
-                      self.counter, self.rank, programs_for(tiles, self.sms))
+        return launch(
+            x,
+            w,
+            w_kn,
+            bias,
+            out,
+            self.recv[:M],
+            self.flags,
+            self.peer_recv[:M],
+            self.peer_flags,
+            self.counter,
+            self.rank,
+            programs_for(tiles, self.sms),
+        )
 
     def calls(self) -> int:
         """The calls so far (a device-to-host copy: for tests and benchmarks)."""
@@ -249,9 +322,11 @@ def _meet(device: torch.device, group_name: str) -> None:
 def peer_buffers(rows: int, cols: int, dtype: torch.dtype, device: torch.device, group_name: str) -> PeerBuffers:
     key = (cols, dtype, device, group_name)
     if (key not in _BUFFERS or _BUFFERS[key].rows < rows) and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(f"turbo_inductor: gemm_allreduce_fwd impl=push allocates its buffers for {rows} rows of "
-                           f"{cols} at the first such call, which cannot happen while a CUDA graph is captured: run "
-                           "one call of that size before capturing")
+        raise RuntimeError(
+            f"turbo_inductor: gemm_allreduce_fwd impl=push allocates its buffers for {rows} rows of "
+            f"{cols} at the first such call, which cannot happen while a CUDA graph is captured: run "
+            "one call of that size before capturing"
+        )
     if key in _BUFFERS and _BUFFERS[key].rows < rows:
         _meet(device, group_name)  # neither rank's last call still pushes into the buffers freed here
         del _BUFFERS[key]
@@ -307,8 +382,9 @@ def unavailable_reason(device: torch.device) -> str | None:
 
 
 @implementation("gemm_allreduce_fwd", "push", priority=PRIORITY, unavailable_reason=unavailable_reason)
-def gemm_allreduce_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                       group_name: str) -> torch.Tensor:
+def gemm_allreduce_fwd(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, group_name: str
+) -> torch.Tensor:
     """The kernel where it takes the arguments, else GEMM then all-reduce (decided per shape when traced)."""
     reason = declines(x, weight, bias, group_name)
     if reason is not None:

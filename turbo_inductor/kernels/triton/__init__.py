@@ -1,4 +1,5 @@
 """Triton implementations. On CPU they run only under ``TRITON_INTERPRET=1`` (set before import)."""
+
 from __future__ import annotations
 
 import contextlib

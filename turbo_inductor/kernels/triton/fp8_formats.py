@@ -4,6 +4,7 @@ A format goes into a kernel as a number (FORMAT), not as Triton's dtype: constex
 the code Inductor generates when it launches a kernel from a compiled graph, and Triton's dtypes do not. FP8 tensors
 travel as raw bytes (uint8 views), which every backend and the interpreter load and store alike.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,11 +22,13 @@ def format_id(fp8_dtype: torch.dtype, device: torch.device) -> int:
     if fp8_dtype in FNUZ:
         if device.type == "cpu" or interpreting():
             raise NotImplementedError(
-                f"turbo_inductor: Triton's interpreter cannot cast to {fp8_dtype}; use impl='reference' on CPU")
+                f"turbo_inductor: Triton's interpreter cannot cast to {fp8_dtype}; use impl='reference' on CPU"
+            )
         if torch.version.hip is None:
             raise NotImplementedError(
                 f"turbo_inductor: Triton cannot cast to {fp8_dtype} on NVIDIA GPUs (the fnuz formats are AMD "
-                f"MI300's); use float8_e4m3fn / float8_e5m2 there")
+                f"MI300's); use float8_e4m3fn / float8_e5m2 there"
+            )
     return FORMAT_IDS[fp8_dtype]
 
 

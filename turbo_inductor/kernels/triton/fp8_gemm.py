@@ -14,6 +14,7 @@ before Blackwell, blockwise off Hopper or at shapes cuBLASLt refuses. In the CPU
 faster there, is the default, and tests call this kernel by name. On an H200 (8192x4096 -> 14336) it took 2.55 ms
 blockwise and 7.99 ms MXFP8, against 19.1 ms for the fp32 emulation (benchmarks/README.md).
 """
+
 from __future__ import annotations
 
 import torch
@@ -48,12 +49,28 @@ def block_k_for(K: int, a_block_cols: int, b_block_cols: int) -> int | None:
 
 @triton.jit
 def _fp8_gemm_kernel(
-    A, B, A_SCALE, B_SCALE, OUT,
-    M, N, K,
-    stride_as_m, stride_as_k, stride_bs_n, stride_bs_k,
-    a_block_rows, a_block_cols, b_block_rows, b_block_cols,
-    A_FORMAT: tl.constexpr, B_FORMAT: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    A,
+    B,
+    A_SCALE,
+    B_SCALE,
+    OUT,
+    M,
+    N,
+    K,
+    stride_as_m,
+    stride_as_k,
+    stride_bs_n,
+    stride_bs_k,
+    a_block_rows,
+    a_block_cols,
+    b_block_rows,
+    b_block_cols,
+    A_FORMAT: tl.constexpr,
+    B_FORMAT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
@@ -90,8 +107,10 @@ def supports(a, a_scale, b, b_scale, out_dtype, fast_accum=False) -> str | None:
     K = int(a.shape[1])
     a_block_cols, b_block_cols = block_size(K, a_scale.shape[1]), block_size(K, b_scale.shape[1])
     if block_k_for(K, a_block_cols, b_block_cols) is None:
-        return (f"scaling blocks {a_block_cols} and {b_block_cols} wide along K are narrower than the {MIN_BLOCK_K} "
-                f"elements a Triton dot needs")
+        return (
+            f"scaling blocks {a_block_cols} and {b_block_cols} wide along K are narrower than the {MIN_BLOCK_K} "
+            f"elements a Triton dot needs"
+        )
     return None
 
 
@@ -100,10 +119,22 @@ def priority(device: torch.device) -> int:
     return -10 if device.type == "cpu" else 10
 
 
-@implementation("fp8_gemm", "triton", priority=priority, unavailable_reason=unavailable_reason, traceable=traceable,
-                supports=supports)
-def fp8_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
-             out_dtype: torch.dtype, fast_accum: bool = False) -> torch.Tensor:
+@implementation(
+    "fp8_gemm",
+    "triton",
+    priority=priority,
+    unavailable_reason=unavailable_reason,
+    traceable=traceable,
+    supports=supports,
+)
+def fp8_gemm(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    b: torch.Tensor,
+    b_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+    fast_accum: bool = False,
+) -> torch.Tensor:
     """a [M, K], b [N, K] fp8 with block scales; returns dequant(a) @ dequant(b)^T in ``out_dtype``, accumulated
     in fp32 (``fast_accum`` notwithstanding)."""
     (M, K), N = a.shape, b.shape[0]
@@ -121,11 +152,31 @@ def fp8_gemm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: t
     grid = (triton.cdiv(M, block_mn) * triton.cdiv(N, block_mn),)
     with on_device(a.device):
         launch(_fp8_gemm_kernel)[grid](
-            a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8), a_scale, b_scale, out,
-            M, N, K, a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
-            a_block_rows, a_block_cols, b_block_rows, b_block_cols,
-            A_FORMAT=format_id(a.dtype, a.device), B_FORMAT=format_id(b.dtype, b.device), UPCAST=interpreting(),
-            BLOCK_M=block_mn, BLOCK_N=block_mn, BLOCK_K=block_k, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+            a.contiguous().view(torch.uint8),
+            b.contiguous().view(torch.uint8),
+            a_scale,
+            b_scale,
+            out,
+            M,
+            N,
+            K,
+            a_scale.stride(0),
+            a_scale.stride(1),
+            b_scale.stride(0),
+            b_scale.stride(1),
+            a_block_rows,
+            a_block_cols,
+            b_block_rows,
+            b_block_cols,
+            A_FORMAT=format_id(a.dtype, a.device),
+            B_FORMAT=format_id(b.dtype, b.device),
+            UPCAST=interpreting(),
+            BLOCK_M=block_mn,
+            BLOCK_N=block_mn,
+            BLOCK_K=block_k,
+            num_warps=NUM_WARPS,
+            num_stages=NUM_STAGES,
+        )
     return out
 
 

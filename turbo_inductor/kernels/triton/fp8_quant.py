@@ -12,14 +12,17 @@ its two strides (any layout); q is written row-major, or column-major (x^T's [K,
 stages that tile through shared memory so that the loads and the stores are both coalesced.
 
 * One pass ("fused"), when a scaling block fits a sub-tile (its dims are powers of two, or it spans the dim), the
-  sub-tile reads whole sectors of x's rows (MIN_SUBTILE_COLS) and the tile fits in registers (MAX_TILE_ELEMENTS): each program loads its tile once, takes the amax of each block,
-  writes the blocks' scales and the fp8 values. Covers 1x32, 1x128, 128x128 (transposed or not) and rowwise up to
+  sub-tile reads whole sectors of x's rows (MIN_SUBTILE_COLS) and the tile fits in registers
+  (MAX_TILE_ELEMENTS): each program loads its tile once, takes the amax of each block, writes the blocks' scales and
+  the fp8 values. Covers 1x32, 1x128, 128x128 (transposed or not) and rowwise up to
   K = 32768 (transposed: K <= 1024). Tiles group several small blocks (about TILE_ELEMENTS elements per program);
   transposing tiles hold >= TRANSPOSE_MIN_ROWS rows so that each row of q^T gets whole 32-byte sectors.
 * Two passes otherwise (tensorwise; rowwise with K > 32768, or transposed with K > 1024; column blocks, as a
-  transposed rowwise operand's; block shapes that are not powers of two): (1) an amax kernel writes the maximum of every sub-tile to a small fp32
-  array (where one block spans all rows, each program first loops down over several tiles: AMAX_PROGRAMS), (2) one program per scaling block reduces its sub-tiles' maxima into the scale (no atomics: the result
-  is deterministic), (3) the cast kernel reads the scales back from memory (no host sync) and writes q. x is read
+  transposed rowwise operand's; block shapes that are not powers of two): (1) an amax kernel writes the
+  maximum of every sub-tile to a small fp32 array (where one block spans all rows, each program first loops down
+  over several tiles: AMAX_PROGRAMS), (2) one program per scaling block reduces its sub-tiles' maxima into the
+  scale (no atomics: the result is deterministic), (3) the cast kernel reads the scales back from memory (no host
+  sync) and writes q. x is read
   twice; the extra traffic is the price of needing the amax of a block before its first value can be cast.
 
 * In a producer's own kernel (RMSNorm's, the GLU's): ``store_fp8_row_blocks`` quantizes the producer's output tile
@@ -37,6 +40,7 @@ interpreter cannot cast to them (they raise NotImplementedError here; the refere
 In the interpreter, fp32 -> fp8 casts are defective (platform.md: rounding at binade edges, NaN lost for e4m3):
 the kernel patches NaN back in the interpreter only; the rounding defect remains there.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,8 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..reference.fp8_quant import (AMAX_FLOOR, both_layouts_by_two_calls, check_args, layouts_share_blocks,
-                                   scale_shape)
+from ..reference.fp8_quant import AMAX_FLOOR, both_layouts_by_two_calls, check_args, layouts_share_blocks, scale_shape
 from ..registry import implementation
 from . import interpreting, launch, on_device, traceable, unavailable_reason
 from .fp8_formats import format_id, to_fp8_bits
@@ -81,8 +84,12 @@ MODE_FUSED, MODE_AMAX, MODE_CAST = 0, 1, 2
 _AMAX_FLOOR = tl.constexpr(AMAX_FLOOR)
 
 # A NaN encoding of each format (0x7F: all exponent and mantissa bits set; fnuz: the "negative zero" pattern).
-_NAN_BITS = {torch.float8_e4m3fn: 0x7F, torch.float8_e5m2: 0x7F, torch.float8_e4m3fnuz: 0x80,
-             torch.float8_e5m2fnuz: 0x80}
+_NAN_BITS = {
+    torch.float8_e4m3fn: 0x7F,
+    torch.float8_e5m2: 0x7F,
+    torch.float8_e4m3fnuz: 0x80,
+    torch.float8_e5m2fnuz: 0x80,
+}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -90,11 +97,11 @@ _NAN_BITS = {torch.float8_e4m3fn: 0x7F, torch.float8_e5m2: 0x7F, torch.float8_e4
 # --------------------------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Fp8Tiling:
-    fused: bool       # one pass (the sub-tile is the scaling block) or two (the sub-tile lies inside a block)
-    sub_rows: int     # SR
-    sub_cols: int     # SC
-    group_rows: int   # GR: sub-tiles per tile, down
-    group_cols: int   # GC: sub-tiles per tile, across
+    fused: bool  # one pass (the sub-tile is the scaling block) or two (the sub-tile lies inside a block)
+    sub_rows: int  # SR
+    sub_cols: int  # SC
+    group_rows: int  # GR: sub-tiles per tile, down
+    group_cols: int  # GC: sub-tiles per tile, across
     num_warps: int
 
     @property
@@ -176,11 +183,33 @@ def _scale_from_amax(amax, FMAX: tl.constexpr, POW2: tl.constexpr):
 
 @triton.jit
 def _fp8_tile_kernel(
-    X, Q, QT, SCALE, PARTIAL,
-    M, K, stride_xm, stride_xk, block_rows, block_cols, n_scale_cols, n_partial_cols, n_tile_cols,
-    MODE: tl.constexpr, FORMAT: tl.constexpr, FMAX: tl.constexpr, POW2: tl.constexpr,
-    WRITE_Q: tl.constexpr, WRITE_QT: tl.constexpr, FIX_NAN: tl.constexpr, NAN_BITS: tl.constexpr,
-    GR: tl.constexpr, SR: tl.constexpr, GC: tl.constexpr, SC: tl.constexpr, ROW_TILES: tl.constexpr,
+    X,
+    Q,
+    QT,
+    SCALE,
+    PARTIAL,
+    M,
+    K,
+    stride_xm,
+    stride_xk,
+    block_rows,
+    block_cols,
+    n_scale_cols,
+    n_partial_cols,
+    n_tile_cols,
+    MODE: tl.constexpr,
+    FORMAT: tl.constexpr,
+    FMAX: tl.constexpr,
+    POW2: tl.constexpr,
+    WRITE_Q: tl.constexpr,
+    WRITE_QT: tl.constexpr,
+    FIX_NAN: tl.constexpr,
+    NAN_BITS: tl.constexpr,
+    GR: tl.constexpr,
+    SR: tl.constexpr,
+    GC: tl.constexpr,
+    SC: tl.constexpr,
+    ROW_TILES: tl.constexpr,
 ):
     """ROW_TILES [GR*SR, GC*SC] tiles of x per program, one below the other (programs numbered row-major over
     groups of ROW_TILES tile rows), each as [GR, SR, GC, SC].
@@ -215,8 +244,9 @@ def _fp8_tile_kernel(
         else:
             sub_in = (first_row < M)[:, None] & (first_col < K)[None, :]  # sub-tiles holding at least one element
             # The scaling block of each sub-tile (a block larger than x has index 0).
-            scale_offsets = ((first_row // block_rows).to(tl.int64)[:, None] * n_scale_cols
-                             + (first_col // block_cols)[None, :])
+            scale_offsets = (first_row // block_rows).to(tl.int64)[:, None] * n_scale_cols + (first_col // block_cols)[
+                None, :
+            ]
             if MODE == 0:
                 amax = tl.max(tl.max(_abs_bits(x), 3), 1).to(tl.float32, bitcast=True)  # [GR, GC]
                 scale = _scale_from_amax(amax, FMAX, POW2)
@@ -233,15 +263,27 @@ def _fp8_tile_kernel(
         # Sub-tile positions past x's edge hold 0, which never raises a block's amax.
         sub_r = pid_r * GR + tl.arange(0, GR)
         sub_c = pid_c * GC + tl.arange(0, GC)
-        tl.store(PARTIAL + sub_r.to(tl.int64)[:, None] * n_partial_cols + sub_c[None, :],
-                 amax_bits.to(tl.float32, bitcast=True), mask=(sub_c < n_partial_cols)[None, :])
+        tl.store(
+            PARTIAL + sub_r.to(tl.int64)[:, None] * n_partial_cols + sub_c[None, :],
+            amax_bits.to(tl.float32, bitcast=True),
+            mask=(sub_c < n_partial_cols)[None, :],
+        )
 
 
 @triton.jit
 def _fp8_scale_kernel(
-    PARTIAL, SCALE,
-    n_partial_rows, n_partial_cols, rows_per_block, cols_per_block, n_scale_cols, n_program_cols,
-    FMAX: tl.constexpr, POW2: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    PARTIAL,
+    SCALE,
+    n_partial_rows,
+    n_partial_cols,
+    rows_per_block,
+    cols_per_block,
+    n_scale_cols,
+    n_program_cols,
+    FMAX: tl.constexpr,
+    POW2: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
     SIDE_BY_SIDE: tl.constexpr,
 ):
     """Scales from the maxima of the sub-tiles of their scaling blocks: each block's PARTIAL[rows_per_block x
@@ -275,7 +317,7 @@ def _fp8_scale_kernel(
 
 @triton.jit
 def fp8_bits_of(y, scale, FORMAT: tl.constexpr, FMAX: tl.constexpr, FIX_NAN: tl.constexpr, NAN_BITS: tl.constexpr):
-    """y (fp32) scaled by 1 / ``scale`` (broadcast to y), saturated and cast: FP8 raw bytes, as the tile kernel casts."""
+    """y (fp32) scaled by 1 / ``scale`` (broadcast to y), saturated and cast to FP8 raw bytes, as the tile kernel."""
     scaled = tl.clamp(y * tl.math.div_rn(1.0, scale), -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
     bits = to_fp8_bits(scaled, FORMAT)
     if FIX_NAN:
@@ -286,9 +328,24 @@ def fp8_bits_of(y, scale, FORMAT: tl.constexpr, FMAX: tl.constexpr, FIX_NAN: tl.
 
 @triton.jit
 def store_fp8_row_blocks(
-    y, Q, SCALE, rows, cols, row_mask, col_mask, H, n_scale_cols, first_block,
-    BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr, QB: tl.constexpr,
-    FORMAT: tl.constexpr, FMAX: tl.constexpr, POW2: tl.constexpr, FIX_NAN: tl.constexpr, NAN_BITS: tl.constexpr,
+    y,
+    Q,
+    SCALE,
+    rows,
+    cols,
+    row_mask,
+    col_mask,
+    H,
+    n_scale_cols,
+    first_block,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    QB: tl.constexpr,
+    FORMAT: tl.constexpr,
+    FMAX: tl.constexpr,
+    POW2: tl.constexpr,
+    FIX_NAN: tl.constexpr,
+    NAN_BITS: tl.constexpr,
 ):
     """A producer kernel's epilogue (RMSNorm's, the GLU's): its output tile y [BLOCK_ROWS, BLOCK_H] (fp32, columns
     ``cols`` of rows of width H, zero outside them) quantized in blocks of 1 x QB (a power of two dividing BLOCK_H,
@@ -299,11 +356,17 @@ def store_fp8_row_blocks(
     blocks = tl.reshape(y, (BLOCK_ROWS, NB, QB))
     scale = _scale_from_amax(tl.max(_abs_bits(blocks), 2).to(tl.float32, bitcast=True), FMAX, POW2)
     block_ids = first_block + tl.arange(0, NB)
-    tl.store(SCALE + rows.to(tl.int64)[:, None] * n_scale_cols + block_ids[None, :], scale,
-             mask=row_mask[:, None] & (block_ids < n_scale_cols)[None, :])
+    tl.store(
+        SCALE + rows.to(tl.int64)[:, None] * n_scale_cols + block_ids[None, :],
+        scale,
+        mask=row_mask[:, None] & (block_ids < n_scale_cols)[None, :],
+    )
     bits = fp8_bits_of(blocks, scale[:, :, None], FORMAT, FMAX, FIX_NAN, NAN_BITS)
-    tl.store(Q + rows.to(tl.int64)[:, None] * H + cols[None, :], tl.reshape(bits, (BLOCK_ROWS, BLOCK_H)),
-             mask=row_mask[:, None] & col_mask[None, :])
+    tl.store(
+        Q + rows.to(tl.int64)[:, None] * H + cols[None, :],
+        tl.reshape(bits, (BLOCK_ROWS, BLOCK_H)),
+        mask=row_mask[:, None] & col_mask[None, :],
+    )
 
 
 # The epilogue's constexprs in a producer kernel launched without FP8 output (QUANT_BLOCK 0 compiles it away).
@@ -312,17 +375,28 @@ NO_FP8_OUTPUT = dict(QUANT_BLOCK=0, FORMAT=0, FMAX=1.0, POW2=False, FIX_NAN=Fals
 
 def format_constexprs(fp8_dtype: torch.dtype, device: torch.device, power_of_two: bool) -> dict:
     """The FP8 format's constexprs of the kernels here and of :func:`store_fp8_row_blocks`."""
-    return dict(FORMAT=format_id(fp8_dtype, device), FMAX=float(torch.finfo(fp8_dtype).max), POW2=bool(power_of_two),
-                FIX_NAN=interpreting(), NAN_BITS=_NAN_BITS[fp8_dtype])
+    return dict(
+        FORMAT=format_id(fp8_dtype, device),
+        FMAX=float(torch.finfo(fp8_dtype).max),
+        POW2=bool(power_of_two),
+        FIX_NAN=interpreting(),
+        NAN_BITS=_NAN_BITS[fp8_dtype],
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------
 # Launcher
 # --------------------------------------------------------------------------------------------------------------
-@implementation("fp8_quantize", "triton", priority=20, unavailable_reason=unavailable_reason,
-                traceable=traceable)
-def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool,
-                 power_of_two: bool = False, both_layouts: bool = False):
+@implementation("fp8_quantize", "triton", priority=20, unavailable_reason=unavailable_reason, traceable=traceable)
+def fp8_quantize(
+    x: torch.Tensor,
+    fp8_dtype: torch.dtype,
+    block_rows: int,
+    block_cols: int,
+    transpose: bool,
+    power_of_two: bool = False,
+    both_layouts: bool = False,
+):
     """``(q, scale)``, or ``(q, scale, q_t, scale_t)`` with ``both_layouts``; see
     ``..reference.fp8_quant.fp8_quantize``."""
     check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts)
@@ -351,19 +425,44 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
     q_bits = q.view(torch.uint8) if write_q else x
     qt_bits = qt.view(torch.uint8) if write_qt else x
     constexprs = dict(
-        **formats, GR=tiling.group_rows, SR=tiling.sub_rows, GC=tiling.group_cols, SC=tiling.sub_cols,
-        num_warps=tiling.num_warps)
+        **formats,
+        GR=tiling.group_rows,
+        SR=tiling.sub_rows,
+        GC=tiling.group_cols,
+        SC=tiling.sub_cols,
+        num_warps=tiling.num_warps,
+    )
     # Each layout is written by a launch of its own: compiled for the H200 by Triton 3.6, the kernel storing both
     # wrote a wrong x^T layout (fp32 inputs at every size, bf16 at some), while each store alone is exact. Writing
     # both layouts then reads x twice; the native kernels write both from one read.
-    writes = [dict(WRITE_Q=True, WRITE_QT=False), dict(WRITE_Q=False, WRITE_QT=True)] if both_layouts else [
-        dict(WRITE_Q=write_q, WRITE_QT=write_qt)]
+    writes = (
+        [dict(WRITE_Q=True, WRITE_QT=False), dict(WRITE_Q=False, WRITE_QT=True)]
+        if both_layouts
+        else [dict(WRITE_Q=write_q, WRITE_QT=write_qt)]
+    )
     with on_device(x.device):
         if tiling.fused:
             for write in writes:
                 launch(_fp8_tile_kernel)[grid](
-                    x, q_bits, qt_bits, scale, scale, M, K, x.stride(0), x.stride(1), br, bc, n_bc, 1, n_tile_cols,
-                    MODE=MODE_FUSED, ROW_TILES=1, **write, **constexprs)
+                    x,
+                    q_bits,
+                    qt_bits,
+                    scale,
+                    scale,
+                    M,
+                    K,
+                    x.stride(0),
+                    x.stride(1),
+                    br,
+                    bc,
+                    n_bc,
+                    1,
+                    n_tile_cols,
+                    MODE=MODE_FUSED,
+                    ROW_TILES=1,
+                    **write,
+                    **constexprs,
+                )
             return outputs()
         n_tile_rows = triton.cdiv(M, tiling.tile_rows)
         row_tiles = 1
@@ -373,8 +472,25 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
         n_partial_cols = triton.cdiv(K, tiling.sub_cols)
         partial = torch.empty((n_partial_rows, n_partial_cols), dtype=torch.float32, device=x.device)
         launch(_fp8_tile_kernel)[(triton.cdiv(n_tile_rows, row_tiles) * n_tile_cols,)](
-            x, q_bits, qt_bits, scale, partial, M, K, x.stride(0), x.stride(1), br, bc, n_bc, n_partial_cols,
-            n_tile_cols, MODE=MODE_AMAX, ROW_TILES=row_tiles, **writes[0], **constexprs)
+            x,
+            q_bits,
+            qt_bits,
+            scale,
+            partial,
+            M,
+            K,
+            x.stride(0),
+            x.stride(1),
+            br,
+            bc,
+            n_bc,
+            n_partial_cols,
+            n_tile_cols,
+            MODE=MODE_AMAX,
+            ROW_TILES=row_tiles,
+            **writes[0],
+            **constexprs,
+        )
         # Sub-tiles per block (all of them along a dim that one block spans).
         rows_per_block = n_partial_rows if n_br == 1 else br // tiling.sub_rows
         cols_per_block = n_partial_cols if n_bc == 1 else bc // tiling.sub_cols
@@ -389,15 +505,52 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block
             reduce_c, n_program_cols = min(_pow2(cols_per_block), REDUCE_TILE_ELEMENTS), n_bc
         reduce_r = min(_pow2(rows_per_block), max(1, REDUCE_TILE_ELEMENTS // reduce_c))
         launch(_fp8_scale_kernel)[(n_br * n_program_cols,)](
-            partial, scale, n_partial_rows, n_partial_cols, rows_per_block, cols_per_block, n_bc, n_program_cols,
-            FMAX=constexprs["FMAX"], POW2=constexprs["POW2"], BLOCK_R=reduce_r, BLOCK_C=reduce_c,
-            SIDE_BY_SIDE=side_by_side, num_warps=num_warps_for(reduce_r * reduce_c))
+            partial,
+            scale,
+            n_partial_rows,
+            n_partial_cols,
+            rows_per_block,
+            cols_per_block,
+            n_bc,
+            n_program_cols,
+            FMAX=constexprs["FMAX"],
+            POW2=constexprs["POW2"],
+            BLOCK_R=reduce_r,
+            BLOCK_C=reduce_c,
+            SIDE_BY_SIDE=side_by_side,
+            num_warps=num_warps_for(reduce_r * reduce_c),
+        )
         for write in writes:
             launch(_fp8_tile_kernel)[grid](
-                x, q_bits, qt_bits, scale, partial, M, K, x.stride(0), x.stride(1), br, bc, n_bc, n_partial_cols,
-                n_tile_cols, MODE=MODE_CAST, ROW_TILES=1, **write, **constexprs)
+                x,
+                q_bits,
+                qt_bits,
+                scale,
+                partial,
+                M,
+                K,
+                x.stride(0),
+                x.stride(1),
+                br,
+                bc,
+                n_bc,
+                n_partial_cols,
+                n_tile_cols,
+                MODE=MODE_CAST,
+                ROW_TILES=1,
+                **write,
+                **constexprs,
+            )
     return outputs()
 
 
-__all__ = ["fp8_quantize", "fp8_tiling", "Fp8Tiling", "num_warps_for", "store_fp8_row_blocks", "format_constexprs",
-           "fp8_bits_of", "NO_FP8_OUTPUT"]
+__all__ = [
+    "fp8_quantize",
+    "fp8_tiling",
+    "Fp8Tiling",
+    "num_warps_for",
+    "store_fp8_row_blocks",
+    "format_constexprs",
+    "fp8_bits_of",
+    "NO_FP8_OUTPUT",
+]

@@ -21,6 +21,7 @@ once per program without probs and over the whole row with them.
 All math is fp32; bf16/fp16 inputs are upcast after the load and results rounded once at the store. Masked rows are
 not loaded at all (their inputs may hold anything, even NaN) and are stored as exact zeros.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -66,8 +67,8 @@ _TANH_C = tl.constexpr(0.044715)
 
 @dataclasses.dataclass(frozen=True)
 class GluTiling:
-    block_rows: int   # rows per tile (> 1 only when a row is narrower than the tile)
-    block_f: int      # columns per tile (next_pow2(F) when the row fits, the chunk width otherwise)
+    block_rows: int  # rows per tile (> 1 only when a row is narrower than the tile)
+    block_f: int  # columns per tile (next_pow2(F) when the row fits, the chunk width otherwise)
     num_warps: int
 
 
@@ -100,7 +101,8 @@ def _activation_id(activation: str) -> int:
         return ACTIVATION_IDS[activation]
     except KeyError:
         raise ValueError(
-            f"turbo_inductor: unknown GLU activation {activation!r}; choose from {tuple(ACTIVATION_IDS)}") from None
+            f"turbo_inductor: unknown GLU activation {activation!r}; choose from {tuple(ACTIVATION_IDS)}"
+        ) from None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -153,8 +155,21 @@ def _kept_rows(MASK, rows, n_rows, HAS_MASK: tl.constexpr):
 
 
 @triton.jit
-def _glu_tile(GATE, UP, PROBS, MASK, rows, cols, n_rows, F, stride_gate, stride_up,
-              ACTIVATION: tl.constexpr, HAS_PROBS: tl.constexpr, HAS_MASK: tl.constexpr):
+def _glu_tile(
+    GATE,
+    UP,
+    PROBS,
+    MASK,
+    rows,
+    cols,
+    n_rows,
+    F,
+    stride_gate,
+    stride_up,
+    ACTIVATION: tl.constexpr,
+    HAS_PROBS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+):
     """act(GATE) * UP * PROBS[row] on a tile (fp32), zero outside it and on dropped rows."""
     col_in = cols < F
     load_rows = _kept_rows(MASK, rows, n_rows, HAS_MASK)
@@ -175,12 +190,30 @@ def _glu_tile(GATE, UP, PROBS, MASK, rows, cols, n_rows, F, stride_gate, stride_
 
 @triton.jit
 def _glu_fwd_kernel(
-    GATE, UP, PROBS, MASK, OUT, Q, Q_SCALE,
-    n_rows, F, stride_gate, stride_up, n_col_blocks, n_scale_cols,
-    ACTIVATION: tl.constexpr, HAS_PROBS: tl.constexpr, HAS_MASK: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr, BLOCK_F: tl.constexpr,
-    QUANT_BLOCK: tl.constexpr, FORMAT: tl.constexpr, FMAX: tl.constexpr, POW2: tl.constexpr,
-    FIX_NAN: tl.constexpr, NAN_BITS: tl.constexpr,
+    GATE,
+    UP,
+    PROBS,
+    MASK,
+    OUT,
+    Q,
+    Q_SCALE,
+    n_rows,
+    F,
+    stride_gate,
+    stride_up,
+    n_col_blocks,
+    n_scale_cols,
+    ACTIVATION: tl.constexpr,
+    HAS_PROBS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_F: tl.constexpr,
+    QUANT_BLOCK: tl.constexpr,
+    FORMAT: tl.constexpr,
+    FMAX: tl.constexpr,
+    POW2: tl.constexpr,
+    FIX_NAN: tl.constexpr,
+    NAN_BITS: tl.constexpr,
 ):
     """OUT[tile] = act(GATE) * UP * PROBS[row]; one tile per program, programs numbered row-major. With
     QUANT_BLOCK > 0 (a power of two dividing BLOCK_F), OUT (rounded to its dtype) is also written in FP8 with a scale
@@ -192,22 +225,58 @@ def _glu_fwd_kernel(
     cols = pid_c * BLOCK_F + tl.arange(0, BLOCK_F)
     row_in = rows < n_rows
     col_in = cols < F
-    y = _glu_tile(GATE, UP, PROBS, MASK, rows, cols, n_rows, F, stride_gate, stride_up, ACTIVATION, HAS_PROBS,
-                  HAS_MASK).to(OUT.dtype.element_ty)
+    y = _glu_tile(
+        GATE, UP, PROBS, MASK, rows, cols, n_rows, F, stride_gate, stride_up, ACTIVATION, HAS_PROBS, HAS_MASK
+    ).to(OUT.dtype.element_ty)
     # Stores cover every in-bounds element, kept or not: dropped rows must be written (as zeros).
     tl.store(OUT + rows.to(tl.int64)[:, None] * F + cols[None, :], y, mask=row_in[:, None] & col_in[None, :])
     if QUANT_BLOCK > 0:
-        store_fp8_row_blocks(y.to(tl.float32), Q, Q_SCALE, rows, cols, row_in, col_in, F, n_scale_cols,
-                             pid_c * (BLOCK_F // QUANT_BLOCK), BLOCK_ROWS, BLOCK_F, QUANT_BLOCK, FORMAT, FMAX, POW2,
-                             FIX_NAN, NAN_BITS)
+        store_fp8_row_blocks(
+            y.to(tl.float32),
+            Q,
+            Q_SCALE,
+            rows,
+            cols,
+            row_in,
+            col_in,
+            F,
+            n_scale_cols,
+            pid_c * (BLOCK_F // QUANT_BLOCK),
+            BLOCK_ROWS,
+            BLOCK_F,
+            QUANT_BLOCK,
+            FORMAT,
+            FMAX,
+            POW2,
+            FIX_NAN,
+            NAN_BITS,
+        )
 
 
 @triton.jit
 def _glu_bwd_kernel(
-    DOUT, GATE, UP, PROBS, MASK, DGATE, DUP, DPROBS,
-    n_rows, F, stride_dout, stride_gate, stride_up, stride_dgate, stride_dup, n_col_blocks,
-    ACTIVATION: tl.constexpr, HAS_PROBS: tl.constexpr, HAS_MASK: tl.constexpr, DUP_IN_DGATE: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr, BLOCK_F: tl.constexpr,
+    DOUT,
+    GATE,
+    UP,
+    PROBS,
+    MASK,
+    DGATE,
+    DUP,
+    DPROBS,
+    n_rows,
+    F,
+    stride_dout,
+    stride_gate,
+    stride_up,
+    stride_dgate,
+    stride_dup,
+    n_col_blocks,
+    ACTIVATION: tl.constexpr,
+    HAS_PROBS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    DUP_IN_DGATE: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_F: tl.constexpr,
 ):
     """dgate = dout * up * p * act'(gate), dup = dout * act(gate) * p; with probs also
     dprobs[row] = sum(dout * act(gate) * up). Program pid handles chunks pid_c, pid_c + n_col_blocks, ... of its
@@ -249,8 +318,7 @@ def _glu_bwd_kernel(
         if DUP_IN_DGATE:
             tl.store(DGATE + F + dgate_offsets, du.to(DGATE.dtype.element_ty), mask=store_mask)
         else:
-            tl.store(DUP + rows64[:, None] * stride_dup + cols[None, :], du.to(DUP.dtype.element_ty),
-                     mask=store_mask)
+            tl.store(DUP + rows64[:, None] * stride_dup + cols[None, :], du.to(DUP.dtype.element_ty), mask=store_mask)
     if HAS_PROBS:
         dp = tl.sum(acc, axis=1)
         if HAS_MASK:
@@ -273,8 +341,10 @@ def _readable(t: torch.Tensor) -> torch.Tensor:
 
 def _check_shapes(gate: torch.Tensor, up: torch.Tensor, probs, mask) -> None:
     if gate.dim() != 2 or up.shape != gate.shape or up.dtype != gate.dtype:
-        raise ValueError(f"turbo_inductor: glu expects 2-D gate/up of one shape and dtype, got "
-                         f"{tuple(gate.shape)} {gate.dtype} and {tuple(up.shape)} {up.dtype}")
+        raise ValueError(
+            f"turbo_inductor: glu expects 2-D gate/up of one shape and dtype, got "
+            f"{tuple(gate.shape)} {gate.dtype} and {tuple(up.shape)} {up.dtype}"
+        )
     rows = gate.size(0)
     for name, t in (("probs", probs), ("mask", mask)):
         if t is not None and t.shape != (rows,):
@@ -290,10 +360,10 @@ def _row_args(probs: torch.Tensor | None, mask: torch.Tensor | None, fallback: t
     return probs_arg, mask_arg
 
 
-@implementation("glu_fwd", "triton", priority=20, unavailable_reason=unavailable_reason,
-                traceable=traceable)
-def glu_fwd(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, mask: torch.Tensor | None,
-            activation: str) -> torch.Tensor:
+@implementation("glu_fwd", "triton", priority=20, unavailable_reason=unavailable_reason, traceable=traceable)
+def glu_fwd(
+    gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, mask: torch.Tensor | None, activation: str
+) -> torch.Tensor:
     """``out`` [rows, F] contiguous; see ``..reference.glu.glu_fwd``."""
     return _fwd(gate, up, probs, mask, activation)[0]
 
@@ -307,10 +377,17 @@ def quantizes_in_its_pass(F: int, block_cols: int) -> bool:
     return block <= block_f and (block == F or block & (block - 1) == 0)
 
 
-@implementation("glu_fwd_fp8", "triton", priority=20, unavailable_reason=unavailable_reason,
-                traceable=traceable)
-def glu_fwd_fp8(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, mask: torch.Tensor | None,
-                activation: str, fp8_dtype: torch.dtype, block_cols: int, power_of_two: bool = False):
+@implementation("glu_fwd_fp8", "triton", priority=20, unavailable_reason=unavailable_reason, traceable=traceable)
+def glu_fwd_fp8(
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    probs: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    activation: str,
+    fp8_dtype: torch.dtype,
+    block_cols: int,
+    power_of_two: bool = False,
+):
     """``(out, q, scale)``; see ``..reference.glu.glu_fwd_fp8``. Quantized in the GLU's own pass where
     :func:`quantizes_in_its_pass`, else by the quantization kernel after it."""
     F = int(gate.shape[1])
@@ -320,8 +397,14 @@ def glu_fwd_fp8(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None
     return _fwd(gate, up, probs, mask, activation, (fp8_dtype, min(block_cols, F), power_of_two))
 
 
-def _fwd(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, mask: torch.Tensor | None,
-         activation: str, quantize: tuple[torch.dtype, int, bool] | None = None):
+def _fwd(
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    probs: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    activation: str,
+    quantize: tuple[torch.dtype, int, bool] | None = None,
+):
     """``(out, q, scale)``, with q and scale None unless ``quantize`` = (fp8 dtype, block, power of two), blocks that
     :func:`quantizes_in_its_pass`."""
     act_id = _activation_id(activation)
@@ -341,27 +424,54 @@ def _fwd(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, mask:
     probs_arg, mask_arg = _row_args(probs, mask, out)
     tiling = glu_tiling(F)
     n_col_blocks = triton.cdiv(F, tiling.block_f)
-    args = dict(ACTIVATION=act_id, HAS_PROBS=probs is not None, HAS_MASK=mask is not None,
-                BLOCK_ROWS=tiling.block_rows, BLOCK_F=tiling.block_f, num_warps=tiling.num_warps)
+    args = dict(
+        ACTIVATION=act_id,
+        HAS_PROBS=probs is not None,
+        HAS_MASK=mask is not None,
+        BLOCK_ROWS=tiling.block_rows,
+        BLOCK_F=tiling.block_f,
+        num_warps=tiling.num_warps,
+    )
     if quantize is None:
         # gate, which the kernel only reads, in place of the FP8 outputs it does not write (see fp8_quant.py)
         q_args, quant = (gate, gate, 1), dict(NO_FP8_OUTPUT)
     else:
         q_args = (q.view(torch.uint8), scale, scale.shape[1])
         # a tile holds whole blocks: the block, or the padded row when one block spans it
-        quant = dict(QUANT_BLOCK=tiling.block_f if block == F else block,
-                     **format_constexprs(fp8_dtype, gate.device, power_of_two))
+        quant = dict(
+            QUANT_BLOCK=tiling.block_f if block == F else block,
+            **format_constexprs(fp8_dtype, gate.device, power_of_two),
+        )
     with on_device(gate.device):
         launch(_glu_fwd_kernel)[(triton.cdiv(n_rows, tiling.block_rows) * n_col_blocks,)](
-            gate, up, probs_arg, mask_arg, out, *q_args[:2], n_rows, F, gate.stride(0), up.stride(0), n_col_blocks,
-            q_args[2], **args, **quant)
+            gate,
+            up,
+            probs_arg,
+            mask_arg,
+            out,
+            *q_args[:2],
+            n_rows,
+            F,
+            gate.stride(0),
+            up.stride(0),
+            n_col_blocks,
+            q_args[2],
+            **args,
+            **quant,
+        )
     return out, q, scale
 
 
-@implementation("glu_bwd", "triton", priority=20, unavailable_reason=unavailable_reason,
-                traceable=traceable)
-def glu_bwd(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None,
-            mask: torch.Tensor | None, activation: str, fused: bool):
+@implementation("glu_bwd", "triton", priority=20, unavailable_reason=unavailable_reason, traceable=traceable)
+def glu_bwd(
+    dout: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    probs: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    activation: str,
+    fused: bool,
+):
     """``(dgate, dup, dprobs)``; see ``..reference.glu.glu_bwd``."""
     act_id = _activation_id(activation)
     _check_shapes(gate, up, probs, mask)
@@ -387,14 +497,41 @@ def glu_bwd(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, probs: tor
         grid = (triton.cdiv(n_rows, tiling.block_rows) * n_col_blocks,)
         with on_device(gate.device):
             launch(_glu_bwd_kernel)[grid](
-                dout, gate, up, probs_arg, mask_arg, dgate, dout if fused else dup,
+                dout,
+                gate,
+                up,
+                probs_arg,
+                mask_arg,
+                dgate,
+                dout if fused else dup,
                 dprobs if dprobs is not None else dout,
-                n_rows, F, dout.stride(0), gate.stride(0), up.stride(0), dgate.stride(0),
-                dgate.stride(0) if fused else dup.stride(0), n_col_blocks,
-                ACTIVATION=act_id, HAS_PROBS=probs is not None, HAS_MASK=mask is not None, DUP_IN_DGATE=fused,
-                BLOCK_ROWS=tiling.block_rows, BLOCK_F=tiling.block_f, num_warps=tiling.num_warps)
+                n_rows,
+                F,
+                dout.stride(0),
+                gate.stride(0),
+                up.stride(0),
+                dgate.stride(0),
+                dgate.stride(0) if fused else dup.stride(0),
+                n_col_blocks,
+                ACTIVATION=act_id,
+                HAS_PROBS=probs is not None,
+                HAS_MASK=mask is not None,
+                DUP_IN_DGATE=fused,
+                BLOCK_ROWS=tiling.block_rows,
+                BLOCK_F=tiling.block_f,
+                num_warps=tiling.num_warps,
+            )
     return dgate, dup, dprobs
 
 
-__all__ = ["glu_fwd", "glu_fwd_fp8", "quantizes_in_its_pass", "glu_bwd", "glu_tiling", "block_f_for", "num_warps_for",
-           "GluTiling", "ACTIVATION_IDS"]
+__all__ = [
+    "glu_fwd",
+    "glu_fwd_fp8",
+    "quantizes_in_its_pass",
+    "glu_bwd",
+    "glu_tiling",
+    "block_f_for",
+    "num_warps_for",
+    "GluTiling",
+    "ACTIVATION_IDS",
+]

@@ -18,6 +18,7 @@ the same as above per chunk.
 
 All math is fp32; bf16/fp16 inputs are upcast after the load and results rounded once at the store.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,8 +39,8 @@ from .fp8_quant import NO_FP8_OUTPUT, format_constexprs, fp8_quantize, store_fp8
 # A row is kept whole in registers while next_pow2(H) * element_size <= *_MAX_FUSED_BYTES; wider rows would
 # spill, so the kernels loop over them in chunks instead. The backward keeps dy, s, w and the dw accumulator
 # live per element (about twice the forward's registers): its limit is half the forward's.
-FWD_MAX_FUSED_BYTES = 65536   # bf16: H <= 32768, fp32: H <= 16384
-BWD_MAX_FUSED_BYTES = 32768   # bf16: H <= 16384, fp32: H <= 8192
+FWD_MAX_FUSED_BYTES = 65536  # bf16: H <= 32768, fp32: H <= 16384
+BWD_MAX_FUSED_BYTES = 32768  # bf16: H <= 16384, fp32: H <= 8192
 # Chunk width of the chunked (wide-row) paths, in bytes of the input dtype.
 CHUNK_BYTES = 16384
 # Small H: pack rows into one program until its tile holds about this many elements (a few KiB of traffic
@@ -69,10 +70,10 @@ INTERPRETER_PROGRAMS = 4
 
 @dataclasses.dataclass(frozen=True)
 class RowTiling:
-    block_rows: int   # rows per program step
-    block_h: int      # columns per tile (next_pow2(H) when fused, the chunk width otherwise)
+    block_rows: int  # rows per program step
+    block_h: int  # columns per tile (next_pow2(H) when fused, the chunk width otherwise)
     num_warps: int
-    chunked: bool     # True: the row does not fit one tile; loop over it in chunks of block_h
+    chunked: bool  # True: the row does not fit one tile; loop over it in chunks of block_h
 
 
 def fwd_num_warps(tile_elements: int) -> int:
@@ -108,14 +109,14 @@ def bwd_tiling(H: int, element_size: int) -> RowTiling:
     return _tiling(H, element_size, BWD_MAX_FUSED_BYTES, bwd_num_warps)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return INTERPRETER_PROGRAMS
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _max_shared_mem(device: torch.device) -> int:
     """Shared memory one program may use (bytes); unbounded in the interpreter (which ignores stages)."""
     if device.type != "cuda":
@@ -126,7 +127,7 @@ def _max_shared_mem(device: torch.device) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class BwdSchedule:
-    loop_stages: int       # num_stages of the row loop (1: not pipelined)
+    loop_stages: int  # num_stages of the row loop (1: not pipelined)
     programs_per_sm: int
 
 
@@ -164,12 +165,28 @@ def dw_reduce_config(max_partials: int, H: int, device: torch.device) -> tuple[i
 # --------------------------------------------------------------------------------------------------------------
 @triton.jit
 def _rmsnorm_fwd_kernel(
-    X, W, R, Y, S_OUT, RSTD, Q, Q_SCALE,
-    n_rows, H, eps, n_scale_cols,
-    BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    QUANT_BLOCK: tl.constexpr, FORMAT: tl.constexpr, FMAX: tl.constexpr, POW2: tl.constexpr,
-    FIX_NAN: tl.constexpr, NAN_BITS: tl.constexpr,
+    X,
+    W,
+    R,
+    Y,
+    S_OUT,
+    RSTD,
+    Q,
+    Q_SCALE,
+    n_rows,
+    H,
+    eps,
+    n_scale_cols,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    QUANT_BLOCK: tl.constexpr,
+    FORMAT: tl.constexpr,
+    FMAX: tl.constexpr,
+    POW2: tl.constexpr,
+    FIX_NAN: tl.constexpr,
+    NAN_BITS: tl.constexpr,
 ):
     """BLOCK_ROWS whole rows per program (BLOCK_H >= H). With QUANT_BLOCK > 0, y (rounded to its dtype) is also
     written in FP8 with a scale per 1 x QUANT_BLOCK block (see ``fp8_quant.store_fp8_row_blocks``)."""
@@ -201,16 +218,41 @@ def _rmsnorm_fwd_kernel(
     tl.store(Y + offs, y_low, mask=mask)
     if QUANT_BLOCK > 0:
         # Masked lanes hold 0 (s was loaded as 0 there): they never raise a block's amax.
-        store_fp8_row_blocks(y_low.to(tl.float32), Q, Q_SCALE, rows, cols, row_mask, col_mask, H, n_scale_cols, 0,
-                             BLOCK_ROWS, BLOCK_H, QUANT_BLOCK, FORMAT, FMAX, POW2, FIX_NAN, NAN_BITS)
+        store_fp8_row_blocks(
+            y_low.to(tl.float32),
+            Q,
+            Q_SCALE,
+            rows,
+            cols,
+            row_mask,
+            col_mask,
+            H,
+            n_scale_cols,
+            0,
+            BLOCK_ROWS,
+            BLOCK_H,
+            QUANT_BLOCK,
+            FORMAT,
+            FMAX,
+            POW2,
+            FIX_NAN,
+            NAN_BITS,
+        )
 
 
 @triton.jit
 def _rmsnorm_fwd_chunked_kernel(
-    X, W, R, Y, S_OUT, RSTD,
-    H, eps,
+    X,
+    W,
+    R,
+    Y,
+    S_OUT,
+    RSTD,
+    H,
+    eps,
     BLOCK_H: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
 ):
     """One row per program, row wider than a register tile: pass 1 sums squares (and writes s), pass 2
     normalizes. Pass 2 recomputes s from x and residual instead of re-reading S_OUT, so that no thread
@@ -250,10 +292,20 @@ def _rmsnorm_fwd_chunked_kernel(
 # --------------------------------------------------------------------------------------------------------------
 @triton.jit
 def _rmsnorm_bwd_kernel(
-    DY, X, W, RSTD, DRES, DX, DW_PARTIAL,
-    n_rows, H,
-    BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr, HAS_DRESIDUAL: tl.constexpr, LOOP_STAGES: tl.constexpr,
+    DY,
+    X,
+    W,
+    RSTD,
+    DRES,
+    DX,
+    DW_PARTIAL,
+    n_rows,
+    H,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_DRESIDUAL: tl.constexpr,
+    LOOP_STAGES: tl.constexpr,
 ):
     """Persistent: program pid handles row blocks pid, pid + G, ... (BLOCK_H >= H).
     dx = rstd * (dy*w - s * rstd^2 * mean(dy*w*s)) [+ dres]; dw partial = sum over its rows of dy*s*rstd."""
@@ -294,9 +346,14 @@ def _rmsnorm_bwd_kernel(
 
 @triton.jit
 def _rmsnorm_bwd_row_dot_kernel(
-    DY, X, W, RSTD, C,
+    DY,
+    X,
+    W,
+    RSTD,
+    C,
     H,
-    BLOCK_H: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
 ):
     """Wide rows, step 1: C[row] = rstd^2 * mean(dy * w * s), one row per program, looping over chunks."""
     row = tl.program_id(0).to(tl.int64)
@@ -317,10 +374,19 @@ def _rmsnorm_bwd_row_dot_kernel(
 
 @triton.jit
 def _rmsnorm_bwd_chunked_kernel(
-    DY, X, W, RSTD, C, DRES, DX, DW_PARTIAL,
-    n_rows, H,
+    DY,
+    X,
+    W,
+    RSTD,
+    C,
+    DRES,
+    DX,
+    DW_PARTIAL,
+    n_rows,
+    H,
     BLOCK_H: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr, HAS_DRESIDUAL: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_DRESIDUAL: tl.constexpr,
 ):
     """Wide rows, step 2: grid (G, column chunks). Program (pid, chunk) handles rows pid, pid + G, ... of its
     column chunk; dw partial of the chunk accumulates in registers and is stored once to DW_PARTIAL[pid]."""
@@ -353,9 +419,12 @@ def _rmsnorm_bwd_chunked_kernel(
 
 @triton.jit
 def _dw_reduce_kernel(
-    PARTIAL, DW,
-    n_partials, H,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    PARTIAL,
+    DW,
+    n_partials,
+    H,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """DW[cols] = sum over the n_partials rows of PARTIAL (fp32, fixed order), rounded to DW's dtype."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -372,18 +441,23 @@ def _dw_reduce_kernel(
 # --------------------------------------------------------------------------------------------------------------
 # Launchers
 # --------------------------------------------------------------------------------------------------------------
-@implementation("rmsnorm_fwd", "triton", priority=20, unavailable_reason=unavailable_reason,
-                traceable=traceable)
+@implementation("rmsnorm_fwd", "triton", priority=20, unavailable_reason=unavailable_reason, traceable=traceable)
 def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float):
     """Returns ``(y, s_out, rstd)``; see ``..reference.rmsnorm.rmsnorm_fwd``."""
     return _fwd(x, weight, residual, eps)[:3]
 
 
-@implementation("rmsnorm_fwd_fp8", "triton", priority=20, unavailable_reason=unavailable_reason,
-                traceable=traceable)
-def rmsnorm_fwd_fp8(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float,
-                    fp8_dtype: torch.dtype, block_cols: int, power_of_two: bool = False,
-                    out_dtype: torch.dtype | None = None):
+@implementation("rmsnorm_fwd_fp8", "triton", priority=20, unavailable_reason=unavailable_reason, traceable=traceable)
+def rmsnorm_fwd_fp8(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    eps: float,
+    fp8_dtype: torch.dtype,
+    block_cols: int,
+    power_of_two: bool = False,
+    out_dtype: torch.dtype | None = None,
+):
     """Returns ``(y, s_out, rstd, q, scale)``; see ``..reference.rmsnorm.rmsnorm_fwd_fp8``. y is quantized in the
     norm's own pass where :func:`quantizes_in_its_pass`, else by the quantization kernel after it."""
     H = int(x.shape[1])
@@ -400,8 +474,14 @@ def quantizes_in_its_pass(H: int, element_size: int, block_cols: int) -> bool:
     return not fwd_tiling(H, element_size).chunked and (block == H or block & (block - 1) == 0)
 
 
-def _fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float,
-         quantize: tuple[torch.dtype, int, bool] | None = None, out_dtype: torch.dtype | None = None):
+def _fwd(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    eps: float,
+    quantize: tuple[torch.dtype, int, bool] | None = None,
+    out_dtype: torch.dtype | None = None,
+):
     """``(y, s_out, rstd, q, scale)``, with q and scale None unless ``quantize`` = (fp8 dtype, block, power of two),
     blocks that :func:`quantizes_in_its_pass`; y in ``out_dtype`` if given."""
     x = x.contiguous()
@@ -433,9 +513,19 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | 
     with on_device(x.device):
         if tiling.chunked:
             launch(_rmsnorm_fwd_chunked_kernel)[(n_rows,)](
-                x, w_arg, r_arg, y, s_arg, rstd, H, eps,
-                BLOCK_H=tiling.block_h, HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None,
-                num_warps=tiling.num_warps)
+                x,
+                w_arg,
+                r_arg,
+                y,
+                s_arg,
+                rstd,
+                H,
+                eps,
+                BLOCK_H=tiling.block_h,
+                HAS_WEIGHT=weight is not None,
+                HAS_RESIDUAL=residual is not None,
+                num_warps=tiling.num_warps,
+            )
         else:
             if quantize is None:
                 # x, which the kernel only reads, in place of the outputs it does not write (see fp8_quant.py)
@@ -443,21 +533,38 @@ def _fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | 
             else:
                 q_args = (q.view(torch.uint8), scale, scale.shape[1])
                 # a tile holds whole blocks: the block, or the padded row when one block spans it
-                quant = dict(QUANT_BLOCK=tiling.block_h if quant_block == H else quant_block,
-                             **format_constexprs(fp8_dtype, x.device, power_of_two))
+                quant = dict(
+                    QUANT_BLOCK=tiling.block_h if quant_block == H else quant_block,
+                    **format_constexprs(fp8_dtype, x.device, power_of_two),
+                )
             grid = (triton.cdiv(n_rows, tiling.block_rows),)
             launch(_rmsnorm_fwd_kernel)[grid](
-                x, w_arg, r_arg, y, s_arg, rstd, q_args[0], q_args[1], n_rows, H, eps, q_args[2],
-                BLOCK_ROWS=tiling.block_rows, BLOCK_H=tiling.block_h,
-                HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None, **quant,
-                num_warps=tiling.num_warps)
+                x,
+                w_arg,
+                r_arg,
+                y,
+                s_arg,
+                rstd,
+                q_args[0],
+                q_args[1],
+                n_rows,
+                H,
+                eps,
+                q_args[2],
+                BLOCK_ROWS=tiling.block_rows,
+                BLOCK_H=tiling.block_h,
+                HAS_WEIGHT=weight is not None,
+                HAS_RESIDUAL=residual is not None,
+                **quant,
+                num_warps=tiling.num_warps,
+            )
     return y, s_out, rstd, q, scale
 
 
-@implementation("rmsnorm_bwd", "triton", priority=20, unavailable_reason=unavailable_reason,
-                traceable=traceable)
-def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,
-                dresidual: torch.Tensor | None):
+@implementation("rmsnorm_bwd", "triton", priority=20, unavailable_reason=unavailable_reason, traceable=traceable)
+def rmsnorm_bwd(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor, dresidual: torch.Tensor | None
+):
     """Returns ``(dx, dw)``; see ``..reference.rmsnorm.rmsnorm_bwd``."""
     dy = dy.contiguous()
     x = x.contiguous()
@@ -487,28 +594,53 @@ def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, 
             dw_partial = _dw_partial_buffer(n_programs, H, x.device, has_weight)
             c = torch.empty(n_rows, dtype=torch.float32, device=x.device)
             launch(_rmsnorm_bwd_row_dot_kernel)[(n_rows,)](
-                dy, x, w_arg, rstd, c, H,
-                BLOCK_H=tiling.block_h, HAS_WEIGHT=has_weight, num_warps=tiling.num_warps)
+                dy, x, w_arg, rstd, c, H, BLOCK_H=tiling.block_h, HAS_WEIGHT=has_weight, num_warps=tiling.num_warps
+            )
             launch(_rmsnorm_bwd_chunked_kernel)[(n_programs, n_chunks)](
-                dy, x, w_arg, rstd, c, dres_arg, dx, dw_partial, n_rows, H,
-                BLOCK_H=tiling.block_h, HAS_WEIGHT=has_weight, HAS_DRESIDUAL=dresidual is not None,
-                num_warps=tiling.num_warps)
+                dy,
+                x,
+                w_arg,
+                rstd,
+                c,
+                dres_arg,
+                dx,
+                dw_partial,
+                n_rows,
+                H,
+                BLOCK_H=tiling.block_h,
+                HAS_WEIGHT=has_weight,
+                HAS_DRESIDUAL=dresidual is not None,
+                num_warps=tiling.num_warps,
+            )
         else:
             schedule = bwd_schedule(tiling, x.element_size(), 2 if dresidual is None else 3, x.device)
             max_programs = _sm_count(x.device) * schedule.programs_per_sm
             n_programs = bwd_grid_size(triton.cdiv(n_rows, tiling.block_rows), schedule.programs_per_sm, x.device)
             dw_partial = _dw_partial_buffer(n_programs, H, x.device, has_weight)
             launch(_rmsnorm_bwd_kernel)[(n_programs,)](
-                dy, x, w_arg, rstd, dres_arg, dx, dw_partial, n_rows, H,
-                BLOCK_ROWS=tiling.block_rows, BLOCK_H=tiling.block_h,
-                HAS_WEIGHT=has_weight, HAS_DRESIDUAL=dresidual is not None, LOOP_STAGES=schedule.loop_stages,
-                num_warps=tiling.num_warps)
+                dy,
+                x,
+                w_arg,
+                rstd,
+                dres_arg,
+                dx,
+                dw_partial,
+                n_rows,
+                H,
+                BLOCK_ROWS=tiling.block_rows,
+                BLOCK_H=tiling.block_h,
+                HAS_WEIGHT=has_weight,
+                HAS_DRESIDUAL=dresidual is not None,
+                LOOP_STAGES=schedule.loop_stages,
+                num_warps=tiling.num_warps,
+            )
         dw = None
         if has_weight:
             dw = torch.empty(H, dtype=weight.dtype, device=weight.device)
             block_p, block_n, num_warps = dw_reduce_config(max_programs, H, x.device)
             launch(_dw_reduce_kernel)[(triton.cdiv(H, block_n),)](
-                dw_partial, dw, n_programs, H, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=num_warps)
+                dw_partial, dw, n_programs, H, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=num_warps
+            )
     return dx, dw
 
 
@@ -519,5 +651,13 @@ def _dw_partial_buffer(n_programs: int, H: int, device: torch.device, has_weight
     return torch.empty((n_programs, H), dtype=torch.float32, device=device)
 
 
-__all__ = ["rmsnorm_fwd", "rmsnorm_fwd_fp8", "quantizes_in_its_pass", "rmsnorm_bwd", "fwd_tiling", "bwd_tiling",
-           "bwd_schedule", "bwd_grid_size"]
+__all__ = [
+    "rmsnorm_fwd",
+    "rmsnorm_fwd_fp8",
+    "quantizes_in_its_pass",
+    "rmsnorm_bwd",
+    "fwd_tiling",
+    "bwd_tiling",
+    "bwd_schedule",
+    "bwd_grid_size",
+]

@@ -1,4 +1,5 @@
 """Vendor library implementations (cuBLASLt / hipBLASLt through torch), for the granularities they support."""
+
 from __future__ import annotations
 
 import torch

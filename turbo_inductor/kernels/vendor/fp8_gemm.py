@@ -5,6 +5,7 @@ gradients times 128x128 weights (forward, dgrad) and 1x128 times 1x128 (wgrad).
 MXFP8 (1x32 with E8M0 scales) is native on Blackwell (sm_100) only; there, and wherever this declines, the Triton
 FP8 GEMM (``..triton.fp8_gemm``) runs.
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,7 +25,7 @@ DEEPSEEK_BLOCK = 128
 DEEPSEEK_K_BLOCKS_MULTIPLE = 4
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def deepseek_unsupported(device: torch.device) -> str | None:
     """None where cuBLASLt runs the DeepSeek block granularities on this GPU, else why not."""
     if torch.version.cuda is None:
@@ -44,17 +45,26 @@ def _granularity(a, a_scale, b, b_scale) -> tuple[str | None, str | None]:
         return "tensorwise", None
     if a_scale.shape == (m, 1) and b_scale.shape == (n, 1):
         return "rowwise", None
-    blocks = (block_size(m, a_scale.shape[0]), block_size(k, a_scale.shape[1]),
-              block_size(n, b_scale.shape[0]), block_size(k, b_scale.shape[1]))
+    blocks = (
+        block_size(m, a_scale.shape[0]),
+        block_size(k, a_scale.shape[1]),
+        block_size(n, b_scale.shape[0]),
+        block_size(k, b_scale.shape[1]),
+    )
     if blocks not in ((1, DEEPSEEK_BLOCK, DEEPSEEK_BLOCK, DEEPSEEK_BLOCK), (1, DEEPSEEK_BLOCK, 1, DEEPSEEK_BLOCK)):
         return None, "torch._scaled_mm takes tensorwise, rowwise and 1x128 x (128x128 | 1x128) scales only"
     reason = deepseek_unsupported(a.device)
     if reason is None and k % DEEPSEEK_BLOCK:
         reason = f"block-scaled torch._scaled_mm needs K a multiple of {DEEPSEEK_BLOCK}, got {k}"
-    if reason is None and blocks[2] == DEEPSEEK_BLOCK and (n % DEEPSEEK_BLOCK or
-                                                          (k // DEEPSEEK_BLOCK) % DEEPSEEK_K_BLOCKS_MULTIPLE):
-        reason = (f"128x128-scaled torch._scaled_mm needs N a multiple of {DEEPSEEK_BLOCK} and K of "
-                  f"{DEEPSEEK_BLOCK * DEEPSEEK_K_BLOCKS_MULTIPLE}, got N={n}, K={k}")
+    if (
+        reason is None
+        and blocks[2] == DEEPSEEK_BLOCK
+        and (n % DEEPSEEK_BLOCK or (k // DEEPSEEK_BLOCK) % DEEPSEEK_K_BLOCKS_MULTIPLE)
+    ):
+        reason = (
+            f"128x128-scaled torch._scaled_mm needs N a multiple of {DEEPSEEK_BLOCK} and K of "
+            f"{DEEPSEEK_BLOCK * DEEPSEEK_K_BLOCKS_MULTIPLE}, got N={n}, K={k}"
+        )
     return (None, reason) if reason else ("block_128x128" if blocks[2] == DEEPSEEK_BLOCK else "block_1x128", None)
 
 
