@@ -29,7 +29,7 @@ import torch
 
 import turbo_inductor
 from benchmarks.llama import CONFIGS, LlamaDecoder
-from turbo_inductor.ops.fp8_linear import RECIPES
+from turbo_inductor.recipes import RECIPES
 
 # FP8 recipes torchao has under the same names (a torchao column is added for each one requested), and those whose
 # torchao configs primus_turbo runs on its own fp8_linear (a column of the torchao model compiled by primus_turbo).

@@ -12,7 +12,8 @@ from compare import assert_ran, frozen_and_not, kernel_calls, ops_after, run, sn
 from conftest import DEVICE
 
 import turbo_inductor
-from turbo_inductor.ops.fp8_linear import RECIPES, quantize_weight
+from turbo_inductor.ops.fp8_linear import quantize_weight
+from turbo_inductor.recipes import RECIPES
 
 GRADIENT_GATE = {"e4m3": 25.0, "e5m2": 20.0}  # shared/targets.md
 # Triton's CPU interpreter rounds ~2% of fp8 stores wrongly (platform.md): the SNR gates are checked with the

@@ -13,9 +13,8 @@ from turbo_inductor.kernels import registry
 from turbo_inductor.kernels.triton import glu as triton_glu
 from turbo_inductor.kernels.triton import interpreting
 from turbo_inductor.kernels.triton import rmsnorm as triton_rmsnorm
-from turbo_inductor.ops.fp8_linear import RECIPES, quantizes_in_rows
+from turbo_inductor.recipes import ROW_RECIPES
 
-ROW_RECIPES = sorted(r for r in RECIPES if quantizes_in_rows(r))
 E4M3 = torch.float8_e4m3fn
 
 

@@ -1,22 +1,14 @@
-"""Backend options: from ``torch.compile(..., options={...})`` and from environment variables.
+"""Backend options, from ``torch.compile(..., options={...})`` or ``TURBO_INDUCTOR_<KEY>`` environment variables.
 
-Option keys of our own:
-  - one key per rewrite pass, named as the pass (``"rmsnorm"``, ``"rmsnorm_residual"``, ...): ``True``/``False``
-    (env ``TURBO_INDUCTOR_<NAME>=1|0``), or the pass's own values (``"fp8": "rowwise"``);
-  - ``"impl"``: the kernel implementation to force, one name for every kernel (``"triton"``) or per kernel
-    (``"rmsnorm_fwd=reference,rmsnorm_bwd=triton"`` or a dict) (env ``TURBO_INDUCTOR_IMPL``);
-  - ``"strict"``: a failing rewrite raises instead of falling back to the unrewritten graph with a warning
-    (env ``TURBO_INDUCTOR_STRICT``);
-  - ``"record_graphs"``: keep the graph code before/after the passes in :func:`turbo_inductor.compile_records`
-    (env ``TURBO_INDUCTOR_RECORD_GRAPHS``).
-Every other key must be an Inductor config key (``"max_autotune"``, ``"triton.cudagraphs"``...) and is passed to
-Inductor unchanged. ``options=`` wins over the environment.
+Keys: one per rewrite pass (its name), the general ones in ``GENERAL``, and any Inductor config key, passed to
+Inductor unchanged. ``options=`` wins over the environment. ``option_table`` documents them for the README.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -54,6 +46,46 @@ def _parse_impl(value: Any) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class GeneralOption:
+    key: str
+    default: Any
+    meaning: str
+
+
+GENERAL = (
+    GeneralOption(
+        "impl",
+        registry.AUTO,
+        'force a kernel implementation: `"triton"`, `"native"`, `"reference"`, ..., per kernel '
+        '(`"rmsnorm_fwd=triton,rmsnorm_bwd=reference"` or a dict), or `"autotune"` (time each once per argument '
+        'signature, keep the fastest). `"auto"`: the best measured that runs on the device and takes the arguments',
+    ),
+    GeneralOption("strict", False, "a failing rewrite raises; otherwise the graph is restored and a warning printed"),
+    GeneralOption("record_graphs", False, "keep the graph code before and after the passes in `compile_records()`"),
+)
+
+
+def option_table(passes: Sequence) -> str:
+    """The options as a Markdown list, lines within 120 characters (the README's)."""
+    entries = [(p.name, p.default, getattr(p, "option_doc", "") or _summary(p)) for p in passes]
+    entries += [(option.key, option.default, option.meaning) for option in GENERAL]
+    entries.append(("<any Inductor config key>", None, "passed to Inductor unchanged."))
+    lines = []
+    for key, default, meaning in entries:
+        head = f"- `{key}`" + ("" if default is None else f" (default `{_literal(default)}`)")
+        lines += textwrap.wrap(f"{head}: {meaning}", width=120, subsequent_indent="  ", break_on_hyphens=False)
+    return "\n".join(lines)
+
+
+def _summary(rewrite) -> str:
+    return (type(rewrite).__doc__ or "").strip().splitlines()[0].replace("``", "`")
+
+
+def _literal(value: Any) -> str:
+    return f'"{value}"' if isinstance(value, str) else repr(value)
+
+
+@dataclasses.dataclass(frozen=True)
 class Options:
     passes: tuple[tuple[str, Any], ...]  # (pass name, its option value), in pass order
     impl: str = registry.AUTO
@@ -80,15 +112,16 @@ class Options:
 
         pass_names = [p.name for p in passes]
         values = tuple((p.name, p.parse_option(value(p.name, p.default))) for p in passes)
-        impl = _parse_impl(value("impl", registry.AUTO))
-        strict = parse_bool("strict", value("strict", False))
-        record_graphs = parse_bool("record_graphs", value("record_graphs", False))
+        defaults = {option.key: option.default for option in GENERAL}
+        impl = _parse_impl(value("impl", defaults["impl"]))
+        strict = parse_bool("strict", value("strict", defaults["strict"]))
+        record_graphs = parse_bool("record_graphs", value("record_graphs", defaults["record_graphs"]))
         inductor = []
         for key, val in options.items():
             if not _is_inductor_option(key):
                 raise ValueError(
                     f"primus_turbo: unknown option {key!r}: not a pass ({', '.join(pass_names)}), not one of "
-                    "impl/strict/record_graphs, and not an Inductor config key"
+                    f"{'/'.join(defaults)}, and not an Inductor config key"
                 )
             inductor.append((key, val))
         return cls(values, impl, strict, record_graphs, tuple(inductor))

@@ -21,7 +21,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -30,6 +30,9 @@ IMPL_ENV = "TURBO_INDUCTOR_IMPL"
 AUTO = "auto"
 AUTOTUNE = "autotune"
 log = logging.getLogger("turbo_inductor")
+# Capability of the producers writing an FP8 copy (rmsnorm_fwd_fp8, glu_fwd_fp8): (width, element size, block cols)
+# -> the copy is written from the producer's registers, not by a quantization pass after it.
+FP8_IN_ITS_PASS = "fp8_in_its_pass"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +48,8 @@ class Implementation:
     traceable: Callable[[torch.device], bool]
     # the kernel's arguments -> None when it takes them, else why not; None: it takes every argument
     supports: Callable[..., str | None] | None = None
+    # what the rewrites may ask of it (see has_capability): capability name -> predicate over the kernel's sizes
+    capabilities: Mapping[str, Callable[..., bool]] = dataclasses.field(default_factory=dict)
 
     def priority_on(self, device: torch.device) -> int:
         return self.priority(device) if callable(self.priority) else self.priority
@@ -79,6 +84,7 @@ def implementation(
     unavailable_reason: Callable[[torch.device], str | None],
     traceable: Callable[[torch.device], bool] = always,
     supports: Callable[..., str | None] | None = None,
+    capabilities: Mapping[str, Callable[..., bool]] | None = None,
 ):
     """Decorator: register ``fn`` as implementation ``name`` of ``kernel``. ``supports(*args)``: for an
     implementation that takes only some of the kernel's arguments, None when it takes these, else why not."""
@@ -86,7 +92,9 @@ def implementation(
     def register(fn: Callable) -> Callable:
         if name in _IMPLS[kernel]:
             raise RuntimeError(f"turbo_inductor: implementation {name!r} of {kernel!r} registered twice")
-        _IMPLS[kernel][name] = Implementation(kernel, name, fn, priority, unavailable_reason, traceable, supports)
+        _IMPLS[kernel][name] = Implementation(
+            kernel, name, fn, priority, unavailable_reason, traceable, supports, dict(capabilities or {})
+        )
         _candidates.cache_clear()  # a new implementation can change earlier choices
         return fn
 
@@ -212,6 +220,19 @@ def traceable(kernel: str, device: torch.device, impl: str = AUTO) -> bool:
     traced in its place (the Triton FP8 GEMM where torch._scaled_mm declines the scales, say)."""
     how, candidates = _resolve(kernel, device, impl)
     return all(c.traceable(device) for c in (candidates if how == "autotune" else candidates[:1]))
+
+
+def has_capability(kernel: str, device: torch.device, impl: str, capability: str, *args) -> bool:
+    """Whether the implementation :func:`select` prefers (with autotune: every candidate) has ``capability`` for
+    ``args``. The rewrites ask this instead of one implementation's tiling; an implementation that does not
+    declare the capability has it for every argument."""
+    how, candidates = _resolve(kernel, device, impl)
+    chosen = candidates if how == "autotune" else candidates[:1]
+    return all(c.capabilities.get(capability, _always_capable)(*args) for c in chosen)
+
+
+def _always_capable(*args) -> bool:
+    return True
 
 
 # --------------------------------------------------------------------------------------------------------------

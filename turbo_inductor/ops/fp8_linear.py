@@ -37,7 +37,7 @@ to the backward (1 byte per weight per linear), at the cost of one more read of 
 W is all-gathered again for the backward and the saved copies would hold a layer's weights per layer.
 
 ``x_q``, ``x_scale`` (optional): x already quantized for the forward GEMM, as the recipe would quantize it
-(:func:`input_quantization`), by the op that produced x (``rmsnorm_fp8``, ``glu_fp8``: producer fusions). The
+(``Recipe.activation_block``), by the op that produced x (``rmsnorm_fp8``, ``glu_fp8``: producer fusions). The
 forward then quantizes only x^T, for the backward.
 
 Inference under Inductor's ``freezing`` (parameters become constants): the public op quantizes W by a node of its
@@ -47,16 +47,17 @@ own (:func:`quantize_weight`), which freezing's constant folding runs once at co
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Optional
 
 import torch
+import torch.fx as fx
 from torch import Tensor
 from torch._inductor import config as inductor_config
 
 from ..kernels import registry
 from ..kernels.reference.fp8_quant import scale_shape
+from ..recipes import ALIGNMENT, RECIPES, ROW_RECIPES, Recipe, kernel_block
 from .fp8 import GEMM_KERNEL, QUANTIZE_KERNEL, fp8_formats, fp8_quantize
 from .library import (
     SUPPORTED_FLOAT_DTYPES,
@@ -67,49 +68,7 @@ from .library import (
     kernel_op,
     register_linear_autograd,
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class Recipe:
-    activation_block: tuple[int, int]  # (rows, cols) of an operand block; 0 = the whole dimension
-    weight_block: tuple[int, int]
-    gradient_format: str  # "e4m3" or "e5m2"
-    power_of_two: bool = False
-    high_precision_wgrad: bool = False  # wgrad = dy^T x in the input dtype (the GEMM most sensitive to FP8 error)
-    # The forward GEMM accumulates in the tensor cores' own precision (Hopper: without promoting partial sums to
-    # fp32), as torchao's recipes do (gemm_config_output); the backward GEMMs, whose errors the gradients carry,
-    # accumulate in full. A request to the vendor GEMM; our Triton GEMM and the emulation accumulate in fp32.
-    fast_accum_forward: bool = False
-
-
-RECIPES = {
-    "tensorwise": Recipe((0, 0), (0, 0), "e5m2", fast_accum_forward=True),
-    "rowwise": Recipe((1, 0), (1, 0), "e4m3", fast_accum_forward=True),
-    "rowwise_pow2": Recipe((1, 0), (1, 0), "e4m3", power_of_two=True, fast_accum_forward=True),  # torchao's "rowwise"
-    "rowwise_with_gw_hp": Recipe(
-        (1, 0),
-        (1, 0),
-        "e4m3",
-        high_precision_wgrad=True,  # torchao's name for it
-        fast_accum_forward=True,
-    ),
-    "blockwise": Recipe((1, 128), (128, 128), "e4m3"),
-    "mxfp8": Recipe((1, 32), (1, 32), "e4m3", power_of_two=True),
-}
-# Dimensions the FP8 GEMMs take (cuBLASLt wants multiples of 16 for N and K).
-ALIGNMENT = 16
-
-
-def _kernel_block(block: tuple[int, int], t: Tensor) -> tuple[int, int]:
-    """A recipe's block (0: the whole dimension) for the quantization kernels, on the operand ``t`` and its transpose:
-    the kernels clip a block to the tensor, so the sum of t's dimensions spans the dimension in either layout (the
-    larger of them would too, but with a symbolic row count, choosing it makes Dynamo guard on rows <= columns)."""
-    return _block_of(block, *t.shape)
-
-
-def _block_of(block: tuple[int, int], rows: int, cols: int) -> tuple[int, int]:
-    whole = rows + cols + 1
-    return block[0] or whole, block[1] or whole
+from .node import OpNode
 
 
 def _operand(
@@ -118,7 +77,7 @@ def _operand(
     """The GEMM operand ``t`` [R, C] quantized in ``block``-shaped blocks: (q, scale); with ``transposed``, the
     operand t^T [C, R] in ``block``-shaped blocks of its own (read from t, written in t^T's layout)."""
     quantize = registry.select(QUANTIZE_KERNEL, t.device, impl)
-    block_rows, block_cols = _kernel_block(block, t)
+    block_rows, block_cols = kernel_block(block, *t.shape)
     if not transposed:
         return quantize(t, dtype, block_rows, block_cols, False, power_of_two=recipe.power_of_two)
     q_t, scale = quantize(t, dtype, block_cols, block_rows, True, power_of_two=recipe.power_of_two)
@@ -131,7 +90,7 @@ def _operand_both(
     """The GEMM operand ``t`` [R, C] and ``t^T`` [C, R], each quantized in ``block``-shaped blocks, from one call."""
     quantize = registry.select(QUANTIZE_KERNEL, t.device, impl)
     q, scale, q_t, scale_t = quantize(
-        t, dtype, *_kernel_block(block, t), False, power_of_two=recipe.power_of_two, both_layouts=True
+        t, dtype, *kernel_block(block, *t.shape), False, power_of_two=recipe.power_of_two, both_layouts=True
     )
     return (q, scale), (q_t, scale_t)
 
@@ -193,7 +152,7 @@ def _check_quantized(
     recipe: str,
 ) -> None:
     """``q``, ``scale``: the operand ``name`` [rows, cols] quantized as ``recipe`` quantizes it in ``block``."""
-    dtype, block_rows, block_cols = _quantization(block, rows, cols, device)
+    dtype, (block_rows, block_cols) = fp8_formats(device)[0], kernel_block(block, rows, cols)
     expected = scale_shape(rows, cols, block_rows, block_cols)
     check(
         q.shape == (rows, cols) and q.dtype == dtype and q.device == device,
@@ -213,38 +172,13 @@ def _check_quantized(
     )
 
 
-def quantizes_in_rows(recipe: str) -> bool:
-    """Whether ``recipe`` quantizes x in blocks within a row, as a producer that writes whole rows (RMSNorm, the GLU)
-    can quantize them: rowwise, blockwise's 1 x 128, MXFP8's 1 x 32; not tensorwise, whose scale needs the whole
-    tensor's amax before the first value can be cast."""
-    return recipe in RECIPES and RECIPES[recipe].activation_block[0] == 1
-
-
-def check_quantizes_in_rows(op: str, recipe: str) -> None:
+def check_row_recipe(op: str, recipe: str) -> None:
+    """For producers writing x in FP8: the recipe's blocks of x lie within a row."""
     check(
-        quantizes_in_rows(recipe),
+        recipe in ROW_RECIPES,
         op,
-        lambda: (
-            f"recipe must quantize x in blocks within a row (one of "
-            f"{sorted(r for r in RECIPES if quantizes_in_rows(r))}), got {recipe!r}"
-        ),
+        lambda: f"recipe must quantize x in blocks within a row {ROW_RECIPES}, got {recipe!r}",
     )
-
-
-def producer_quantization(x: Tensor, recipe: str) -> tuple[torch.dtype, int]:
-    """(fp8 dtype, block cols) in which a producer writing x [..., C] row by row quantizes it for ``recipe``'s
-    forward GEMM (:func:`input_quantization`'s, a whole row given as its width C)."""
-    return fp8_formats(x.device)[0], RECIPES[recipe].activation_block[1] or max(x.shape[-1], 1)
-
-
-def input_quantization(rows: int, cols: int, device: torch.device, recipe: str) -> tuple[torch.dtype, int, int]:
-    """(fp8 dtype, block rows, block cols) in which ``recipe`` quantizes the forward GEMM's operand x [rows, cols]
-    (blocks as the quantization kernels take them): what a producer writing x in FP8 must match."""
-    return _quantization(RECIPES[recipe].activation_block, rows, cols, device)
-
-
-def _quantization(block: tuple[int, int], rows: int, cols: int, device: torch.device) -> tuple[torch.dtype, int, int]:
-    return fp8_formats(device)[0], *_block_of(block, rows, cols)
 
 
 def _keeps_x(recipe: str) -> bool:
@@ -319,7 +253,7 @@ def _saved_transposes(
         (save_weight_t, weight, r.weight_block),
     ):
         rows, cols = t.shape
-        block_rows, block_cols = _kernel_block(block, t)
+        block_rows, block_cols = kernel_block(block, rows, cols)
         saved += (
             (
                 t.new_empty((cols, rows), dtype=e4m3),
@@ -384,7 +318,12 @@ def quantize_weight(weight: Tensor, recipe: str, impl: str = "auto") -> tuple[Te
     r = RECIPES[recipe]
     with kept_whole():
         return fp8_quantize(
-            weight, fp8_formats(weight.device)[0], *_kernel_block(r.weight_block, weight), False, r.power_of_two, impl
+            weight,
+            fp8_formats(weight.device)[0],
+            *kernel_block(r.weight_block, *weight.shape),
+            False,
+            r.power_of_two,
+            impl,
         )
 
 
@@ -508,3 +447,15 @@ def can_rewrite(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
         and weight.device == x.device
         and all(registry.available_on(k, x.device) for k in (QUANTIZE_KERNEL, GEMM_KERNEL))
     )
+
+
+class FP8LinearNode(OpNode):
+    op = fp8_linear
+    x: fx.Node
+    weight: fx.Node
+    bias: fx.Node | None
+    recipe: str
+    impl: str
+    x_q: fx.Node | None  # x already quantized by its producer
+    x_scale: fx.Node | None
+    save_weight_t: bool

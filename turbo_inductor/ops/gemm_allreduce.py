@@ -25,11 +25,13 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
+import torch.fx as fx
 from torch import Tensor
 
 from ..kernels import registry
 from ..kernels.reference.gemm_allreduce import weight_grad
 from .library import SUPPORTED_FLOAT_DTYPES, check, check_linear, kernel_op, register_linear_autograd
+from .node import OpNode
 
 FWD_KERNEL, BWD_KERNEL = "gemm_allreduce_fwd", "gemm_allreduce_bwd"
 
@@ -187,3 +189,21 @@ def can_rewrite(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
         and (bias is None or (bias.shape == (weight.shape[0],) and bias.dtype == x.dtype))
         and all(registry.available_on(k, x.device) for k in (FWD_KERNEL, BWD_KERNEL))
     )
+
+
+class GemmAllReduceNode(OpNode):
+    op = torch.ops.turbo_inductor.gemm_allreduce.default
+    x: fx.Node
+    weight: fx.Node
+    bias: fx.Node | None
+    group_name: str
+    impl: str
+
+
+class LinearDgradAllReduceNode(OpNode):
+    op = torch.ops.turbo_inductor.linear_dgrad_allreduce.default
+    x: fx.Node
+    weight: fx.Node
+    bias: fx.Node | None
+    group_name: str
+    impl: str

@@ -18,10 +18,12 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.fx as fx
 from torch import Tensor
 
 from ..kernels import registry
 from .library import SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, define_composite, kernel_op
+from .node import OpNode
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 FWD_KERNEL, BWD_KERNEL = "glu_fwd", "glu_bwd"
@@ -229,3 +231,22 @@ def can_rewrite(gate: Tensor) -> bool:
         and gate.dim() >= 1
         and all(registry.available_on(kernel, gate.device) for kernel in (FWD_KERNEL, BWD_KERNEL))
     )
+
+
+class GLUNode(OpNode):
+    op = torch.ops.turbo_inductor.glu.default
+    gate: fx.Node
+    up: fx.Node
+    probs: fx.Node | None
+    mask: fx.Node | None
+    activation: str
+    impl: str
+
+
+class GLUFusedNode(OpNode):
+    op = torch.ops.turbo_inductor.glu_fused.default
+    x: fx.Node
+    probs: fx.Node | None
+    mask: fx.Node | None
+    activation: str
+    impl: str

@@ -8,7 +8,7 @@ Ops in ``torch.ops.turbo_inductor``:
 With ``up``, x is the gate (``glu``'s form); without, x holds gate and up as halves of its last dimension
 (``glu_fused``'s form). out is that op's; q [rows, F] and scale are out quantized as ``recipe`` quantizes a linear's
 input for the forward GEMM, which ``fp8_linear`` takes as ``x_q``, ``x_scale``. Recipes that quantize in blocks
-within a row (``fp8_linear.quantizes_in_rows``).
+within a row (``Recipe.quantizes_x_in_rows``).
 """
 
 from __future__ import annotations
@@ -17,14 +17,16 @@ import math
 from typing import Optional
 
 import torch
+import torch.fx as fx
 from torch import Tensor
 
 from ..kernels import registry
 from ..kernels.reference.fp8_quant import scale_shape
-from ..kernels.triton.glu import quantizes_in_its_pass
-from .fp8_linear import RECIPES, check_quantizes_in_rows, producer_quantization, quantizes_in_rows
+from ..recipes import ROW_RECIPES, Recipe
+from .fp8_linear import check_row_recipe
 from .glu import FWD_KERNEL, _check, _check_fused, _flat, _rows, glu_bwd, glu_fused_bwd
 from .library import kernel_op
+from .node import OpNode
 
 KERNEL = "glu_fwd_fp8"
 
@@ -41,12 +43,12 @@ def _check_all(x: Tensor, up: Optional[Tensor], probs, mask, activation: str, re
         _check_fused("glu_fp8", x, probs, mask, activation)
     else:
         _check("glu_fp8", x, up, probs, mask, activation)
-    check_quantizes_in_rows("glu_fp8", recipe)
+    check_row_recipe("glu_fp8", recipe)
 
 
 def _outputs(gate: Tensor, recipe: str) -> tuple[Tensor, Tensor, Tensor]:
     rows, f = math.prod(gate.shape[:-1]), gate.shape[-1]
-    dtype, block_cols = producer_quantization(gate, recipe)
+    dtype, block_cols = Recipe.from_name(recipe).producer_quantization(gate)
     return (
         gate.new_empty(gate.shape),
         gate.new_empty((rows, f), dtype=dtype),
@@ -69,7 +71,7 @@ def glu_fp8(
     if gate.numel() == 0:
         out, q, scale = _outputs(gate, recipe)
         return out, q, scale.fill_(1.0)
-    dtype, block_cols = producer_quantization(gate, recipe)
+    dtype, block_cols = Recipe.from_name(recipe).producer_quantization(gate)
     out, q, scale = registry.select(KERNEL, gate.device, impl)(
         _rows(gate),
         _rows(up),
@@ -78,7 +80,7 @@ def glu_fp8(
         activation,
         dtype,
         block_cols,
-        power_of_two=RECIPES[recipe].power_of_two,
+        power_of_two=Recipe.from_name(recipe).power_of_two,
     )
     return out.view(gate.shape), q, scale
 
@@ -109,11 +111,24 @@ def _backward(ctx, dout, _dq, _dscale):
 glu_fp8.register_autograd(_backward, setup_context=_setup)
 
 
-def can_rewrite(out: Tensor, recipe: str) -> bool:
-    """Whether a GLU of (fake) output ``out`` feeding FP8 linears of ``recipe`` can write their input in FP8 in its
-    own pass (where the Triton kernel would hand the quantization to a pass of its own, the rewrite gains nothing)."""
-    return (
-        quantizes_in_rows(recipe)
-        and all(registry.available_on(k, out.device) for k in (KERNEL, FWD_KERNEL))
-        and quantizes_in_its_pass(out.shape[-1], producer_quantization(out, recipe)[1])
+def can_rewrite(out: Tensor, recipe: str, impl: str) -> bool:
+    """Whether a GLU of (fake) output ``out`` feeding FP8 linears of ``recipe`` writes their FP8 input in its own
+    pass."""
+    if recipe not in ROW_RECIPES or not all(registry.available_on(k, out.device) for k in (KERNEL, FWD_KERNEL)):
+        return False
+    block = Recipe.from_name(recipe).producer_quantization(out)[1]
+    return registry.has_capability(
+        KERNEL, out.device, impl, registry.FP8_IN_ITS_PASS, out.shape[-1], out.element_size(), block
     )
+
+
+class GLUFP8Node(OpNode):
+    op = torch.ops.turbo_inductor.glu_fp8.default
+    outputs = ("out", "q", "scale")
+    x: fx.Node  # the gate, or gate and up as halves (up None)
+    up: fx.Node | None
+    probs: fx.Node | None
+    mask: fx.Node | None
+    activation: str
+    recipe: str
+    impl: str

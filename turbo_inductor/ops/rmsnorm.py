@@ -20,6 +20,7 @@ import math
 from typing import Optional
 
 import torch
+import torch.fx as fx
 from torch import Tensor
 
 from ..kernels import registry
@@ -33,6 +34,7 @@ from .library import (
     kernel_op,
     rows_view,
 )
+from .node import OpNode
 
 FWD_KERNEL, BWD_KERNEL = "rmsnorm_fwd", "rmsnorm_bwd"
 
@@ -247,3 +249,21 @@ def can_rewrite(x: Tensor, weight: Optional[Tensor]) -> bool:
     ):
         return False
     return all(registry.available_on(kernel, x.device) for kernel in (FWD_KERNEL, BWD_KERNEL))
+
+
+class RMSNormNode(OpNode):
+    op = rmsnorm
+    x: fx.Node
+    weight: fx.Node | None
+    eps: float | fx.Node  # a symbolic float's node under dynamic=True
+    impl: str
+
+
+class RMSNormResidualNode(OpNode):
+    op = rmsnorm_residual
+    outputs = ("y", "sum")
+    x: fx.Node
+    residual: fx.Node
+    weight: fx.Node | None
+    eps: float | fx.Node
+    impl: str

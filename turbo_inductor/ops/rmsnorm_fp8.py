@@ -11,7 +11,7 @@ for its linears: the norm writes it so, and the cast's backward is the norm's, w
 q [rows, H] and scale are y quantized as ``recipe`` quantizes a linear's input for the forward GEMM, which
 ``fp8_linear`` takes as ``x_q``, ``x_scale`` instead of reading y again to quantize it. The norm's kernel holds
 whole rows, so it quantizes only blocks within a row: recipes whose activation blocks are 1 x C
-(``fp8_linear.quantizes_in_rows``).
+(``Recipe.quantizes_x_in_rows``).
 """
 
 from __future__ import annotations
@@ -20,13 +20,15 @@ import math
 from typing import Optional
 
 import torch
+import torch.fx as fx
 from torch import Tensor
 
 from ..kernels import registry
 from ..kernels.reference.fp8_quant import scale_shape
-from ..kernels.triton.rmsnorm import quantizes_in_its_pass
-from .fp8_linear import RECIPES, check_quantizes_in_rows, producer_quantization, quantizes_in_rows
+from ..recipes import ROW_RECIPES, Recipe
+from .fp8_linear import check_row_recipe
 from .library import SUPPORTED_FLOAT_DTYPES, check, define_composite, kernel_op, rows_view
+from .node import OpNode
 from .rmsnorm import _check_inputs, _contiguous, empty_output, input_grads
 
 KERNEL = "rmsnorm_fwd_fp8"
@@ -41,7 +43,7 @@ def _check(
     out_dtype: Optional[torch.dtype],
 ) -> None:
     _check_inputs("rmsnorm_fp8", x, weight, eps, residual)
-    check_quantizes_in_rows("rmsnorm_fp8", recipe)
+    check_row_recipe("rmsnorm_fp8", recipe)
     check(
         out_dtype is None or out_dtype in SUPPORTED_FLOAT_DTYPES,
         "rmsnorm_fp8",
@@ -54,7 +56,7 @@ def _outputs(
 ) -> tuple[Tensor, ...]:
     """Uninitialized outputs of the right shapes (the fake; an input with no elements)."""
     rows, h = math.prod(x.shape[:-1]), x.shape[-1]
-    dtype, block_cols = producer_quantization(x, recipe)
+    dtype, block_cols = Recipe.from_name(recipe).producer_quantization(x)
     total = empty_output(x, residual)
     y = total if out_dtype is None else x.new_empty(x.shape, dtype=out_dtype)
     return (
@@ -80,7 +82,7 @@ def rmsnorm_fp8_fwd(
     if x.numel() == 0:
         y, total, rstd, q, scale = _outputs(x, residual, recipe, out_dtype)
         return y, total, rstd.fill_(float("nan")), q, scale.fill_(1.0)
-    dtype, block_cols = producer_quantization(x, recipe)
+    dtype, block_cols = Recipe.from_name(recipe).producer_quantization(x)
     y, total, rstd, q, scale = registry.select(KERNEL, x.device, impl)(
         rows_view(x),
         _contiguous(weight),
@@ -88,7 +90,7 @@ def rmsnorm_fp8_fwd(
         eps,
         dtype,
         block_cols,
-        power_of_two=RECIPES[recipe].power_of_two,
+        power_of_two=Recipe.from_name(recipe).power_of_two,
         out_dtype=out_dtype,
     )
     total = total.view(x.shape) if residual is not None else x.new_empty(0)
@@ -141,11 +143,23 @@ rmsnorm_fp8 = define_composite(
 )
 
 
-def can_rewrite(x: Tensor, recipe: str) -> bool:
-    """Whether an RMSNorm of (fake) input ``x`` feeding FP8 linears of ``recipe`` can write their input in FP8 in its
-    own pass (where the Triton kernel would hand the quantization to a pass of its own, the rewrite gains nothing)."""
-    return (
-        quantizes_in_rows(recipe)
-        and registry.available_on(KERNEL, x.device)
-        and quantizes_in_its_pass(x.shape[-1], x.element_size(), producer_quantization(x, recipe)[1])
+def can_rewrite(x: Tensor, recipe: str, impl: str) -> bool:
+    """Whether an RMSNorm of (fake) ``x`` feeding FP8 linears of ``recipe`` writes their FP8 input in its own pass."""
+    if recipe not in ROW_RECIPES or not registry.available_on(KERNEL, x.device):
+        return False
+    block = Recipe.from_name(recipe).producer_quantization(x)[1]
+    return registry.has_capability(
+        KERNEL, x.device, impl, registry.FP8_IN_ITS_PASS, x.shape[-1], x.element_size(), block
     )
+
+
+class RMSNormFP8Node(OpNode):
+    op = rmsnorm_fp8
+    outputs = ("y", "sum", "q", "scale")
+    x: fx.Node
+    residual: fx.Node | None
+    weight: fx.Node | None
+    eps: float | fx.Node
+    recipe: str
+    impl: str
+    out_dtype: torch.dtype | None

@@ -21,10 +21,11 @@ import torch.fx as fx
 
 from ..kernels.reference.fp8_quant import AMAX_FLOOR
 from ..ops.fp8 import fp8_formats
-from ..ops.fp8_linear import RECIPES, can_rewrite
+from ..ops.fp8_linear import FP8LinearNode, can_rewrite
 from ..options import Options
+from ..recipes import RECIPES
 from . import matcher as m
-from .manager import RewritePass
+from .manager import Phase, RewritePass
 
 
 def _clamp_bounds(node) -> tuple | None:
@@ -83,7 +84,10 @@ def quantized(q, fp8_dtype: torch.dtype) -> tuple[fx.Node, fx.Node, str] | None:
 
 
 class FP8ScaledMMPass(RewritePass):
+    """Hand-written dynamic FP8 quantization feeding ``torch._scaled_mm`` to our FP8 linear."""
+
     name = "fp8_scaled_mm"
+    phase = Phase.CLAIM
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
         count = 0
@@ -121,9 +125,7 @@ class FP8ScaledMMPass(RewritePass):
                 or not can_rewrite(x_fake, w_fake, None)
             ):
                 continue
-            m.replace_with_op(
-                graph, node, torch.ops.turbo_inductor.fp8_linear.default, (x, w, None, recipe, options.impl)
-            )
+            m.replace_with_view(graph, node, FP8LinearNode, x=x, weight=w, bias=None, recipe=recipe, impl=options.impl)
             m.erase_unused(m.producers([qx, qw_t, scale_b], stop={x, w}))  # scale_b: rowwise, a transpose
             count += 1
         return count

@@ -1,26 +1,27 @@
-"""``all_reduce(F.linear(x, w, b), "sum", group)`` -> ``turbo_inductor.gemm_allreduce``: a tensor-parallel
-row-parallel linear, its reduction overlapped with the GEMM.
+"""A linear whose result is sum all-reduced -> ``turbo_inductor.gemm_allreduce``: a tensor-parallel row-parallel
+linear, its reduction overlapped with the GEMM.
 
-Both spellings Dynamo produces are matched (``shared/platform.md``), in training and inference:
-  - functional collectives: ``funcol.all_reduce(linear, "sum", group)`` -> ``_c10d_functional.all_reduce`` then
-    ``wait_tensor``; the wait's users read the fused op;
-  - in-place ``dist.all_reduce(y, group=group)``: the same pair, then ``y.copy_(wait)``; the users of y after the
-    copy read the fused op, and the copy goes.
-Left alone: other reductions than sum, a linear whose unreduced result is read elsewhere, a process group given by
-anything but its name, and a linear the ``fp8`` option turns into an FP8 linear (its all-reduce then stays as
-written: a user who asked for FP8 gets FP8; an FP8 form of this op is to come).
+Both spellings Dynamo produces are matched, in training and inference:
+  - ``funcol.all_reduce(y, "sum", group)``: ``_c10d_functional.all_reduce`` then ``wait_tensor``;
+  - in-place ``dist.all_reduce(y, group=group)``: the same pair, then ``y.copy_(wait)``.
+Left alone: other reductions, a linear whose unreduced result is read elsewhere, a group given by anything but its
+name, and a linear the ``fp8`` option takes (its all-reduce stays as written).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.fx as fx
 
-from ..ops.gemm_allreduce import can_rewrite
+from ..ops.gemm_allreduce import GemmAllReduceNode, can_rewrite
 from ..options import Options
+from . import claims
 from . import matcher as m
-from .fp8_linear import FP8LinearPass
-from .manager import RewritePass
+from .manager import Phase, RewritePass
+
+NAME = "gemm_allreduce"
 
 
 def waited_sum_all_reduce(wait) -> tuple[fx.Node, fx.Node, str] | None:
@@ -44,60 +45,84 @@ def waited_sum_all_reduce(wait) -> tuple[fx.Node, fx.Node, str] | None:
     return source, reduce, group_name
 
 
-def _reduced_linear(wait: fx.Node):
-    """(linear, all_reduce, group name) when ``wait`` waits on a sum all-reduce of an F.linear."""
-    found = waited_sum_all_reduce(wait)
-    if found is None or found[0].target is not torch._C._nn.linear:
+@dataclasses.dataclass(frozen=True)
+class Reduction:
+    reduce: fx.Node
+    wait: fx.Node
+    group_name: str
+    copy_back: fx.Node | None  # y.copy_(wait) of the in-place form
+
+
+def reduction_of(linear: fx.Node) -> Reduction | None:
+    """The sum all-reduce of ``linear``'s result, where nothing else reads the unreduced value."""
+    for reduce in linear.users:
+        wait = m.only_user(reduce)
+        found = waited_sum_all_reduce(wait) if wait is not None else None
+        if found is None or found[0] is not linear:
+            continue
+        copy_back = _in_place_copy(linear, reduce, wait)
+        if copy_back is None and set(linear.users) != {reduce}:
+            return None
+        return Reduction(reduce, wait, found[2], copy_back)
+    return None
+
+
+def _in_place_copy(linear: fx.Node, reduce: fx.Node, wait: fx.Node) -> fx.Node | None:
+    """``linear.copy_(wait)`` when it follows and nothing reads the linear between the reduce and the copy (the
+    in-place ``dist.all_reduce`` form), else None."""
+    copies = [u for u in wait.users if u.op == "call_method" and u.target == "copy_" and u.args[0] is linear]
+    if len(copies) != 1 or set(wait.users) != {copies[0]}:
         return None
-    return found
+    copy_back = copies[0]
+    order = {node: i for i, node in enumerate(linear.graph.nodes)}
+    readers = [u for u in linear.users if u not in (reduce, copy_back)]
+    return copy_back if all(order[u] > order[copy_back] for u in readers) else None
+
+
+@claims.claimant(NAME, priority=50)
+def wants(linear: m.Linear, options: Options) -> bool:
+    fakes = linear.fakes()
+    return (
+        bool(options.value(NAME))
+        and fakes is not None
+        and reduction_of(linear.node) is not None
+        and can_rewrite(*fakes[1:])
+    )
 
 
 class GemmAllReducePass(RewritePass):
-    name = "gemm_allreduce"
+    """Row-parallel linears and their sum all-reduce to one GEMM + all-reduce op."""
+
+    name = NAME
+    phase = Phase.CLAIM
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
         count = 0
-        for wait in list(graph.nodes):
-            found = _reduced_linear(wait)
-            if found is None:
+        for node in list(graph.nodes):
+            linear = m.linear_of(node)
+            if linear is None or claims.owner(linear, options) != self.name:
                 continue
-            linear, reduce, group_name = found
-            if FP8LinearPass().match(linear, options) is not None:
-                continue
-            x, weight = linear.args[0], linear.args[1]
-            bias = m.arg(linear, 2, "bias")
-            fakes = m.linear_operand_fakes(linear, x, weight, bias)
-            if fakes is None or not can_rewrite(*fakes[1:]):
-                continue
-            dtype = fakes[0]
-            copy_back = self._in_place_copy(linear, reduce, wait)
-            if copy_back is None and set(linear.users) != {reduce}:
-                continue  # the unreduced result is read elsewhere
-            anchor = copy_back if copy_back is not None else wait
-            x, weight, bias = m.cast_to(graph, anchor, (x, weight, bias), dtype)  # autocast's casts, if any
-            new = m.insert_op(
+            reduction = reduction_of(node)
+            anchor = reduction.copy_back or reduction.wait
+            weight = m.weight_of(graph, linear)
+            x, weight, bias = m.cast_to(graph, anchor, (linear.x, weight, linear.bias), m.linear_dtype(node))
+            new = m.insert_view(
                 graph,
                 anchor,
-                torch.ops.turbo_inductor.gemm_allreduce.default,
-                (x, weight, bias, group_name, options.impl),
-            )
-            if copy_back is not None:
+                GemmAllReduceNode,
+                x=x,
+                weight=weight,
+                bias=bias,
+                group_name=reduction.group_name,
+                impl=options.impl,
+            ).node
+            if reduction.copy_back is not None:
                 # y's readers after the copy saw the reduced value: they read the fused op now.
-                linear.replace_all_uses_with(new, delete_user_cb=lambda user: user not in (reduce, copy_back))
-                graph.erase_node(copy_back)
-            wait.replace_all_uses_with(new)
-            m.erase_unused([linear, reduce, wait])
+                node.replace_all_uses_with(
+                    new, delete_user_cb=lambda u: u not in (reduction.reduce, reduction.copy_back)
+                )
+                graph.erase_node(reduction.copy_back)
+            reduction.wait.replace_all_uses_with(new)
+            m.erase_unused([node, reduction.reduce, reduction.wait])
             count += 1
         return count
-
-    @staticmethod
-    def _in_place_copy(linear: fx.Node, reduce: fx.Node, wait: fx.Node) -> fx.Node | None:
-        """``linear.copy_(wait)`` when it follows and nothing reads the linear between the reduce and the copy
-        (the in-place ``dist.all_reduce`` form), else None."""
-        copies = [u for u in wait.users if u.op == "call_method" and u.target == "copy_" and u.args[0] is linear]
-        if len(copies) != 1 or set(wait.users) != {copies[0]}:
-            return None
-        copy_back = copies[0]
-        order = {node: i for i, node in enumerate(linear.graph.nodes)}
-        readers = [u for u in linear.users if u not in (reduce, copy_back)]
-        return copy_back if all(order[u] > order[copy_back] for u in readers) else None

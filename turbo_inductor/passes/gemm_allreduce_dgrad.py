@@ -15,19 +15,21 @@ Dynamo keeps such a function as ``autograd_function_apply(fwd_body, bwd_body, x)
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from ..ops.gemm_allreduce import can_rewrite
+from ..ops.gemm_allreduce import LinearDgradAllReduceNode, can_rewrite
 from ..options import Options
+from . import claims
 from . import matcher as m
-from .fp8_linear import FP8LinearPass
 from .gemm_allreduce import waited_sum_all_reduce
-from .manager import RewritePass
+from .manager import Phase, RewritePass
 
+NAME = "gemm_allreduce_dgrad"
 _PASS_THROUGH = {"view_as", "view", "clone", "contiguous", "alias", "detach"}
 _HOUSEKEEPING = (torch._C._set_grad_enabled,)
 
@@ -86,45 +88,72 @@ def _reduced_group(body: fx.Graph) -> str | None:
     return group_name if not others else None
 
 
+@dataclasses.dataclass(frozen=True)
+class GradientReduction:
+    function: fx.Node  # autograd_function_apply(fwd_body, bwd_body, x)
+    item: fx.Node  # its output, the linear's input
+    group_name: str
+
+
+def gradient_reduction_of(linear: m.Linear) -> GradientReduction | None:
+    """The identity-forward, all-reduce-backward function whose output is the linear's input and nothing else's."""
+    item = linear.x
+    if not m.calls(item, functions=(operator.getitem,)) or item.args[1] != 0 or m.only_user(item) is not linear.node:
+        return None
+    function = item.args[0]
+    if (
+        function.op != "call_function"
+        or function.target is not torch.ops.higher_order.autograd_function_apply
+        or len(function.args) != 3
+        or m.only_user(function) is not item
+    ):
+        return None
+    graph = function.graph
+    fwd, bwd = _body(graph, function.args[0]), _body(graph, function.args[1])
+    if fwd is None or bwd is None or not _is_identity(fwd):
+        return None
+    group_name = _reduced_group(bwd)
+    return GradientReduction(function, item, group_name) if group_name is not None else None
+
+
+@claims.claimant(NAME, priority=40)
+def wants(linear: m.Linear, options: Options) -> bool:
+    fakes = linear.fakes()
+    return (
+        bool(options.value(NAME))
+        and fakes is not None
+        and gradient_reduction_of(linear) is not None
+        and can_rewrite(*fakes[1:])
+    )
+
+
 class GemmAllReduceDgradPass(RewritePass):
-    name = "gemm_allreduce_dgrad"
+    """Column-parallel linears whose input gradient is all-reduced: dgrad and its all-reduce as one op."""
+
+    name = NAME
+    phase = Phase.CLAIM
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
         count = 0
         for node in list(graph.nodes):
-            if (
-                node.op != "call_function"
-                or node.target is not torch.ops.higher_order.autograd_function_apply
-                or len(node.args) != 3
-            ):
+            linear = m.linear_of(node)
+            if linear is None or claims.owner(linear, options) != self.name:
                 continue
-            fwd, bwd = _body(graph, node.args[0]), _body(graph, node.args[1])
-            if fwd is None or bwd is None or not _is_identity(fwd):
-                continue
-            group_name = _reduced_group(bwd)
-            item = m.only_user(node)
-            if group_name is None or item is None or item.target is not operator.getitem or item.args[1] != 0:
-                continue
-            linear = m.only_user(item)
-            if (
-                linear is None
-                or linear.target is not torch._C._nn.linear
-                or linear.args[0] is not item
-                or FP8LinearPass().match(linear, options) is not None
-            ):  # FP8 asked for: the linear stays FP8
-                continue
-            x, weight, bias = node.args[2], linear.args[1], m.arg(linear, 2, "bias")
-            fakes = m.linear_operand_fakes(linear, x, weight, bias)
-            if fakes is None or not can_rewrite(*fakes[1:]):
-                continue
-            x, weight, bias = m.cast_to(graph, linear, (x, weight, bias), fakes[0])  # autocast's casts, if any
-            new = m.insert_op(
+            reduction = gradient_reduction_of(linear)
+            function = reduction.function
+            weight = m.weight_of(graph, linear)
+            x, weight, bias = m.cast_to(graph, node, (function.args[2], weight, linear.bias), m.linear_dtype(node))
+            new = m.insert_view(
                 graph,
-                linear,
-                torch.ops.turbo_inductor.linear_dgrad_allreduce.default,
-                (x, weight, bias, group_name, options.impl),
-            )
-            linear.replace_all_uses_with(new)
-            m.erase_unused([node.args[0], node.args[1], node, item, linear])
+                node,
+                LinearDgradAllReduceNode,
+                x=x,
+                weight=weight,
+                bias=bias,
+                group_name=reduction.group_name,
+                impl=options.impl,
+            ).node
+            node.replace_all_uses_with(new)
+            m.erase_unused([function.args[0], function.args[1], function, reduction.item, node])
             count += 1
         return count

@@ -19,10 +19,10 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..ops.glu import can_rewrite
+from ..ops.glu import GLUFusedNode, GLUNode, can_rewrite
 from ..options import Options
 from . import matcher as m
-from .manager import RewritePass
+from .manager import Phase, RewritePass
 
 _GELU = {"none": "gelu", "tanh": "gelu_tanh"}
 
@@ -152,11 +152,13 @@ def _same_type(*nodes) -> bool:
 
 
 class GLUPass(RewritePass):
+    """``act(gate) * up`` (SwiGLU, GeGLU; MoE's row weights) to ``turbo_inductor.glu`` / ``glu_fused``."""
+
     name = "glu"
+    phase = Phase.FUSE
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
         count = 0
-        glu_op, glu_fused_op = torch.ops.turbo_inductor.glu.default, torch.ops.turbo_inductor.glu_fused.default
         for node in list(graph.nodes):
             if node._erased:  # a split matched with an earlier multiply
                 continue
@@ -172,15 +174,16 @@ class GLUPass(RewritePass):
                 if not _same_type(gate, up, node) or not can_rewrite(m.fake(gate)):
                     continue
                 out, probs, weight_nodes = _weighting(node) or (node, None, [])
+                common = {"probs": probs, "activation": activation, "impl": options.impl}
                 halves = halves_of(gate, up)
                 if halves is not None:
                     x, split_nodes = halves
-                    new = m.insert_op(graph, out, glu_fused_op, (x, probs, None, activation, options.impl))
+                    new = m.insert_view(graph, out, GLUFusedNode, x=x, **common)
                     matched = split_nodes + [gate, up, act, node]
                 else:
-                    new = m.insert_op(graph, out, glu_op, (gate, up, probs, None, activation, options.impl))
+                    new = m.insert_view(graph, out, GLUNode, gate=gate, up=up, **common)
                     matched = [act, node]
-                out.replace_all_uses_with(new)
+                out.replace_all_uses_with(new.node)
                 m.erase_unused(weight_nodes + matched + ([out] if out is not node else []))
                 count += 1
                 break

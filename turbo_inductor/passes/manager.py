@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import enum
 import functools
 import hashlib
 import logging
@@ -25,11 +26,23 @@ from .matcher import op_name
 log = logging.getLogger("turbo_inductor")
 
 
+class Phase(enum.IntEnum):
+    """The pipeline's phases, in the order they run."""
+
+    CANONICALIZE = 1  # one spelling per operation for the passes after
+    CLAIM = 2  # linears replaced by the passes that take them whole (FP8, GEMM + all-reduce)
+    FUSE = 3  # norms, GLUs and MoE glue onto our ops
+    PRODUCERS = 4  # producers of FP8 linears' inputs write them in FP8
+
+
 class RewritePass:
-    """One fusion. Subclasses set ``name`` (also its option key) and implement ``apply``. The option is on/off
-    (default on) unless a pass overrides ``default``, ``parse_option`` and ``enabled``."""
+    """One fusion. Subclasses set ``name`` (its option key), ``phase``, the passes it must run ``after`` (their
+    output is its input) and implement ``apply``. The option is on/off (default on) unless ``parse_option`` says
+    otherwise."""
 
     name: str = ""
+    phase: Phase
+    after: tuple[str, ...] = ()
     default: Any = True
 
     def parse_option(self, value: Any) -> Any:
@@ -41,6 +54,41 @@ class RewritePass:
     def apply(self, graph: fx.Graph, options: Options) -> int:
         """Rewrite every match in ``graph``; return how many were rewritten."""
         raise NotImplementedError
+
+
+class PassOrderError(ValueError):
+    """The pass list breaks a pass's declared phase or ``after``."""
+
+
+def check_order(passes: list[RewritePass]) -> list[RewritePass]:
+    """``passes`` when each runs in its phase's turn and after the passes it names; else PassOrderError naming both
+    passes."""
+    position = {p.name: i for i, p in enumerate(passes)}
+    for i, rewrite in enumerate(passes):
+        if not isinstance(getattr(rewrite, "phase", None), Phase):
+            raise PassOrderError(f"pass {rewrite.name!r} declares no phase")
+        earlier = next((p for p in passes[:i] if p.phase > rewrite.phase), None)
+        if earlier is not None:
+            raise PassOrderError(
+                f"pass {rewrite.name!r} (phase {rewrite.phase.name}) is listed after pass {earlier.name!r} "
+                f"(phase {earlier.phase.name})"
+            )
+        for name in rewrite.after:
+            if name not in position:
+                raise PassOrderError(f"pass {rewrite.name!r} runs after {name!r}, which is not a pass")
+            if position[name] > i:
+                raise PassOrderError(f"pass {rewrite.name!r} must run after pass {name!r}, which is listed later")
+    return passes
+
+
+def phase_table(passes: list[RewritePass]) -> str:
+    """The passes by phase as a Markdown table (docs/architecture.md shows it)."""
+    rows = ["| phase | pass | runs after | what it does |", "|---|---|---|---|"]
+    for rewrite in passes:
+        summary = (type(rewrite).__doc__ or "").strip().splitlines()[0]
+        after = ", ".join(f"`{name}`" for name in rewrite.after)
+        rows.append(f"| {rewrite.phase.name.lower()} | `{rewrite.name}` | {after} | {summary} |")
+    return "\n".join(rows)
 
 
 @dataclasses.dataclass

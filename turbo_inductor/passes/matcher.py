@@ -16,6 +16,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ..ops.node import OpNode
+
 # function targets -> canonical op name
 _FUNCTIONS: dict[Callable, str] = {
     operator.add: "add",
@@ -253,17 +255,22 @@ def last_dim_only(dim: Any, ndim: int) -> bool:
 
 
 def insert_op(
-    graph: fx.Graph, before: fx.Node, op: torch._ops.OpOverload, args: tuple, n_outputs: int = 0
+    graph: fx.Graph,
+    before: fx.Node,
+    op: Callable,
+    args: tuple,
+    n_outputs: int = 0,
+    kwargs: dict | None = None,
 ) -> list[fx.Node] | fx.Node:
-    """Insert ``op(*args)`` before ``before`` with Dynamo's example-value metadata filled in.
-
-    Returns the node, or for ``n_outputs`` > 0 the ``getitem`` nodes of its outputs.
-    """
-    fake_mode = next(fake(a).fake_mode for a in args if fake(a) is not None)  # the mode Dynamo traced with
+    """Insert ``op(*args, **kwargs)`` before ``before`` with Dynamo's example value filled in. Returns the node, or
+    for ``n_outputs`` > 0 the ``getitem`` nodes of its outputs."""
+    kwargs = kwargs or {}
+    values = [*args, *kwargs.values()]
+    fake_mode = next(fake(a).fake_mode for a in values if fake(a) is not None)  # the mode Dynamo traced with
     with graph.inserting_before(before):
-        node = graph.call_function(op, args)
+        node = graph.call_function(op, args, kwargs)
         with fake_mode:
-            node.meta["example_value"] = op(*[_example(a) if isinstance(a, fx.Node) else a for a in args])
+            node.meta["example_value"] = op(*fx.map_arg(args, _example), **fx.map_arg(kwargs, _example))
         if not n_outputs:
             return node
         items = []
@@ -272,6 +279,14 @@ def insert_op(
             item.meta["example_value"] = node.meta["example_value"][i]
             items.append(item)
     return items
+
+
+def insert_view(graph: fx.Graph, before: fx.Node, view: type[OpNode], **arguments: Any) -> OpNode:
+    """A call of our op ``view.op`` with ``arguments`` by name, inserted before ``before``; with several results,
+    one ``getitem`` node per result (``view.output(name)``)."""
+    args, kwargs = view.call_arguments(**arguments)
+    items = insert_op(graph, before, view.op, args, len(view.outputs), kwargs)
+    return view(items[0].args[0] if view.outputs else items)
 
 
 def available_at(value: Any, node: fx.Node, position: dict[fx.Node, int]) -> bool:
@@ -292,10 +307,10 @@ def available_at(value: Any, node: fx.Node, position: dict[fx.Node, int]) -> boo
     return True
 
 
-def replace_with_op(graph: fx.Graph, node: fx.Node, op: torch._ops.OpOverload, args: tuple) -> fx.Node:
-    """``op(*args)`` in place of ``node``: inserted before it, given its users, and ``node`` erased."""
-    new = insert_op(graph, node, op, args)
-    node.replace_all_uses_with(new)
+def replace_with_view(graph: fx.Graph, node: fx.Node, view: type[OpNode], **arguments: Any) -> OpNode:
+    """A call of our op ``view.op`` in place of ``node``: inserted before it, given its users, ``node`` erased."""
+    new = insert_view(graph, node, view, **arguments)
+    node.replace_all_uses_with(new.node)
     graph.erase_node(node)
     return new
 
@@ -338,6 +353,73 @@ def transpose_source(node) -> fx.Node | None:
     is_swap = method == "transpose" and len(rest) == 2 and {d % 2 for d in rest if isinstance(d, int)} == {0, 1}
     st = fake(source)
     return source if (is_t or is_swap) and st is not None and st.dim() == 2 else None
+
+
+_MATMULS = (operator.matmul, torch.matmul, torch.Tensor.matmul)
+
+
+@dataclasses.dataclass(frozen=True)
+class Linear:
+    """A linear ``y = x W^T + bias`` however it is spelled. ``weight`` is W [N, K], or with ``weight_transposed``
+    the [K, N] operand of ``x @ V`` (W = V^T; :func:`weight_of` inserts the transpose)."""
+
+    node: fx.Node
+    x: Any
+    weight: Any
+    bias: Any
+    weight_transposed: bool = False
+
+    def fakes(self) -> tuple | None:
+        """(dtype, x, W [N, K], bias) as fakes cast to the dtype the linear computes in (:func:`linear_dtype`);
+        None where one has no fake."""
+        found = linear_operand_fakes(self.node, self.x, self.weight, self.bias)
+        if found is None:
+            return None
+        dtype, xt, wt, bt = found
+        return dtype, xt, wt.t() if self.weight_transposed else wt, bt
+
+
+def linear_of(node: Any) -> Linear | None:
+    """The linear ``node`` computes: ``F.linear`` / ``nn.Linear``, ``x @ W.t()`` / ``x @ W.T`` /
+    ``torch.matmul(x, W.transpose(0, 1))`` and ``x @ V`` with a 2-D right operand, ``torch.mm`` of 2-D operands,
+    ``torch.addmm(bias, x, W.t())``; else None."""
+    if not isinstance(node, fx.Node):
+        return None
+    if node.op == "call_function" and node.target is torch._C._nn.linear:
+        return Linear(node, node.args[0], node.args[1], arg(node, 2, "bias"))
+    if calls(node, "addmm", (torch.addmm,)):
+        if len(node.args) != 3 or any(k not in ("beta", "alpha") or node.kwargs[k] != 1 for k in node.kwargs):
+            return None
+        bias, x, rhs = node.args
+        found = _matmul_linear(node, x, rhs)
+        bt, yt = fake(bias), fake(node)
+        if found is None or bt is None or yt is None or bt.dim() != 1 or bt.shape[0] != yt.shape[-1]:
+            return None
+        return dataclasses.replace(found, bias=bias)
+    is_matmul = (node.op == "call_function" and node.target in _MATMULS) or calls(node, "matmul")
+    is_mm = calls(node, "mm", (torch.mm,))
+    if not (is_matmul or is_mm) or len(node.args) != 2 or node.kwargs:
+        return None
+    x, rhs = node.args
+    xt = fake(x)
+    if is_mm and (xt is None or xt.dim() != 2):
+        return None
+    return _matmul_linear(node, x, rhs)
+
+
+def _matmul_linear(node: fx.Node, x: Any, rhs: Any) -> Linear | None:
+    rt = fake(rhs)
+    if rt is None or rt.dim() != 2:
+        return None
+    weight = transpose_source(rhs)
+    return Linear(node, x, weight, None) if weight is not None else Linear(node, x, rhs, None, True)
+
+
+def weight_of(graph: fx.Graph, linear: Linear) -> fx.Node:
+    """W [N, K] as a node, inserting ``V.t()`` before the linear for ``x @ V``."""
+    if not linear.weight_transposed:
+        return linear.weight
+    return insert_op(graph, linear.node, torch.ops.aten.t.default, (linear.weight,))
 
 
 def op_name(node: fx.Node) -> str:

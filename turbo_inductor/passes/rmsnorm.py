@@ -21,11 +21,10 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ..ops.rmsnorm import can_rewrite
-from ..ops.rmsnorm import rmsnorm as rmsnorm_op
+from ..ops.rmsnorm import RMSNormNode, can_rewrite
 from ..options import Options
 from . import matcher as m
-from .manager import RewritePass
+from .manager import Phase, RewritePass
 
 
 @dataclasses.dataclass
@@ -145,7 +144,10 @@ def _match(
 
 
 class RMSNormPass(RewritePass):
+    """RMSNorm spellings to ``turbo_inductor.rmsnorm``."""
+
     name = "rmsnorm"
+    phase = Phase.FUSE
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
         count = 0
@@ -155,8 +157,10 @@ class RMSNormPass(RewritePass):
             found = match_functional(node) or match_decomposed(node)
             if found is None or not can_rewrite(m.fake(found.x), m.fake(found.weight)):
                 continue
-            new = m.insert_op(graph, found.output, rmsnorm_op, (found.x, found.weight, found.eps, options.impl))
-            found.output.replace_all_uses_with(new)
+            norm = m.insert_view(
+                graph, found.output, RMSNormNode, x=found.x, weight=found.weight, eps=found.eps, impl=options.impl
+            )
+            found.output.replace_all_uses_with(norm.node)
             m.erase_unused(found.matched)
             count += 1
         return count

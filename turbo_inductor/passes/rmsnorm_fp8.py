@@ -5,7 +5,7 @@ Runs after the rmsnorm, rmsnorm_residual and fp8 passes, on the ops they made: a
 projections, the MLP's gate and up) becomes ``rmsnorm_fp8``, and those linears take its q and scale as
 ``x_q``, ``x_scale``. The norm's other users, and the linears' backward (which quantizes x^T from y), read y as
 before. Taken when every FP8 linear of the output uses one recipe that quantizes x in blocks within a row
-(``fp8_linear.quantizes_in_rows``); with mixed recipes, or none such, the graph is left alone.
+(``Recipe.quantizes_x_in_rows``); with mixed recipes, or none such, the graph is left alone.
 
 Under ``torch.autocast`` the linears read the norm's output through casts (an fp32 norm, bf16 linears: the fp8
 pass makes autocast's casts explicit). Where every user of the output is a cast to one dtype, the norm writes y in
@@ -15,63 +15,63 @@ in that dtype where the cast's backward would have converted it first.
 
 from __future__ import annotations
 
-import operator
-
 import torch
 import torch.fx as fx
 
-from ..ops.rmsnorm import rmsnorm as rmsnorm_op
-from ..ops.rmsnorm import rmsnorm_residual as rmsnorm_residual_op
-from ..ops.rmsnorm_fp8 import can_rewrite
-from ..ops.rmsnorm_fp8 import rmsnorm_fp8 as rmsnorm_fp8_op
+from ..ops.rmsnorm import RMSNormNode, RMSNormResidualNode
+from ..ops.rmsnorm_fp8 import RMSNormFP8Node, can_rewrite
 from ..options import Options
 from . import matcher as m
 from .fp8_input import fp8_readers, hand_over
-from .manager import RewritePass
+from .manager import Phase, RewritePass
 
 
 class RMSNormFP8Pass(RewritePass):
+    """RMSNorms feeding FP8 linears write their FP8 input too (``turbo_inductor.rmsnorm_fp8``)."""
+
     name = "rmsnorm_fp8"
+    phase = Phase.PRODUCERS
+    after = ("rmsnorm_residual", "fp8")
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
         position = {node: i for i, node in enumerate(graph.nodes)}
         count = 0
-        for norm in list(graph.nodes):
-            outputs = _outputs(norm)
-            if outputs is None:
+        for node in list(graph.nodes):
+            norm = RMSNormNode.of(node) or RMSNormResidualNode.of(node)
+            if norm is None:
                 continue
-            normed, total = outputs
-            x, residual, weight, eps, impl = _arguments(norm)
+            with_residual = isinstance(norm, RMSNormResidualNode)
+            normed, total = (norm.output("y"), norm.output("sum")) if with_residual else (node, None)
+            if normed is None:
+                continue
             read, out_dtype = _read_as(normed, position)
             readers = fp8_readers(read)
-            if readers is None or not can_rewrite(m.fake(x), readers[1]):
+            if readers is None or not can_rewrite(m.fake(norm.x), readers[1], norm.impl):
                 continue
             linears, recipe = readers
-            y, new_total, q, scale = m.insert_op(
-                graph, norm, rmsnorm_fp8_op, (x, residual, weight, eps, recipe, impl, out_dtype), n_outputs=4
+            fused = m.insert_view(
+                graph,
+                node,
+                RMSNormFP8Node,
+                x=norm.x,
+                residual=norm.residual if with_residual else None,
+                weight=norm.weight,
+                eps=norm.eps,
+                recipe=recipe,
+                impl=norm.impl,
+                out_dtype=out_dtype,
             )
+            y = fused.output("y")
             casts = [] if read is normed else [u for u in normed.users if not _reads_shape(u)]
             for value in casts:  # they go: y is their value
                 value.replace_all_uses_with(y)
             normed.replace_all_uses_with(y)  # its other users read y's shape alone (with casts), or y
             if total is not None:
-                total.replace_all_uses_with(new_total)
-            hand_over(linears, q, scale)
-            m.erase_unused(dict.fromkeys([norm, *[n for n in (normed, total) if n is not None], *casts]))
+                total.replace_all_uses_with(fused.output("sum"))
+            hand_over(linears, fused.output("q"), fused.output("scale"))
+            m.erase_unused(dict.fromkeys([node, *[n for n in (normed, total) if n is not None], *casts]))
             count += 1
         return count
-
-
-def _outputs(norm: fx.Node) -> tuple[fx.Node, fx.Node | None] | None:
-    """(normalized output, sum or None) of a norm node the passes made, as nodes of the graph; None for others."""
-    if norm.target is rmsnorm_op:
-        return norm, None
-    if norm.target is not rmsnorm_residual_op:
-        return None
-    items = {u.args[1]: u for u in norm.users if u.target is operator.getitem}
-    if 0 not in items:
-        return None
-    return items[0], items.get(1)
 
 
 def _read_as(normed: fx.Node, position: dict[fx.Node, int]) -> tuple[fx.Node, torch.dtype | None]:
@@ -91,12 +91,3 @@ def _read_as(normed: fx.Node, position: dict[fx.Node, int]) -> tuple[fx.Node, to
 def _reads_shape(node: fx.Node) -> bool:
     """Whether ``node`` reads only its input's shape, which the norm's output keeps in any dtype."""
     return m.calls(node, "size") or m.calls(node, "dim")
-
-
-def _arguments(norm: fx.Node) -> tuple:
-    """(x, residual, weight, eps, impl) of an rmsnorm / rmsnorm_residual node (positional, as the passes write them)."""
-    if norm.target is rmsnorm_op:
-        x, weight, eps, impl = norm.args
-        return x, None, weight, eps, impl
-    x, residual, weight, eps, impl = norm.args
-    return x, residual, weight, eps, impl

@@ -12,36 +12,47 @@ import torch
 import torch.fx as fx
 
 from ..ops.library import SUPPORTED_FLOAT_DTYPES
-from ..ops.rmsnorm import rmsnorm as rmsnorm_op
-from ..ops.rmsnorm import rmsnorm_residual as rmsnorm_residual_op
+from ..ops.rmsnorm import RMSNormNode, RMSNormResidualNode
 from ..options import Options
 from . import matcher as m
-from .manager import RewritePass
+from .manager import Phase, RewritePass
 
 
 class RMSNormResidualPass(RewritePass):
+    """``rmsnorm(a + b)`` whose sum is the residual stream to ``turbo_inductor.rmsnorm_residual``."""
+
     name = "rmsnorm_residual"
+    phase = Phase.FUSE
+    after = ("rmsnorm",)
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
         position = {node: i for i, node in enumerate(graph.nodes)}
         count = 0
-        for norm in list(graph.nodes):
-            if norm.target is not rmsnorm_op:
+        for node in list(graph.nodes):
+            norm = RMSNormNode.of(node)
+            if norm is None:
                 continue
-            total, weight, eps, impl = norm.args
+            total = norm.x
             c = m.call(total)
             operands = m.binary_operands(c) if c is not None and c.op == "add" else None
             if operands is None or not all(_addend_of(o, total) for o in operands):
                 continue
             # the fused op replaces the add, so everything it reads must exist there
-            if not all(m.available_at(v, total, position) for v in (weight, eps)):
+            if not all(m.available_at(v, total, position) for v in (norm.weight, norm.eps)):
                 continue
-            normed, new_total = m.insert_op(
-                graph, total, rmsnorm_residual_op, (*operands, weight, eps, impl), n_outputs=2
+            fused = m.insert_view(
+                graph,
+                total,
+                RMSNormResidualNode,
+                x=operands[0],
+                residual=operands[1],
+                weight=norm.weight,
+                eps=norm.eps,
+                impl=norm.impl,
             )
-            norm.replace_all_uses_with(normed)
-            graph.erase_node(norm)
-            total.replace_all_uses_with(new_total)
+            node.replace_all_uses_with(fused.output("y"))
+            graph.erase_node(node)
+            total.replace_all_uses_with(fused.output("sum"))
             graph.erase_node(total)
             count += 1
         return count

@@ -27,10 +27,11 @@ import torch
 import torch.fx as fx
 
 from ..ops.fp8 import fp8_formats
-from ..ops.fp8_linear import RECIPES, can_rewrite
+from ..ops.fp8_linear import FP8LinearNode, can_rewrite
 from ..options import Options
+from ..recipes import RECIPES
 from . import matcher as m
-from .manager import RewritePass
+from .manager import Phase, RewritePass
 
 _FUNCTION = ("torchao.float8.float8_linear", "matmul_with_hp_or_float8_args")
 _CASTS = (
@@ -92,7 +93,10 @@ def recipe_of(config: Any, device: torch.device) -> str | None:
 
 
 class TorchaoFloat8Pass(RewritePass):
+    """torchao's float8 training linears, where their config is one of our recipes, to our FP8 linear."""
+
     name = "torchao_float8"
+    phase = Phase.CLAIM
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
         count = 0
@@ -115,8 +119,8 @@ class TorchaoFloat8Pass(RewritePass):
                 continue
             if recipe is None or not can_rewrite(x_fake, m.fake(weight), None):
                 continue
-            m.replace_with_op(
-                graph, node, torch.ops.turbo_inductor.fp8_linear.default, (x, weight, None, recipe, options.impl)
+            m.replace_with_view(
+                graph, node, FP8LinearNode, x=x, weight=weight, bias=None, recipe=recipe, impl=options.impl
             )
             m.erase_unused(m.producers([mm_config, config, weight_t], stop={x, weight}))
             count += 1

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..registry import implementation
+from ..registry import FP8_IN_ITS_PASS, implementation
 from . import launch, on_device, traceable, unavailable_reason
 from .fp8_quant import NO_FP8_OUTPUT, format_constexprs, fp8_quantize, store_fp8_row_blocks
 
@@ -377,7 +377,14 @@ def quantizes_in_its_pass(F: int, block_cols: int) -> bool:
     return block <= block_f and (block == F or block & (block - 1) == 0)
 
 
-@implementation("glu_fwd_fp8", "triton", priority=20, unavailable_reason=unavailable_reason, traceable=traceable)
+@implementation(
+    "glu_fwd_fp8",
+    "triton",
+    priority=20,
+    unavailable_reason=unavailable_reason,
+    traceable=traceable,
+    capabilities={FP8_IN_ITS_PASS: lambda width, element_size, block_cols: quantizes_in_its_pass(width, block_cols)},
+)
 def glu_fwd_fp8(
     gate: torch.Tensor,
     up: torch.Tensor,

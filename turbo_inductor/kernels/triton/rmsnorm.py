@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ..reference.rmsnorm import sum_dtype
-from ..registry import implementation
+from ..registry import FP8_IN_ITS_PASS, implementation
 from . import launch, on_device, traceable, unavailable_reason
 from .fp8_quant import NO_FP8_OUTPUT, format_constexprs, fp8_quantize, store_fp8_row_blocks
 
@@ -447,7 +447,16 @@ def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Te
     return _fwd(x, weight, residual, eps)[:3]
 
 
-@implementation("rmsnorm_fwd_fp8", "triton", priority=20, unavailable_reason=unavailable_reason, traceable=traceable)
+@implementation(
+    "rmsnorm_fwd_fp8",
+    "triton",
+    priority=20,
+    unavailable_reason=unavailable_reason,
+    traceable=traceable,
+    capabilities={
+        FP8_IN_ITS_PASS: lambda width, element_size, block_cols: quantizes_in_its_pass(width, element_size, block_cols)
+    },
+)
 def rmsnorm_fwd_fp8(
     x: torch.Tensor,
     weight: torch.Tensor | None,

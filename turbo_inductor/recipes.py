@@ -1,0 +1,115 @@
+"""FP8 recipes: how each GEMM operand of an FP8 linear is quantized. One frozen dataclass, one instance per recipe.
+
+The ops take a recipe by name (a ``str`` in their schemas); ``Recipe.from_name`` turns it into this description.
+``FP8Config`` is the backend's ``fp8`` option: a recipe and which linears it covers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import torch
+
+from .kernels.reference.fp8_quant import device_formats
+from .options import parse_bool
+
+# Dimensions the FP8 GEMMs take: cuBLASLt wants N and K in multiples of 16.
+ALIGNMENT = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """Blocks are (rows, cols) of an operand [R, C], C the contracted dimension; 0 is the whole dimension."""
+
+    name: str
+    activation_block: tuple[int, int]  # x, dy and their transposes
+    weight_block: tuple[int, int]
+    gradient_format: str  # "e4m3" or "e5m2"
+    power_of_two: bool = False  # scales rounded up to powers of two
+    high_precision_wgrad: bool = False  # dW = dy^T x in the input dtype
+    # The forward GEMM accumulates in the tensor cores' fast mode, as torchao's recipes do; dgrad and wgrad in full.
+    fast_accum_forward: bool = False
+
+    @staticmethod
+    def from_name(name: str) -> Recipe:
+        if name not in RECIPES:
+            raise ValueError(f"unknown FP8 recipe {name!r}; choose from {sorted(RECIPES)}")
+        return RECIPES[name]
+
+    @property
+    def quantizes_x_in_rows(self) -> bool:
+        """x's blocks lie within a row, so a producer writing whole rows (RMSNorm, GLU) can quantize them.
+        Not tensorwise: its scale needs the whole tensor's amax first."""
+        return self.activation_block[0] == 1
+
+    def formats(self, device: torch.device) -> tuple[torch.dtype, torch.dtype]:
+        """(operand format, gradient format) on ``device``: e4m3fn/e5m2, or the fnuz pair on MI300."""
+        e4m3, e5m2 = device_formats(device)
+        return e4m3, e5m2 if self.gradient_format == "e5m2" else e4m3
+
+    def producer_quantization(self, x: torch.Tensor) -> tuple[torch.dtype, int]:
+        """(format, block width) in which a producer writing x [..., K] row by row quantizes it for the forward
+        GEMM, as the linear would."""
+        return device_formats(x.device)[0], self.activation_block[1] or max(x.shape[-1], 1)
+
+
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in (
+        Recipe("tensorwise", (0, 0), (0, 0), "e5m2", fast_accum_forward=True),
+        Recipe("rowwise", (1, 0), (1, 0), "e4m3", fast_accum_forward=True),
+        # torchao's "rowwise"
+        Recipe("rowwise_pow2", (1, 0), (1, 0), "e4m3", power_of_two=True, fast_accum_forward=True),
+        # torchao's recipe of that name
+        Recipe("rowwise_with_gw_hp", (1, 0), (1, 0), "e4m3", high_precision_wgrad=True, fast_accum_forward=True),
+        Recipe("blockwise", (1, 128), (128, 128), "e4m3"),
+        Recipe("mxfp8", (1, 32), (1, 32), "e4m3", power_of_two=True),
+    )
+}
+ROW_RECIPES = tuple(name for name, r in RECIPES.items() if r.quantizes_x_in_rows)
+
+
+def kernel_block(block: tuple[int, int], rows: int, cols: int) -> tuple[int, int]:
+    """A recipe's block as the quantization kernels take it. 0 becomes rows + cols + 1, which spans the dimension
+    in either layout without a guard on rows <= cols under dynamic shapes."""
+    whole = rows + cols + 1
+    return block[0] or whole, block[1] or whole
+
+
+OFF = "off"
+
+
+@dataclasses.dataclass(frozen=True)
+class FP8Config:
+    """The ``fp8`` option: linears become FP8 linears of ``recipe``, except parameters matching ``exclude`` and
+    linears narrower than ``min_size``. ``save_weight_t=False`` requantizes W^T in the backward (FSDP2)."""
+
+    recipe: str = OFF
+    exclude: str = ""
+    min_size: int = 0
+    save_weight_t: bool = True
+
+    @property
+    def enabled(self) -> bool:
+        return self.recipe != OFF
+
+    @staticmethod
+    def from_option(value: Any) -> FP8Config:
+        if value in (None, False, OFF, "", "0", "false"):
+            return FP8Config()
+        fields = dict(value) if isinstance(value, dict) else {"recipe": value}
+        unknown = set(fields) - {f.name for f in dataclasses.fields(FP8Config)}
+        if unknown or fields.get("recipe") not in RECIPES:
+            raise ValueError(
+                f"primus_turbo: option 'fp8' takes one of {sorted(RECIPES)} or 'off', or a dict with keys "
+                f"recipe/exclude/min_size/save_weight_t; got {value!r}"
+            )
+        re.compile(fields.get("exclude", ""))
+        return FP8Config(
+            fields["recipe"],
+            fields.get("exclude", ""),
+            int(fields.get("min_size", 0)),
+            parse_bool("fp8.save_weight_t", fields.get("save_weight_t", True)),
+        )
