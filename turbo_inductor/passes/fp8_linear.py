@@ -45,7 +45,7 @@ def wants(linear: m.Linear, options: Options) -> bool:
 
 
 class FP8LinearPass(RewritePass):
-    """Linears to FP8 linears of the ``fp8`` option's recipe, forward and backward."""
+    """Linears to FP8 linears of the ``fp8`` option's recipe."""
 
     name = NAME
     phase = Phase.CLAIM

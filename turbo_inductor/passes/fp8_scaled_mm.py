@@ -84,7 +84,7 @@ def quantized(q, fp8_dtype: torch.dtype) -> tuple[fx.Node, fx.Node, str] | None:
 
 
 class FP8ScaledMMPass(RewritePass):
-    """Hand-written dynamic FP8 quantization feeding ``torch._scaled_mm`` to our FP8 linear."""
+    """Hand-written FP8 quantization and ``torch._scaled_mm`` to our FP8 linear."""
 
     name = "fp8_scaled_mm"
     phase = Phase.CLAIM

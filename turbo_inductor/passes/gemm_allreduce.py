@@ -91,7 +91,7 @@ def wants(linear: m.Linear, options: Options) -> bool:
 
 
 class GemmAllReducePass(RewritePass):
-    """Row-parallel linears and their sum all-reduce to one GEMM + all-reduce op."""
+    """A row-parallel linear and its all-reduce as one GEMM + all-reduce op."""
 
     name = NAME
     phase = Phase.CLAIM

@@ -128,7 +128,7 @@ def wants(linear: m.Linear, options: Options) -> bool:
 
 
 class GemmAllReduceDgradPass(RewritePass):
-    """Column-parallel linears whose input gradient is all-reduced: dgrad and its all-reduce as one op."""
+    """A column-parallel linear's dgrad and its all-reduce as one op."""
 
     name = NAME
     phase = Phase.CLAIM

@@ -152,7 +152,7 @@ def _same_type(*nodes) -> bool:
 
 
 class GLUPass(RewritePass):
-    """``act(gate) * up`` (SwiGLU, GeGLU; MoE's row weights) to ``turbo_inductor.glu`` / ``glu_fused``."""
+    """``act(gate) * up`` (SwiGLU, GeGLU) to ``turbo_inductor.glu`` / ``glu_fused``."""
 
     name = "glu"
     phase = Phase.FUSE

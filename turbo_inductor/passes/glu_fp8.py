@@ -20,7 +20,7 @@ from .manager import Phase, RewritePass
 
 
 class GLUFP8Pass(RewritePass):
-    """GLUs feeding FP8 linears write their FP8 input too (``turbo_inductor.glu_fp8``)."""
+    """GLUs feeding FP8 linears write their FP8 input."""
 
     name = "glu_fp8"
     phase = Phase.PRODUCERS

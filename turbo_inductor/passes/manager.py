@@ -85,7 +85,7 @@ def phase_table(passes: list[RewritePass]) -> str:
     """The passes by phase as a Markdown table (docs/architecture.md shows it)."""
     rows = ["| phase | pass | runs after | what it does |", "|---|---|---|---|"]
     for rewrite in passes:
-        summary = (type(rewrite).__doc__ or "").strip().splitlines()[0]
+        summary = (type(rewrite).__doc__ or "").strip().splitlines()[0].replace("``", "`")
         after = ", ".join(f"`{name}`" for name in rewrite.after)
         rows.append(f"| {rewrite.phase.name.lower()} | `{rewrite.name}` | {after} | {summary} |")
     return "\n".join(rows)

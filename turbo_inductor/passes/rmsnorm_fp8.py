@@ -27,7 +27,7 @@ from .manager import Phase, RewritePass
 
 
 class RMSNormFP8Pass(RewritePass):
-    """RMSNorms feeding FP8 linears write their FP8 input too (``turbo_inductor.rmsnorm_fp8``)."""
+    """RMSNorms feeding FP8 linears write their FP8 input."""
 
     name = "rmsnorm_fp8"
     phase = Phase.PRODUCERS

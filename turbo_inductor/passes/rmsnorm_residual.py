@@ -19,7 +19,7 @@ from .manager import Phase, RewritePass
 
 
 class RMSNormResidualPass(RewritePass):
-    """``rmsnorm(a + b)`` whose sum is the residual stream to ``turbo_inductor.rmsnorm_residual``."""
+    """``rmsnorm(a + b)`` and the sum to ``turbo_inductor.rmsnorm_residual``."""
 
     name = "rmsnorm_residual"
     phase = Phase.FUSE

@@ -93,7 +93,7 @@ def recipe_of(config: Any, device: torch.device) -> str | None:
 
 
 class TorchaoFloat8Pass(RewritePass):
-    """torchao's float8 training linears, where their config is one of our recipes, to our FP8 linear."""
+    """torchao float8 linears of our recipes to our FP8 linear."""
 
     name = "torchao_float8"
     phase = Phase.CLAIM
