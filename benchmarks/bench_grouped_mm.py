@@ -28,11 +28,12 @@ from turbo_inductor.recipes import RECIPES, kernel_block
 CONFIGS = {"mixtral-8x7b": (8, 2, 4096, 14336), "qwen3-30b-a3b": (128, 8, 2048, 768)}
 TOKENS = 2 * 4096
 BASELINE = "bf16 torch._grouped_mm"
+DEVICE = "cuda"
 
 
 def routing(tokens: int, experts: int, top_k: int) -> torch.Tensor:
     """offs [E] int32 of a routing of ``tokens`` to their top-k experts by uniform random scores."""
-    chosen = torch.rand(tokens, experts, device="cuda").topk(top_k, dim=1).indices
+    chosen = torch.rand(tokens, experts, device=DEVICE).topk(top_k, dim=1).indices
     return torch.bincount(chosen.flatten(), minlength=experts).cumsum(0).to(torch.int32)
 
 
@@ -49,7 +50,7 @@ def variants() -> dict[str, Callable]:
     on_gpu = ["auto"] + [
         name
         for name, impl in registry.implementations("grouped_gemm").items()
-        if name != "reference" and impl.unavailable_reason(torch.device("cuda")) is None
+        if name != "reference" and impl.unavailable_reason(torch.device(DEVICE)) is None
     ]
     for impl in on_gpu:
         columns[f"grouped_mm impl={impl}"] = lambda x, p, offs, impl=impl: ops.grouped_mm(
@@ -95,8 +96,8 @@ def run(configs: list[str], modes: list[str]) -> list[dict]:
         print(f"\n{config}: {TOKENS * top_k} routed rows, rows per expert {sizes.min().item()}..{sizes.max().item()}")
         for projection, (k, n) in projections(config).items():
             shape = f"{config} {projection} [{TOKENS * top_k}, {k}] x [{experts}, {k}, {n}]"
-            x = torch.randn(TOKENS * top_k, k, device="cuda", dtype=torch.bfloat16)
-            parameter = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+            x = torch.randn(TOKENS * top_k, k, device=DEVICE, dtype=torch.bfloat16)
+            parameter = torch.randn(experts, n, k, device=DEVICE, dtype=torch.bfloat16) / k**0.5
             flops = 2 * x.shape[0] * k * n
             for mode in modes:
                 columns = variants() | (bare_fp8_gemms(x, parameter, offs) if mode == "fwd" else {})

@@ -100,6 +100,8 @@ def test_fp8_recipes_meet_the_snr_gates(recipe):
     offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(DEVICE)
     weight = lambda p: p.transpose(-2, -1)  # noqa: E731
     y = ops.fp8_grouped_mm(x, weight(parameter), offs, recipe, impl=EXACT_IMPL)
+    with torch.no_grad():  # the inference op: the same forward, no operands quantized for a backward
+        assert torch.equal(ops.fp8_grouped_mm(x, weight(parameter), offs, recipe, impl=EXACT_IMPL), y)
     dy = torch.randn_like(y)
     y.backward(dy)
     want_y, want_dx, want_dp = float64_reference(x, parameter, weight, offs, dy)
@@ -145,19 +147,17 @@ def test_opcheck():
     # op returns (takes) fp8 tensors. The public op gets every test, AOT autograd included.
     no_schema = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     x, parameter, weight, offs = case("odd sizes", 32, 32)
-    for recipe in ("rowwise", "mxfp8"):  # mxfp8: W's rows padded to whole 32-row blocks
-        torch.library.opcheck(
-            torch.ops.turbo_inductor.fp8_grouped_mm, (x, weight(parameter), offs, recipe, "reference")
-        )
-        fwd = torch.ops.turbo_inductor.fp8_grouped_mm_fwd
+    torch.library.opcheck(torch.ops.turbo_inductor.fp8_grouped_mm, (x, weight(parameter), offs, "rowwise", "reference"))
+    fwd = torch.ops.turbo_inductor.fp8_grouped_mm_fwd
+    for recipe in ("rowwise", "mxfp8"):  # mxfp8: W's rows padded to whole 32-row blocks, the scales cut back
         torch.library.opcheck(fwd, (x, weight(parameter), offs, recipe, "reference"), test_utils=no_schema[:2])
-        saved = fwd(x.detach(), weight(parameter.detach()), offs, recipe, "reference")[1:]
-        dy = torch.randn(x.shape[0], 32, device=DEVICE)
-        torch.library.opcheck(
-            torch.ops.turbo_inductor.fp8_grouped_mm_bwd,
-            (dy, None, weight(parameter.detach()), offs, *saved, recipe, "reference"),
-            test_utils=no_schema,
-        )
+    saved = fwd(x.detach(), weight(parameter.detach()), offs, "rowwise", "reference")[1:]
+    dy = torch.randn(x.shape[0], 32, device=DEVICE)
+    torch.library.opcheck(
+        torch.ops.turbo_inductor.fp8_grouped_mm_bwd,
+        (dy, None, weight(parameter.detach()), offs, *saved, "rowwise", "reference"),
+        test_utils=no_schema,
+    )
     # a weight that wants no gradient: no x^T saved, an empty dweight
     saved = fwd(x.detach(), weight(parameter.detach()), offs, "rowwise", "reference", False)[1:]
     assert saved[0].numel() == 0
@@ -179,8 +179,9 @@ def test_no_rows_gives_empty_outputs_and_zero_weight_gradients():
 
 
 def _bad(**changes):
+    """Good CPU inputs (offs values are checked on the host only) with ``changes``."""
     x, parameter, weight, offs = case("odd sizes", 32, 32)
-    args = dict(x=x.detach(), weight=weight(parameter.detach()), offs=offs) | changes
+    args = dict(x=x.detach().cpu(), weight=weight(parameter.detach()).cpu(), offs=offs.cpu()) | changes
     return args["x"], args["weight"], args["offs"]
 
 
@@ -201,8 +202,6 @@ def _bad(**changes):
 )
 def test_bad_input_is_named(args, message):
     x, weight, offs = args()
-    if x.device.type != "cpu" or DEVICE != "cpu":  # the cases are built on CPU tensors
-        x, weight = x.cpu(), weight.cpu()
     for call in (ops.grouped_mm, lambda *a: ops.fp8_grouped_mm(*a, impl="reference")):
         with pytest.raises(OpInputError, match=message):
             call(x, weight, offs)
