@@ -32,8 +32,8 @@ PATTERNS = {
 
 
 def case(pattern: str, k: int, n: int, dtype=torch.float32, weight_layout: str = "transposed", seed: int = 0):
-    """(x, parameter, weight, offs, sizes): x [S, K] and the weight [E, K, N] either as transformers and torchtitan
-    pass it (the transpose of an [E, N, K] parameter) or contiguous."""
+    """(x, parameter, weight, offs): x [S, K] random, and ``weight(parameter)`` the weight [E, K, N], either as
+    transformers and torchtitan pass it (the transpose of an [E, N, K] parameter) or contiguous."""
     sizes, padding = PATTERNS[pattern]
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(sum(sizes) + padding, k, generator=gen)
