@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What the GPU machine checks, in one call (device tool): install, GPU tests, op and model benchmarks.
-#   bash benchmarks/run_gpu.sh [tests] [rmsnorm] [glu] [fp8] [fp8_quant] [model] [convergence] [profile] [gemm_ar] [gemm_push] [fsdp2]   (default: tests rmsnorm glu model)   logs and JSON land in $OUT
+#   bash benchmarks/run_gpu.sh [tests] [rmsnorm] [glu] [fp8] [fp8_quant] [grouped_mm] [model] [convergence] [profile] [gemm_ar] [gemm_push] [fsdp2]   (default: tests rmsnorm glu model)   logs and JSON land in $OUT
 #   TESTS="lowering_tests/test_gpu.py ..." limits the tests step to those files; MODEL_ARGS="--kernels 12 ..." (GEMM_AR_ARGS, GEMM_PUSH_ARGS, FSDP2_ARGS) adds
 #   arguments to the model (gemm_ar, fsdp2) step; MAX_JOBS sets the native build's jobs; INSTALLED=1 skips the install.
 set -o pipefail
@@ -32,6 +32,7 @@ for step in $steps; do
     convergence) python3 -m benchmarks.convergence --out "$OUT" 2>&1 | tee "$OUT/convergence.log" | grep -v Warning ;;
     fp8)     (cd benchmarks && python3 bench_fp8.py) 2>&1 | tee "$OUT/bench_fp8.log" | grep -v Warning ;;
     fp8_quant) (cd benchmarks && python3 bench_fp8_quant.py) 2>&1 | tee "$OUT/bench_fp8_quant.log" | grep -v Warning ;;
+    grouped_mm) (cd benchmarks && python3 bench_grouped_mm.py ${GROUPED_MM_ARGS:-}) 2>&1 | tee "$OUT/bench_grouped_mm.log" | grep -v Warning ;;
     gemm_ar) (cd benchmarks && torchrun --nproc-per-node "$(nvidia-smi -L | wc -l)" bench_gemm_allreduce.py ${GEMM_AR_ARGS:-}) 2>&1 | tee "$OUT/bench_gemm_allreduce.log" | grep -v Warning ;;  # kind nvidia-h200-x2
     gemm_push) (cd benchmarks && PYTHONPATH=.. timeout 300 torchrun --nproc-per-node "$(nvidia-smi -L | wc -l)" probe_gemm_push.py ${GEMM_PUSH_ARGS:-}) 2>&1 | tee "$OUT/probe_gemm_push.log" | grep -v -i "warn\|return func" ;;  # kind nvidia-h200-x2
     glu)     (cd benchmarks && python3 bench_glu.py) 2>&1 | tee "$OUT/bench_glu.log" | grep -v Warning ;;

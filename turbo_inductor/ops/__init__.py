@@ -16,6 +16,7 @@ from . import fp8_linear as _fp8_linear  # noqa: F401
 from . import gemm_allreduce as _gemm_allreduce  # noqa: F401
 from . import glu as _glu  # noqa: F401
 from . import glu_fp8 as _glu_fp8  # noqa: F401
+from . import grouped_mm as _grouped_mm  # noqa: F401
 from . import rmsnorm as _rmsnorm  # noqa: F401
 from . import rmsnorm_fp8 as _rmsnorm_fp8  # noqa: F401
 
@@ -110,6 +111,19 @@ def fp8_linear(
     ``save_weight_t=False``: the backward quantizes W^T again instead of keeping it from the forward (less memory
     between the two, one more read of W)."""
     return torch.ops.turbo_inductor.fp8_linear(x, weight, bias, recipe, impl, x_q, x_scale, save_weight_t)
+
+
+def grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, *, impl: str = "auto") -> Tensor:
+    """``torch._grouped_mm(x, weight, offs=offs)`` for MoE experts: the rows of x [S, K] in group g (offs [E] int32:
+    each group's cumulative end row) times weight[g] ([E, K, N], any strides); rows past offs[-1] give zeros."""
+    return torch.ops.turbo_inductor.grouped_mm(x, weight, offs, impl)
+
+
+def fp8_grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, recipe: str = "rowwise", *, impl: str = "auto") -> Tensor:
+    """:func:`grouped_mm` with x and each expert's weight quantized to FP8 by ``recipe`` ("rowwise", "rowwise_pow2",
+    "blockwise", "mxfp8", "tensorwise" per expert, "rowwise_with_gw_hp"), forward and backward (see
+    ``turbo_inductor/ops/grouped_mm.py``)."""
+    return torch.ops.turbo_inductor.fp8_grouped_mm(x, weight, offs, recipe, impl)
 
 
 def gemm_allreduce(

@@ -1,0 +1,150 @@
+"""Grouped GEMMs of MoE experts on the GPU, in one run: bf16 ``torch._grouped_mm`` (the baseline of every ratio),
+our ``grouped_mm`` per implementation, ``fp8_grouped_mm`` rowwise and blockwise per implementation (quantization
+included), and the FP8 grouped GEMM alone on operands already quantized. Forward and forward + backward, at the
+expert shapes of Mixtral-8x7B (E 8, top 2) and Qwen3-30B-A3B (E 128, top 8), tokens 2 x 4096, each projection
+(gate_up [E, 2I, H] and down [E, H, I] parameters, passed transposed as transformers 5 does). Routing: each token's
+top-k of uniform random router scores (balanced on average, uneven per expert).
+python benchmarks/bench_grouped_mm.py [--configs mixtral-8x7b,qwen3-30b-a3b] [--modes fwd,fwd+bwd]
+Prints a table (median ms by triton's do_bench, TFLOP/s, ratio to bf16 torch._grouped_mm) and writes
+$OUT/grouped_mm.json with the environment and the command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+
+import torch
+from common import bench_ms, environment, fwd_bwd_step
+
+import turbo_inductor
+from turbo_inductor.kernels import registry
+from turbo_inductor.ops.grouped_mm import weight_operands
+from turbo_inductor.recipes import RECIPES, kernel_block
+
+# name: (experts, top k, hidden, expert intermediate)
+CONFIGS = {"mixtral-8x7b": (8, 2, 4096, 14336), "qwen3-30b-a3b": (128, 8, 2048, 768)}
+TOKENS = 2 * 4096
+BASELINE = "bf16 torch._grouped_mm"
+DEVICE = "cuda"
+
+
+def routing(tokens: int, experts: int, top_k: int) -> torch.Tensor:
+    """offs [E] int32 of a routing of ``tokens`` to their top-k experts by uniform random scores."""
+    chosen = torch.rand(tokens, experts, device=DEVICE).topk(top_k, dim=1).indices
+    return torch.bincount(chosen.flatten(), minlength=experts).cumsum(0).to(torch.int32)
+
+
+def projections(config: str) -> dict[str, tuple[int, int]]:
+    """Projection -> (K, N) of its grouped GEMM y = x W, W [E, K, N]."""
+    _, _, hidden, intermediate = CONFIGS[config]
+    return {"gate_up": (hidden, 2 * intermediate), "down": (intermediate, hidden)}
+
+
+def variants() -> dict[str, Callable]:
+    """Column -> fn(x, parameter, offs): the grouped GEMM of x by the parameter [E, N, K] passed transposed."""
+    ops = turbo_inductor.ops
+    columns = {BASELINE: lambda x, p, offs: torch._grouped_mm(x, p.transpose(-2, -1), offs=offs)}
+    on_gpu = ["auto"] + [
+        name
+        for name, impl in registry.implementations("grouped_gemm").items()
+        if name != "reference" and impl.unavailable_reason(torch.device(DEVICE)) is None
+    ]
+    for impl in on_gpu:
+        columns[f"grouped_mm impl={impl}"] = lambda x, p, offs, impl=impl: ops.grouped_mm(
+            x, p.transpose(-2, -1), offs, impl=impl
+        )
+    fp8_impls = {"auto": "auto", "triton GEMMs": "fp8_grouped_gemm=triton,fp8_grouped_gemm_wgrad=triton"}
+    for recipe in ("rowwise", "blockwise"):
+        for label, impl in fp8_impls.items():
+            columns[f"fp8 {recipe} {label}"] = lambda x, p, offs, recipe=recipe, impl=impl: ops.fp8_grouped_mm(
+                x, p.transpose(-2, -1), offs, recipe, impl=impl
+            )
+    return columns
+
+
+def bare_fp8_gemms(x: torch.Tensor, parameter: torch.Tensor, offs: torch.Tensor) -> dict[str, Callable]:
+    """Column -> fn(x, parameter, offs) running the forward FP8 grouped GEMM alone on rowwise operands quantized
+    beforehand (the arguments unread), per implementation that takes them."""
+    quantize = registry.select("fp8_quantize", x.device)
+    r = RECIPES["rowwise"]
+    x_q = quantize(x, torch.float8_e4m3fn, *kernel_block(r.activation_block, *x.shape), False)
+    w_q = weight_operands(parameter.transpose(-2, -1), "rowwise", quantize, True, False)[0]
+    columns = {}
+    for name, impl in registry.implementations("fp8_grouped_gemm").items():
+        if name == "reference" or impl.unavailable_reason(x.device) is not None:
+            continue
+        reason = impl.declines(*x_q, *w_q, offs, torch.bfloat16)
+        if reason is None:
+            columns[f"fp8 rowwise GEMM alone ({name})"] = lambda *_, fn=impl.fn: fn(
+                *x_q, *w_q, offs, torch.bfloat16, fast_accum=True
+            )
+        else:
+            print(f"fp8 rowwise GEMM alone ({name}): declined: {reason}")
+    return columns
+
+
+def run(configs: list[str], modes: list[str]) -> list[dict]:
+    rows = []
+    for config in configs:
+        experts, top_k, _, _ = CONFIGS[config]
+        torch.manual_seed(0)
+        offs = routing(TOKENS, experts, top_k)
+        sizes = torch.diff(offs, prepend=offs.new_zeros(1))
+        print(f"\n{config}: {TOKENS * top_k} routed rows, rows per expert {sizes.min().item()}..{sizes.max().item()}")
+        for projection, (k, n) in projections(config).items():
+            shape = f"{config} {projection} [{TOKENS * top_k}, {k}] x [{experts}, {k}, {n}]"
+            x = torch.randn(TOKENS * top_k, k, device=DEVICE, dtype=torch.bfloat16)
+            parameter = torch.randn(experts, n, k, device=DEVICE, dtype=torch.bfloat16) / k**0.5
+            flops = 2 * x.shape[0] * k * n
+            for mode in modes:
+                columns = variants() | (bare_fp8_gemms(x, parameter, offs) if mode == "fwd" else {})
+                for column, fn in columns.items():
+                    try:
+                        if mode == "fwd":
+                            with torch.no_grad():
+                                ms = bench_ms(lambda fn=fn: fn(x, parameter, offs))
+                        else:
+                            inputs = (x.clone().requires_grad_(), parameter.clone().requires_grad_())
+                            ms = bench_ms(fwd_bwd_step(lambda a, p, fn=fn: fn(a, p, offs), *inputs))
+                    except Exception as error:  # one column failing leaves the others measured
+                        print(f"{shape} {mode} {column}: failed: {type(error).__name__}: {error}")
+                        continue
+                    work = flops * (1 if mode == "fwd" else 3)
+                    rows.append({"shape": shape, "mode": mode, "column": column, "ms": ms, "tflops": work / ms / 1e9})
+                    torch.cuda.empty_cache()
+    return rows
+
+
+def report(rows: list[dict], command: str) -> None:
+    env = environment() | {"command": command}
+    print(f"\ngrouped_mm: {env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['date']}")
+    print("| shape | mode | column | ms | TFLOP/s | vs bf16 torch._grouped_mm |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        base = next(
+            (r for r in rows if r["shape"] == row["shape"] and r["mode"] == row["mode"] and r["column"] == BASELINE),
+            None,
+        )
+        row["speedup_vs_torch_grouped_mm"] = base["ms"] / row["ms"] if base else None
+        ratio = f"{row['speedup_vs_torch_grouped_mm']:.2f}x" if base else "-"
+        print(f"| {row['shape']} | {row['mode']} | {row['column']} | {row['ms']:.3f} | {row['tflops']:.0f} | {ratio} |")
+    out = os.environ.get("OUT", ".")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "grouped_mm.json"), "w") as f:
+        json.dump({"environment": env, "rows": rows}, f, indent=1)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--modes", default="fwd,fwd+bwd")
+    args = parser.parse_args()
+    rows = run(args.configs.split(","), args.modes.split(","))
+    report(rows, " ".join([os.path.basename(sys.executable)] + sys.argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,532 @@
+"""Grouped GEMMs in Triton, bf16/fp16/fp32 and FP8: the kernels of ``..reference.grouped_mm`` (semantics and
+signatures there).
+
+Rows grouped (``grouped_gemm``, ``fp8_grouped_gemm``): a persistent kernel. A fixed number of programs (one per SM on
+a GPU) walks the flattened list of work items, (group, row tile, column tile), group after group: each program reads
+the offsets on the device, so that no host sync and no launch size depends on the group sizes. Every group gets
+cdiv(rows, BLOCK_M) row tiles starting at its own first row (groups of any size, none padded); after the last group
+comes one more, the rows past offs[E-1], whose tiles are written as zeros. Within a group, tiles run GROUP_M row tiles
+at a time across the columns, so that concurrent programs share operand tiles in L2.
+
+Contraction grouped (``grouped_gemm_wgrad``, ``fp8_grouped_gemm_wgrad``, the weight gradients): one program per
+(group, row tile, column tile) of the [E, M, N] output, summing over its group's rows in chunks aligned to
+multiples of BLOCK_K in S's coordinates, so that a chunk never straddles a scaling block of the FP8 operands.
+
+FP8: operands travel as raw bytes (``.fp8_formats``). Scales constant along the contracted dimension (tensorwise,
+rowwise) multiply the tile once, in the epilogue; finer ones (1x128, 128x128, 1x32) multiply each chunk's product in
+the main loop, as ``.fp8_gemm`` does, the chunk never straddling a scaling block. Loads go through pointers with
+strides (any layout, AMD as well, and the interpreter, where the tiles are converted to fp32 before ``tl.dot``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from ..reference.fp8_gemm import block_size
+from ..registry import implementation
+from . import interpreting, launch, on_device, traceable, unavailable_reason
+from .fp8_formats import format_id, from_fp8_bits
+from .fp8_gemm import block_k_for
+
+# Tiles (BLOCK_M, BLOCK_N, BLOCK_K) on a GPU by element size: the persistent matmul of Triton's tutorials on Hopper
+# for 16-bit and FP8 operands; fp32 operands are twice as large per element.
+GPU_TILES = {1: (128, 256, 128), 2: (128, 256, 64), 4: (128, 128, 32)}
+# Where each chunk's FP8 product is promoted (scaled) into the accumulator, the product tile is live beside it: half
+# as wide, or registers spill.
+TWO_ACCUMULATORS_BLOCK_N = 128
+# AMD's LDS (64 KiB on MI300) holds smaller tiles.
+ROCM_TILE = (128, 128, 64)
+INTERPRETER_TILE = (32, 32, 32)
+# Row tiles a group's programs take side by side before moving across the columns (L2 reuse).
+GROUP_M = 8
+NUM_WARPS = 8
+NUM_STAGES = 3
+ROCM_NUM_STAGES = 2
+# Persistent programs in the interpreter: few, so that each walks several tiles (the tests exercise that).
+INTERPRETER_PROGRAMS = 3
+# The zeroing kernel's tile (rows past the last group).
+ZERO_TILE = (32, 128)
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _programs(device: torch.device) -> int:
+    """Programs of a persistent launch: one per SM (a constant of the device, so the launch never depends on S)."""
+    return INTERPRETER_PROGRAMS if interpreting() else _num_sms(device)
+
+
+def _launch_options(element_size: int, two_accumulators: bool, block_k: int | None) -> dict:
+    """The tile and launch configuration for operands of ``element_size`` bytes; ``two_accumulators``: each chunk's
+    product is added to the accumulator apart (FP8 promotion or scaling per chunk)."""
+    if interpreting():
+        block_m, block_n, default_k = INTERPRETER_TILE
+        stages = 1
+    elif torch.version.hip is not None:
+        block_m, block_n, default_k = ROCM_TILE
+        stages = ROCM_NUM_STAGES
+    else:
+        block_m, block_n, default_k = GPU_TILES[element_size]
+        stages = NUM_STAGES
+    if two_accumulators and not interpreting():
+        block_n = min(block_n, TWO_ACCUMULATORS_BLOCK_N)
+    return dict(
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k or default_k,
+        GROUP_M=GROUP_M,
+        num_warps=NUM_WARPS,
+        num_stages=stages,
+    )
+
+
+@triton.jit
+def _grouped_gemm_kernel(
+    A,
+    B,
+    OUT,
+    A_SCALE,
+    B_SCALE,
+    OFFS,
+    S,
+    N,
+    K,
+    E,
+    stride_am,
+    stride_ak,
+    stride_be,
+    stride_bk,
+    stride_bn,
+    stride_as_m,
+    stride_as_k,
+    stride_bs_e,
+    stride_bs_n,
+    stride_bs_k,
+    a_block_rows,
+    a_block_cols,
+    b_block_rows,
+    b_block_cols,
+    SCALED: tl.constexpr,
+    SCALE_PER_CHUNK: tl.constexpr,
+    FAST_ACCUM: tl.constexpr,
+    A_FORMAT: tl.constexpr,
+    B_FORMAT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """OUT [S, N] (contiguous) = A [S, K] rows of group g times B[g] [K, N] (strides given; for FP8, B[g] is the
+    [N, K] operand read transposed), for g < E; the rows past the last group (g = E) are written as zeros. With
+    SCALED, A and B are FP8 bytes with block scales A_SCALE [S blocks, K blocks], B_SCALE [E, N blocks, K blocks]."""
+    n_tiles_n = tl.cdiv(N, BLOCK_N)
+    tile = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    first_tile = 0  # the first work item of group g
+    for g in range(0, E + 1):
+        start = tl.where(g > 0, tl.load(OFFS + tl.maximum(g - 1, 0)), 0)
+        end = tl.where(g < E, tl.load(OFFS + tl.minimum(g, E - 1)), S)
+        start = tl.minimum(tl.maximum(start, 0), S)
+        end = tl.minimum(tl.maximum(end, start), S)
+        n_tiles_m = tl.cdiv(end - start, BLOCK_M)
+        group_tiles = n_tiles_m * n_tiles_n
+        while tile < first_tile + group_tiles:
+            # GROUP_M row tiles at a time across the columns (inline: see _grouped_wgrad_kernel)
+            local = tile - first_tile
+            first_m = (local // (GROUP_M * n_tiles_n)) * GROUP_M
+            rows_here = tl.minimum(n_tiles_m - first_m, GROUP_M)
+            pid_m = first_m + (local % (GROUP_M * n_tiles_n)) % rows_here
+            pid_n = (local % (GROUP_M * n_tiles_n)) // rows_here
+            rows = start + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            row_in = rows < end
+            col_in = cols < N
+            rows64 = rows.to(tl.int64)
+            cols64 = cols.to(tl.int64)
+            b_group = B + tl.cast(g, tl.int64) * stride_be
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            k_stop = tl.where(g < E, K, 0)  # the rows past the last group multiply nothing
+            for k0 in range(0, k_stop, BLOCK_K):
+                ks = k0 + tl.arange(0, BLOCK_K)
+                k_in = ks < K
+                # Outside the operands the loads are 0 (+0.0 in every FP8 format): no term is added.
+                a = tl.load(
+                    A + rows64[:, None] * stride_am + ks[None, :] * stride_ak,
+                    mask=row_in[:, None] & k_in[None, :],
+                    other=0,
+                )
+                b = tl.load(
+                    b_group + ks[:, None] * stride_bk + cols64[None, :] * stride_bn,
+                    mask=k_in[:, None] & col_in[None, :],
+                    other=0,
+                )
+                if SCALED:
+                    a = from_fp8_bits(a, A_FORMAT)
+                    b = from_fp8_bits(b, B_FORMAT)
+                if UPCAST:
+                    a = a.to(tl.float32)
+                    b = b.to(tl.float32)
+                if SCALE_PER_CHUNK:
+                    a_scale = tl.load(
+                        A_SCALE
+                        + (rows // a_block_rows).to(tl.int64) * stride_as_m
+                        + (k0 // a_block_cols) * stride_as_k,
+                        mask=row_in,
+                        other=0.0,
+                    )
+                    b_scale = tl.load(
+                        B_SCALE
+                        + g * stride_bs_e
+                        + (cols // b_block_rows) * stride_bs_n
+                        + (k0 // b_block_cols) * stride_bs_k,
+                        mask=col_in,
+                        other=0.0,
+                    )
+                    acc += tl.dot(a, b, out_dtype=tl.float32) * a_scale[:, None] * b_scale[None, :]
+                elif IEEE:
+                    acc = tl.dot(a, b, acc, input_precision="ieee")
+                elif FAST_ACCUM:
+                    acc = tl.dot(a, b, acc)
+                else:
+                    # Each chunk's sum is promoted to the fp32 accumulator: Hopper's FP8 dot accumulates in fewer bits.
+                    acc += tl.dot(a, b, out_dtype=tl.float32)
+            if SCALED and not SCALE_PER_CHUNK:
+                in_group = g < E
+                a_scale = tl.load(
+                    A_SCALE + (rows // a_block_rows).to(tl.int64) * stride_as_m, mask=row_in & in_group, other=0.0
+                )
+                b_scale = tl.load(
+                    B_SCALE + g * stride_bs_e + (cols // b_block_rows) * stride_bs_n, mask=col_in & in_group, other=0.0
+                )
+                acc = acc * a_scale[:, None] * b_scale[None, :]
+            tl.store(
+                OUT + rows64[:, None] * N + cols64[None, :],
+                acc.to(OUT.dtype.element_ty),
+                mask=row_in[:, None] & col_in[None, :],
+            )
+            tile += num_programs
+        first_tile += group_tiles
+
+
+@triton.jit
+def _grouped_wgrad_kernel(
+    A,
+    B,
+    OUT,
+    A_SCALE,
+    B_SCALE,
+    OFFS,
+    S,
+    M,
+    N,
+    E,
+    stride_am,
+    stride_at,
+    stride_bn,
+    stride_bt,
+    stride_as_m,
+    stride_as_t,
+    stride_bs_n,
+    stride_bs_t,
+    a_block_rows,
+    a_block_cols,
+    b_block_rows,
+    b_block_cols,
+    SCALED: tl.constexpr,
+    SCALE_PER_CHUNK: tl.constexpr,
+    A_FORMAT: tl.constexpr,
+    B_FORMAT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """OUT [E, M, N] (contiguous): OUT[g] = A [M, S] times B [N, S]^T over the rows t of group g (strides given).
+    With SCALED, A and B are FP8 bytes with block scales A_SCALE [M blocks, S blocks], B_SCALE [N blocks, S blocks]."""
+    n_tiles_m = tl.cdiv(M, BLOCK_M)
+    n_tiles_n = tl.cdiv(N, BLOCK_N)
+    pid = tl.program_id(0)
+    g = pid // (n_tiles_m * n_tiles_n)
+    # GROUP_M row tiles at a time across the columns. Inline: torch's analysis of which arguments a kernel writes
+    # gave up on a helper returning several values (see .fp8_quant), and Inductor then copied the operands.
+    local = pid % (n_tiles_m * n_tiles_n)
+    first_m = (local // (GROUP_M * n_tiles_n)) * GROUP_M
+    rows_here = tl.minimum(n_tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (local % (GROUP_M * n_tiles_n)) % rows_here
+    pid_n = (local % (GROUP_M * n_tiles_n)) // rows_here
+    start = tl.where(g > 0, tl.load(OFFS + tl.maximum(g - 1, 0)), 0)
+    start = tl.minimum(tl.maximum(start, 0), S)
+    end = tl.minimum(tl.maximum(tl.load(OFFS + g), start), S)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_in = rows < M
+    col_in = cols < N
+    rows64 = rows.to(tl.int64)
+    cols64 = cols.to(tl.int64)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    # Chunks start at multiples of BLOCK_K (which divides every scaling block narrower than S): none straddles one.
+    for t0 in range((start // BLOCK_K) * BLOCK_K, end, BLOCK_K):
+        ts = t0 + tl.arange(0, BLOCK_K)
+        t_in = (ts >= start) & (ts < end)
+        ts64 = ts.to(tl.int64)
+        a = tl.load(
+            A + rows64[:, None] * stride_am + ts64[None, :] * stride_at, mask=row_in[:, None] & t_in[None, :], other=0
+        )
+        b = tl.load(
+            B + ts64[:, None] * stride_bt + cols64[None, :] * stride_bn, mask=t_in[:, None] & col_in[None, :], other=0
+        )
+        if SCALED:
+            a = from_fp8_bits(a, A_FORMAT)
+            b = from_fp8_bits(b, B_FORMAT)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        if SCALE_PER_CHUNK:
+            a_scale = tl.load(
+                A_SCALE + (rows // a_block_rows) * stride_as_m + (t0 // a_block_cols) * stride_as_t,
+                mask=row_in,
+                other=0.0,
+            )
+            b_scale = tl.load(
+                B_SCALE + (cols // b_block_rows) * stride_bs_n + (t0 // b_block_cols) * stride_bs_t,
+                mask=col_in,
+                other=0.0,
+            )
+            acc += tl.dot(a, b, out_dtype=tl.float32) * a_scale[:, None] * b_scale[None, :]
+        elif IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        elif SCALED:
+            acc += tl.dot(a, b, out_dtype=tl.float32)  # promoted per chunk, as in the kernel above
+        else:
+            acc = tl.dot(a, b, acc)
+    if SCALED and not SCALE_PER_CHUNK:
+        a_scale = tl.load(A_SCALE + (rows // a_block_rows) * stride_as_m, mask=row_in, other=0.0)
+        b_scale = tl.load(B_SCALE + (cols // b_block_rows) * stride_bs_n, mask=col_in, other=0.0)
+        acc = acc * a_scale[:, None] * b_scale[None, :]
+    out = OUT + g.to(tl.int64) * M * N + rows64[:, None] * N + cols64[None, :]
+    tl.store(out, acc.to(OUT.dtype.element_ty), mask=row_in[:, None] & col_in[None, :])
+
+
+@triton.jit
+def _zero_rows_past_groups_kernel(OUT, OFFS, S, N, E, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Zeros in OUT [S, N] (contiguous) from row offs[E-1] on, the programs taking row blocks in turn."""
+    first = tl.minimum(tl.maximum(tl.load(OFFS + E - 1), 0), S)
+    for r0 in range(first + tl.program_id(0) * BLOCK_R, S, tl.num_programs(0) * BLOCK_R):
+        rows = (r0 + tl.arange(0, BLOCK_R)).to(tl.int64)
+        for c0 in range(0, N, BLOCK_N):
+            cols = c0 + tl.arange(0, BLOCK_N)
+            zeros = tl.zeros([BLOCK_R, BLOCK_N], dtype=OUT.dtype.element_ty)
+            tl.store(OUT + rows[:, None] * N + cols[None, :], zeros, mask=(rows < S)[:, None] & (cols < N)[None, :])
+
+
+def zero_rows_past_groups(out: torch.Tensor, offs: torch.Tensor) -> None:
+    """Writes zeros in the rows of ``out`` [S, N] (contiguous) past the last group, read from ``offs`` on the device:
+    for kernels that leave those rows unwritten (torch's grouped GEMMs). The launch depends on no size."""
+    if out.numel() == 0:
+        return
+    with on_device(out.device):
+        launch(_zero_rows_past_groups_kernel)[(_programs(out.device),)](
+            out, offs, out.shape[0], out.shape[1], offs.shape[0], BLOCK_R=ZERO_TILE[0], BLOCK_N=ZERO_TILE[1]
+        )
+
+
+def priority(device: torch.device) -> int:
+    """Below the vendor kernels and above the reference on a GPU; below the reference in the CPU interpreter."""
+    return -10 if device.type == "cpu" else 10
+
+
+def _blocks(a, a_scale, b_rows: int, b_scale, contracted: int) -> tuple[int, int, int, int]:
+    """(a_block_rows, a_block_cols, b_block_rows, b_block_cols): the scaling blocks of a [rows, contracted] and of
+    b [b_rows, contracted] (per group where b_scale is 3-D), resolved from the scales' shapes."""
+    return (
+        block_size(int(a.shape[0]), a_scale.shape[0]),
+        block_size(contracted, a_scale.shape[1]),
+        block_size(b_rows, b_scale.shape[-2]),
+        block_size(contracted, b_scale.shape[-1]),
+    )
+
+
+def _chunking(blocks: tuple[int, int, int, int], contracted: int) -> tuple[bool, int | None]:
+    """(whether the scales vary along the contracted dimension, the chunk that then never straddles a block: None
+    where the blocks are too narrow for a Triton dot)."""
+    per_chunk = blocks[1] < contracted or blocks[3] < contracted
+    return per_chunk, block_k_for(contracted, blocks[1], blocks[3]) if per_chunk else None
+
+
+def _fp8_supports(blocks: tuple[int, int, int, int], contracted: int) -> str | None:
+    per_chunk, block_k = _chunking(blocks, contracted)
+    if per_chunk and block_k is None:
+        return (
+            f"scaling blocks {blocks[1]} and {blocks[3]} wide along the contracted dimension are narrower than the "
+            f"16 elements a Triton dot needs"
+        )
+    return None
+
+
+_UNSCALED = dict(SCALED=False, SCALE_PER_CHUNK=False, A_FORMAT=0, B_FORMAT=0)
+
+
+def _scaled(a, b, scales, blocks, contracted: int) -> tuple[tuple, dict, int | None]:
+    """(the launch arguments of the scales, the FP8 constexprs, the chunk) of FP8 operands a and b."""
+    a_scale, b_scale = (s.float() for s in scales)
+    per_chunk, block_k = _chunking(blocks, contracted)
+    constexprs = dict(
+        SCALED=True,
+        SCALE_PER_CHUNK=per_chunk,
+        A_FORMAT=format_id(a.dtype, a.device),
+        B_FORMAT=format_id(b.dtype, b.device),
+    )
+    return (a_scale, b_scale, *a_scale.stride(), *b_scale.stride(), *blocks), constexprs, block_k
+
+
+@implementation("grouped_gemm", "triton", priority=priority, unavailable_reason=unavailable_reason, traceable=traceable)
+def grouped_gemm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    S, N = a.shape[0], b.shape[2]
+    out = torch.empty((S, N), dtype=out_dtype, device=a.device)
+    if out.numel() > 0:
+        scales = (a, a, 0, 0, 0, 0, 0, 1, 1, 1, 1)  # unread: SCALED is off
+        _launch_rows(a, b, b.stride(), out, offs, scales, _UNSCALED, None, a.element_size(), False)
+    return out
+
+
+@implementation(
+    "fp8_grouped_gemm",
+    "triton",
+    priority=priority,
+    unavailable_reason=unavailable_reason,
+    traceable=traceable,
+    supports=lambda a, a_scale, b, b_scale, *rest, **kwargs: _fp8_supports(
+        _blocks(a, a_scale, b.shape[1], b_scale, int(a.shape[1])), int(a.shape[1])
+    ),
+)
+def fp8_grouped_gemm(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    b: torch.Tensor,
+    b_scale: torch.Tensor,
+    offs: torch.Tensor,
+    out_dtype: torch.dtype,
+    fast_accum: bool = False,
+) -> torch.Tensor:
+    """b [E, N, K] is read as [E, K, N] through its strides; sums are promoted to fp32 per chunk unless
+    ``fast_accum``."""
+    (S, K), N = a.shape, b.shape[1]
+    K = int(K)  # sets the chunk: a compiled graph specializes on it
+    out = torch.empty((S, N), dtype=out_dtype, device=a.device)
+    if out.numel() > 0:
+        blocks = _blocks(a, a_scale, N, b_scale, K)
+        scales, constexprs, block_k = _scaled(a, b, (a_scale, b_scale), blocks, K)
+        b_strides = (b.stride(0), b.stride(2), b.stride(1))
+        _launch_rows(
+            a.view(torch.uint8), b.view(torch.uint8), b_strides, out, offs, scales, constexprs, block_k, 1, fast_accum
+        )
+    return out
+
+
+def _launch_rows(a, b, b_strides, out, offs, scales, constexprs, block_k, element_size, fast_accum) -> None:
+    """The persistent kernel over rows: out [S, N] = a [S, K] by groups times b ([E, K, N] by ``b_strides``)."""
+    (S, K), N = a.shape, out.shape[1]
+    two_accumulators = constexprs["SCALED"] and (constexprs["SCALE_PER_CHUNK"] or not fast_accum)
+    options = _launch_options(element_size, two_accumulators, block_k)
+    a_scale, b_scale, *scale_arguments = scales
+    with on_device(a.device):
+        launch(_grouped_gemm_kernel)[(_programs(a.device),)](
+            a,
+            b,
+            out,
+            a_scale,
+            b_scale,
+            offs,
+            S,
+            N,
+            K,
+            offs.shape[0],
+            a.stride(0),
+            a.stride(1),
+            *b_strides,
+            *scale_arguments,
+            FAST_ACCUM=fast_accum,
+            UPCAST=interpreting(),
+            IEEE=element_size == 4,
+            **constexprs,
+            **options,
+        )
+
+
+@implementation(
+    "grouped_gemm_wgrad", "triton", priority=priority, unavailable_reason=unavailable_reason, traceable=traceable
+)
+def grouped_gemm_wgrad(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    (S, M), N = a.shape, b.shape[1]
+    out = torch.empty((offs.shape[0], M, N), dtype=out_dtype, device=a.device)
+    if out.numel() > 0:
+        scales = (a, a, 0, 0, 0, 0, 1, 1, 1, 1)  # unread: SCALED is off
+        a_t, b_t = a.t(), b.t()  # [M, S], [N, S]: the contracted dimension last
+        _launch_wgrad(a_t, b_t, S, out, offs, scales, _UNSCALED, None, a.element_size())
+    return out
+
+
+@implementation(
+    "fp8_grouped_gemm_wgrad",
+    "triton",
+    priority=priority,
+    unavailable_reason=unavailable_reason,
+    traceable=traceable,
+    supports=lambda a, a_scale, b, b_scale, *rest: _fp8_supports(
+        _blocks(a, a_scale, b.shape[0], b_scale, int(a.shape[1])), int(a.shape[1])
+    ),
+)
+def fp8_grouped_gemm_wgrad(
+    a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, offs, out_dtype
+) -> torch.Tensor:
+    (M, S), N = a.shape, b.shape[0]
+    S = int(S)  # sets the chunk: a compiled graph specializes on it
+    out = torch.empty((offs.shape[0], M, N), dtype=out_dtype, device=a.device)
+    if out.numel() > 0:
+        blocks = _blocks(a, a_scale, N, b_scale, S)
+        scales, constexprs, block_k = _scaled(a, b, (a_scale, b_scale), blocks, S)
+        _launch_wgrad(a.view(torch.uint8), b.view(torch.uint8), S, out, offs, scales, constexprs, block_k, 1)
+    return out
+
+
+def _launch_wgrad(a, b, S, out, offs, scales, constexprs, block_k, element_size) -> None:
+    """The wgrad kernel: out [E, M, N] = per group, a [M, S] times b [N, S]^T over the group's rows."""
+    E, M, N = out.shape
+    options = _launch_options(element_size, constexprs["SCALED"], block_k)
+    grid = (E * triton.cdiv(M, options["BLOCK_M"]) * triton.cdiv(N, options["BLOCK_N"]),)
+    a_scale, b_scale, *scale_arguments = scales
+    with on_device(a.device):
+        launch(_grouped_wgrad_kernel)[grid](
+            a,
+            b,
+            out,
+            a_scale,
+            b_scale,
+            offs,
+            S,
+            M,
+            N,
+            E,
+            a.stride(0),
+            a.stride(1),
+            b.stride(0),
+            b.stride(1),
+            *scale_arguments,
+            UPCAST=interpreting(),
+            IEEE=element_size == 4,
+            **constexprs,
+            **options,
+        )
+
+
+__all__ = ["grouped_gemm", "grouped_gemm_wgrad", "fp8_grouped_gemm", "fp8_grouped_gemm_wgrad", "zero_rows_past_groups"]

@@ -1,0 +1,486 @@
+"""Grouped GEMMs for mixture-of-experts layers: each group of rows of x (the tokens routed to one expert) times its
+own weight, in bf16/fp16/fp32 and in FP8, forward and backward.
+
+Ops in ``torch.ops.turbo_inductor``:
+  grouped_mm(x, weight, offs, impl) -> y                  custom op; backward: grouped_mm (dx), grouped_mm_wgrad
+  grouped_mm_wgrad(x, dy, offs, transposed, impl) -> dweight
+  fp8_grouped_mm(x, weight, offs, recipe, impl) -> y      public op: fp8_grouped_mm_fwd(...)[0] where a gradient is
+                                                          wanted, else fp8_grouped_mm_inference
+  fp8_grouped_mm_inference(x, weight, offs, recipe, impl) -> y
+  fp8_grouped_mm_fwd(x, weight, offs, recipe, impl, weight_grad) -> (y, x_t, x_t_scale, w_t, w_t_scale)
+                                                          custom op; backward: fp8_grouped_mm_bwd
+  fp8_grouped_mm_bwd(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl) -> (dx, dweight)
+
+Semantics (``torch._grouped_mm(x, weight, offs=offs)``'s, with the rows past the last group defined):
+* x [S, K] with its rows sorted by group; weight [E, K, N] of any strides (transformers 5 and torchtitan keep the
+  parameter as [E, N, K] and pass its transpose: taken as it is); offs [E] int32, the cumulative end row of each
+  group. Groups of any size, zero included; no padding asked of the caller.
+* y [S, N], contiguous, in x's dtype: row r of group g (offs[g-1] <= r < offs[g]) is x[r] @ weight[g]. The rows past
+  offs[E-1] (expert-parallel padding) are zero in y and get a zero gradient.
+* offs must be non-decreasing and within [0, S]. Checked in calls on CPU tensors, where reading offs costs no device
+  sync; on a GPU the values are not read on the host (token counts are data, not shapes), and the Triton and
+  reference kernels bound each group to [end of the previous group, S].
+* Backward: dx = grouped_mm(dy, weight^T) (zero in the rows past the last group); dW[g] = x_g^T dy_g, zero for an
+  empty group. dW has weight's layout: contiguous, or the transpose of a contiguous [E, N, K] where weight is such a
+  view, so that the [E, N, K] parameter's gradient is contiguous without a copy.
+
+FP8 (``turbo_inductor.recipes``): x and W quantized with dynamic scaling, forward e4m3, gradients in the recipe's
+format. The forward GEMM takes x [S, K] and W[g]^T [N, K]; dx takes dy [S, N] and W[g] [K, N]; dW[g] takes
+x^T [K, rows of g] and dy^T [N, rows of g]. Blocks per operand (rows x contracted):
+
+| recipe         | x, dy (and x^T, dy^T)      | W[g]^T, W[g] (per expert)         | gradients |
+|----------------|----------------------------|-----------------------------------|-----------|
+| tensorwise     | whole tensor               | whole expert                      | e5m2      |
+| rowwise(_pow2) | per row                    | per row: each output column of W  | e4m3      |
+| blockwise      | 1 x 128                    | 128 x 128                         | e4m3      |
+| mxfp8          | 1 x 32                     | 1 x 32                            | e4m3      |
+
+Tensorwise is per expert for W; x has one scale for the whole tensor (one amax, no per-group reduction). x^T and
+dy^T (the wgrad's operands) are scaled per column of x and dy over all rows (rowwise), or in 128- / 32-row blocks of
+S's own coordinates, which may straddle two groups (dequantization is per element: each group takes its share).
+The rows past the last group count in the amaxes of the tensorwise x scale and of x^T's and dy^T's scales: finite
+values there only coarsen those scales.
+
+As ``fp8_linear`` does, the forward quantizes x and x^T in one call and saves x^T and W's backward operand quantized
+(1 byte per element); the backward quantizes dy and dy^T in one call for both GEMMs and reads neither x nor W again.
+A weight that wants no gradient (``weight_grad`` False) gets no x^T saved and no wgrad. With ``high_precision_wgrad``
+the forward saves x itself and dW is the grouped wgrad in x's dtype. Each expert's weight operands are quantized from
+one flattening [E * rows, cols] of W, a view where W's layout allows: one in W's layout, the other transposed by the
+quantization kernel's store; rows are padded to whole blocks (128 x 128, 32) only where a block would straddle two
+experts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Optional
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
+
+from ..kernels import registry
+from ..recipes import ALIGNMENT, RECIPES, kernel_block
+from .fp8 import QUANTIZE_KERNEL, _quantize_outputs, fp8_formats
+from .library import SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, define_composite, kernel_op
+from .node import OpNode
+
+GROUPED_KERNEL, WGRAD_KERNEL = "grouped_gemm", "grouped_gemm_wgrad"
+FP8_GROUPED_KERNEL, FP8_WGRAD_KERNEL = "fp8_grouped_gemm", "fp8_grouped_gemm_wgrad"
+FP8_KERNELS = (QUANTIZE_KERNEL, FP8_GROUPED_KERNEL, FP8_WGRAD_KERNEL, WGRAD_KERNEL)
+
+
+# ---- checks ---------------------------------------------------------------------------------------------------
+
+
+def _check(op: str, x: Tensor, weight: Tensor, offs: Tensor) -> None:
+    check_float(op, "x", x)
+    check(x.dim() == 2, op, lambda: f"x must be 2-D [S, K] (rows sorted by group), got shape {list(x.shape)}")
+    check(
+        isinstance(weight, Tensor) and weight.dim() == 3 and weight.dtype == x.dtype,
+        op,
+        lambda: f"weight must be 3-D [E, K, N] in x's dtype {x.dtype}, got {list(weight.shape)} {weight.dtype}",
+    )
+    check(
+        weight.shape[1] == x.shape[1],
+        op,
+        lambda: f"weight [E, K, N] must share K with x [S, K], got weight {list(weight.shape)}, x {list(x.shape)}",
+    )
+    check(weight.shape[0] >= 1, op, lambda: "weight must hold at least one group (expert)")
+    _check_offs(op, offs, weight.shape[0], x.shape[0])
+    check_same_device(op, x=x, weight=weight, offs=offs)
+
+
+def _check_offs(op: str, offs: Tensor, groups: int, rows: int) -> None:
+    check(
+        isinstance(offs, Tensor) and offs.dtype == torch.int32 and offs.dim() == 1,
+        op,
+        lambda: (
+            f"offs must be a 1-D int32 tensor, got {getattr(offs, 'dtype', type(offs).__name__)} "
+            f"{list(getattr(offs, 'shape', []))}"
+        ),
+    )
+    check(
+        offs.shape[0] == groups,
+        op,
+        lambda: f"offs must hold one end row per group: {groups} values, got {offs.shape[0]}",
+    )
+    if offs.device.type == "cpu" and type(offs) is Tensor:  # real values on the host: reading them costs no sync
+        ends = offs.tolist()
+        check(
+            all(0 <= a <= b for a, b in zip([0] + ends, ends)) and (not ends or ends[-1] <= rows),
+            op,
+            lambda: f"offs must be non-decreasing within [0, {rows}] (the rows of x), got {ends}",
+        )
+
+
+def _check_recipe(op: str, recipe: str) -> None:
+    check(recipe in RECIPES, op, lambda: f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}")
+
+
+def _check_fp8(op: str, x: Tensor, weight: Tensor, offs: Tensor, recipe: str) -> None:
+    _check_recipe(op, recipe)
+    _check(op, x, weight, offs)
+    k, n = weight.shape[1:]
+    check(
+        k % ALIGNMENT == 0 and n % ALIGNMENT == 0,
+        op,
+        lambda: f"weight's K and N must be multiples of {ALIGNMENT} for the FP8 GEMM, got {[k, n]}",
+    )
+
+
+def transposed_layout(weight: Tensor) -> bool:
+    """Whether ``weight`` [E, K, N] is the transpose of a contiguous [E, N, K] (and not itself contiguous): its
+    gradient then takes that layout as well."""
+    return weight.transpose(-2, -1).is_contiguous() and not weight.is_contiguous()
+
+
+def _in_layout(make: Callable[[Any, Any], Tensor], x: Any, dy: Any, transposed: bool) -> Tensor:
+    """dW [E, K, N] = ``make(x, dy)``, or with ``transposed`` ``make(dy, x)`` [E, N, K] seen as its transpose."""
+    return make(dy, x).transpose(-2, -1) if transposed else make(x, dy)
+
+
+def _new_weight_gradient(like: Tensor, shape: tuple, transposed: bool) -> Tensor:
+    """An uninitialized dW of ``shape`` [E, K, N] in the layout :func:`_in_layout` gives."""
+    experts, k, n = shape
+    return like.new_empty((experts, n, k)).transpose(-2, -1) if transposed else like.new_empty((experts, k, n))
+
+
+# ---- bf16 / fp16 / fp32 -------------------------------------------------------------------------------------
+
+
+@kernel_op("grouped_mm", (GROUPED_KERNEL,))
+def grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, impl: str = "auto") -> Tensor:
+    _check("grouped_mm", x, weight, offs)
+    if x.shape[0] == 0:
+        return x.new_zeros((0, weight.shape[2]))
+    return registry.select(GROUPED_KERNEL, x.device, impl)(x, weight, offs, x.dtype)
+
+
+@grouped_mm.register_fake
+def _(x, weight, offs, impl="auto"):
+    _check("grouped_mm", x, weight, offs)
+    return x.new_empty((x.shape[0], weight.shape[2]))
+
+
+@kernel_op("grouped_mm_wgrad", (WGRAD_KERNEL,))
+def grouped_mm_wgrad(x: Tensor, dy: Tensor, offs: Tensor, transposed: bool = False, impl: str = "auto") -> Tensor:
+    """dW [E, K, N]: dW[g] = x_g^T dy_g, zero for an empty group; with ``transposed``, laid out as the transpose of a
+    contiguous [E, N, K] (see :func:`transposed_layout`), else contiguous."""
+    _check_wgrad(x, dy, offs)
+    shape = (offs.shape[0], x.shape[1], dy.shape[1])
+    if x.shape[0] == 0:
+        return _new_weight_gradient(x, shape, transposed).zero_()
+    wgrad = registry.select(WGRAD_KERNEL, x.device, impl)
+    return _in_layout(lambda a, b: wgrad(a, b, offs, x.dtype), x, dy, transposed)
+
+
+def _check_wgrad(x: Tensor, dy: Tensor, offs: Tensor) -> None:
+    op = "grouped_mm_wgrad"
+    check_float(op, "x", x)
+    check(x.dim() == 2, op, lambda: f"x must be 2-D [S, K], got shape {list(x.shape)}")
+    check(
+        isinstance(dy, Tensor) and dy.dim() == 2 and dy.shape[0] == x.shape[0] and dy.dtype == x.dtype,
+        op,
+        lambda: f"dy must be [{x.shape[0]}, N] in {x.dtype}, got {list(dy.shape)} {dy.dtype}",
+    )
+    check(isinstance(offs, Tensor) and offs.dim() == 1, op, lambda: "offs must be 1-D: one end row per group")
+    _check_offs(op, offs, offs.shape[0], x.shape[0])
+    check_same_device(op, x=x, dy=dy, offs=offs)
+
+
+@grouped_mm_wgrad.register_fake
+def _(x, dy, offs, transposed=False, impl="auto"):
+    _check_wgrad(x, dy, offs)
+    return _new_weight_gradient(x, (offs.shape[0], x.shape[1], dy.shape[1]), transposed)
+
+
+def _grouped_mm_setup(ctx, inputs, output):
+    x, weight, offs, impl = inputs
+    ctx.save_for_backward(x, weight, offs)
+    ctx.impl = impl
+
+
+def _grouped_mm_backward(ctx, dy):
+    x, weight, offs = ctx.saved_tensors
+    wants_dx, wants_dweight = ctx.needs_input_grad[:2]
+    dx = grouped_mm(dy, weight.transpose(-2, -1), offs, ctx.impl) if wants_dx else None
+    dweight = grouped_mm_wgrad(x, dy, offs, transposed_layout(weight), ctx.impl) if wants_dweight else None
+    return dx, dweight, None, None
+
+
+grouped_mm.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_setup)
+
+
+# ---- FP8 ----------------------------------------------------------------------------------------------------
+
+
+def _quantizer(x: Tensor, impl: str) -> Callable:
+    """The quantization kernel; on fake tensors (the ops' fakes) and without rows, one that allocates its outputs."""
+    if isinstance(x, FakeTensor) or x.shape[0] == 0:
+        return _allocating_quantize
+    return registry.select(QUANTIZE_KERNEL, x.device, impl)
+
+
+def _allocating_quantize(x, fp8_dtype, block_rows, block_cols, transpose, power_of_two=False, both_layouts=False):
+    """``fp8_quantize``'s outputs, allocated (the shapes the fakes return)."""
+    q, scale = _quantize_outputs(x, fp8_dtype, block_rows, block_cols, transpose)
+    if not both_layouts:
+        return q, scale
+    q_t, scale_t = _quantize_outputs(x, fp8_dtype, block_cols, block_rows, True)
+    return q, scale, q_t, scale_t.t().contiguous()
+
+
+def _activations(
+    t: Tensor, recipe: str, fp8_dtype: torch.dtype, quantize: Callable, both: bool
+) -> tuple[tuple[Tensor, Tensor], Optional[tuple[Tensor, Tensor]]]:
+    """((q, scale) of t [S, C], (q, scale) of t^T [C, S] or None): the recipe's activation blocks, one call."""
+    r = RECIPES[recipe]
+    blocks = kernel_block(r.activation_block, *t.shape)
+    if not both:
+        return quantize(t, fp8_dtype, *blocks, False, power_of_two=r.power_of_two), None
+    q, scale, q_t, scale_t = quantize(t, fp8_dtype, *blocks, False, power_of_two=r.power_of_two, both_layouts=True)
+    return (q, scale), (q_t, scale_t)
+
+
+def weight_operands(
+    weight: Tensor, recipe: str, quantize: Callable, forward: bool, backward: bool
+) -> tuple[Optional[tuple[Tensor, Tensor]], Optional[tuple[Tensor, Tensor]]]:
+    """W's per-expert FP8 operands in the recipe's weight blocks, each as (q, scale) or None where not wanted:
+    the forward's W[g]^T [N, K] as [E, N, K] with scales [E, N blocks, K blocks], and dx's W[g] [K, N] as
+    [E, K, N] with scales [E, K blocks, N blocks] (views with strides; contracted dimension contiguous)."""
+    r, e4m3 = RECIPES[recipe], fp8_formats(weight.device)[0]
+    experts = weight.shape[0]
+    w_t = weight.transpose(-2, -1)
+    # base [E, R, C]: the layout whose flattening [E * R, C] is a view (a copy where neither is)
+    if _flattens(w_t) or not _flattens(weight):
+        base, base_is_forward = w_t, True
+    else:
+        base, base_is_forward = weight, False
+    rows_block, cols_block = r.weight_block  # an operand's rows, its contracted dimension; 0: the whole
+    R, C = base.shape[1:]
+    # Along R the blocks must not straddle two experts: R padded to whole blocks (rows_block for base's own
+    # layout, cols_block for the transposed one); a block of the whole dimension is one expert's R.
+    pad = -R % max(rows_block, cols_block, 1)
+    rows = R + pad
+    flat = (F.pad(base, (0, 0, 0, pad)) if pad else base).reshape(experts * rows, C)
+    own = transposed = None
+    if forward if base_is_forward else backward:
+        block = rows_block or rows
+        q, scale = quantize(flat, e4m3, block, cols_block or C, False, power_of_two=r.power_of_two)
+        own = q.view(experts, rows, C)[:, :R], scale.view(experts, -1, scale.shape[1])[:, : -(-R // block)]
+    if backward if base_is_forward else forward:
+        # [C, R] per expert, contracted R: blocks rows_block along C, cols_block along R (read from base's layout)
+        block = cols_block or rows
+        q, scale = quantize(flat, e4m3, block, rows_block or C, True, power_of_two=r.power_of_two)
+        transposed = (
+            q.view(C, experts, rows)[:, :, :R].permute(1, 0, 2),
+            scale.view(experts, -1, scale.shape[1])[:, : -(-R // block)].transpose(1, 2),
+        )
+    return (own, transposed) if base_is_forward else (transposed, own)
+
+
+def _flattens(t: Tensor) -> bool:
+    """Whether [E, R, C] reshapes to [E * R, C] as a view."""
+    return t.shape[1] <= 1 or t.stride(0) == t.shape[1] * t.stride(1)
+
+
+def _keeps_x(recipe: str) -> bool:
+    return RECIPES[recipe].high_precision_wgrad
+
+
+def _unsaved(t: Tensor, fp8_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """The (q, scale) the forward returns for an operand it does not save: empty."""
+    return t.new_empty(0, dtype=fp8_dtype), t.new_empty(0, dtype=torch.float32)
+
+
+def _forward(
+    x: Tensor, weight: Tensor, offs: Tensor, recipe: str, impl: str, for_backward: bool, weight_grad: bool = True
+) -> tuple[Tensor, ...]:
+    """y and, if ``for_backward``, what the backward takes: (y, x_t, x_t_scale, w_t, w_t_scale). On fake tensors
+    the same views of allocated outputs (the fakes)."""
+    r, e4m3 = RECIPES[recipe], fp8_formats(x.device)[0]
+    quantize = _quantizer(x, impl)
+    saves_x_t = for_backward and weight_grad and not _keeps_x(recipe)
+    x_q, x_t = _activations(x, recipe, e4m3, quantize, saves_x_t)
+    w_q, w_t = weight_operands(weight, recipe, quantize, True, for_backward)
+    if isinstance(x, FakeTensor) or x.shape[0] == 0:
+        y = x.new_zeros((x.shape[0], weight.shape[2]))
+    else:
+        gemm = registry.select(FP8_GROUPED_KERNEL, x.device, impl)
+        y = gemm(*x_q, *w_q, offs, x.dtype, fast_accum=r.fast_accum_forward)
+    if not for_backward:
+        return (y,)
+    return y, *(x_t or _unsaved(x, e4m3)), *w_t
+
+
+@kernel_op("fp8_grouped_mm_fwd", (QUANTIZE_KERNEL, FP8_GROUPED_KERNEL), symbolic_sizes=False)
+def fp8_grouped_mm_fwd(
+    x: Tensor, weight: Tensor, offs: Tensor, recipe: str, impl: str = "auto", weight_grad: bool = True
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    _check_fp8("fp8_grouped_mm", x, weight, offs, recipe)
+    return _forward(x, weight, offs, recipe, impl, True, weight_grad)
+
+
+@fp8_grouped_mm_fwd.register_fake
+def _(x, weight, offs, recipe, impl="auto", weight_grad=True):
+    _check_fp8("fp8_grouped_mm", x, weight, offs, recipe)
+    return _forward(x, weight, offs, recipe, impl, True, weight_grad)
+
+
+@kernel_op("fp8_grouped_mm_inference", (QUANTIZE_KERNEL, FP8_GROUPED_KERNEL), symbolic_sizes=False)
+def fp8_grouped_mm_inference(x: Tensor, weight: Tensor, offs: Tensor, recipe: str, impl: str = "auto") -> Tensor:
+    """The forward alone, when no gradient is wanted: no operands quantized for a backward."""
+    _check_fp8("fp8_grouped_mm", x, weight, offs, recipe)
+    return _forward(x, weight, offs, recipe, impl, False)[0]
+
+
+@fp8_grouped_mm_inference.register_fake
+def _(x, weight, offs, recipe, impl="auto"):
+    _check_fp8("fp8_grouped_mm", x, weight, offs, recipe)
+    return _forward(x, weight, offs, recipe, impl, False)[0]
+
+
+@kernel_op("fp8_grouped_mm_bwd", (QUANTIZE_KERNEL, FP8_GROUPED_KERNEL, FP8_WGRAD_KERNEL), symbolic_sizes=False)
+def fp8_grouped_mm_bwd(
+    dy: Tensor,
+    x: Optional[Tensor],
+    weight: Tensor,
+    offs: Tensor,
+    x_t: Tensor,
+    x_t_scale: Tensor,
+    w_t: Tensor,
+    w_t_scale: Tensor,
+    recipe: str,
+    impl: str = "auto",
+) -> tuple[Tensor, Tensor]:
+    """(dx, dweight); dweight is empty where the forward saved nothing for a wgrad (a weight wanting no gradient)."""
+    _check_backward(dy, x, weight, offs, recipe)
+    return _backward(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl)
+
+
+@fp8_grouped_mm_bwd.register_fake
+def _(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl="auto"):
+    _check_backward(dy, x, weight, offs, recipe)
+    return _backward(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl)
+
+
+def _backward(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl) -> tuple[Tensor, Tensor]:
+    """(dx, dweight) of the FP8 backward; on fake tensors, allocated outputs of the same layouts (the fake)."""
+    r, (e4m3, e5m2) = RECIPES[recipe], fp8_formats(dy.device)
+    wgrad = x is not None if _keeps_x(recipe) else x_t.dim() == 2
+    transposed = transposed_layout(weight)
+    if isinstance(dy, FakeTensor) or dy.shape[0] == 0:
+        dx = dy.new_zeros((dy.shape[0], weight.shape[1]))
+        dweight = _new_weight_gradient(weight, weight.shape, transposed).zero_() if wgrad else weight.new_empty(0)
+        return dx, dweight
+    # dy for dx and, for an FP8 wgrad, dy^T: one call
+    gradient_format = e5m2 if r.gradient_format == "e5m2" else e4m3
+    dy_q, dy_t = _activations(dy, recipe, gradient_format, _quantizer(dy, impl), wgrad and not _keeps_x(recipe))
+    dx = registry.select(FP8_GROUPED_KERNEL, dy.device, impl)(*dy_q, w_t, w_t_scale, offs, dy.dtype)
+    if not wgrad:
+        return dx, weight.new_empty(0)
+    if _keeps_x(recipe):
+        wgrad_kernel = registry.select(WGRAD_KERNEL, dy.device, impl)
+        return dx, _in_layout(lambda a, b: wgrad_kernel(a, b, offs, weight.dtype), x, dy, transposed)
+    fp8_wgrad = registry.select(FP8_WGRAD_KERNEL, dy.device, impl)
+    return dx, _in_layout(lambda a, b: fp8_wgrad(*a, *b, offs, weight.dtype), (x_t, x_t_scale), dy_t, transposed)
+
+
+def _check_backward(dy: Tensor, x: Optional[Tensor], weight: Tensor, offs: Tensor, recipe: str) -> None:
+    op = "fp8_grouped_mm_bwd"
+    _check_recipe(op, recipe)
+    check(
+        dy.dim() == 2 and dy.shape[1] == weight.shape[2] and dy.dtype == weight.dtype,
+        op,
+        lambda: f"dy must be [S, {weight.shape[2]}] in {weight.dtype}, got {list(dy.shape)} {dy.dtype}",
+    )
+    check(
+        x is None or _keeps_x(recipe),
+        op,
+        lambda: f"x must be None for recipe {recipe!r}: its wgrad takes x^T quantized",
+    )
+    if x is not None:
+        _check(op, x, weight, offs)
+
+
+def _fp8_setup(ctx, inputs, output):
+    x, weight, offs, recipe, impl, weight_grad = inputs
+    saved = output[1:]
+    keeps_x = _keeps_x(recipe) and weight_grad
+    ctx.save_for_backward(x if keeps_x else None, weight, offs, *saved)
+    ctx.mark_non_differentiable(*saved)
+    ctx.recipe, ctx.impl = recipe, impl
+
+
+def _fp8_backward(ctx, dy, *_saved_grads):
+    x, weight, offs, *saved = ctx.saved_tensors
+    dx, dweight = fp8_grouped_mm_bwd(dy, x, weight, offs, *saved, ctx.recipe, ctx.impl)
+    wants_dx, wants_dweight = ctx.needs_input_grad[:2]
+    return dx if wants_dx else None, dweight if wants_dweight else None, None, None, None, None
+
+
+fp8_grouped_mm_fwd.register_autograd(_fp8_backward, setup_context=_fp8_setup)
+
+
+def _fp8_grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, recipe: str, impl: str = "auto") -> Tensor:
+    # Decided where the op is decomposed, under autograd (AOTAutograd traces training and inference graphs apart).
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return fp8_grouped_mm_fwd(x, weight, offs, recipe, impl, weight.requires_grad)[0]
+    return fp8_grouped_mm_inference(x, weight, offs, recipe, impl)
+
+
+fp8_grouped_mm = define_composite(
+    "fp8_grouped_mm(Tensor x, Tensor weight, Tensor offs, str recipe, str impl='auto') -> Tensor", _fp8_grouped_mm
+)
+
+
+def can_rewrite(x: Tensor, weight: Tensor, offs: Tensor) -> bool:
+    """Whether ``torch._grouped_mm(x, weight, offs=offs)`` on these (fake) tensors can run as :func:`grouped_mm`,
+    forward and backward."""
+    return (
+        x.dim() == 2
+        and x.dtype in SUPPORTED_FLOAT_DTYPES
+        and weight.dim() == 3
+        and weight.dtype == x.dtype
+        and weight.shape[0] >= 1
+        and weight.shape[1] == x.shape[1]
+        and offs.dim() == 1
+        and offs.dtype == torch.int32
+        and offs.shape[0] == weight.shape[0]
+        and x.device == weight.device == offs.device
+        and all(registry.available_on(kernel, x.device) for kernel in (GROUPED_KERNEL, WGRAD_KERNEL))
+    )
+
+
+def can_rewrite_fp8(x: Tensor, weight: Tensor, offs: Tensor) -> bool:
+    """Whether that grouped GEMM can run as :func:`fp8_grouped_mm` (any recipe), forward and backward: static K and
+    N, multiples of 16."""
+    k, n = weight.shape[1:] if weight.dim() == 3 else (None, None)
+    return (
+        can_rewrite(x, weight, offs)
+        and isinstance(k, int)
+        and isinstance(n, int)
+        and k % ALIGNMENT == 0
+        and n % ALIGNMENT == 0
+        and all(registry.available_on(kernel, x.device) for kernel in FP8_KERNELS)
+    )
+
+
+class GroupedMMNode(OpNode):
+    op = torch.ops.turbo_inductor.grouped_mm.default
+    x: fx.Node
+    weight: fx.Node
+    offs: fx.Node
+    impl: str
+
+
+class FP8GroupedMMNode(OpNode):
+    op = fp8_grouped_mm
+    x: fx.Node
+    weight: fx.Node
+    offs: fx.Node
+    recipe: str
+    impl: str
