@@ -31,7 +31,7 @@ from turbo_inductor.kernels.reference import rmsnorm as reference_rmsnorm
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 ADAPTERS = REPO / "turbo_inductor" / "kernels" / "aiter"
-FAMILIES = {"rmsnorm_fwd": "rmsnorm", "fp8_quantize": "fp8_quant", "fp8_gemm": "fp8_gemm"}
+KERNELS = ("rmsnorm_fwd", "fp8_quantize", "fp8_gemm")  # those aiter implements
 # What the adapters call, by family module: the test fails if a call disappears unnoticed as well.
 CALLED = {
     "rmsnorm": {"rmsnorm2d_fwd", "rmsnorm2d_fwd_with_add"},
@@ -69,13 +69,18 @@ def _bound_names(statement: ast.stmt) -> list[str]:
 
 
 def aiter_functions(root: pathlib.Path) -> dict[str, ast.FunctionDef]:
-    """The functions ``aiter.<name>`` names: what aiter/__init__.py star-imports from its own modules, in order
-    (a later module's name wins; a name a module binds to something else than a function is dropped)."""
+    """The functions ``aiter.<name>`` names: what aiter/__init__.py star-imports from its own modules (at any depth:
+    later releases import inside a ``try``), in order; a later module's name wins, and a name a module binds to
+    something else than a function is dropped."""
     functions: dict[str, ast.FunctionDef] = {}
-    for statement in ast.parse((root / "aiter" / "__init__.py").read_text()).body:
-        if not (isinstance(statement, ast.ImportFrom) and statement.level == 1 and statement.names[0].name == "*"):
-            continue  # the prebuilt ``aiter_`` (compiled) is not source to read
-        path = root / "aiter" / (statement.module.replace(".", "/") + ".py")
+    star_imports = [
+        node
+        for node in ast.walk(ast.parse((root / "aiter" / "__init__.py").read_text()))
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.names[0].name == "*"
+    ]  # relative only: the prebuilt ``aiter_`` (compiled) is not source to read
+    for statement in sorted(star_imports, key=lambda node: node.lineno):
+        path = root / "aiter" / statement.module.replace(".", "/")
+        path = path.with_suffix(".py") if path.with_suffix(".py").exists() else path / "__init__.py"
         for node in ast.parse(path.read_text()).body:
             for name in _bound_names(node):
                 if name.startswith("_"):
@@ -254,7 +259,7 @@ def test_off_rocm_aiter_is_unavailable_and_forcing_it_names_why(fresh_choices):
     assert adapters.unavailable_reason(torch.device("cpu")) == "aiter runs on AMD GPUs (ROCm), not on cpu"
     reason = adapters.unavailable_reason(CUDA)
     assert reason.startswith("aiter needs a ROCm build of torch; torch ") and reason.endswith("built for CPU only")
-    for kernel in FAMILIES:
+    for kernel in KERNELS:
         assert "aiter" not in registry.candidates(kernel, torch.device("cpu"), "autotune")
         with pytest.raises(RuntimeError, match=f"'aiter' of {kernel} cannot run on cpu: aiter runs on AMD GPUs"):
             registry.select(kernel, torch.device("cpu"), "aiter")
@@ -289,7 +294,7 @@ def test_on_rocm_with_aiter_auto_and_autotune_consider_it_by_priority(rocm, monk
     assert registry.candidates("rmsnorm_fwd", CUDA) == ["triton"]
     native_first = ["native"] if native.unavailable_reason(CUDA) is None else []  # where the extension is built
     assert registry.candidates("fp8_quantize", CUDA) == native_first + ["triton"]
-    for kernel in FAMILIES:
+    for kernel in KERNELS:
         assert "aiter" in registry.candidates(kernel, CUDA, "autotune")
         assert not registry.traceable(kernel, CUDA, f"{kernel}=aiter")  # one call in a compiled graph
     assert "aiter" in registry.known_names("fp8_gemm")

@@ -11,7 +11,7 @@ installed aiter's source.
 
 Extension point, grouped GEMM / fused MoE: a ``grouped_gemm.py`` here registers aiter's grouped GEMM (``moe_op``,
 ``fused_moe``) on that family's kernel names the same way, imported from ``kernels/__init__.py``; the signature test
-picks up every module of this folder by itself.
+reads every module of this folder (its ``CALLED`` table lists the functions each calls).
 
 The aiter implementations are traced into no compiled graph (``traceable=never``): aiter registers its functions as
 custom ops whose schemas mark every tensor argument as mutated, which a trace would turn into copies.

@@ -5,10 +5,10 @@ Semantics: ``..reference.fp8_quant``, except where aiter computes the scales:
 * Tensorwise, the scale is computed here as the reference computes it, and aiter's static kernel quantizes with it
   (``per_tensor_quant_hip`` given a scale): the reference's results.
 * Per token and in 1x128 blocks, aiter's scale is amax times 1/fmax, which can differ from amax / fmax in its last
-  bit, and q then at rounding boundaries. aiter floors a 1x128 block's amax at 1e-10 (ours: 1e-12) and a row's amax
-  not at all: an all-zero row comes back with scale 0 and NaN codes, repaired here to the reference's (the floored
-  scale, zero codes) in one more pass over q (csrc/kernels/quant_kernels.cu). A NaN need not make its row's or
-  block's scale NaN (aiter's maxima may skip it); the NaN itself quantizes to NaN.
+  bit, and q then at rounding boundaries. aiter floors the amax of 1x128 blocks (and of rows of 32, 64 or 128) at
+  1e-10 (ours: 1e-12), of longer rows not at all: an all-zero row comes back with scale 0 and NaN codes, repaired
+  here to the reference's (the floored scale, zero codes) in one more pass over q (csrc/kernels/quant_kernels.cu).
+  A NaN need not make its row's or block's scale NaN (aiter's maxima may skip it); the NaN itself quantizes to NaN.
 * Another format than aiter's is declined, not converted: the scale would be amax / 240 where amax / 448 is asked
   for, or the reverse (``fp8_formats``).
 

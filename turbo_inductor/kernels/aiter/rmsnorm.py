@@ -25,6 +25,8 @@ DTYPES = (torch.bfloat16, torch.float16)
 def supports_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float):
     if x.dtype not in DTYPES:
         return f"bfloat16 or float16 x only (aiter's CK kernels), got {x.dtype}"
+    if x.numel() == 0:
+        return "a non-empty x"
     if weight is None:
         return "a weight (aiter's kernels always multiply by one)"
     if weight.dtype != x.dtype:
