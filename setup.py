@@ -49,6 +49,9 @@ def _native_archs(spec: str, torch, rocm: bool) -> list[str]:
     return archs
 
 
+# pip install "turbo_inductor[rocm]": AMD's kernel library, an implementation of some kernels on ROCm
+# (turbo_inductor/kernels/aiter/). requirements.txt pins the version whose signatures the CPU tests check.
+EXTRAS = {"rocm": ["amd-aiter>=0.1.7.post2.dev18"]}
 BUILD_COMMANDS = {"build", "build_ext", "bdist_wheel", "editable_wheel", "develop", "install"}
 
 
@@ -122,6 +125,7 @@ if __name__ == "__main__":  # as pip's build backend runs it; lowering_tests/tes
         packages=find_packages(include=["turbo_inductor", "turbo_inductor.*"]),
         python_requires=">=3.10",
         install_requires=["torch>=2.11"],
+        extras_require=EXTRAS,
         ext_modules=ext_modules,
         cmdclass=cmdclass,
         entry_points={"torch_dynamo_backends": ["primus_turbo = turbo_inductor.backend:primus_turbo"]},

@@ -1,6 +1,9 @@
 """Kernels, one module per op family in each implementation folder; importing registers them."""
 
 from . import registry  # noqa: F401  (turbo_inductor.kernels.registry)
+from .aiter import fp8_gemm as _aiter_fp8_gemm  # noqa: F401
+from .aiter import fp8_quant as _aiter_fp8_quant  # noqa: F401
+from .aiter import rmsnorm as _aiter_rmsnorm  # noqa: F401
 from .collective import gemm_allreduce as _collective_gemm_allreduce  # noqa: F401
 from .native import fp8_quant as _native_fp8_quant  # noqa: F401
 from .native import rmsnorm as _native_rmsnorm  # noqa: F401

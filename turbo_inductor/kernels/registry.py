@@ -139,6 +139,11 @@ def _requested_by(spec: str, kernel: str) -> str:
     return AUTO
 
 
+def kernels() -> list[str]:
+    """Every kernel that has an implementation registered."""
+    return sorted(_IMPLS)
+
+
 def available_on(kernel: str, device: torch.device) -> bool:
     """Whether some implementation of ``kernel`` runs on ``device``."""
     return any(i.unavailable_reason(device) is None for i in implementations(kernel).values())
@@ -183,6 +188,12 @@ def _candidates(kernel: str, device_type: str, impl: str, env: str) -> tuple[str
 
 def _resolve(kernel: str, device: torch.device, impl: str) -> tuple[str, tuple[Implementation, ...]]:
     return _candidates(kernel, device.type, impl, os.environ.get(IMPL_ENV, ""))
+
+
+def candidates(kernel: str, device: torch.device, impl: str = AUTO) -> list[str]:
+    """The implementations :func:`select` would try for ``kernel`` on ``device``, in order: under ``auto`` those up
+    to the first that takes every argument, under ``autotune`` all that it measures. Errors as :func:`select`."""
+    return [c.name for c in _resolve(kernel, device, impl)[1]]
 
 
 def select(kernel: str, device: torch.device, impl: str = AUTO) -> Callable:
