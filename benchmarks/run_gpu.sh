@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's work in one call (device tool): install, then each step; each benchmark's log and JSON land in $OUT.
 #   bash benchmarks/run_gpu.sh [STEP...]   (default: all)
-#   all = rmsnorm glu fp8 fp8_quant model convergence: every single-GPU benchmark (kind nvidia-h200);
+#   all = model rmsnorm glu fp8_quant convergence fp8: every single-GPU benchmark, the main job first (nvidia-h200);
 #   gemm_ar, fsdp2: on every GPU of the host (kind nvidia-h200-x2); tests: the test suite; profile: profiler tables.
 #   TESTS="lowering_tests/test_gpu.py ..." limits the tests; MODEL_ARGS, GEMM_AR_ARGS, FSDP2_ARGS add arguments to
 #   that step; MAX_JOBS sets the native build's jobs; INSTALLED=1 skips the install.
@@ -36,7 +36,7 @@ bench() {
 
 steps=()
 for step in ${*:-all}; do
-  if [ "$step" = all ]; then steps+=(rmsnorm glu fp8 fp8_quant model convergence); else steps+=("$step"); fi
+  if [ "$step" = all ]; then steps+=(model rmsnorm glu fp8_quant convergence fp8); else steps+=("$step"); fi
 done
 for step in "${steps[@]}"; do
   case $step in
