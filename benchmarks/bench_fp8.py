@@ -1,14 +1,5 @@
-"""FP8 linear on the GPU, in one run:
-- forward with dynamic quantization of x and W (8192x4096 -> 14336, bf16 in and out): the bare FP8 GEMM, Inductor's
-  compilation of the same math (amax, scale, cast, torch._scaled_mm), F.linear compiled with backend="primus_turbo"
-  and options={"fp8": recipe} per recipe, and the bf16 linear;
-- RMSNorm then that linear, and SwiGLU then the down projection (8192x14336 -> 4096), with the producer writing its
-  output in FP8 for the linear (the rmsnorm_fp8 and glu_fp8 rewrites) and without;
-- that forward in inference with W a parameter frozen by Inductor's freezing (W's quantization folded at compile
-  time, in both backends), against the bare FP8 GEMM;
-- a training step (forward + backward) of square linears 8192 x d -> d by size, bf16 under Inductor against
-  primus_turbo's FP8 recipes: where FP8 starts to pay, the value to recommend for the fp8 option's min_size.
-python benchmarks/bench_fp8.py [--sizes 512,1024,2048,4096,8192]   (--sizes "": no training step by size)"""
+"""FP8 linears on the GPU against Inductor: the forward per recipe, after a producer writing FP8, with frozen weights,
+and a training step by size (where FP8 starts to pay). ``python -m benchmarks.bench_fp8 [--sizes 2048,4096,8192]``"""
 
 from __future__ import annotations
 
@@ -16,9 +7,10 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from common import bench_ms, fwd_bwd_step, gpu_ms, kernel_us, report
 
 import turbo_inductor
+from benchmarks import record
+from benchmarks.common import bench_ms, fwd_bwd_step, gpu_ms, kernel_us, print_table
 
 E4M3_MAX = 448.0
 
@@ -40,10 +32,9 @@ def bare_fp8_gemm(x8: torch.Tensor, w8: torch.Tensor) -> torch.Tensor:
 
 
 def producer_then_linear(x: torch.Tensor, w: torch.Tensor, producer: str) -> list[dict]:
-    """The forward of a producer ("rmsnorm" of x, or "swiglu" of x's halves) then the FP8 linear of its output by w,
-    compiled with the producer writing its output in FP8 for the linear (rmsnorm_fp8, glu_fp8) and without; Inductor's
-    column is the producer then the hand-written tensorwise linear. Prints each column's kernels and what the linear
-    adds to the producer alone, in GPU time, against the bare FP8 GEMM's."""
+    """Rows of a producer ("rmsnorm" of x, or "swiglu" of x's halves) then the FP8 linear by w, with the producer
+    writing FP8 and without; Inductor runs the hand-written tensorwise linear. Prints what the linear adds to the
+    producer alone, in GPU time, against the bare FP8 GEMM's."""
     norm_weight = torch.rand(x.shape[1], device="cuda", dtype=x.dtype) + 0.5
 
     def produce(x):
@@ -183,10 +174,15 @@ def training_by_size(sizes: list[int], tokens: int = 8192) -> list[dict]:
     return rows
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--sizes", default="512,1024,2048,4096,8192")
-    args = parser.parse_args()
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("``")[0])
+    parser.add_argument(
+        "--sizes",
+        default="2048,4096,8192",
+        help="d of the training step's d x d linears (comma-separated; empty: none)",
+    )
+    parser.add_argument("--out", default=None, help="folder for the JSON (default: $OUT, else benchmarks/out)")
+    args = parser.parse_args(argv)
 
     tokens, k, n = 8192, 4096, 14336
     x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
@@ -221,14 +217,20 @@ def main():
                 }
             )
     print("rewrites:", turbo_inductor.rewrite_counts())
-    report("fp8_linear", rows, rate_unit="TFLOP/s")
+    print_table("fp8 linear", rows, rate_unit="TFLOP/s")
     gate_up = torch.randn(tokens, 2 * n, device="cuda", dtype=torch.bfloat16)
     w_down = torch.randn(k, n, device="cuda", dtype=torch.bfloat16) * 0.02
-    rows = producer_then_linear(x, w, "rmsnorm") + producer_then_linear(gate_up, w_down, "swiglu")
-    report("fp8_producer_linear", rows, rate_unit="TFLOP/s")
-    report("fp8_linear_frozen", frozen_inference(x, w), rate_unit="TFLOP/s")
+    sections = {
+        "a producer writing FP8, then the fp8 linear": producer_then_linear(x, w, "rmsnorm")
+        + producer_then_linear(gate_up, w_down, "swiglu"),
+        "fp8 linear, frozen weights": frozen_inference(x, w),
+    }
     if args.sizes:
-        report("fp8_linear_by_size", training_by_size([int(d) for d in args.sizes.split(",")]), rate_unit="TFLOP/s")
+        sections["training step by size"] = training_by_size([int(d) for d in args.sizes.split(",")])
+    for name, section in sections.items():
+        print_table(name, section, rate_unit="TFLOP/s")
+        rows += section
+    record.write("fp8", record.changed_options(parser, args, ignore={"out"}), vars(args), rows, args.out)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,18 @@
-"""FP8 quantization (tensorwise and rowwise, row-major and transposed) of the operands a Llama-3-8B layer's FP8
-linears quantize (batch 2 x seq 4096), on the GPU: the reference implementation eager and compiled by Inductor, our
-Triton kernels (under launch-heuristic variants on request) and the native kernels where built, in one run. TB/s
-counts reading x (2 bytes per element) and writing q (1 byte), or both layouts (2 bytes); a two-pass quantization
-reads x twice and cannot reach it.
-python benchmarks/bench_fp8_quant.py [--heuristics default,...]"""
+"""FP8 quantization (tensorwise and rowwise, row-major, transposed and both layouts) of a Llama-3-8B layer's operands
+on the GPU: the reference eager and compiled by Inductor, the Triton kernels and the native ones where built.
+``python -m benchmarks.bench_fp8_quant [--shapes 8192x4096,...] [--heuristics default,...]``"""
 
 from __future__ import annotations
 
 import argparse
 
 import torch
-from common import available_impls, bench_ms, report
 
-# [rows, cols] of x, activations' gradients and weights (K: 4096 and 14336; N: 6144, 4096, 28672).
-SHAPES = ((8192, 4096), (8192, 14336), (8192, 28672), (28672, 4096), (4096, 14336))
+from benchmarks import record
+from benchmarks.common import available_impls, bench_ms, print_table
+
+# [rows, cols] of operands at batch 2 x seq 4096: x and dy (K 4096), the down projection's x (K 14336), a weight.
+SHAPES = "8192x4096,8192x14336,4096x14336"
 # Launch-heuristic variants (module constants of kernels.triton.fp8_quant).
 HEURISTICS = {
     "default": {},
@@ -23,10 +22,12 @@ HEURISTICS = {
 }
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--heuristics", default="default", help="comma-separated names of HEURISTICS")
-    args = parser.parse_args()
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("``")[0])
+    parser.add_argument("--shapes", default=SHAPES, help="rows x columns, comma-separated")
+    parser.add_argument("--heuristics", default="default", help=f"comma-separated, of {sorted(HEURISTICS)}")
+    parser.add_argument("--out", default=None, help="folder for the JSON (default: $OUT, else benchmarks/out)")
+    args = parser.parse_args(argv)
     from turbo_inductor.kernels import registry
     from turbo_inductor.kernels.reference import fp8_quant as reference
     from turbo_inductor.kernels.triton import fp8_quant as triton_fp8
@@ -34,7 +35,7 @@ def main():
     compiled_reference = torch.compile(reference.fp8_quantize)
     defaults = {name: getattr(triton_fp8, name) for variant in HEURISTICS.values() for name in variant}
     rows = []
-    for M, K in SHAPES:
+    for M, K in (map(int, shape.split("x")) for shape in args.shapes.split(",")):
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         whole = max(M, K)  # the whole dimension in either layout
         # mode: (blocks, transpose, both layouts); a transposed operand's rowwise blocks are x's columns.
@@ -49,7 +50,10 @@ def main():
         for mode, (blocks, transpose, both) in modes.items():
             args_ = (x, torch.float8_e4m3fn, *blocks, transpose)
             variants = [("eager", {}, reference.fp8_quantize), ("inductor", {}, compiled_reference)]
-            variants += [(name, HEURISTICS[name], triton_fp8.fp8_quantize) for name in args.heuristics.split(",")]
+            variants += [
+                ("triton" if name == "default" else f"triton: {name}", HEURISTICS[name], triton_fp8.fp8_quantize)
+                for name in args.heuristics.split(",")
+            ]
             variants += [
                 ("native", {}, registry.implementations("fp8_quantize")["native"].fn)
                 for _ in available_impls("fp8_quantize", ("native",))
@@ -69,7 +73,8 @@ def main():
                 )
         copy_ms = bench_ms(lambda: x.clone())
         print(f"copy {M}x{K}: {copy_ms:.4f} ms, {2 * x.nbytes / copy_ms / 1e9:.2f} TB/s")
-    report("fp8_quant", rows)
+    print_table("fp8_quant", rows)
+    record.write("fp8_quant", record.changed_options(parser, args, ignore={"out"}), vars(args), rows, args.out)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,6 @@
-"""FP8 training under FSDP2, composed as torchtitan composes it: each decoder layer compiled, then sharded with
-``fully_shard`` (each layer, then the root). Columns: Inductor in bf16, backend="primus_turbo" in bf16 and in each
-FP8 recipe (also with ``save_weight_t`` False: W^T quantized again in the backward rather than kept from the
-forward), and torchao's float8 training of the same recipe (where torchao is installed). On N GPUs through NCCL,
-or as N CPU processes on gloo (the tiny config: a smoke run, the CI's).
-
-    torchrun --nproc-per-node 2 -m benchmarks.bench_fsdp2 [--config llama3-8b] [--layers 2] [--batch 2]
-                                                          [--seq 4096] [--fp8 tensorwise,rowwise] [--steps 20]
-                                                          [--snapshot inductor,primus_turbo]
-
-Every rank runs the same fixed number of steps (ranks issuing different numbers of collectives would hang). A
-step is forward and backward of the sharded model on the rank's own batch: the parameters' all-gathers and the
-gradients' reduce-scatters included. Rank 0 prints per column the median step time, its speedup over Inductor,
-the peak memory (less what earlier columns left allocated), and the SNR against Inductor of the output and of the
-(reduced) gradient of every parameter (the worst one), and writes ``<out>/fsdp2_<config>.json``.
-"""
+"""FP8 training under FSDP2 as torchtitan composes it (each layer compiled, then sharded): step time, peak memory and
+SNR against Inductor per column, on N GPUs through NCCL, or N CPU processes on gloo (the tiny config, a smoke run).
+``torchrun --nproc-per-node 2 -m benchmarks.bench_fsdp2 [--config llama3-8b] [--layers 2] [--fp8 rowwise]``"""
 
 from __future__ import annotations
 
@@ -21,7 +8,6 @@ import argparse
 import copy
 import gc
 import importlib.util
-import json
 import os
 import statistics
 import time
@@ -30,27 +16,28 @@ import torch
 import torch.distributed as dist
 
 import turbo_inductor
-from benchmarks.llama import CONFIGS, LlamaDecoder
+from benchmarks import record
 from benchmarks.run_model import TORCHAO_RECIPES, snr_db
+from turbo_inductor.testing.llama import CONFIGS, LlamaDecoder
 
 WARMUP = 2  # steps before timing (the first compiles)
 
 
 def main(argv=None):
     on_gpu = torch.cuda.is_available()
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("``")[0])
     parser.add_argument("--config", default="llama3-8b" if on_gpu else "tiny", choices=sorted(CONFIGS))
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=2, help="sequences per rank")
     parser.add_argument("--seq", type=int, default=4096 if on_gpu else 32)
     parser.add_argument("--fp8", default="tensorwise,rowwise", help="FP8 recipes (comma-separated; empty: none)")
     parser.add_argument("--steps", type=int, default=20 if on_gpu else 2, help="timed steps, the same on every rank")
-    parser.add_argument("--out", default=os.path.join("benchmarks", "results"))
+    parser.add_argument("--out", default=None, help="folder for the JSON (default: $OUT, else benchmarks/out)")
     parser.add_argument(
         "--snapshot",
         default="",
         help="columns (comma-separated) whose one extra step rank 0 "
-        "records as a CUDA memory snapshot, <out>/snapshot_<column>.pickle (pytorch.org/memory_viz)",
+        "records as a CUDA memory snapshot, snapshot_<column>.pickle beside the JSON (pytorch.org/memory_viz)",
     )
     args = parser.parse_args(argv)
 
@@ -66,22 +53,9 @@ def main(argv=None):
         table = run_columns(args, device, mesh)
         if rank == 0:
             print_table(args, world, table)
-            os.makedirs(args.out, exist_ok=True)
-            with open(os.path.join(args.out, f"fsdp2_{args.config}.json"), "w") as f:
-                json.dump(
-                    {
-                        "config": args.config,
-                        "layers": args.layers,
-                        "batch_per_rank": args.batch,
-                        "seq": args.seq,
-                        "world": world,
-                        "device": torch.cuda.get_device_name() if on_gpu else "cpu",
-                        "torch": torch.__version__,
-                        "columns": table,
-                    },
-                    f,
-                    indent=1,
-                )
+            parts = [args.config, f"{world}ranks"]
+            parts += record.changed_options(parser, args, {"config", "out", "snapshot"})
+            record.write("fsdp2", parts, {**vars(args), "world": world}, table, args.out)
     finally:
         dist.destroy_process_group()
 
@@ -165,7 +139,7 @@ def run_columns(args, device: torch.device, mesh) -> list[dict]:
                 torch.cuda.synchronize()
             times.append((time.perf_counter() - start) * 1e3)
         if device.type == "cuda" and name in args.snapshot.split(","):
-            record_snapshot(step, os.path.join(args.out, f"snapshot_{name.replace(' ', '_')}.pickle"))
+            record_snapshot(step, str(record.output_dir(args.out) / f"snapshot_{record.slug(name)}.pickle"))
         grads = {n: p.grad.full_tensor().float().cpu() for n, p in model.named_parameters() if p.grad is not None}
         peak = (torch.cuda.max_memory_allocated() - left_over) / 2**30 if device.type == "cuda" else None
         results[name] = {
@@ -202,7 +176,6 @@ def record_snapshot(step, path: str) -> None:
     step()
     torch.cuda.synchronize()
     if dist.get_rank() == 0:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         torch.cuda.memory._dump_snapshot(path)
     torch.cuda.memory._record_memory_history(enabled=None)
 

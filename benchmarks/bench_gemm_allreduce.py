@@ -1,18 +1,6 @@
-"""GEMM + all-reduce (a row-parallel linear) on several GPUs: mm then NCCL all-reduce, Inductor compiling the same
-function with functional collectives, and backend="primus_turbo" (gemm_allreduce: by default, and with its opt-in
-implementations overlap, push and symm_mem), forward only, in one run.
-
-    torchrun --nproc-per-node 2 benchmarks/bench_gemm_allreduce.py [--shapes 8192x4096x7168,...] [--symm-chunks 4,8]
-                                                                    [--cudagraphs]
-
-Every rank runs the same fixed number of iterations (do_bench sizes its loop per rank, and ranks that issue different
-numbers of collectives hang); rank 0 prints the median of per-iteration CUDA-event times (mode "fwd": one call
-after a barrier, the latency, host time included), and of the host's time to issue a call, and the time per call of
-calls issued back to back (mode "fwd back-to-back"), and writes $OUT/gemm_allreduce.json. ``--cudagraphs`` adds
-Inductor's and primus_turbo's compiled functions (default and push) replayed as CUDA graphs
-(``triton.cudagraphs``): no host time per kernel, the GPU's own pace even for one call. For impl=push, rank 0
-prints how many calls ran its kernel (none: the shape fell back to GEMM then all-reduce).
-"""
+"""GEMM + all-reduce (a row-parallel linear's forward) on every GPU of the host: mm then NCCL all-reduce, Inductor
+and primus_turbo with each gemm_allreduce implementation, in one run.
+``torchrun --nproc-per-node 2 -m benchmarks.bench_gemm_allreduce [--shapes 8192x4096x7168,...] [--cudagraphs]``"""
 
 from __future__ import annotations
 
@@ -27,16 +15,17 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
-from common import report
+
+from benchmarks import record
+from benchmarks.common import print_table
 
 WARMUP, ITERATIONS = 10, 50
 PUSH = {"impl": "gemm_allreduce_fwd=push"}  # the pushing kernel (opt-in) where it takes the shape
 
 
 def time_ms(fn) -> tuple[float, float, float]:
-    """Medians of the time per call between CUDA events and of the host's time to issue the call (where the two
-    are close, the call is bound by the host: the GPU waits for its launches, not for its kernels), and the time
-    per call of ITERATIONS calls back to back (as in a model, where the host issues ahead of the GPU)."""
+    """Medians of the time per call after a barrier (CUDA events) and of the host's time to issue it, and the time
+    per call of ITERATIONS calls back to back. Every rank runs the same number of calls: others would hang."""
     for _ in range(WARMUP):
         fn()
     dist.barrier()
@@ -78,8 +67,8 @@ def _replayed(graphed, *args):
     return graphed(*args)
 
 
-def main():
-    parser = argparse.ArgumentParser()
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("``")[0])
     parser.add_argument(
         "--shapes",
         default="8192x4096x7168,8192x4096x2048,4096x4096x7168,16x4096x7168",
@@ -93,7 +82,8 @@ def main():
     parser.add_argument(
         "--cudagraphs", action="store_true", help="also Inductor and primus_turbo replayed as CUDA graphs"
     )
-    args = parser.parse_args()
+    parser.add_argument("--out", default=None, help="folder for the JSON (default: $OUT, else benchmarks/out)")
+    args = parser.parse_args(argv)
     dist.init_process_group("nccl")
     rank = dist.get_rank()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
@@ -171,13 +161,16 @@ def main():
             ]
     if rank == 0:
         print("rewrites:", turbo_inductor.rewrite_counts())
-        report("gemm_allreduce", rows, rate_unit="TFLOP/s")
+        print_table("gemm_allreduce", rows, rate_unit="TFLOP/s")
+        configuration = {**vars(args), "world": dist.get_world_size()}
+        parts = [f"{dist.get_world_size()}ranks", *record.changed_options(parser, args, ignore={"out"})]
+        record.write("gemm_allreduce", parts, configuration, rows, args.out)
         print(
             "host time to issue one call, ms:",
             ", ".join(f"{r['shape']} {r['backend']}: {r['host_ms']:.3f}" for r in rows if "host_ms" in r),
         )
-    # With CUDA graphs that captured NCCL collectives still alive, destroy_process_group hung at exit (thirteenth
-    # session, --cudagraphs): every rank leaves together without tearing the group down.
+    # With CUDA graphs that captured NCCL collectives still alive, destroy_process_group hangs at exit: every rank
+    # leaves together without tearing the group down.
     dist.barrier()
     sys.stdout.flush()
     os._exit(0)

@@ -1,5 +1,5 @@
-"""SwiGLU forward and forward+backward on the GPU: eager, backend="inductor", backend="primus_turbo" and the op
-called directly, in one run; wall clock and GPU time. python benchmarks/bench_glu.py [--shapes 8192x14336]"""
+"""SwiGLU (two inputs, a fused gate/up input, and weighted by router probabilities) forward and forward+backward
+on the GPU: eager, Inductor, primus_turbo and the op called directly. ``python -m benchmarks.bench_glu [--shapes]``"""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from common import bench_backends, report
+
+from benchmarks import record
+from benchmarks.common import bench_backends, print_table
 
 
 def swiglu(g, u):
@@ -20,15 +22,16 @@ def swiglu_fused(x):
 
 
 def swiglu_probs(x, probs):
-    """The MoE form: act(x[:, :F]) * x[:, F:] * probs[:, None] (no rewrite yet: compare the op to Inductor)."""
+    """The MoE form: act(x[:, :F]) * x[:, F:] * probs[:, None]."""
     half = x.shape[-1] // 2
     return F.silu(x[:, :half]) * x[:, half:] * probs[:, None].to(x.dtype)
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--shapes", default="8192x14336,16384x14336")
-    args = parser.parse_args()
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("``")[0])
+    parser.add_argument("--shapes", default="8192x14336", help="tokens x intermediate width, comma-separated")
+    parser.add_argument("--out", default=None, help="folder for the JSON (default: $OUT, else benchmarks/out)")
+    args = parser.parse_args(argv)
     import turbo_inductor
 
     rows = []
@@ -47,7 +50,8 @@ def main():
         for name, (fn, inputs, direct) in cases.items():
             bench_backends(rows, f"{name} {tokens}x{width}", fn, inputs, direct, 3 * n, 8 * n)
         print("rewrites:", turbo_inductor.rewrite_counts(), "kernels:", turbo_inductor.kernel_calls())
-    report("glu", rows)
+    print_table("glu", rows)
+    record.write("glu", record.changed_options(parser, args, ignore={"out"}), vars(args), rows, args.out)
 
 
 if __name__ == "__main__":

@@ -6,20 +6,18 @@ expert shapes of Mixtral-8x7B (E 8, top 2) and Qwen3-30B-A3B (E 128, top 8), tok
 top-k of uniform random router scores (balanced on average, uneven per expert).
 python benchmarks/bench_grouped_mm.py [--configs mixtral-8x7b,qwen3-30b-a3b] [--modes fwd,fwd+bwd]
 Prints a table (median ms by triton's do_bench, TFLOP/s, ratio to bf16 torch._grouped_mm) and writes
-$OUT/grouped_mm.json with the environment and the command."""
+grouped_mm.json (benchmarks/record.py)."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
 from collections.abc import Callable
 
 import torch
-from common import bench_ms, environment, fwd_bwd_step
 
 import turbo_inductor
+from benchmarks import record
+from benchmarks.common import bench_ms, fwd_bwd_step
 from turbo_inductor.kernels import registry
 from turbo_inductor.ops.grouped_mm import weight_operands
 from turbo_inductor.recipes import RECIPES, kernel_block
@@ -118,9 +116,8 @@ def run(configs: list[str], modes: list[str]) -> list[dict]:
     return rows
 
 
-def report(rows: list[dict], command: str) -> None:
-    env = environment() | {"command": command}
-    print(f"\ngrouped_mm: {env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['date']}")
+def print_table(rows: list[dict]) -> None:
+    """Each row's ratio to bf16 ``torch._grouped_mm`` of the same shape and mode, as a Markdown table."""
     print("| shape | mode | column | ms | TFLOP/s | vs bf16 torch._grouped_mm |")
     print("|---|---|---|---|---|---|")
     for row in rows:
@@ -131,19 +128,17 @@ def report(rows: list[dict], command: str) -> None:
         row["speedup_vs_torch_grouped_mm"] = base["ms"] / row["ms"] if base else None
         ratio = f"{row['speedup_vs_torch_grouped_mm']:.2f}x" if base else "-"
         print(f"| {row['shape']} | {row['mode']} | {row['column']} | {row['ms']:.3f} | {row['tflops']:.0f} | {ratio} |")
-    out = os.environ.get("OUT", ".")
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "grouped_mm.json"), "w") as f:
-        json.dump({"environment": env, "rows": rows}, f, indent=1)
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--modes", default="fwd,fwd+bwd")
+    parser.add_argument("--out", default=None, help="folder for the JSON (default: $OUT, else benchmarks/out)")
     args = parser.parse_args()
     rows = run(args.configs.split(","), args.modes.split(","))
-    report(rows, " ".join([os.path.basename(sys.executable)] + sys.argv))
+    print_table(rows)
+    record.write("grouped_mm", record.changed_options(parser, args, ignore={"out"}), vars(args), rows, args.out)
 
 
 if __name__ == "__main__":

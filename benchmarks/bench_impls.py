@@ -1,16 +1,16 @@
 """The kernels aiter implements, each timed under every implementation that runs on this GPU and takes the call
 (aiter, Triton, native, the vendor BLAS, the reference), at a Llama-3-8B layer's sizes (batch 2 x seq 4096).
-ms per call: the median of triton.testing.do_bench. Writes $OUT/bench_impls.json.
+ms per call: the median of triton.testing.do_bench. Writes impls.json (benchmarks/record.py).
 python benchmarks/bench_impls.py [--tokens 8192]"""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
 import torch
-from common import bench_ms, environment
+
+from benchmarks import record
+from benchmarks.common import bench_ms
 
 HIDDEN, FFN = 4096, 14336
 
@@ -43,8 +43,8 @@ def main():
     from turbo_inductor.kernels import registry
 
     device = torch.device("cuda", torch.cuda.current_device())
-    env = environment()
-    print(f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}")
+    env = record.environment()
+    print(f"{env['machine']}, torch {env['torch']}, triton {env['triton']}")
     print("| kernel | case | implementation | ms | speedup vs triton |\n|---|---|---|---|---|")
     rows = []
     for kernel, case, call in cases(args.tokens, device):
@@ -64,10 +64,7 @@ def main():
     skipped = {(r["kernel"], r["implementation"], r["why_not"]) for r in rows if r["why_not"]}
     for kernel, name, why_not in sorted(skipped):
         print(f"not timed: {kernel} {name}: {why_not}")
-    out = os.environ.get("OUT", ".")
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "bench_impls.json"), "w") as f:
-        json.dump({"environment": env, "rows": rows}, f, indent=1)
+    record.write("impls", [], {}, rows)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
-"""RMSNorm forward and forward+backward on the GPU: eager, backend="inductor", backend="primus_turbo" (and the
-op called directly), in one run. Usage: python benchmarks/bench_rmsnorm.py [--shapes 8192x4096,16384x8192]"""
+"""RMSNorm, alone and after a residual add, forward and forward+backward on the GPU: eager, Inductor, primus_turbo
+and the op called directly, in one run. ``python -m benchmarks.bench_rmsnorm [--shapes 8192x4096,...] [--impls]``"""
 
 from __future__ import annotations
 
 import argparse
 
 import torch
-from common import available_impls, bench_backends, gpu_ms, report
+
+from benchmarks import record
+from benchmarks.common import available_impls, bench_backends, gpu_ms, print_table
 
 
 def hf_rmsnorm(x, weight, eps=1e-5):
@@ -22,11 +24,15 @@ def hf_residual_rmsnorm(x, residual, weight, eps=1e-5):
     return hf_rmsnorm(total, weight, eps), total
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--shapes", default="8192x4096,16384x8192")
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("``")[0])
+    parser.add_argument("--shapes", default="8192x4096", help="tokens x hidden, comma-separated")
     parser.add_argument("--dtype", default="bfloat16")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--impls", action="store_true", help="also a column per kernel implementation available on this GPU"
+    )
+    parser.add_argument("--out", default=None, help="folder for the JSON (default: $OUT, else benchmarks/out)")
+    args = parser.parse_args(argv)
     import turbo_inductor
 
     dtype = getattr(torch, args.dtype)
@@ -63,12 +69,13 @@ def main():
                 direct,
                 fwd_bytes,
                 total_bytes,
-                impls=tuple(available_impls("rmsnorm_fwd")),
+                impls=tuple(available_impls("rmsnorm_fwd")) if args.impls else (),
             )
         copy_ms = gpu_ms(lambda: x.detach().clone())
         print(f"copy {tokens}x{hidden}: {copy_ms:.4f} ms GPU, {2 * n / copy_ms / 1e9:.2f} TB/s")
         print("rewrites:", turbo_inductor.rewrite_counts(), "kernels:", turbo_inductor.kernel_calls())
-    report("rmsnorm", rows)
+    print_table("rmsnorm", rows)
+    record.write("rmsnorm", record.changed_options(parser, args, ignore={"out"}), vars(args), rows, args.out)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,9 @@
-"""Shared by the op benchmarks: timing, environment facts, the result table."""
+"""Shared by the op benchmarks: timing on the GPU, the backends side by side, the printed table."""
 
 from __future__ import annotations
 
 import collections
-import datetime
 import functools
-import json
-import os
 
 import torch
 
@@ -46,6 +43,7 @@ def device_us(prof, steps: int) -> dict[str, float]:
 
 
 def gpu_ms(fn) -> float:
+    """GPU time of one call of ``fn`` in ms: the sum of its kernels' device times."""
     return sum(kernel_us(fn).values()) / 1e3
 
 
@@ -75,12 +73,9 @@ def available_impls(kernel: str, names=("triton", "native")) -> list[str]:
 def bench_backends(
     rows: list, label: str, fn, inputs, direct, fwd_bytes: int, total_bytes: int, impls: tuple[str, ...] = ()
 ) -> None:
-    """Forward (no grad) and forward+backward of ``fn(*inputs)``: eager, the op called directly (``direct``), and
-    ``fn`` compiled with backend="inductor" and "primus_turbo"; one row each in ``rows``. With ``impls``, the op
-    called directly and primus_turbo once per named implementation (``direct(*inputs, impl=name)``, options
-    ``{"impl": name}``). Two times per row: wall clock with plain launches (host time counts wherever the host
-    cannot stay ahead of the GPU, as a user without CUDA graphs sees) and GPU time (kernels only); the rate in
-    TB/s is from the GPU time."""
+    """Appends to ``rows`` the forward and forward+backward of ``fn(*inputs)`` under eager, ``direct`` (the op called
+    directly), Inductor and primus_turbo, and per name in ``impls`` the op and primus_turbo with that implementation.
+    Each row has the wall-clock time (host time counts), the GPU time (kernels only) and TB/s from the GPU time."""
     variants = [("eager", fn), ("op (eager call)", direct)]
     variants += [(f"op impl={impl}", functools.partial(direct, impl=impl)) for impl in impls]
     variants += [(backend, torch.compile(fn, backend=backend)) for backend in ("inductor", "primus_turbo")]
@@ -112,24 +107,11 @@ def bench_backends(
         )
 
 
-def environment() -> dict:
-    import triton
-
-    return {
-        "date": datetime.date.today().isoformat(),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-    }
-
-
-def report(name: str, rows: list[dict], rate_unit: str = "TB/s") -> None:
-    """Print a markdown table (ratio to Inductor of the same shape and mode) and write $OUT/<name>.json.
-    Each row: shape, mode, backend, ms, rate (in ``rate_unit``), and optionally gpu_ms (kernel time alone): then the
-    table also gets the ratio of GPU times."""
-    env = environment()
+def print_table(name: str, rows: list[dict], rate_unit: str = "TB/s") -> None:
+    """Adds to each row its ratio to Inductor's row of the same shape and mode (``speedup_vs_inductor``; with GPU
+    times also ``gpu_speedup_vs_inductor``) and prints the rows as a markdown table."""
     gpu = all("gpu_ms" in row for row in rows)
-    print(f"\n{name}: {env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['date']}")
+    print(f"\n{name}:")
     print(
         f"| shape | mode | backend | ms | {'GPU ms | ' if gpu else ''}{rate_unit} | speedup vs inductor |"
         + (" GPU-time speedup |" if gpu else "")
@@ -146,7 +128,3 @@ def report(name: str, rows: list[dict], rate_unit: str = "TB/s") -> None:
             line += f"{row['gpu_ms']:.4f} | "
         line += f"{row['rate']:.2f} | {row['speedup_vs_inductor']:.2f}x |"
         print(line + (f" {row['gpu_speedup_vs_inductor']:.2f}x |" if gpu else ""))
-    out = os.environ.get("OUT", ".")
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, f"{name}.json"), "w") as f:
-        json.dump({"environment": env, "rows": rows}, f, indent=1)

@@ -1,21 +1,17 @@
-"""Training convergence: the loss curves of a tiny Llama-style decoder (fixed seed and data, AdamW on a fixed
-regression task) compiled with backend="inductor" and backend="primus_turbo", in high precision and with each FP8
-recipe; writes the curves as JSON and a chart (PNG) and prints each column's largest deviation from Inductor's curve.
-
-    python -m benchmarks.convergence [--steps 50] [--fp8 tensorwise,rowwise] [--out benchmarks/results]
-"""
+"""Training convergence: the loss curves of a tiny Llama-style decoder (fixed seed, data and regression task, AdamW)
+under Inductor and primus_turbo, in high precision and per FP8 recipe, each against Inductor's curve.
+``python -m benchmarks.convergence [--steps 50] [--fp8 tensorwise,rowwise] [--out DIR]``"""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
 import torch
 import torch.nn.functional as F
 
 import turbo_inductor
-from benchmarks.llama import CONFIGS, LlamaDecoder
+from benchmarks import record, report
+from turbo_inductor.testing.llama import CONFIGS, LlamaDecoder
 
 
 def loss_curve(
@@ -48,10 +44,10 @@ def max_deviation(curve: torch.Tensor, reference: torch.Tensor) -> float:
 
 def main(argv=None) -> dict:
     on_gpu = torch.cuda.is_available()
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("``")[0])
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--fp8", default="tensorwise,rowwise", help="FP8 recipes (comma-separated; empty: none)")
-    parser.add_argument("--out", default=os.path.join("benchmarks", "results"))
+    parser.add_argument("--out", default=None, help="folder for the JSON and PNG (default: $OUT, else benchmarks/out)")
     args = parser.parse_args(argv)
     device, dtype = ("cuda", torch.bfloat16) if on_gpu else ("cpu", torch.float32)
     # On CPU the FP8 GEMM is the emulation: say so rather than let the registry pick it silently.
@@ -69,43 +65,20 @@ def main(argv=None) -> dict:
             f"max deviation from inductor {max_deviation(curves[name], curves['inductor']):.2%}, "
             f"rewrites {turbo_inductor.rewrite_counts() if backend == 'primus_turbo' else {}}"
         )
-    write_outputs(args.out, curves, device, dtype)
+    rows = [
+        {
+            "column": name,
+            "first_loss": curve[0].item(),
+            "last_loss": curve[-1].item(),
+            "max_deviation_vs_inductor": max_deviation(curve, curves["inductor"]),
+            "losses": curve.tolist(),
+        }
+        for name, curve in curves.items()
+    ]
+    configuration = {**vars(args), "device": device, "dtype": str(dtype).removeprefix("torch.")}
+    path = record.write("convergence", record.changed_options(parser, args, {"out"}), configuration, rows, args.out)
+    report.write_chart(path)
     return curves
-
-
-def write_outputs(out: str, curves: dict, device: str, dtype: torch.dtype) -> None:
-    os.makedirs(out, exist_ok=True)
-    stem = os.path.join(out, "convergence")
-    with open(stem + ".json", "w") as f:
-        json.dump(
-            {
-                "device": device,
-                "dtype": str(dtype),
-                "torch": torch.__version__,
-                "curves": {name: curve.tolist() for name, curve in curves.items()},
-            },
-            f,
-            indent=1,
-        )
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    for name, curve in curves.items():
-        ax.plot(
-            range(1, len(curve) + 1), curve, label=name, linewidth=1.2, linestyle="-" if name == "inductor" else "--"
-        )
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    gpu = torch.cuda.get_device_name() if device == "cuda" else "CPU"
-    ax.set_title(f"tiny Llama-style decoder, AdamW, {str(dtype).replace('torch.', '')} ({gpu})", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(stem + ".png", dpi=120)
-    plt.close(fig)
-    print(f"wrote {stem}.json and {stem}.png")
 
 
 if __name__ == "__main__":

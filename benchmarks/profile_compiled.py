@@ -1,14 +1,13 @@
-"""Where the time of a primus_turbo-compiled forward+backward goes (torch.profiler, CPU and CUDA), next to
-Inductor's: the GPU time per step (the sum of kernel times, free of host overhead), the host time per step (issuing
-the step without waiting for the GPU) and the host's top entries:
-python benchmarks/profile_compiled.py"""
+"""Where a compiled forward+backward's time goes, primus_turbo beside Inductor: GPU and host time per step, and the
+profiler's top kernels and host entries. ``python -m benchmarks.profile_compiled``"""
 
 import time
 
 import torch
-from bench_glu import swiglu
-from bench_rmsnorm import hf_rmsnorm
-from common import device_us, fwd_bwd_step
+
+from benchmarks.bench_glu import swiglu
+from benchmarks.bench_rmsnorm import hf_rmsnorm
+from benchmarks.common import device_us, fwd_bwd_step
 
 STEPS = 10
 

@@ -18,6 +18,6 @@ python3 -m pytest lowering_tests/test_rmsnorm_kernels.py lowering_tests/test_fp8
   lowering_tests/test_fp8_gemm_kernels.py lowering_tests/test_native.py lowering_tests/test_gpu.py \
   -q -n "${TEST_JOBS:-8}" 2>&1 | tee "$OUT/tests.log" | tail -25
 tests_status=$?
-(cd benchmarks && python3 bench_impls.py) 2>&1 | tee "$OUT/bench_impls.log"
-echo "logs and bench_impls.json in $OUT"
+python3 -m benchmarks.bench_impls 2>&1 | tee "$OUT/bench_impls.log"
+echo "logs and impls.json in $OUT"
 exit $(( aiter_status || tests_status ))

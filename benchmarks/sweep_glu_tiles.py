@@ -1,6 +1,5 @@
-"""The SwiGLU Triton kernels' launch heuristics swept on the GPU: GPU time of the forward and the backward kernel,
-called directly, per tiling, against Inductor's kernels for the same math in the same run. It chose the constants
-in ``turbo_inductor/kernels/triton/glu.py``. python benchmarks/sweep_glu_tiles.py [--shapes 8192x14336]"""
+"""The SwiGLU Triton kernels' tilings swept on the GPU: forward and backward kernel time per tiling, against
+Inductor's kernels for the same math. ``python -m benchmarks.sweep_glu_tiles [--shapes 8192x14336]``"""
 
 from __future__ import annotations
 
@@ -8,15 +7,13 @@ import argparse
 import itertools
 
 import torch
-import torch.nn.functional as F
-from common import environment, fwd_bwd_step, gpu_ms
+
+from benchmarks.bench_glu import swiglu
+from benchmarks.common import fwd_bwd_step, gpu_ms
+from benchmarks.record import environment
 
 # (TILE_ELEMENTS, TILE_ELEMENTS_PER_THREAD, MAX_BLOCK_F) tried; the module's own values are always included.
 CANDIDATES = list(itertools.product((2048, 4096, 8192), (8, 16, 32), (2048, 4096)))
-
-
-def swiglu(g, u):
-    return F.silu(g) * u
 
 
 def inductor_ms(g, u) -> tuple[float, float]:

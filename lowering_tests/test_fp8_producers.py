@@ -311,7 +311,7 @@ def test_out_dtype_writes_the_norms_output_cast_and_takes_its_gradient(impl, res
 def _decoder():
     """Two decoder layers, half the benchmark's tiny width: the interpreter quantizes the weights a program per row,
     which took most of the time at 256. The GLU's 256-wide rows still hold two 1 x 128 blocks."""
-    from benchmarks.llama import LlamaConfig, LlamaDecoder
+    from turbo_inductor.testing.llama import LlamaConfig, LlamaDecoder
 
     torch.manual_seed(0)
     config = LlamaConfig(hidden=128, intermediate=256, heads=4, kv_heads=2, layers=2)

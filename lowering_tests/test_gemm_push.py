@@ -79,37 +79,6 @@ def test_interpreted_kernel_sums_over_two_ranks(w_kn, with_bias, M, N, tile):
     assert (flags == calls).all()  # every tile's flag raised by the last call
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on GPUs the probe itself runs the variants")
-def test_the_probes_breakdown_follows_the_kernel():
-    """``benchmarks/probe_gemm_push.py --breakdown`` builds its variants from this kernel's source: its edits still
-    apply, and its "GEMM only" variant (no peer, no waits) computes x @ w^T."""
-    from benchmarks import probe_gemm_push
-
-    parts = probe_gemm_push.kernel_parts()
-    parts.PART = 1
-    torch.manual_seed(0)
-    M, N, K, tile = 48, 40, 32, (32, 16, 16, 1, 4)
-    x, w = torch.randn(M, K), torch.randn(N, K)
-    tiles = triton.cdiv(M, tile[0]) * triton.cdiv(N, tile[1])
-    recv, flags = torch.full((M, N), float("nan")), torch.zeros(tiles, dtype=torch.int32)
-    out = parts.launch(
-        x,
-        w,
-        False,
-        None,
-        torch.empty(M, N),
-        recv,
-        flags,
-        recv.clone(),
-        flags.clone(),
-        torch.ones(1, dtype=torch.int32),
-        0,
-        1,
-        tile,
-    )
-    torch.testing.assert_close(out.double(), x.double() @ w.double().t(), rtol=1e-4, atol=1e-4)
-
-
 # ---- launch heuristics and the choice between the kernel and GEMM then all-reduce -----------------------------
 
 

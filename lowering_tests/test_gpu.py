@@ -58,7 +58,7 @@ def test_triton_matches_reference_implementation():
 
 
 def test_llama_block_on_gpu_matches_inductor():
-    from benchmarks.llama import LlamaConfig, LlamaDecoder
+    from turbo_inductor.testing.llama import LlamaConfig, LlamaDecoder
 
     config = LlamaConfig(hidden=512, intermediate=1408, heads=8, kv_heads=4, layers=2)
     model = LlamaDecoder(config).to("cuda", torch.bfloat16)
@@ -72,7 +72,7 @@ def test_compiled_graph_launches_our_kernels_itself():
     forward and backward, and never calls back into a turbo_inductor op at run time."""
     from torch._inductor.utils import run_and_get_code
 
-    from benchmarks.llama import LlamaConfig, LlamaDecoder
+    from turbo_inductor.testing.llama import LlamaConfig, LlamaDecoder
 
     config = LlamaConfig(hidden=512, intermediate=1408, heads=8, kv_heads=4, layers=1)
     model = LlamaDecoder(config).to("cuda", torch.bfloat16)
@@ -196,7 +196,7 @@ def test_compiled_decoder_producers_write_fp8_without_calling_back(recipe):
     rewrites off."""
     from torch._inductor.utils import run_and_get_code
 
-    from benchmarks.llama import LlamaConfig, LlamaDecoder
+    from turbo_inductor.testing.llama import LlamaConfig, LlamaDecoder
 
     model = LlamaDecoder(LlamaConfig(hidden=512, intermediate=1408, heads=8, kv_heads=4, layers=2)).to(
         "cuda", torch.bfloat16
@@ -305,7 +305,7 @@ def test_the_forward_gemm_accumulates_fast_and_the_backward_ones_in_full(recipe)
 
 def test_training_loop_does_not_grow_memory():
     """200 steps of compiled training (AdamW): memory in use after step 10 is memory in use after step 200."""
-    from benchmarks.llama import LlamaConfig, LlamaDecoder
+    from turbo_inductor.testing.llama import LlamaConfig, LlamaDecoder
 
     model = LlamaDecoder(LlamaConfig(hidden=512, intermediate=1408, heads=8, kv_heads=4, layers=2)).to(
         "cuda", torch.bfloat16

@@ -9,8 +9,8 @@ from conftest import DEVICE
 from torch._dynamo.utils import counters
 
 import turbo_inductor
-from benchmarks.llama import CONFIGS, LlamaDecoder
 from turbo_inductor.passes import manager
+from turbo_inductor.testing.llama import CONFIGS, LlamaDecoder
 
 
 def tiny_decoder():

@@ -6,7 +6,7 @@ unfused, so the same numerics). Traced into the compiled graph: no host work per
 
 Opt-in (``impl="overlap"``, priority below the reference): an earlier form, which drove the ProcessGroup from
 Python with a host-synchronizing shape check per call, measured 0.37-0.69x Inductor on two H200s
-(benchmarks/README.md); this form is not measured yet. Below CHUNK_MIN_ROWS rows per chunk or CHUNK_MIN_BYTES of
+(``benchmarks/bench_gemm_allreduce.py``). Below CHUNK_MIN_ROWS rows per chunk or CHUNK_MIN_BYTES of
 output, chunking cannot pay for its extra launches and smaller GEMMs, and the sequential reference runs.
 """
 

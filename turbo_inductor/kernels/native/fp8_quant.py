@@ -11,7 +11,7 @@ from ..registry import implementation
 from . import ops, unavailable_reason
 
 # Above Triton's (20): on the H200 they tie on tensorwise blocks and the native kernels are twice as fast on column
-# blocks (benchmarks/README.md); other blocks go to Triton.
+# blocks (``benchmarks/bench_fp8_quant.py``); other blocks go to Triton.
 PRIORITY = 30
 # Row blocks in one layout on rows longer than this go to Triton, whose kernel was 1.6x faster there on the H200
 # (8192x14336: 0.094 against 0.149 ms; native faster at 8192x4096). Both layouts stay native: one call, two reads.

@@ -9,7 +9,7 @@ from . import ops, unavailable_reason
 
 # A row lives in registers between the kernels' passes over it: at most 32 KiB (16384 bf16, 8192 fp32 elements).
 MAX_ROW_BYTES = 32768
-# Below Triton's (20): on the H200 the forward ties and the backward is slower (benchmarks/README.md).
+# Below Triton's (20): on the H200 the forward ties and the backward is slower (``bench_rmsnorm.py --impls``).
 PRIORITY = 10
 
 

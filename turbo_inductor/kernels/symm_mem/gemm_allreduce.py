@@ -20,7 +20,7 @@ The work is runtime state, so it runs in two operators of their own, ``turbo_ind
 and ``_bwd`` (fakes give their shapes), which a compiled graph calls as extern kernels: the implementation traces
 into the graph as that call, as the native kernels' do, and the op's eager rank check stays out of compiled code.
 Opt-in (``impl="symm_mem"``, below the reference); ``autotune`` never chooses among collective implementations
-(``registry.collective``). Measured on two H200s (benchmarks/README.md) it is bound by the host: at 8192x4096x7168
+(``registry.collective``). Measured on two H200s (``bench_gemm_allreduce``) it is bound by the host: at 8192x4096x7168
 with 4 chunks a call took 1.017 ms (Inductor's 1.064), of which issuing it took the host 0.861 ms, about 0.12 ms
 of Python per chunk (a GEMM, a copy, a barrier, an add, stream waits). A Python-issued pipeline cannot overlap much
 more on that host; the same steps issued from C++ (or captured in a CUDA graph) would leave the GPU's times alone.

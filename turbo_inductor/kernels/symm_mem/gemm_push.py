@@ -1,7 +1,7 @@
 """GEMM + all-reduce of two ranks in one persistent Triton kernel that pushes its output tiles into the peer's
 symmetric memory by TMA as it computes them (``impl="push"``, opt-in).
 
-Design "owner" of ``benchmarks/probe_gemm_push.py`` (which measures it beside the designs that lost): rank 1 runs
+Each output tile has an owner, the rank that computes it second (of the designs measured, the fastest): rank 1 runs
 the tiles from half-way, so each tile is computed early by one rank and half a kernel later by the other, its
 owner. The early rank pushes its partial into the owner's buffer; the owner, half a kernel later, finds it landed,
 adds it to its own partial (both rounded to the output dtype first, as GEMM then all-reduce rounds them), stores the
@@ -17,10 +17,10 @@ so after the peer's last read of that place in call c, and its final of a tile i
 call c + 1 has come, so after the peer finished call c. Flags hold the number of the call that raised them: a
 counter in device memory, advanced by the stream before each call, so that a CUDA graph's replays count too.
 
-Measured on two H200s (benchmarks/README.md, thirteenth and fifteenth sessions), compiled, calls back to back:
+Measured on two H200s (``benchmarks/bench_gemm_allreduce.py``), compiled, calls back to back:
 1.19-1.21x Inductor at 8192x4096x7168 (0.713-0.727 ms; the GEMM alone takes 0.60, and 0.61 as this kernel without
 its pushes), 1.22-1.46x at 8192x4096x2048, 1.17-1.18x at 4096x4096x7168; the column-parallel backward's form
-(x @ w) alike. Where the other 0.1 ms goes (``probe_gemm_push.py --breakdown --interference``): NVLink traffic
+(x @ w) alike. Where the other 0.1 ms goes (the kernel timed without pushes, sums or copies): NVLink traffic
 slows the GEMM by 0.03-0.055 ms whoever issues it (the copy engines too), the owners' waits and sums take 0.03,
 the copies of the finals 0.02.
 
@@ -57,7 +57,7 @@ TILE = (128, 256, 64, 3, 8)
 GROUP_M = 8  # row tiles per group: consecutive programs share x's rows and w's columns in L2
 RESERVED_SMS = 4
 # Below this output size GEMM then all-reduce runs instead: the kernel won 1.09-1.16x at 8 MiB (1024x4096) and took
-# twice GEMM then all-reduce's time at 2 MiB (256x4096x7168; benchmarks/README.md, thirteenth session).
+# twice GEMM then all-reduce's time at 2 MiB (256x4096x7168).
 MIN_OUTPUT_BYTES = 8 << 20
 INTERPRETED = tl.constexpr(interpreting())
 # (cols, dtype, device, group) -> PeerBuffers; a key's buffers grow to the most rows asked for.

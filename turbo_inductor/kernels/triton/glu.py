@@ -372,7 +372,7 @@ def quantizes_in_its_pass(F: int, block_cols: int) -> bool:
     """Whether the forward quantizes its [rows, F] output in blocks of 1 x ``block_cols`` in its own pass: blocks of
     powers of two that a tile holds, or one block per row where a row fits one tile. (A whole-row scale of a row wider
     than a tile needs a second pass over the row: one that recomputed the row from its inputs, through L2, was slower
-    on the H200 than the quantization kernel's separate pass: benchmarks/README.md.)"""
+    on the H200 than the quantization kernel's separate pass.)"""
     block, block_f = min(block_cols, F), glu_tiling(F).block_f
     return block <= block_f and (block == F or block & (block - 1) == 0)
 

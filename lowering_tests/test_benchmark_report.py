@@ -1,0 +1,185 @@
+"""The benchmarks' results as data: the JSON each run writes, and the README generated from it (no compiles)."""
+
+import argparse
+import json
+import re
+
+import pytest
+
+from benchmarks import record, report
+
+ENVIRONMENT = {
+    "machine": "1x NVIDIA H200",
+    "torch": "2.11.0+cu130",
+    "triton": "3.6.0",
+    "torchao": None,
+    "python": "3.12.3",
+    "date": "2026-12-01T10:00:00+00:00",
+    "command": ["python3", "-m", "benchmarks.x"],
+}
+
+
+def op_rows(cases, modes, backends, gpu=True):
+    """Rows as the op benchmarks write them; a backend's time is Inductor's over its index + 1."""
+    rows = []
+    for case in cases:
+        for mode in modes:
+            for n, backend in enumerate(backends):
+                ratio = 1.0 if backend == "inductor" else 1.0 + 0.1 * (n + 1)
+                row = {"shape": case, "mode": mode, "backend": backend, "ms": 0.5 / ratio, "rate": 1.0}
+                row["speedup_vs_inductor"] = ratio
+                if gpu:
+                    row.update(gpu_ms=0.4 / ratio, gpu_speedup_vs_inductor=ratio)
+                rows.append(row)
+    return rows
+
+
+def result(benchmark, rows, **extra):
+    return {"benchmark": benchmark, "configuration": {}, "rows": rows, **extra, "environment": ENVIRONMENT}
+
+
+def model_rows(model, columns, gpu=True):
+    rows = []
+    for n, column in enumerate(columns):
+        row = {"model": model, "column": column, "step_ms": 20.0 / (1 + n / 10), "speedup_vs_inductor": 1 + n / 10}
+        if gpu:
+            row.update(gpu_ms=18.0, peak_gib=2.92)
+        row.update(compile_s=30.0, out_snr_db=None if column == "inductor" else 41.2, dx_snr_db=38.0)
+        rows.append(row)
+    return rows
+
+
+def every_benchmark() -> dict[str, dict]:
+    """One GPU run of each benchmark in its default configuration, with the rows it writes."""
+    fp8_cases = ["fp8 linear fwd 8192x4096->14336", "rmsnorm -> fp8 linear fwd 8192x4096->14336"]
+    fp8_cases += ["swiglu -> fp8 linear fwd 8192x28672->4096", "frozen fp8 linear fwd 8192x4096->14336"]
+    fp8_cases += [f"linear 8192x{d}->{d}" for d in (2048, 4096, 8192)]
+    quant_modes = ["tensorwise", "tensorwise transposed", "rowwise", "rowwise transposed"]
+    quant_modes += ["tensorwise both layouts", "rowwise both layouts"]
+    fp8_backends = ["bare fp8 GEMM", "inductor", "primus_turbo fp8 tensorwise", "primus_turbo fp8 rowwise"]
+    columns = ["eager", "inductor", "primus_turbo", "primus_turbo fp8 tensorwise", "primus_turbo fp8 rowwise"]
+    columns += ["torchao fp8 tensorwise", "torchao fp8 rowwise"]
+    columns += ["torchao fp8 tensorwise on primus_turbo", "torchao fp8 rowwise on primus_turbo"]
+    goals = [
+        {"model": "llama3-8b", "goal": f"goal {n}", "measured": "1.00x", "met": False, "target_speedup": 1.4}
+        for n in range(3)
+    ]
+    fsdp2 = [
+        {"column": c, "step_ms": 30.0, "speedup_vs_inductor": 1.3, "peak_gib": 5.0, "out_snr_db": 30.0}
+        for c in ["inductor", "primus_turbo", "primus_turbo fp8 tensorwise", "primus_turbo fp8 rowwise"]
+        + ["primus_turbo fp8 tensorwise, W^T not saved", "primus_turbo fp8 rowwise, W^T not saved"]
+        + ["torchao fp8 tensorwise", "torchao fp8 rowwise"]
+    ]
+    gemm = ["mm then all-reduce", "inductor", "primus_turbo", "primus_turbo impl=overlap", "primus_turbo impl=push"]
+    gemm_shapes = ["8192x4096x7168", "8192x4096x2048", "4096x4096x7168", "16x4096x7168"]
+    return {
+        "model_llama3-8b_train_fp8-tensorwise+rowwise.json": result(
+            "model", model_rows("llama3-8b", columns), goals=goals
+        ),
+        "rmsnorm.json": result(
+            "rmsnorm",
+            op_rows(
+                ["rmsnorm 8192x4096", "rmsnorm+residual 8192x4096"], ["fwd", "fwd+bwd"], ["inductor", "primus_turbo"]
+            ),
+        ),
+        "glu.json": result(
+            "glu",
+            op_rows(
+                ["swiglu 8192x14336", "swiglu fused gate/up 8192x14336", "swiglu probs (MoE) 8192x14336"],
+                ["fwd", "fwd+bwd"],
+                ["eager", "op (eager call)", "inductor", "primus_turbo"],
+            ),
+        ),
+        "fp8.json": result("fp8", op_rows(fp8_cases, ["fwd"], fp8_backends, gpu=False)),
+        "fp8_quant.json": result(
+            "fp8_quant",
+            op_rows(["8192x4096", "8192x14336", "4096x14336"], quant_modes, ["eager", "inductor", "triton", "native"]),
+        ),
+        "convergence.json": result(
+            "convergence",
+            [
+                {"column": c, "first_loss": 1.0, "last_loss": 0.8, "max_deviation_vs_inductor": 0.001}
+                for c in ["inductor", "primus_turbo", "primus_turbo fp8 tensorwise", "primus_turbo fp8 rowwise"]
+            ],
+        ),
+        "gemm_allreduce_2ranks.json": result(
+            "gemm_allreduce", op_rows(gemm_shapes, ["fwd", "fwd back-to-back"], gemm, gpu=False)
+        ),
+        "fsdp2_llama3-8b_2ranks.json": result("fsdp2", fsdp2),
+    }
+
+
+def test_the_readme_is_what_the_report_makes_of_the_committed_results():
+    assert report.README.read_text() == report.render(report.load()), "run: python -m benchmarks.report"
+
+
+def test_a_readme_of_every_benchmark_fits_two_pages():
+    for text in (report.render(every_benchmark()), report.README.read_text()):
+        lines = text.splitlines()
+        assert len(lines) <= report.MAX_LINES
+        assert max(map(len, lines)) <= report.MAX_WIDTH, max(lines, key=len)
+    assert "Not run on a GPU yet" not in report.render(every_benchmark())
+
+
+def test_the_report_renders_a_result():
+    rows = op_rows(["rmsnorm 8192x4096"], ["fwd", "fwd+bwd"], ["eager", "op (eager call)", "inductor", "primus_turbo"])
+    cpu_model = model_rows("tiny", ["eager", "inductor", "primus_turbo"], gpu=False)
+    cpu_model.append({"model": "tiny", "column": "primus_turbo fp8 rowwise", "error": "RuntimeError: no"})
+    text = report.render(
+        {
+            "rmsnorm.json": result("rmsnorm", rows),
+            "model_tiny_train.json": result("model", cpu_model),
+        }
+    )
+    assert (
+        "## RMSNorm: `bash benchmarks/run_gpu.sh rmsnorm` (`bench_rmsnorm.py`)\n\n"
+        "`rmsnorm.json`: 1x NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, Python 3.12.3, 2026-12-01.\n\n"
+        "| shape | mode (GPU ms) | inductor | primus_turbo |\n"
+        "|---|---|---|---|\n"
+        "| rmsnorm 8192x4096 | fwd | 0.4000 | 0.2857 (1.40x) |\n"
+        "| rmsnorm 8192x4096 | fwd+bwd | 0.4000 | 0.2857 (1.40x) |\n"
+    ) in text
+    # what the run did not measure (GPU time, memory on CPU) is no column; an SNR of null: identical outputs
+    assert (
+        "| column | step ms | vs Inductor | compile s | out SNR dB | dx SNR dB |\n"
+        "|---|---|---|---|---|---|\n"
+        "| eager | 20.000 | 1.00x | 30.0 | 41.2 | 38.0 |\n"
+        "| inductor | 18.182 | 1.10x | 30.0 | exact | 38.0 |\n"
+        "| primus_turbo | 16.667 | 1.20x | 30.0 | 41.2 | 38.0 |\n"
+        "| primus_turbo fp8 rowwise | failed: RuntimeError: no |  |  |  |  |\n"
+    ) in text
+    assert "## SwiGLU: `bash benchmarks/run_gpu.sh glu` (`bench_glu.py`)\n\nNot run on a GPU yet.\n" in text
+    with pytest.raises(ValueError, match="does not know: \\['mystery'\\]"):
+        report.render({"x.json": result("mystery", [])})
+
+
+def test_every_section_reruns_a_step_of_run_gpu_sh():
+    script = (report.BENCHMARKS_DIR / "run_gpu.sh").read_text()
+    steps = set(re.findall(r"^\s+([a-z_0-9]+)\)", script, re.MULTILINE))
+    assert {benchmark.step for benchmark in report.BENCHMARKS} <= steps
+    assert all((report.BENCHMARKS_DIR / benchmark.script).exists() for benchmark in report.BENCHMARKS)
+
+
+def test_a_run_is_written_as_json_named_by_its_configuration(tmp_path, monkeypatch):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shapes", default="8192x4096")
+    parser.add_argument("--impls", action="store_true")
+    parser.add_argument("--out")
+    args = parser.parse_args(["--shapes", "1x2,3x4", "--impls", "--out", str(tmp_path)])
+    parts = record.changed_options(parser, args, ignore={"out"})
+    assert parts == ["shapes-1x2-3x4", "impls"]
+    rows = [{"ms": 1.0, "snr": float("inf"), "gpu": float("nan"), "shape": (1, 2)}]
+    path = record.write("rmsnorm", parts, vars(args), rows, args.out)
+    assert path == str(tmp_path / "rmsnorm_shapes-1x2-3x4_impls.json")
+    written = json.loads(open(path).read(), parse_constant=pytest.fail)  # NaN or Infinity would fail here
+    assert written["rows"] == [{"ms": 1.0, "snr": None, "gpu": None, "shape": [1, 2]}]
+    assert written["benchmark"] == "rmsnorm" and written["configuration"]["shapes"] == "1x2,3x4"
+    assert set(written["environment"]) == {"machine", "torch", "triton", "torchao", "python", "date", "command"}
+    record.write("rmsnorm", parts, vars(args), rows, args.out)  # the same configuration again: overwritten
+    with pytest.raises(FileExistsError, match="another configuration"):
+        record.write("rmsnorm", parts, {**vars(args), "dtype": "float16"}, rows, args.out)
+    assert len(record.file_name("model", ["x" * 300])) <= record.MAX_NAME + len(".json")
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    assert record.output_dir() == tmp_path / "out" and (tmp_path / "out").is_dir()
+    monkeypatch.delenv("OUT")
+    assert record.output_dir() == record.DEFAULT_OUT
