@@ -95,6 +95,15 @@ def every_benchmark() -> dict[str, dict]:
             "fp8_quant",
             op_rows(["8192x4096", "8192x14336", "4096x14336"], quant_modes, ["eager", "inductor", "triton", "native"]),
         ),
+        "grouped_mm.json": result(
+            "grouped_mm",
+            [
+                {"shape": shape, "mode": mode, "column": column, "ms": 1.0, "speedup_vs_torch_grouped_mm": 1.0}
+                for shape in ("mixtral-8x7b gate_up 16384x4096->28672", "qwen3-30b-a3b down 65536x768->2048")
+                for mode in ("fwd", "fwd+bwd")
+                for column in ("bf16 torch._grouped_mm", "grouped_mm", "fp8_grouped_mm rowwise")
+            ],
+        ),
         "convergence.json": result(
             "convergence",
             [
