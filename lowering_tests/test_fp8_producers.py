@@ -93,24 +93,26 @@ def test_triton_quantizes_after_the_norm_where_its_tile_cannot(case, monkeypatch
     )
 
 
+GLU_SIZES = [
+    (1792, 128, False),  # several chunks of 1 x 128 blocks per row (a chunk is 256 wide)
+    (300, 32, True),  # rows narrower than a tile (several rows per tile), a partial last block
+    (300, 300, False),  # one block per row, the row in one tile
+    (1300, 1300, False),  # one block per row, wider than a tile: the quantization kernel after the GLU
+    (300, 96, False),  # not a power of two: likewise
+    (2100, 2048, False),  # a block wider than a tile: likewise
+]
+GLU_FORMS = ["halves", "separate", "moe"]
+
+
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize(
-    "F, block_cols, power_of_two",
-    [
-        (1792, 128, False),  # several chunks of 1 x 128 blocks per row (a chunk is 256 wide)
-        (300, 32, True),  # rows narrower than a tile (several rows per tile), a partial last block
-        (300, 300, False),  # one block per row, the row in one tile
-        (5000, 5000, False),  # one block per row, wider than a tile: the quantization kernel after the GLU
-        (5000, 96, False),  # not a power of two: likewise
-        (5000, 2048, False),  # wider than a tile: likewise
-    ],
-    ids=lambda v: str(v),
-)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("form", ["halves", "separate", "moe"])
-def test_glu_kernel_equals_the_glu_then_the_quantization(impl, F, block_cols, power_of_two, dtype, form, monkeypatch):
+@pytest.mark.parametrize("F, block_cols, power_of_two", GLU_SIZES, ids=lambda v: str(v))
+@pytest.mark.parametrize("form", GLU_FORMS)
+def test_glu_kernel_equals_the_glu_then_the_quantization(impl, F, block_cols, power_of_two, form, monkeypatch):
     """Bit for bit, GPU included (the GLU is elementwise: no reduction order to differ): gate and up as the halves of
-    one tensor (strided rows), as two tensors, and with MoE probs and a row mask (dropped rows: zeros, floor scales)."""
+    one tensor (strided rows), as two tensors, and with MoE probs and a row mask (dropped rows: zeros, floor scales).
+    The dtype alternates over sizes and forms."""
+    size = GLU_SIZES.index((F, block_cols, power_of_two))
+    dtype = [torch.bfloat16, torch.float32][(size + GLU_FORMS.index(form)) % 2]
     monkeypatch.setattr(triton_glu, "MAX_BLOCK_F", 1024)  # several chunks per row at test sizes
     monkeypatch.setattr(triton_glu, "MIN_BLOCK_F", 256)
     x = torch.randn(7, 2 * F, device=DEVICE, dtype=dtype) * 3

@@ -29,7 +29,8 @@ FNUZ = [torch.float8_e4m3fnuz, torch.float8_e5m2fnuz]
 # Mantissa bits (torch.finfo(float8_e5m2fnuz).eps says 0.125: wrong, it has two).
 MANTISSA_BITS = {torch.float8_e4m3fn: 3, torch.float8_e5m2: 2, torch.float8_e4m3fnuz: 3, torch.float8_e5m2fnuz: 2}
 INPUT_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-SIZES = [1, 17, 128, 300]
+# Shapes covering each size in both dimensions: one element, one row or column, whole and partial 128-blocks.
+SHAPES = [(1, 1), (1, 300), (17, 128), (128, 17), (300, 1), (300, 300)]
 # name -> (block_rows, block_cols, power_of_two); None stands for the whole dim.
 BLOCKS = {
     "tensorwise": (None, None, False),
@@ -179,15 +180,14 @@ def _snr_db(x, deq):
 # ---------------------------------------------------------------------------------------------------------------
 # Tests
 # ---------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("K", SIZES)
-@pytest.mark.parametrize("M", SIZES)
+@pytest.mark.parametrize("M, K", SHAPES, ids=lambda size: str(size))
 @pytest.mark.parametrize("transpose", [False, True], ids=["rowmajor", "transposed"])
 @pytest.mark.parametrize("block", list(BLOCKS))
 @pytest.mark.parametrize("fp8_dtype", OCP, ids=_fmt)
 @pytest.mark.parametrize("impl_name", list(IMPLS))
 def test_quantize(impl_name, fp8_dtype, block, transpose, M, K):
-    # Input dtypes rotate over the shapes, so that every block shape sees all three.
-    dtype = INPUT_DTYPES[(SIZES.index(M) + SIZES.index(K)) % 3]
+    # Input dtypes rotate over the shapes and blocks, so that every block shape sees all three.
+    dtype = INPUT_DTYPES[(SHAPES.index((M, K)) + list(BLOCKS).index(block)) % 3]
     br, bc, pow2 = _block(block, M, K)
     x = _rand(M, K, dtype, seed=M * 1000 + K)
     _check(impl_name, x, fp8_dtype, br, bc, transpose, power_of_two=pow2)
@@ -344,9 +344,9 @@ def tiny_tiles(monkeypatch):
 @pytest.mark.parametrize("transpose", [False, True], ids=["rowmajor", "transposed"])
 @pytest.mark.parametrize("block", list(BLOCKS))
 def test_triton_two_pass_path(tiny_tiles, block, transpose):
-    # Two block rows of 128x128 (the second partial); fewer rows for the small blocks (the interpreter runs each of
+    # Two block rows of 128x128 (the second partial); fewer rows for the other blocks (the interpreter runs each of
     # their many programs in turn).
-    M, K = (130 if block in ("tensorwise", "weight_128x128") else 20), 140
+    M, K = (130 if block == "weight_128x128" else 20), 140
     br, bc, pow2 = _block(block, M, K)
     tiling = triton_fp8.fp8_tiling(M, K, br, bc, transpose)
     assert not tiling.fused

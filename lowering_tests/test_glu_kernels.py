@@ -177,10 +177,11 @@ def _check(impl, activation, dtype, F, rows, layout, has_probs, has_mask, seed=0
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("rows", [0, 1, 5])
 @pytest.mark.parametrize("F", [1, 127, 4097])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("impl_name", list(IMPLS))
-def test_glu_fwd_bwd(impl_name, activation, dtype, F, rows, layout, form):
+def test_glu_fwd_bwd(impl_name, activation, F, rows, layout, form):
+    # The dtype rotates over sizes and forms, so that each meets every activation, form and layout.
+    dtype = DTYPES[([1, 127, 4097].index(F) + [0, 1, 5].index(rows) + list(FORMS).index(form)) % len(DTYPES)]
     _check(IMPLS[impl_name], activation, dtype, F, rows, layout, *FORMS[form])
 
 
