@@ -1,0 +1,1 @@
+"""Models the tests and benchmarks share, written the way real training code writes them."""
