@@ -85,6 +85,33 @@ def test_permute_and_combine_match_float64(impl, routing, dtype):
     assert out.dtype == dtype and dx.dtype == dtype and dw.dtype == torch.float32
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="real sizes: the GPU's kernels against the reference")
+@pytest.mark.parametrize(
+    "tokens, k, experts, hidden", [(8192, 8, 128, 2048), (8192, 2, 8, 4096)], ids=["qwen3", "mixtral"]
+)
+def test_triton_routing_at_real_sizes_equals_the_reference(tokens, k, experts, hidden):
+    """Qwen3-30B-A3B's and Mixtral's routing of batch 2 x 4096: the order, offsets and row copies exactly the
+    reference's, the sums within bf16 rounding of it (another summation order), every kernel bitwise reproducible."""
+    indices = torch.topk(torch.randn(tokens, experts, device=DEVICE), k).indices
+    weights = torch.rand(tokens, k, device=DEVICE)
+    x = torch.randn(tokens, hidden, device=DEVICE, dtype=torch.bfloat16)
+    y = torch.randn(tokens * k, hidden, device=DEVICE, dtype=torch.bfloat16)
+    results = {}
+    for impl in ("reference", TRITON, TRITON):
+        x_sorted, _, offs, order, positions = ops.moe_permute(x, indices, experts, impl=impl)
+        out = ops.moe_combine(y, positions, weights, impl=impl)
+        dy, dweights = torch.ops.turbo_inductor.moe_combine_bwd(x, y, weights, positions, impl)
+        got = (x_sorted, offs, order, positions, out, dy, dweights)
+        if impl in results:
+            assert all(torch.equal(a, b) for a, b in zip(got, results[impl]))
+        results[impl] = got
+    for i, (a, b) in enumerate(zip(results[TRITON], results["reference"])):
+        if i < 4 or i == 5:
+            assert torch.equal(a, b), i
+        else:
+            torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-2)
+
+
 def test_no_tokens_and_unweighted_combine():
     x = torch.randn(0, H, device=DEVICE)
     indices = torch.zeros(0, K, dtype=torch.int64, device=DEVICE)
@@ -295,7 +322,7 @@ class NearMiss(torch.nn.Module):
             y = torch._grouped_mm(x_sorted, self.w.transpose(-2, -1), offs=offs)
         weighted = y * weights.reshape(-1)[perm].unsqueeze(-1)
         inverse = torch.empty_like(perm)
-        inverse[perm] = torch.arange(perm.shape[0])
+        inverse[perm] = torch.arange(perm.shape[0], device=perm.device)
         total = weighted[inverse].view(-1, 2, 32).sum(1)
         return total if self.variant == "sum kept in fp32" else total.to(x.dtype)
 

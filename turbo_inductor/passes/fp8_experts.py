@@ -37,7 +37,7 @@ def _transposes(node: fx.Node) -> bool:
 
 
 class FP8ExpertsPass(RewritePass):
-    """Grouped GEMMs (MoE experts) to FP8 grouped GEMMs of the `fp8` option's recipe."""
+    """MoE experts' grouped GEMMs to FP8 ones of the `fp8` option's recipe."""
 
     name = "fp8_experts"
     phase = Phase.CLAIM

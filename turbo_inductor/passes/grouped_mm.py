@@ -63,7 +63,7 @@ def _read_through_cast(x):
 
 
 class GroupedMMPass(RewritePass):
-    """Grouped GEMMs (`torch._grouped_mm`, transformers' fallback) to `turbo_inductor.grouped_mm`."""
+    """`torch._grouped_mm` and transformers' fallback to `turbo_inductor.grouped_mm`."""
 
     name = NAME
     phase = Phase.CANONICALIZE

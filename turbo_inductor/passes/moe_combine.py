@@ -58,6 +58,16 @@ def _summed_choices(gathered: fx.Node, tokens, k: int) -> fx.Node | None:
     return total
 
 
+def _scatters_whole_rows(base, index, src, k: int) -> bool:
+    return (
+        len(base) == len(index) == len(src) == 2
+        and same(base[0] * k, index[0])
+        and same(index[0], src[0])
+        and same(base[1], index[1])
+        and same(index[1], src[1])
+    )
+
+
 def _zeros(node) -> bool:
     return m.calls(node, "new_zeros", (torch.zeros_like, torch.zeros))
 
@@ -87,8 +97,10 @@ class MoECombinePass(RewritePass):
     def _sums(self, graph: fx.Graph, permute: MoEPermuteNode) -> int:
         """transformers: the weighted rows gathered by the inverse permutation, viewed [T, k, H] and summed."""
         positions = permute.output("positions")
+        if positions is None:
+            return 0
         tokens, k = m.fake(positions).shape
-        flats = [u for u in positions.users if flat_source(u) is positions] if positions is not None else []
+        flats = [u for u in positions.users if flat_source(u) is positions]
         count = 0
         for gathered in [g for flat in flats for g in flat.users]:
             c = m.call(gathered)
@@ -124,9 +136,9 @@ class MoECombinePass(RewritePass):
                 if not m.calls(scatter, "scatter_add", (torch.scatter_add,)) or m.arg(scatter, 1, "dim") != 0:
                     continue
                 base, src = m.arg(scatter, 0, "input"), m.arg(scatter, 3, "src")
-                if m.arg(scatter, 2, "index") is not index or not same(
-                    m.fake(base).shape[0], m.fake(index).shape[0] // k
-                ):
+                shapes = [m.fake(v).shape for v in (base, index, src)]
+                # every row and column of base gets its token's rows: base [T, H], index and src [T * k, H]
+                if m.arg(scatter, 2, "index") is not index or not _scatters_whole_rows(*shapes, k):
                     continue
                 y, weights = rows_and_weights(src, permute)
                 if m.fake(y).dtype != m.fake(scatter).dtype:

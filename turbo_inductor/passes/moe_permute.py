@@ -180,8 +180,9 @@ class Site:
                 if not _counts_experts(histc, self.experts):
                     continue
                 cumsums = [c for c in histc.users if _int32_cumsum(c)]
-                self.offs += cumsums
-                self.matched += [ids, *_casts_between(ids, histc), histc, *cumsums]
+                if cumsums:
+                    self.offs += cumsums
+                    self.matched += [ids, *_casts_between(ids, histc), histc, *cumsums]
 
 
 def _is_arange(node, length) -> bool:
@@ -222,7 +223,7 @@ def _int32_cumsum(node) -> bool:
 
 
 class MoEPermutePass(RewritePass):
-    """MoE routing (sort by expert, gathers, counts, offsets, inverse) to `turbo_inductor.moe_permute`."""
+    """MoE routing (sort by expert, gathers, counts, inverse) to `turbo_inductor.moe_permute`."""
 
     name = NAME
     phase = Phase.FUSE
