@@ -6,8 +6,8 @@ compile time and
 the SNR against Inductor; writes the table as JSON and a speedup chart as PNG, per model, and with several models
 (``--config llama3-8b,llama2-7b,qwen2.5-7b``) one chart of every column's speedup per model. The MoE configs
 (``--config mixtral-8x7b,qwen3-30b-a3b``) build a decoder of transformers' own MoE classes at those shapes, with a
-column of torchao's MoE training (its FP8 rowwise grouped GEMMs) in place of torchao's float8 linears. Defaults: the tiny
-config on CPU, one Llama-3-8B layer at batch 2 x seq 4096 on a GPU.
+column of torchao's MoE training (its FP8 rowwise grouped GEMMs) in place of torchao's float8 linears. Defaults: the
+tiny config on CPU, one Llama-3-8B layer at batch 2 x seq 4096 on a GPU.
 
     python -m benchmarks.run_model [--config llama3-8b[,...]] [--layers 1] [--batch 2] [--seq 4096] [--fp8 rowwise]
                                    [--mode train|inference [--freezing]] [--frozen-linears] [--autocast] [--dynamic]

@@ -197,6 +197,7 @@ def _assert_fused(counts, grouped: int, glu: int) -> None:
     the permute's gradients by dispatch and gather-sum, dx and dW of each grouped GEMM)."""
     assert counts["grouped_mm"] == grouped and counts["glu"] == glu
     assert counts["moe_permute"] == 1 and counts["moe_combine"] == 1
+    assert len(turbo_inductor.compile_records()) == 1  # one graph: no graph break
     record = turbo_inductor.compile_records()[-1]
     assert ops_after("turbo_inductor.moe_permute") == 1 and ops_after("turbo_inductor.moe_combine") == 1
     left = [
@@ -222,22 +223,23 @@ def test_torchtitan_moe_with_a_shared_expert():
     _assert_fused(counts, grouped=3, glu=2)  # the experts' and the shared expert's SwiGLU
 
 
-def test_no_recompile_as_the_routing_changes():
-    """Token counts per expert are data: three steps with other routings run the one compiled graph."""
+def test_no_recompile_as_the_routing_or_the_length_changes():
+    """Token counts per expert are data: steps with other routings run the one compiled graph, and with
+    ``dynamic=True`` so does another sequence length (every size the passes compare is symbolic then)."""
     model, _ = _titan()
-    compiled = torch.compile(model, backend="primus_turbo")
+    compiled = torch.compile(model, backend="primus_turbo", dynamic=True)
     torch._dynamo.utils.counters.clear()
     routings = []
-    for _ in range(3):
-        x = torch.randn(2, 8, 64, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    for seq in (8, 8, 12):
+        x = torch.randn(2, seq, 64, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
         out = compiled(x)
         out.float().square().sum().backward()
         with torch.no_grad():
             torch.testing.assert_close(out, model(x), rtol=2e-2, atol=2e-2)
-            routings.append(torch.topk(model.router(x.view(-1, 64)).float(), 2, dim=1).indices)
+            routings.append(torch.topk(model.router(x[:, :8].reshape(-1, 64)).float(), 2, dim=1).indices)
     assert not torch.equal(routings[0], routings[1]) and not torch.equal(routings[1], routings[2])
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
-    assert len(turbo_inductor.compile_records()) == 1
+    assert len(turbo_inductor.compile_records()) == 1 and turbo_inductor.rewrite_counts()["moe_combine"] == 1
 
 
 @pytest.mark.parametrize(
@@ -272,9 +274,11 @@ def test_fp8_rowwise_experts_meet_the_gates(exclude, fused):
 
 
 def test_the_experts_filter_leaves_experts_in_bf16():
+    """In inference as well: the routing fused, the shared expert in FP8, the experts bf16 grouped GEMMs."""
     model, inputs = _titan()
     run(model, inputs, "primus_turbo", train=False, options={"fp8": {"recipe": "rowwise", "experts": False}})
     counts = turbo_inductor.rewrite_counts()
+    assert counts["moe_permute"] == counts["moe_combine"] == 1
     assert counts["fp8_experts"] == 0 and counts["fp8"] == 3 and ops_after("turbo_inductor.grouped_mm") == 3
 
 

@@ -55,7 +55,9 @@ class FP8ExpertsPass(RewritePass):
                 continue
             xt, wt, ot = (m.fake(v) for v in (gemm.x, gemm.weight, gemm.offs))
             if not can_rewrite_fp8(xt, wt, ot):
-                declined(self.name, node, f"weight {list(wt.shape)}: K and N must be static multiples of 16")
+                declined(
+                    self.name, node, f"weight {list(wt.shape)}: no FP8 grouped GEMM (K and N static multiples of 16)"
+                )
                 continue
             name = parameter_name(parameter_of(gemm.weight))
             if (config.exclude and re.search(config.exclude, name)) or min(wt.shape[1:]) < config.min_size:

@@ -28,8 +28,8 @@ _TORCH_SPELLINGS = tuple(
     for target in (getattr(torch, "_grouped_mm", None), getattr(F, "grouped_mm", None), getattr(_ATEN, "default", None))
     if target is not None
 )
-# (x, weight, offs, bias, out_dtype) by position; keyword names differ by spelling
-_KEYWORDS = (("self", "mat_a", "input"), ("mat2", "mat_b", "weight"), ("offs",), ("bias",), ("out_dtype",))
+# (x, weight, offs, bias) by position; keyword names differ by spelling. An out_dtype shows in the result's dtype.
+_KEYWORDS = (("self", "mat_a", "input"), ("mat2", "mat_b", "weight"), ("offs",), ("bias",))
 
 
 def _transformers_fallback(target) -> bool:
@@ -39,7 +39,7 @@ def _transformers_fallback(target) -> bool:
 
 
 def _operands(node: fx.Node) -> list | None:
-    """[x, weight, offs, bias, out_dtype] of a grouped GEMM call of any spelling; None for other nodes."""
+    """[x, weight, offs, bias] of a grouped GEMM call of any spelling; None for other nodes."""
     if node.op != "call_function" or not (node.target in _TORCH_SPELLINGS or _transformers_fallback(node.target)):
         return None
     values = []
@@ -50,16 +50,10 @@ def _operands(node: fx.Node) -> list | None:
 
 
 def _read_through_cast(x):
-    """x's producer where x casts it to its own dtype (a no-op)."""
+    """x's producer where x casts it to its own dtype (a no-op); else x."""
     c = m.call(x)
-    if (
-        c is not None
-        and c.op == "cast"
-        and m.fake(c.args[0]) is not None
-        and m.fake(c.args[0]).dtype == c.kwargs["dtype"]
-    ):
-        return c.args[0]
-    return x
+    source = c.args[0] if c is not None and c.op == "cast" else None
+    return source if m.fake(source) is not None and m.fake(source).dtype == m.fake(x).dtype else x
 
 
 class GroupedMMPass(RewritePass):
@@ -74,7 +68,7 @@ class GroupedMMPass(RewritePass):
             operands = _operands(node)
             if operands is None:
                 continue
-            x, weight, offs, bias, out_dtype = operands
+            x, weight, offs, bias = operands
             xt, wt, ot, yt = (m.fake(v) for v in (x, weight, offs, node))
             if bias is not None or any(t is None for t in (xt, wt, ot, yt)) or yt.dtype != xt.dtype:
                 declined(self.name, node, "a bias, an output dtype other than x's, or operands without fakes")

@@ -117,7 +117,7 @@ def _expanded_rows(index) -> list[fx.Node]:
 
 @dataclasses.dataclass
 class Site:
-    """A routing site: what the permute replaces, each list producers first."""
+    """A routing site: the values the permute replaces, and the nodes that may go dead with them."""
 
     perm: fx.Node
     indices: fx.Node

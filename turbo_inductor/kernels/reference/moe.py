@@ -68,8 +68,8 @@ def moe_dispatch(src, positions, weights=None, other=None):
 @implementation(
     "moe_gather_sum", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=traced_off_cpu
 )
-def moe_gather_sum(src, positions, weights=None, out_dtype=None):
-    return _scaled(src[positions], weights).sum(1).to(out_dtype or src.dtype)
+def moe_gather_sum(src, positions, weights, out_dtype):
+    return _scaled(src[positions], weights).sum(1).to(out_dtype)
 
 
 __all__ = ["moe_route", "moe_dispatch", "moe_gather_sum"]

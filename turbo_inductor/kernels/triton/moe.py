@@ -196,13 +196,13 @@ def moe_dispatch(src, positions, weights=None, other=None):
 @implementation(
     "moe_gather_sum", "triton", priority=priority, unavailable_reason=unavailable_reason, traceable=traceable
 )
-def moe_gather_sum(src, positions, weights=None, out_dtype=None):
+def moe_gather_sum(src, positions, weights, out_dtype):
     """See ``..reference.moe.moe_gather_sum``."""
     tokens, k = positions.shape
     hidden = src.shape[1]
     src, positions = _rows(src), positions.contiguous()
     weights = None if weights is None else weights.contiguous()
-    out = src.new_empty((tokens, hidden), dtype=out_dtype or src.dtype)
+    out = src.new_empty((tokens, hidden), dtype=out_dtype)
     k_pad, block_h = _tile(k, hidden)
     if tokens and hidden:
         with on_device(src.device):
