@@ -354,3 +354,38 @@ def test_near_misses_are_left_alone_and_said_why(variant, fused, said, caplog):
     assert said in caplog.text
     with torch.no_grad():
         torch.testing.assert_close(out, model(*inputs), rtol=2e-2, atol=2e-2)
+
+
+class WeightedGLU(torch.nn.Module):
+    """Router weights on the experts' GLU output, as Primus-Turbo's MoE layers apply them; the rows then summed back
+    unweighted."""
+
+    def __init__(self):
+        super().__init__()
+        self.router = torch.nn.Linear(64, E, bias=False)
+        self.gate_up = torch.nn.Parameter(torch.randn(E, 64, 64) / 8)
+        self.down = torch.nn.Parameter(torch.randn(E, 64, 32) / 6)
+
+    def forward(self, x):
+        weights, indices = torch.topk(self.router(x).float().softmax(-1), 2, dim=-1)
+        ids, perm = torch.sort(indices.reshape(-1))
+        offs = torch.cumsum(torch.histc(ids.float(), bins=E, min=0, max=E - 1), dim=0, dtype=torch.int32)
+        h = torch._grouped_mm(x[perm // 2], self.gate_up.transpose(-2, -1), offs=offs)
+        gate, up = h.chunk(2, dim=-1)
+        h = torch.nn.functional.silu(gate) * up * weights.reshape(-1)[perm].unsqueeze(-1).to(x.dtype)
+        y = torch._grouped_mm(h, self.down.transpose(-2, -1), offs=offs)
+        return y[perm.argsort()].view(-1, 2, 64).sum(1)
+
+
+def test_router_weights_on_the_glu_output_go_into_the_glu():
+    """The GLU takes the permute's weights_sorted as its probs, and the combine sums the rows unweighted."""
+    torch.manual_seed(0)
+    model = WeightedGLU().to(DEVICE, torch.bfloat16)
+    x = torch.randn(10, 64, device=DEVICE, dtype=torch.bfloat16)
+    out, record = rewritten(model, [x], {"strict": True})
+    assert {name: record.counts[name] for name in ("moe_permute", "moe_combine", "glu")} == dict.fromkeys(
+        ("moe_permute", "moe_combine", "glu"), 1
+    )
+    assert record.ops_after["mul"] == 0  # the weighting went into the GLU (the outputs below still agree)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=2e-2, atol=2e-2)
