@@ -377,6 +377,16 @@ class WeightedGLU(torch.nn.Module):
         return y[perm.argsort()].view(-1, 2, 64).sum(1)
 
 
+def test_torchtitan_scores_before_the_experts():
+    """torchtitan's default: the scores scale the experts' input (a multiply left to Inductor), and the combine sums
+    the rows unweighted onto the shared expert's output."""
+    model, (x,) = _titan(score_before_experts=True, score_func="sigmoid")
+    out, record = rewritten(model, [x], {"strict": True})
+    assert record.counts["moe_permute"] == record.counts["moe_combine"] == 1 and record.ops_after["mul"] == 1
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=2e-2, atol=2e-2)
+
+
 def test_router_weights_on_the_glu_output_go_into_the_glu():
     """The GLU takes the permute's weights_sorted as its probs, and the combine sums the rows unweighted."""
     torch.manual_seed(0)
