@@ -1,5 +1,6 @@
 """The main job: a Llama-style decoder's training step (or inference forward) under eager, Inductor and primus_turbo
 (bf16, FP8 recipes, torchao's float8 beside them): step time, speedup, memory, compile time, SNR against Inductor.
+MoE configs (mixtral-8x7b, qwen3-30b-a3b) build transformers' MoE decoders, with torchao's MoE training beside them.
 ``python -m benchmarks.run_model [--config llama3-8b[,...]] [--fp8 tensorwise,rowwise] [--mode train|inference]``"""
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ import torch
 
 import turbo_inductor
 from benchmarks import record, report
-from turbo_inductor.testing.llama import CONFIGS, LlamaDecoder
+from turbo_inductor.testing.llama import CONFIGS as LLAMA_CONFIGS
+from turbo_inductor.testing.llama import LlamaDecoder
+from turbo_inductor.testing.moe import MOE_CONFIGS
+
+# Llama-style decoders, and MoE decoders built from transformers' classes (their configs build them)
+CONFIGS = {**LLAMA_CONFIGS, **MOE_CONFIGS}
 
 # FP8 recipes torchao has under the same names (a torchao column is added for each one requested), and those whose
 # torchao configs primus_turbo runs on its own fp8_linear (a column of the torchao model compiled by primus_turbo).
@@ -158,7 +164,8 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
     autocast_dtype, dtype = (dtype, torch.float32) if args.autocast else (None, dtype)
     config = model_config(args, model_name, on_gpu)
     torch.manual_seed(0)
-    base = LlamaDecoder(config).to(device, dtype)
+    moe = hasattr(config, "build")
+    base = (config.build() if moe else LlamaDecoder(config)).to(device, dtype)
     if args.frozen_linears:
         for module in base.modules():
             if isinstance(module, torch.nn.Linear):
@@ -190,7 +197,10 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
     ]
     # torchao's float8 training compiled by Inductor (the peer), and the same model compiled by primus_turbo, which
     # runs torchao's linears on our fp8_linear where their recipe is one of ours (passes/torchao_float8.py)
-    if importlib.util.find_spec("torchao") is not None:
+    if importlib.util.find_spec("torchao") is not None and moe:
+        # torchao's MoE training: its FP8 rowwise grouped GEMMs on the experts (the other linears stay bf16)
+        columns.append(("torchao moe fp8 rowwise", "inductor", {"torchao_moe": "rowwise"}))
+    elif importlib.util.find_spec("torchao") is not None:
         columns += [
             (f"torchao fp8 {recipe}", "inductor", {"torchao": recipe})
             for recipe in recipes
@@ -222,6 +232,12 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
 
             convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(options["torchao"]))
             run = torch.compile(model, backend=backend, dynamic=args.dynamic)
+        elif options and "torchao_moe" in options:
+            from torchao.prototype.moe_training.config import Float8TrainingOpConfig
+            from torchao.quantization import quantize_
+
+            quantize_(model, Float8TrainingOpConfig(), filter_fn=lambda module, fqn: fqn.endswith("experts"))
+            run = torch.compile(model, backend=backend, dynamic=args.dynamic)
         else:
             run = (
                 model
@@ -241,7 +257,14 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
             return out
 
         try:
-            results[name] = measure(step, x, device, args.kernels, left_over)
+            try:
+                results[name] = measure(step, x, device, args.kernels, left_over)
+            except Exception:
+                if not (options and "torchao_moe" in options):
+                    raise
+                # torchao's compiled MoE training fails on Hopper (ao#4048): measured eagerly, as the column says
+                run, name = model, f"{name} (eager: compile failed)"
+                results[name] = measure(step, x, device, args.kernels, left_over)
         except Exception as error:  # a column that fails is reported, the others still run
             cause = getattr(error, "inner_exception", None) or error  # Dynamo wraps backend errors
             results[name] = {"error": f"{type(cause).__name__}: {str(cause).strip()[:160]}"}
@@ -350,7 +373,9 @@ def measure(step, x, device: str, kernels: int = 0, left_over: int = 0) -> dict:
 def model_flops(model, config, batch: int, seq: int) -> float:
     """Training FLOPs of one step: 6 per token per matrix parameter, plus causal attention (fwd 2 matmuls, x3)."""
     matrix_params = sum(p.numel() for p in model.parameters() if p.dim() == 2)
-    attention = 3 * 4 * batch * config.heads * seq * seq * (config.hidden // config.heads) / 2 * config.layers
+    matrix_params += getattr(config, "active_expert_parameters", 0)  # MoE: the experts a token is routed to
+    head_dim = getattr(config, "head_dim", config.hidden // config.heads)
+    attention = 3 * 4 * batch * config.heads * seq * seq * head_dim / 2 * config.layers
     return 6 * batch * seq * matrix_params + attention
 
 

@@ -25,6 +25,7 @@ LONG_FIRST = (
     "test_hf_llama.py",
     "test_fp8_producers.py",
     "test_hf_models.py",
+    "test_moe.py",
     "test_fp8_linear.py",
     "test_gemm_allreduce.py",
     "test_gemm_allreduce_dgrad.py",

@@ -84,12 +84,14 @@ OFF = "off"
 @dataclasses.dataclass(frozen=True)
 class FP8Config:
     """The ``fp8`` option: linears become FP8 linears of ``recipe``, except parameters matching ``exclude`` and
-    linears narrower than ``min_size``. ``save_weight_t=False`` requantizes W^T in the backward (FSDP2)."""
+    linears narrower than ``min_size``. ``save_weight_t=False`` requantizes W^T in the backward (FSDP2).
+    ``experts``: MoE experts' grouped GEMMs too (the same exceptions apply)."""
 
     recipe: str = OFF
     exclude: str = ""
     min_size: int = 0
     save_weight_t: bool = True
+    experts: bool = True
 
     @property
     def enabled(self) -> bool:
@@ -104,7 +106,7 @@ class FP8Config:
         if unknown or fields.get("recipe") not in RECIPES:
             raise ValueError(
                 f"primus_turbo: option 'fp8' takes one of {sorted(RECIPES)} or 'off', or a dict with keys "
-                f"recipe/exclude/min_size/save_weight_t; got {value!r}"
+                f"recipe/exclude/min_size/save_weight_t/experts; got {value!r}"
             )
         re.compile(fields.get("exclude", ""))
         return FP8Config(
@@ -112,4 +114,5 @@ class FP8Config:
             fields.get("exclude", ""),
             int(fields.get("min_size", 0)),
             parse_bool("fp8.save_weight_t", fields.get("save_weight_t", True)),
+            parse_bool("fp8.experts", fields.get("experts", True)),
         )

@@ -17,6 +17,7 @@ from . import gemm_allreduce as _gemm_allreduce  # noqa: F401
 from . import glu as _glu  # noqa: F401
 from . import glu_fp8 as _glu_fp8  # noqa: F401
 from . import grouped_mm as _grouped_mm  # noqa: F401
+from . import moe as _moe  # noqa: F401
 from . import rmsnorm as _rmsnorm  # noqa: F401
 from . import rmsnorm_fp8 as _rmsnorm_fp8  # noqa: F401
 
@@ -119,11 +120,36 @@ def grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, *, impl: str = "auto") -
     return torch.ops.turbo_inductor.grouped_mm(x, weight, offs, impl)
 
 
-def fp8_grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, recipe: str = "rowwise", *, impl: str = "auto") -> Tensor:
+def fp8_grouped_mm(
+    x: Tensor,
+    weight: Tensor,
+    offs: Tensor,
+    recipe: str = "rowwise",
+    *,
+    impl: str = "auto",
+    x_q: Optional[Tensor] = None,
+    x_scale: Optional[Tensor] = None,
+) -> Tensor:
     """:func:`grouped_mm` with x and each expert's weight quantized to FP8 by ``recipe`` ("rowwise", "rowwise_pow2",
     "blockwise", "mxfp8", "tensorwise" per expert, "rowwise_with_gw_hp"), forward and backward (see
-    ``turbo_inductor/ops/grouped_mm.py``)."""
-    return torch.ops.turbo_inductor.fp8_grouped_mm(x, weight, offs, recipe, impl)
+    ``turbo_inductor/ops/grouped_mm.py``). ``x_q``, ``x_scale``: x already quantized for the forward (:func:`glu_fp8`'s
+    q and scale)."""
+    return torch.ops.turbo_inductor.fp8_grouped_mm(x, weight, offs, recipe, impl, x_q, x_scale)
+
+
+def moe_permute(
+    x: Tensor, indices: Tensor, num_experts: int, weights: Optional[Tensor] = None, *, impl: str = "auto"
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(x_sorted, weights_sorted, offs, order, positions)``: the router's choices ``indices`` [T, k] ordered by
+    expert (stably; indices outside [0, num_experts) last), x's rows and the router ``weights`` in that order, offs
+    for :func:`grouped_mm`, each row's choice and each choice's row (see ``turbo_inductor/ops/moe.py``)."""
+    return torch.ops.turbo_inductor.moe_permute(x, indices, weights, num_experts, impl)
+
+
+def moe_combine(y: Tensor, positions: Tensor, weights: Optional[Tensor] = None, *, impl: str = "auto") -> Tensor:
+    """``out[t] = sum_j weights[t, j] * y[positions[t, j]]`` in fp32, returned in y's dtype: the experts' rows
+    [T * k, H] back in token order, summed over each token's k choices."""
+    return torch.ops.turbo_inductor.moe_combine(y, weights, positions, impl)
 
 
 def gemm_allreduce(

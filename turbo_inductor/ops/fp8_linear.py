@@ -129,7 +129,7 @@ def _check(
         check_linear(op, x, weight, bias)
     else:
         check_linear(op, x, w_q, bias, "w_q", fp8_formats(x.device)[0])
-        _check_quantized(op, "w", w_q, w_scale, *w_q.shape, x.device, r.weight_block, recipe)
+        check_quantized(op, "w", w_q, w_scale, *w_q.shape, x.device, r.weight_block, recipe)
     n, k = (weight if weight is not None else w_q).shape
     check(
         n % ALIGNMENT == 0 and k % ALIGNMENT == 0,
@@ -137,10 +137,10 @@ def _check(
         lambda: f"weight dimensions must be multiples of {ALIGNMENT} for the FP8 GEMM, got {[n, k]}",
     )
     if x_q is not None:
-        _check_quantized(op, "x", x_q, x_scale, math.prod(x.shape[:-1]), k, x.device, r.activation_block, recipe)
+        check_quantized(op, "x", x_q, x_scale, math.prod(x.shape[:-1]), k, x.device, r.activation_block, recipe)
 
 
-def _check_quantized(
+def check_quantized(
     op: str,
     name: str,
     q: Tensor,

@@ -4,10 +4,11 @@ own weight, in bf16/fp16/fp32 and in FP8, forward and backward.
 Ops in ``torch.ops.turbo_inductor``:
   grouped_mm(x, weight, offs, impl) -> y                  custom op; backward: grouped_mm (dx), grouped_mm_wgrad
   grouped_mm_wgrad(x, dy, offs, transposed, impl) -> dweight
-  fp8_grouped_mm(x, weight, offs, recipe, impl) -> y      public op: fp8_grouped_mm_fwd(...)[0] where a gradient is
+  fp8_grouped_mm(x, weight, offs, recipe, impl, x_q, x_scale) -> y
+                                                          public op: fp8_grouped_mm_fwd(...)[0] where a gradient is
                                                           wanted, else fp8_grouped_mm_inference
-  fp8_grouped_mm_inference(x, weight, offs, recipe, impl) -> y
-  fp8_grouped_mm_fwd(x, weight, offs, recipe, impl, weight_grad) -> (y, x_t, x_t_scale, w_t, w_t_scale)
+  fp8_grouped_mm_inference(x, weight, offs, recipe, impl, x_q, x_scale) -> y
+  fp8_grouped_mm_fwd(x, weight, offs, recipe, impl, weight_grad, x_q, x_scale) -> (y, x_t, x_t_scale, w_t, w_t_scale)
                                                           custom op; backward: fp8_grouped_mm_bwd
   fp8_grouped_mm_bwd(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl) -> (dx, dweight)
 
@@ -44,7 +45,9 @@ values there only coarsen those scales.
 As ``fp8_linear`` does, the forward quantizes x and x^T in one call and saves x^T and W's backward operand quantized
 (1 byte per element); the backward quantizes dy and dy^T in one call for both GEMMs and reads neither x nor W again.
 A weight that wants no gradient (``weight_grad`` False) gets no x^T saved and no wgrad. With ``high_precision_wgrad``
-the forward saves x itself and dW is the grouped wgrad in x's dtype. Each expert's weight operands are quantized from
+the forward saves x itself and dW is the grouped wgrad in x's dtype. ``x_q``, ``x_scale`` (optional): x already
+quantized for the forward GEMM as the recipe quantizes it, by the op that produced x (``glu_fp8``), as ``fp8_linear``
+takes them; the forward then quantizes only x^T. Each expert's weight operands are quantized from
 one flattening [E * rows, cols] of W, a view where W's layout allows: one in W's layout, the other transposed by the
 quantization kernel's store; rows are padded to whole blocks (128 x 128, 32) only where a block would straddle two
 experts.
@@ -64,6 +67,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from ..kernels import registry
 from ..recipes import ALIGNMENT, RECIPES, kernel_block
 from .fp8 import QUANTIZE_KERNEL, _quantize_outputs, fp8_formats
+from .fp8_linear import check_quantized
 from .library import SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, define_composite, kernel_op
 from .node import OpNode
 
@@ -120,7 +124,15 @@ def _check_recipe(op: str, recipe: str) -> None:
     check(recipe in RECIPES, op, lambda: f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}")
 
 
-def _check_fp8(op: str, x: Tensor, weight: Tensor, offs: Tensor, recipe: str) -> None:
+def _check_fp8(
+    op: str,
+    x: Tensor,
+    weight: Tensor,
+    offs: Tensor,
+    recipe: str,
+    x_q: Optional[Tensor] = None,
+    x_scale: Optional[Tensor] = None,
+) -> None:
     _check_recipe(op, recipe)
     _check(op, x, weight, offs)
     k, n = weight.shape[1:]
@@ -129,6 +141,9 @@ def _check_fp8(op: str, x: Tensor, weight: Tensor, offs: Tensor, recipe: str) ->
         op,
         lambda: f"weight's K and N must be multiples of {ALIGNMENT} for the FP8 GEMM, got {[k, n]}",
     )
+    check((x_q is None) == (x_scale is None), op, lambda: "x_q and x_scale must be given together")
+    if x_q is not None:
+        check_quantized(op, "x", x_q, x_scale, x.shape[0], k, x.device, RECIPES[recipe].activation_block, recipe)
 
 
 def transposed_layout(weight: Tensor) -> bool:
@@ -245,6 +260,16 @@ def _activations(
     return (q, scale), (q_t, scale_t)
 
 
+def _transposed_activations(
+    t: Tensor, recipe: str, fp8_dtype: torch.dtype, quantize: Callable
+) -> tuple[Tensor, Tensor]:
+    """(q, scale) of t^T [C, S] alone, in the layout :func:`_activations` gives it."""
+    r = RECIPES[recipe]
+    block_rows, block_cols = kernel_block(r.activation_block, *t.shape)
+    q_t, scale_t = quantize(t, fp8_dtype, block_cols, block_rows, True, power_of_two=r.power_of_two)
+    return q_t, scale_t.t().contiguous()
+
+
 def weight_operands(
     weight: Tensor, recipe: str, quantize: Callable, forward: bool, backward: bool
 ) -> tuple[Optional[tuple[Tensor, Tensor]], Optional[tuple[Tensor, Tensor]]]:
@@ -297,14 +322,26 @@ def _unsaved(t: Tensor, fp8_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
 
 
 def _forward(
-    x: Tensor, weight: Tensor, offs: Tensor, recipe: str, impl: str, for_backward: bool, weight_grad: bool = True
+    x: Tensor,
+    weight: Tensor,
+    offs: Tensor,
+    recipe: str,
+    impl: str,
+    for_backward: bool,
+    weight_grad: bool = True,
+    x_q: Optional[Tensor] = None,
+    x_scale: Optional[Tensor] = None,
 ) -> tuple[Tensor, ...]:
-    """y and, if ``for_backward``, what the backward takes: (y, x_t, x_t_scale, w_t, w_t_scale). On fake tensors
-    the same views of allocated outputs (the fakes)."""
+    """y and, if ``for_backward``, what the backward takes: (y, x_t, x_t_scale, w_t, w_t_scale). ``x_q``,
+    ``x_scale``: x already quantized for the forward GEMM, or None. On fake tensors the same views of allocated
+    outputs (the fakes)."""
     r, e4m3 = RECIPES[recipe], fp8_formats(x.device)[0]
     quantize = _quantizer(x, impl)
     saves_x_t = for_backward and weight_grad and not _keeps_x(recipe)
-    x_q, x_t = _activations(x, recipe, e4m3, quantize, saves_x_t)
+    if x_q is None:
+        x_q, x_t = _activations(x, recipe, e4m3, quantize, saves_x_t)
+    else:
+        x_q, x_t = (x_q, x_scale), _transposed_activations(x, recipe, e4m3, quantize) if saves_x_t else None
     w_q, w_t = weight_operands(weight, recipe, quantize, True, for_backward)
     if isinstance(x, FakeTensor) or x.shape[0] == 0:
         y = x.new_zeros((x.shape[0], weight.shape[2]))
@@ -318,29 +355,44 @@ def _forward(
 
 @kernel_op("fp8_grouped_mm_fwd", (QUANTIZE_KERNEL, FP8_GROUPED_KERNEL), symbolic_sizes=False)
 def fp8_grouped_mm_fwd(
-    x: Tensor, weight: Tensor, offs: Tensor, recipe: str, impl: str = "auto", weight_grad: bool = True
+    x: Tensor,
+    weight: Tensor,
+    offs: Tensor,
+    recipe: str,
+    impl: str = "auto",
+    weight_grad: bool = True,
+    x_q: Optional[Tensor] = None,
+    x_scale: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    _check_fp8("fp8_grouped_mm", x, weight, offs, recipe)
-    return _forward(x, weight, offs, recipe, impl, True, weight_grad)
+    _check_fp8("fp8_grouped_mm", x, weight, offs, recipe, x_q, x_scale)
+    return _forward(x, weight, offs, recipe, impl, True, weight_grad, x_q, x_scale)
 
 
 @fp8_grouped_mm_fwd.register_fake
-def _(x, weight, offs, recipe, impl="auto", weight_grad=True):
-    _check_fp8("fp8_grouped_mm", x, weight, offs, recipe)
-    return _forward(x, weight, offs, recipe, impl, True, weight_grad)
+def _(x, weight, offs, recipe, impl="auto", weight_grad=True, x_q=None, x_scale=None):
+    _check_fp8("fp8_grouped_mm", x, weight, offs, recipe, x_q, x_scale)
+    return _forward(x, weight, offs, recipe, impl, True, weight_grad, x_q, x_scale)
 
 
 @kernel_op("fp8_grouped_mm_inference", (QUANTIZE_KERNEL, FP8_GROUPED_KERNEL), symbolic_sizes=False)
-def fp8_grouped_mm_inference(x: Tensor, weight: Tensor, offs: Tensor, recipe: str, impl: str = "auto") -> Tensor:
+def fp8_grouped_mm_inference(
+    x: Tensor,
+    weight: Tensor,
+    offs: Tensor,
+    recipe: str,
+    impl: str = "auto",
+    x_q: Optional[Tensor] = None,
+    x_scale: Optional[Tensor] = None,
+) -> Tensor:
     """The forward alone, when no gradient is wanted: no operands quantized for a backward."""
-    _check_fp8("fp8_grouped_mm", x, weight, offs, recipe)
-    return _forward(x, weight, offs, recipe, impl, False)[0]
+    _check_fp8("fp8_grouped_mm", x, weight, offs, recipe, x_q, x_scale)
+    return _forward(x, weight, offs, recipe, impl, False, x_q=x_q, x_scale=x_scale)[0]
 
 
 @fp8_grouped_mm_inference.register_fake
-def _(x, weight, offs, recipe, impl="auto"):
-    _check_fp8("fp8_grouped_mm", x, weight, offs, recipe)
-    return _forward(x, weight, offs, recipe, impl, False)[0]
+def _(x, weight, offs, recipe, impl="auto", x_q=None, x_scale=None):
+    _check_fp8("fp8_grouped_mm", x, weight, offs, recipe, x_q, x_scale)
+    return _forward(x, weight, offs, recipe, impl, False, x_q=x_q, x_scale=x_scale)[0]
 
 
 @kernel_op("fp8_grouped_mm_bwd", (QUANTIZE_KERNEL, FP8_GROUPED_KERNEL, FP8_WGRAD_KERNEL), symbolic_sizes=False)
@@ -407,7 +459,7 @@ def _check_backward(dy: Tensor, x: Optional[Tensor], weight: Tensor, offs: Tenso
 
 
 def _fp8_setup(ctx, inputs, output):
-    x, weight, offs, recipe, impl, weight_grad = inputs
+    x, weight, offs, recipe, impl, weight_grad, _x_q, _x_scale = inputs
     saved = output[1:]
     keeps_x = _keeps_x(recipe) and weight_grad
     ctx.save_for_backward(x if keeps_x else None, weight, offs, *saved)
@@ -419,21 +471,31 @@ def _fp8_backward(ctx, dy, *_saved_grads):
     x, weight, offs, *saved = ctx.saved_tensors
     dx, dweight = fp8_grouped_mm_bwd(dy, x, weight, offs, *saved, ctx.recipe, ctx.impl)
     wants_dx, wants_dweight = ctx.needs_input_grad[:2]
-    return dx if wants_dx else None, dweight if wants_dweight else None, None, None, None, None
+    return dx if wants_dx else None, dweight if wants_dweight else None, None, None, None, None, None, None
 
 
 fp8_grouped_mm_fwd.register_autograd(_fp8_backward, setup_context=_fp8_setup)
 
 
-def _fp8_grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, recipe: str, impl: str = "auto") -> Tensor:
+def _fp8_grouped_mm(
+    x: Tensor,
+    weight: Tensor,
+    offs: Tensor,
+    recipe: str,
+    impl: str = "auto",
+    x_q: Optional[Tensor] = None,
+    x_scale: Optional[Tensor] = None,
+) -> Tensor:
     # Decided where the op is decomposed, under autograd (AOTAutograd traces training and inference graphs apart).
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-        return fp8_grouped_mm_fwd(x, weight, offs, recipe, impl, weight.requires_grad)[0]
-    return fp8_grouped_mm_inference(x, weight, offs, recipe, impl)
+        return fp8_grouped_mm_fwd(x, weight, offs, recipe, impl, weight.requires_grad, x_q, x_scale)[0]
+    return fp8_grouped_mm_inference(x, weight, offs, recipe, impl, x_q, x_scale)
 
 
 fp8_grouped_mm = define_composite(
-    "fp8_grouped_mm(Tensor x, Tensor weight, Tensor offs, str recipe, str impl='auto') -> Tensor", _fp8_grouped_mm
+    "fp8_grouped_mm(Tensor x, Tensor weight, Tensor offs, str recipe, str impl='auto', Tensor? x_q=None, "
+    "Tensor? x_scale=None) -> Tensor",
+    _fp8_grouped_mm,
 )
 
 
@@ -484,3 +546,5 @@ class FP8GroupedMMNode(OpNode):
     offs: fx.Node
     recipe: str
     impl: str
+    x_q: fx.Node | None  # x already quantized by its producer
+    x_scale: fx.Node | None

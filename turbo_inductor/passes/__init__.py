@@ -1,11 +1,13 @@
 """Rewrite passes, in the order they run. A new fusion is a new module here and one line in PASSES."""
 
+from .fp8_experts import FP8ExpertsPass
 from .fp8_linear import FP8LinearPass
 from .fp8_scaled_mm import FP8ScaledMMPass
 from .gemm_allreduce import GemmAllReducePass
 from .gemm_allreduce_dgrad import GemmAllReduceDgradPass
 from .glu import GLUPass
 from .glu_fp8 import GLUFP8Pass
+from .grouped_mm import GroupedMMPass
 from .manager import (
     CompileRecord,
     PassManager,
@@ -18,6 +20,8 @@ from .manager import (
     reset_records,
     rewrite_counts,
 )
+from .moe_combine import MoECombinePass
+from .moe_permute import MoEPermutePass
 from .rmsnorm import RMSNormPass
 from .rmsnorm_fp8 import RMSNormFP8Pass
 from .rmsnorm_residual import RMSNormResidualPass
@@ -26,17 +30,22 @@ from .torchao_float8 import TorchaoFloat8Pass
 # Checked at import: each pass in its phase's turn and after the passes it names (its input is their output).
 PASSES: list[RewritePass] = check_order(
     [
+        # canonicalize: one spelling per operation
+        GroupedMMPass(),  # torch._grouped_mm, transformers' fallback: our grouped_mm
         # claim: linears taken whole. Who takes one is decided by passes/claims.py, whatever the order here.
         GemmAllReducePass(),  # row-parallel linear + sum all-reduce
         GemmAllReduceDgradPass(),  # column-parallel linear whose input gradient is all-reduced
         FP8ScaledMMPass(),  # hand-written FP8 quantization + torch._scaled_mm
         TorchaoFloat8Pass(),  # torchao's float8 linears
         FP8LinearPass(),  # options={"fp8": ...}: every other linear
+        FP8ExpertsPass(),  # options={"fp8": ...}: the MoE experts' grouped GEMMs
         # fuse: element-wise building blocks onto our ops
         RMSNormPass(),
         RMSNormResidualPass(),  # on the norms RMSNormPass made
-        GLUPass(),
-        # producers: norms and GLUs write their FP8 linears' input in FP8
+        MoEPermutePass(),  # MoE routing: sort by expert, gathers, offsets
+        MoECombinePass(),  # on the permutes MoEPermutePass made: unpermute and top-k sum
+        GLUPass(),  # also the experts' GLU on the grouped GEMM's output
+        # producers: norms and GLUs write their FP8 linears' (and grouped GEMMs') input in FP8
         RMSNormFP8Pass(),
         GLUFP8Pass(),
     ]

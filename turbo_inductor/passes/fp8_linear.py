@@ -52,9 +52,10 @@ class FP8LinearPass(RewritePass):
     default = OFF
     option_doc = (
         f"FP8 training of every linear: a recipe ({', '.join(f'`{r}`' for r in RECIPES)}), or "
-        '`{"recipe": ..., "exclude": REGEX, "min_size": N, "save_weight_t": BOOL}`: parameters whose name matches '
-        "`exclude` and linears narrower than `min_size` stay in high precision; `save_weight_t=False` quantizes W^T "
-        "again in the backward instead of keeping it (less memory, for FSDP2)"
+        '`{"recipe": ..., "exclude": REGEX, "min_size": N, "save_weight_t": BOOL, "experts": BOOL}`: parameters whose '
+        "name matches `exclude` and linears narrower than `min_size` stay in high precision; `save_weight_t=False` "
+        "quantizes W^T again in the backward instead of keeping it (less memory, for FSDP2); `experts=False` leaves "
+        "MoE experts' grouped GEMMs in high precision (default: FP8 as well)"
     )
 
     def parse_option(self, value: Any) -> FP8Config:

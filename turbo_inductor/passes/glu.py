@@ -93,36 +93,12 @@ def _last_dim_slice(index, xt) -> tuple[int, int] | None:
 def row_weight_of(scale, out) -> fx.Node | None:
     """``p`` (fp32, shaped like ``out`` without its last dim) when ``scale`` is ``p[..., None]``, through dtype
     casts: one weight per row of ``out``."""
-    ot, st = m.fake(out), m.fake(scale)
-    if ot is None or st is None or tuple(st.shape) != tuple(ot.shape[:-1]) + (1,):
-        return None
-    unsqueezed = m.strip_casts(scale)
-    if not _only_adds_a_unit_dim(unsqueezed):
-        return None
-    probs = m.strip_casts(unsqueezed.args[0])
+    ot = m.fake(out)
+    probs = m.row_vector_of(scale, ot.shape[:-1]) if ot is not None else None
     pt = m.fake(probs)
-    if pt is None or pt.dtype != torch.float32 or tuple(pt.shape) != tuple(ot.shape[:-1]) or pt.device != ot.device:
+    if probs is None or pt.dtype != torch.float32 or pt.device != ot.device:
         return None
     return probs
-
-
-def _only_adds_a_unit_dim(node) -> bool:
-    """``t.unsqueeze(d)``, ``t[..., None]`` (full slices and None only) or ``t.view/reshape(...)``; the caller has
-    checked the shapes ([rows] -> [rows, 1]), which make each of these the same relabelling of t's elements."""
-    if not isinstance(node, fx.Node) or not node.args or not isinstance(node.args[0], fx.Node):
-        return False
-    target = node.target
-    if target in (torch.unsqueeze, torch.Tensor.unsqueeze, torch.reshape, torch.Tensor.view, torch.Tensor.reshape) or (
-        node.op == "call_method" and target in ("unsqueeze", "view", "reshape")
-    ):
-        return True
-    c = m.call(node)
-    index = c.args[1] if c is not None and c.op == "getitem" else None
-    return (
-        isinstance(index, tuple)
-        and None in index
-        and all(i is None or i is Ellipsis or i == slice(None) for i in index)
-    )
 
 
 def _weighting(node) -> tuple[fx.Node, fx.Node, list[fx.Node]] | None:

@@ -1,8 +1,9 @@
 """GLU -> FP8 linear: the GLU writes its output in FP8 for the linear that reads it (``turbo_inductor.glu_fp8``).
 
-Runs after the glu and fp8 passes, on the ops they made: a ``turbo_inductor.glu`` or ``glu_fused`` (SwiGLU, GeGLU)
-whose output is x of ``turbo_inductor.fp8_linear`` nodes (the MLP's down projection) becomes ``glu_fp8``, and those
-linears take its q and scale as ``x_q``, ``x_scale``. The output's other users, and the linears' backward, read it as
+Runs after the glu, fp8 and fp8_experts passes, on the ops they made: a ``turbo_inductor.glu`` or ``glu_fused``
+(SwiGLU, GeGLU) whose output is x of ``turbo_inductor.fp8_linear`` nodes (the MLP's down projection) or of
+``fp8_grouped_mm`` nodes (the MoE experts' down projection) becomes ``glu_fp8``, and those take its q and scale as
+``x_q``, ``x_scale``. The output's other users, and the linears' backward, read it as
 before. Taken when the linears share one recipe that quantizes x in blocks within a row
 (``Recipe.quantizes_x_in_rows``).
 """
@@ -20,11 +21,11 @@ from .manager import Phase, RewritePass
 
 
 class GLUFP8Pass(RewritePass):
-    """GLUs feeding FP8 linears write their FP8 input."""
+    """GLUs feeding FP8 linears or experts write their FP8 input."""
 
     name = "glu_fp8"
     phase = Phase.PRODUCERS
-    after = ("glu", "fp8")
+    after = ("glu", "fp8", "fp8_experts")
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
         count = 0

@@ -56,6 +56,11 @@ class RewritePass:
         raise NotImplementedError
 
 
+def declined(pass_name: str, node: fx.Node, reason: str) -> None:
+    """Say at DEBUG why pass ``pass_name`` left the site at ``node`` alone (a near miss): one line per site."""
+    log.debug("primus_turbo: %s left %s alone: %s", pass_name, node.name, reason)
+
+
 class PassOrderError(ValueError):
     """The pass list breaks a pass's declared phase or ``after``."""
 

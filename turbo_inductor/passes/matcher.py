@@ -75,6 +75,8 @@ _METHODS: dict[str, str] = {
     "type": "cast",
     "chunk": "chunk",
     "split": "split",
+    "int": "cast",
+    "long": "cast",
 }
 # keyword arguments that change what these ops compute: a node that uses one is not canonical
 _MEANINGFUL_KWARGS = {"alpha", "rounding_mode", "out", "memory_format"}
@@ -97,6 +99,11 @@ def fake(value: Any) -> torch.Tensor | None:
 def _example(node: fx.Node) -> Any:
     """What Dynamo recorded for a node's value: a fake tensor, a symbolic scalar, ..."""
     return node.meta.get("example_value", node.meta.get("val"))
+
+
+def example_value(value: Any) -> Any:
+    """What Dynamo recorded for a node (a fake tensor, a symbolic size, ...); a constant as it is."""
+    return _example(value) if isinstance(value, fx.Node) else value
 
 
 def fake_as(value: Any, dtype: torch.dtype) -> torch.Tensor | None:
@@ -228,6 +235,39 @@ def as_scalar(value: Any) -> float | fx.Node | None:
 
 def _is_symbolic_float(value: Any) -> bool:
     return isinstance(value, fx.Node) and isinstance(_example(value), torch.SymFloat)
+
+
+def adds_a_unit_dim(node) -> bool:
+    """``t.unsqueeze(d)``, ``t[..., None]`` (full slices and None only) or ``t.view/reshape(...)``; the caller checks
+    the shapes ([rows] -> [rows, 1]), which make each of these the same relabelling of t's elements."""
+    if not isinstance(node, fx.Node) or not node.args or not isinstance(node.args[0], fx.Node):
+        return False
+    target = node.target
+    if target in (torch.unsqueeze, torch.Tensor.unsqueeze, torch.reshape, torch.Tensor.view, torch.Tensor.reshape) or (
+        node.op == "call_method" and target in ("unsqueeze", "view", "reshape")
+    ):
+        return True
+    c = call(node)
+    index = c.args[1] if c is not None and c.op == "getitem" else None
+    return (
+        isinstance(index, tuple)
+        and None in index
+        and all(i is None or i is Ellipsis or i == slice(None) for i in index)
+    )
+
+
+def row_vector_of(scale: Any, rows_shape: tuple) -> fx.Node | None:
+    """``p`` of shape ``rows_shape`` when ``scale`` is ``p[..., None]`` (through dtype casts on either side): one
+    value per row of a tensor of shape ``rows_shape + (width,)``."""
+    st = fake(scale)
+    if st is None or tuple(st.shape) != tuple(rows_shape) + (1,):
+        return None
+    unsqueezed = strip_casts(scale)
+    if not adds_a_unit_dim(unsqueezed):
+        return None
+    p = strip_casts(unsqueezed.args[0])
+    pt = fake(p)
+    return p if pt is not None and tuple(pt.shape) == tuple(rows_shape) else None
 
 
 def only_user(node: fx.Node) -> fx.Node | None:

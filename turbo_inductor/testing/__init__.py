@@ -1,1 +1,1 @@
-"""Models shared by the tests and the benchmarks: written the way Hugging Face writes them, with random weights."""
+"""Models the tests and benchmarks share, written the way real training code writes them (random weights)."""

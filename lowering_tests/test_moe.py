@@ -1,0 +1,401 @@
+"""MoE routing glue: the permute and combine ops (opcheck, float64 references, every routing shape, determinism, bad
+input), FP8 grouped GEMMs taking their input from the GLU, and the rewrites of transformers' Mixtral and Qwen3-MoE
+blocks and a torchtitan-style MoE: what is fused, forward and backward, results equal to backend="inductor", no
+recompile as the routing changes, FP8 experts at their gates, near misses left alone."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+from compare import assert_matches_inductor, assert_ran, ops_after, run, snr_db
+from conftest import DEVICE, TOLERANCE
+
+import turbo_inductor
+from turbo_inductor.ops.library import OpInputError
+from turbo_inductor.options import Options
+from turbo_inductor.passes import PASSES, PassManager
+from turbo_inductor.testing.moe import TitanMoE, hf_sparse_moe
+
+ops = turbo_inductor.ops
+TRITON = "moe_route=triton,moe_dispatch=triton,moe_gather_sum=triton"
+IMPLS = ["reference", TRITON]
+T, K, H, E = 13, 3, 40, 4  # k = 3 and H = 40: partial tiles in both directions
+
+ROUTINGS = {
+    "random": lambda: torch.randint(0, E, (T, K)),
+    "one expert takes every token": lambda: torch.full((T, K), 2),
+    # expert-parallel sentinels (indices outside [0, E)) go last, uncounted
+    "sentinels": lambda: torch.where(
+        torch.rand(T, K) < 0.3, E + torch.randint(0, 3, (T, K)), torch.randint(0, E, (T, K))
+    ),
+}
+
+
+def _routing(name: str):
+    indices = ROUTINGS[name]().to(DEVICE)
+    weights = torch.rand(T, K, device=DEVICE)
+    return indices, weights
+
+
+def _expected_order(indices: torch.Tensor) -> list[int]:
+    """A stable sort of the choices by expert, sentinels last."""
+    flat = indices.flatten().tolist()
+    return sorted(range(len(flat)), key=lambda i: (flat[i] if 0 <= flat[i] < E else E, i))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("routing", sorted(ROUTINGS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_permute_and_combine_match_float64(impl, routing, dtype):
+    """The permutation is a stable sort (sentinels last); x_sorted copies rows exactly; offs count the experts; the
+    combine and both backwards equal float64 references; two runs are bitwise equal."""
+    indices, weights = _routing(routing)
+    x = torch.randn(T, H, device=DEVICE, dtype=dtype, requires_grad=True)
+    w = weights.clone().requires_grad_()
+    y = torch.randn(T * K, H, device=DEVICE, dtype=dtype, requires_grad=True)
+    results = []
+    for _ in range(2):
+        x_sorted, w_sorted, offs, order, positions = ops.moe_permute(x, indices, E, w, impl=impl)
+        out = ops.moe_combine(y, positions, w, impl=impl)
+        outputs = (x_sorted, w_sorted, out)
+        generator = torch.Generator().manual_seed(0)
+        cotangents = [torch.randn(t.shape, generator=generator).to(DEVICE, t.dtype) for t in outputs]
+        grads = torch.autograd.grad(outputs, (x, w, y), cotangents)
+        results.append((x_sorted, w_sorted, offs, order, positions, out, *grads))
+    for first, second in zip(*results):
+        assert torch.equal(first, second)
+    x_sorted, w_sorted, offs, order, positions, out, dx, dw, dy = results[0]
+    expected = torch.tensor(_expected_order(indices), device=DEVICE)
+    assert order.dtype == positions.dtype == torch.int64 and torch.equal(order, expected)
+    assert torch.equal(positions.flatten()[order], torch.arange(T * K, device=DEVICE))
+    counts = torch.stack([(indices == e).sum() for e in range(E)])
+    assert offs.dtype == torch.int32 and torch.equal(offs, counts.cumsum(0).to(torch.int32))
+    assert torch.equal(x_sorted, x.detach()[order // K]) and torch.equal(w_sorted, w.detach().flatten()[order])
+    # float64: out[t] = sum_j w[t, j] y[positions[t, j]]; dx[t] = sum_j dx_sorted[positions[t, j]]
+    dx_sorted, dw_sorted, dout = (c.double() for c in cotangents)
+    y64, w64 = y.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    out64 = (w64.unsqueeze(-1) * y64[positions]).sum(1)
+    dy64, dw64 = torch.autograd.grad(out64, (y64, w64), dout)
+    tol = TOLERANCE[dtype]
+    for got, want in ((out, out64), (dy, dy64), (dx, dx_sorted[positions].sum(1)), (dw, dw64 + dw_sorted[positions])):
+        torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * max(1.0, want.abs().max().item()))
+    assert out.dtype == dtype and dx.dtype == dtype and dw.dtype == torch.float32
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="real sizes: the GPU's kernels against the reference")
+@pytest.mark.parametrize(
+    "tokens, k, experts, hidden", [(8192, 8, 128, 2048), (8192, 2, 8, 4096)], ids=["qwen3", "mixtral"]
+)
+def test_triton_routing_at_real_sizes_equals_the_reference(tokens, k, experts, hidden):
+    """Qwen3-30B-A3B's and Mixtral's routing of batch 2 x 4096: the order, offsets and row copies exactly the
+    reference's, the sums within bf16 rounding of it (another summation order), every kernel bitwise reproducible."""
+    indices = torch.topk(torch.randn(tokens, experts, device=DEVICE), k).indices
+    weights = torch.rand(tokens, k, device=DEVICE)
+    x = torch.randn(tokens, hidden, device=DEVICE, dtype=torch.bfloat16)
+    y = torch.randn(tokens * k, hidden, device=DEVICE, dtype=torch.bfloat16)
+    results = {}
+    for impl in ("reference", TRITON, TRITON):
+        x_sorted, _, offs, order, positions = ops.moe_permute(x, indices, experts, impl=impl)
+        out = ops.moe_combine(y, positions, weights, impl=impl)
+        dy, dweights = torch.ops.turbo_inductor.moe_combine_bwd(x, y, weights, positions, impl)
+        got = (x_sorted, offs, order, positions, out, dy, dweights)
+        if impl in results:
+            assert all(torch.equal(a, b) for a, b in zip(got, results[impl]))
+        results[impl] = got
+    for i, (a, b) in enumerate(zip(results[TRITON], results["reference"])):
+        if i < 4 or i == 5:
+            assert torch.equal(a, b), i
+        else:
+            torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_no_tokens_and_unweighted_combine():
+    x = torch.randn(0, H, device=DEVICE)
+    indices = torch.zeros(0, K, dtype=torch.int64, device=DEVICE)
+    x_sorted, w_sorted, offs, order, positions = ops.moe_permute(x, indices, E)
+    assert x_sorted.shape == (0, H) and w_sorted.numel() == 0 and torch.equal(offs, torch.zeros_like(offs))
+    assert ops.moe_combine(x_sorted, positions).shape == (0, H)
+    indices, _ = _routing("random")
+    y = torch.randn(T * K, H, device=DEVICE)
+    positions = ops.moe_permute(torch.randn(T, H, device=DEVICE), indices, E)[4]
+    torch.testing.assert_close(ops.moe_combine(y, positions), y[positions].sum(1))
+
+
+def test_opcheck():
+    indices, weights = _routing("sentinels")
+    x = torch.randn(T, H, device=DEVICE)
+    y = torch.randn(T * K, H, device=DEVICE)
+    positions = ops.moe_permute(x, indices, E)[4]
+    for w in (weights, None):
+        torch.library.opcheck(torch.ops.turbo_inductor.moe_permute, (x, indices, w, E, "reference"))
+        torch.library.opcheck(torch.ops.turbo_inductor.moe_combine, (y, w, positions, "reference"))
+        torch.library.opcheck(torch.ops.turbo_inductor.moe_combine_bwd, (x, y, w, positions, "reference"))
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda x, i, w, p: ops.moe_permute(x[0], i, E), "x must be 2-D"),
+        (lambda x, i, w, p: ops.moe_permute(x, i.float(), E), "indices must be int32 or int64"),
+        (lambda x, i, w, p: ops.moe_permute(x, i[:5], E), r"indices must be \[T, k\] with T = 13"),
+        (lambda x, i, w, p: ops.moe_permute(x, i, E, w[:, :2]), r"weights must be \[T, k\] = \[13, 3\]"),
+        (lambda x, i, w, p: ops.moe_permute(x, i, 0), "num_experts must be at least 1"),
+        (lambda x, i, w, p: ops.moe_combine(x, p), "y must be 2-D with 39 rows"),
+        (lambda x, i, w, p: ops.moe_combine(torch.randn(39, H), p.int()), "positions must be moe_permute's"),
+    ],
+)
+def test_bad_input_is_named(call, message):
+    indices, weights = (t.cpu() for t in _routing("random"))
+    x = torch.randn(T, H)
+    positions = ops.moe_permute(x, indices, E)[4]
+    with pytest.raises(OpInputError, match=message):
+        call(x, indices, weights, positions)
+
+
+@pytest.mark.parametrize("recipe", ["rowwise", "blockwise"])
+def test_fp8_grouped_mm_takes_the_glus_fp8_output(recipe):
+    """A GLU's q and scale handed to fp8_grouped_mm give exactly what it computes from the GLU's output, forward and
+    backward; a scale of the wrong shape is named."""
+    sizes = [5, 0, 17, 10]
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(DEVICE)
+    h = torch.randn(sum(sizes), 2 * 128, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(len(sizes), 32, 128, device=DEVICE) / 12).to(torch.bfloat16).requires_grad_()
+    results = []
+    for fused in (True, False):
+        if fused:
+            out, q, scale = ops.glu_fp8(h, recipe=recipe, impl="reference")
+            y = ops.fp8_grouped_mm(out, w.transpose(-2, -1), offs, recipe, impl="reference", x_q=q, x_scale=scale)
+        else:
+            out = ops.glu_fused(h, impl="reference")
+            y = ops.fp8_grouped_mm(out, w.transpose(-2, -1), offs, recipe, impl="reference")
+        results.append([y, *torch.autograd.grad(y, (h, w), torch.ones_like(y))])
+    for got, want in zip(*results):
+        assert torch.equal(got, want)
+    with pytest.raises(OpInputError, match="x_scale must be the rowwise scales of x"):
+        ops.fp8_grouped_mm(out.detach(), w.transpose(-2, -1), offs, "rowwise", x_q=q, x_scale=scale[:, :0])
+
+
+# ---- rewrites ---------------------------------------------------------------------------------------------------
+
+
+def _hf(family: str, dtype: torch.dtype):
+    torch.manual_seed(0)
+    return hf_sparse_moe(family).to(DEVICE, dtype), [torch.randn(2, 8, 64, device=DEVICE, dtype=dtype)]
+
+
+def _titan(dtype=torch.bfloat16, **kwargs):
+    torch.manual_seed(0)
+    model = TitanMoE(64, 32, experts=4, top_k=2, **kwargs).to(DEVICE, dtype)
+    return model, [torch.randn(2, 8, 64, device=DEVICE, dtype=dtype)]
+
+
+def _assert_fused(counts, grouped: int, glu: int) -> None:
+    """Every routing op is ours: forward (permute, grouped GEMMs, GLU, combine) and backward (the combine's and
+    the permute's gradients by dispatch and gather-sum, dx and dW of each grouped GEMM)."""
+    assert counts["grouped_mm"] == grouped and counts["glu"] == glu
+    assert counts["moe_permute"] == 1 and counts["moe_combine"] == 1
+    assert len(turbo_inductor.compile_records()) == 1  # one graph: no graph break
+    record = turbo_inductor.compile_records()[-1]
+    assert ops_after("turbo_inductor.moe_permute") == 1 and ops_after("turbo_inductor.moe_combine") == 1
+    left = [
+        op for op in ("torch.sort", "torch.argsort", "torch.histc", "setitem", "scatter_add") if record.ops_after[op]
+    ]
+    assert not left and not record.ops_after["Tensor.scatter_add"], left
+    assert_ran("moe_route", 1)
+    assert_ran("moe_dispatch", 2)  # x_sorted; the combine's dy
+    assert_ran("moe_gather_sum", 2)  # the combine; the permute's dx
+    assert_ran("grouped_gemm", 2 * grouped)
+    assert_ran("grouped_gemm_wgrad", grouped)
+
+
+@pytest.mark.parametrize("family, dtype", [("mixtral", torch.bfloat16), ("qwen3_moe", torch.float32)])
+def test_transformers_sparse_moe_block(family, dtype):
+    """transformers' grouped_mm experts: torch._grouped_mm in bf16, their fallback op in fp32 under compile."""
+    counts = assert_matches_inductor(*_hf(family, dtype))
+    _assert_fused(counts, grouped=2, glu=1)
+
+
+def test_torchtitan_moe_with_a_shared_expert():
+    counts = assert_matches_inductor(*_titan())
+    _assert_fused(counts, grouped=3, glu=2)  # the experts' and the shared expert's SwiGLU
+
+
+def test_no_recompile_as_the_routing_or_the_length_changes():
+    """Token counts per expert are data: steps with other routings run the one compiled graph, and with
+    ``dynamic=True`` so does another sequence length (every size the passes compare is symbolic then)."""
+    model, _ = _titan()
+    compiled = torch.compile(model, backend="primus_turbo", dynamic=True)
+    torch._dynamo.utils.counters.clear()
+    routings = []
+    for seq in (8, 8, 12):
+        x = torch.randn(2, seq, 64, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+        out = compiled(x)
+        out.float().square().sum().backward()
+        with torch.no_grad():
+            torch.testing.assert_close(out, model(x), rtol=2e-2, atol=2e-2)
+            routings.append(torch.topk(model.router(x[:, :8].reshape(-1, 64)).float(), 2, dim=1).indices)
+    assert not torch.equal(routings[0], routings[1]) and not torch.equal(routings[1], routings[2])
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert len(turbo_inductor.compile_records()) == 1 and turbo_inductor.rewrite_counts()["moe_combine"] == 1
+
+
+@pytest.mark.parametrize(
+    "exclude, fused",
+    [
+        (r"^(w1|w3|shared)", dict(fp8_experts=1, glu_fp8=1)),  # the down projection, its input from the GLU
+        (r"^(w2|shared)", dict(fp8_experts=2, glu_fp8=0)),  # the gate and up projections
+    ],
+    ids=["down", "gate and up"],
+)
+def test_fp8_rowwise_experts_meet_the_gates(exclude, fused):
+    """Each of a layer's expert GEMMs in FP8 rowwise, the rest of the layer in bf16: out and dx >= 25 dB, the
+    experts' dW >= 20 dB against the layer in fp32 (its experts too; the router kept in fp32 in both, so that both
+    route alike). With every GEMM of the layer in FP8 their noise adds up (about 24 dB on out and dx here): the gates
+    hold for each GEMM, as the op tests check them one GEMM at a time."""
+    model, _ = _titan()
+    model.router.float()
+    x = torch.randn(2, 16, 64, device=DEVICE, dtype=torch.bfloat16)
+    impl = {"impl": "reference"} if DEVICE == "cpu" else {}  # the interpreter's fp8 stores round wrongly
+    outs, grads = run(model, [x], "primus_turbo", options={"fp8": {"recipe": "rowwise", "exclude": exclude}, **impl})
+    counts = turbo_inductor.rewrite_counts()
+    assert {name: counts[name] for name in fused} == fused and counts["fp8"] == 0
+    truth, x32 = copy.deepcopy(model).float(), x.float().requires_grad_()
+    truth.expert_dtype = torch.float32  # eagerly: torch._grouped_mm takes fp32 only outside a compile
+    out32 = truth(x32)
+    cotangent = torch.randn(out32.shape, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)  # run()'s
+    out32.backward(cotangent.to(DEVICE, torch.float32))
+    assert snr_db(outs[0], out32) >= 25 and snr_db(grads[0], x32.grad) >= 25
+    for (name, parameter), got in zip(truth.named_parameters(), grads[1:]):
+        if name in ("w1", "w2", "w3"):
+            assert snr_db(got, parameter.grad) >= 20, name
+
+
+def test_the_experts_filter_leaves_experts_in_bf16():
+    """In inference as well: the routing fused, the shared expert in FP8, the experts bf16 grouped GEMMs."""
+    model, inputs = _titan()
+    run(model, inputs, "primus_turbo", train=False, options={"fp8": {"recipe": "rowwise", "experts": False}})
+    counts = turbo_inductor.rewrite_counts()
+    assert counts["moe_permute"] == counts["moe_combine"] == 1
+    assert counts["fp8_experts"] == 0 and counts["fp8"] == 3 and ops_after("turbo_inductor.grouped_mm") == 3
+
+
+# ---- near misses: the passes alone on Dynamo's graph, run eagerly ------------------------------------------------
+
+
+def rewritten(model, inputs, options=None):
+    """(output of the rewritten graph run eagerly, its compile record): the passes without Inductor."""
+
+    def backend(gm, example_inputs):
+        PassManager(PASSES, Options.parse(options, PASSES))(gm.graph)
+        gm.recompile()
+        return gm.forward
+
+    torch._dynamo.reset()
+    turbo_inductor.reset_records()
+    with torch.no_grad():
+        out = torch.compile(model, backend=backend, fullgraph=True)(*inputs)
+    return out, turbo_inductor.compile_records()[-1]
+
+
+class NearMiss(torch.nn.Module):
+    """transformers' routing glue around one grouped GEMM, with one thing that the fused ops do not compute."""
+
+    def __init__(self, variant: str):
+        super().__init__()
+        self.variant = variant
+        self.router = torch.nn.Linear(64, E, bias=False)
+        self.w = torch.nn.Parameter(torch.randn(E, 32, 64) / 8)
+
+    def forward(self, x, given_indices):
+        probs = self.router(x).float().softmax(-1)
+        weights, indices = torch.topk(probs, 2, dim=-1)
+        if self.variant == "indices not from a top-k":
+            indices = given_indices
+        ids, perm = torch.sort(indices.reshape(-1))
+        x_sorted = x[perm // 2]
+        low = -1 if self.variant == "histogram from -1" else 0  # every id still counted, in the next bin
+        offs = torch.cumsum(torch.histc(ids.float(), bins=E, min=low, max=E - 1), dim=0, dtype=torch.int32)
+        if self.variant == "offsets in int64":
+            from transformers.integrations import moe  # noqa: F401  (registers their fallback op)
+
+            y = torch.ops.transformers.grouped_mm_fallback(x_sorted, self.w.transpose(-2, -1), offs.long())
+        else:
+            y = torch._grouped_mm(x_sorted, self.w.transpose(-2, -1), offs=offs)
+        weighted = y * weights.reshape(-1)[perm].unsqueeze(-1)
+        inverse = torch.empty_like(perm)
+        inverse[perm] = torch.arange(perm.shape[0], device=perm.device)
+        total = weighted[inverse].view(-1, 2, 32).sum(1)
+        return total if self.variant == "sum kept in fp32" else total.to(x.dtype)
+
+
+@pytest.mark.parametrize(
+    "variant, fused, said",
+    [
+        ("indices not from a top-k", {}, "moe_permute left sort alone: the sorted ids are not"),
+        ("histogram from -1", {}, "moe_permute left sort alone: no offsets"),
+        (
+            "offsets in int64",
+            {"grouped_mm": 0, "moe_permute": 1, "moe_combine": 1},
+            "grouped_mm left y alone: operands the op does not take",
+        ),
+        ("sum kept in fp32", {"moe_permute": 1, "grouped_mm": 1}, "the sum is used in torch.float32"),
+    ],
+)
+def test_near_misses_are_left_alone_and_said_why(variant, fused, said, caplog):
+    model = NearMiss(variant).to(DEVICE, torch.bfloat16)
+    inputs = [torch.randn(10, 64, device=DEVICE, dtype=torch.bfloat16), torch.randint(0, E, (10, 2), device=DEVICE)]
+    with caplog.at_level(logging.DEBUG, logger="turbo_inductor"):
+        out, record = rewritten(model, inputs, {"strict": True})
+    fused = {"grouped_mm": 1, "moe_permute": 0, "moe_combine": 0} | fused
+    assert {name: record.counts[name] for name in fused} == fused
+    assert said in caplog.text
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(*inputs), rtol=2e-2, atol=2e-2)
+
+
+class WeightedGLU(torch.nn.Module):
+    """Router weights on the experts' GLU output, as Primus-Turbo's MoE layers apply them; the rows then summed back
+    unweighted."""
+
+    def __init__(self):
+        super().__init__()
+        self.router = torch.nn.Linear(64, E, bias=False)
+        self.gate_up = torch.nn.Parameter(torch.randn(E, 64, 64) / 8)
+        self.down = torch.nn.Parameter(torch.randn(E, 64, 32) / 6)
+
+    def forward(self, x):
+        weights, indices = torch.topk(self.router(x).float().softmax(-1), 2, dim=-1)
+        ids, perm = torch.sort(indices.reshape(-1))
+        offs = torch.cumsum(torch.histc(ids.float(), bins=E, min=0, max=E - 1), dim=0, dtype=torch.int32)
+        h = torch._grouped_mm(x[perm // 2], self.gate_up.transpose(-2, -1), offs=offs)
+        gate, up = h.chunk(2, dim=-1)
+        h = torch.nn.functional.silu(gate) * up * weights.reshape(-1)[perm].unsqueeze(-1).to(x.dtype)
+        y = torch._grouped_mm(h, self.down.transpose(-2, -1), offs=offs)
+        return y[perm.argsort()].view(-1, 2, 64).sum(1)
+
+
+def test_torchtitan_scores_before_the_experts():
+    """torchtitan's default: the scores scale the experts' input (a multiply left to Inductor), and the combine sums
+    the rows unweighted onto the shared expert's output."""
+    model, (x,) = _titan(score_before_experts=True, score_func="sigmoid")
+    out, record = rewritten(model, [x], {"strict": True})
+    assert record.counts["moe_permute"] == record.counts["moe_combine"] == 1 and record.ops_after["mul"] == 1
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=2e-2, atol=2e-2)
+
+
+def test_router_weights_on_the_glu_output_go_into_the_glu():
+    """The GLU takes the permute's weights_sorted as its probs, and the combine sums the rows unweighted."""
+    torch.manual_seed(0)
+    model = WeightedGLU().to(DEVICE, torch.bfloat16)
+    x = torch.randn(10, 64, device=DEVICE, dtype=torch.bfloat16)
+    out, record = rewritten(model, [x], {"strict": True})
+    assert {name: record.counts[name] for name in ("moe_permute", "moe_combine", "glu")} == dict.fromkeys(
+        ("moe_permute", "moe_combine", "glu"), 1
+    )
+    assert record.ops_after["mul"] == 0  # the weighting went into the GLU (the outputs below still agree)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=2e-2, atol=2e-2)

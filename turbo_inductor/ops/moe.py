@@ -1,0 +1,259 @@
+"""MoE routing glue: the router's choices ordered by expert for the grouped GEMMs, and the experts' rows summed back
+per token.
+
+Ops in ``torch.ops.turbo_inductor``:
+  moe_permute(x, indices, weights, num_experts, impl) -> (x_sorted, weights_sorted, offs, order, positions)
+                                                     custom op; backward: moe_combine (dx), a gather (dweights)
+  moe_combine(y, weights, positions, impl) -> out    custom op; backward: moe_combine_bwd
+  moe_combine_bwd(dout, y, weights, positions, impl) -> (dy, dweights)
+
+Semantics (``kernels/reference/moe.py``): ``indices`` [T, k] are the router's top-k experts of each token, choice
+t * k + j. moe_permute orders the choices by expert, stably (a tie keeps token order, as ``torch.sort(stable=True)``),
+with indices outside [0, E) last (expert-parallel sentinels, not counted in offs). It returns x's rows in that order
+(x_sorted [T * k, H]), the router weights in that order (weights_sorted [T * k] in weights' dtype; empty without
+weights), ``offs`` [E] int32 (each expert's cumulative end row, for ``grouped_mm``), ``order`` [T * k] int64 (the
+choice of each row, as the sort's indices) and ``positions`` [T, k] int64 (the row of each choice). Nothing is read on
+the host: token counts per expert are data, not shapes.
+
+moe_combine: out[t] = sum_j weights[t, j] * y[positions[t, j]] (unweighted without weights), accumulated in fp32
+and returned in y's dtype: unpermute and top-k sum in one pass, deterministic.
+
+Backward: permute's dx[t] = sum_j dx_sorted[positions[t, j]] (moe_combine unweighted: a gather-sum, no atomics) and
+dweights = dweights_sorted[positions]; combine's dy[positions[t, j]] = weights[t, j] * dout[t] and dweights[t, j] =
+<dout[t], y[positions[t, j]]> in fp32, one pass over dout.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.fx as fx
+from torch import Tensor
+
+from ..kernels import registry
+from .library import SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, kernel_op
+from .node import OpNode
+
+ROUTE_KERNEL, DISPATCH_KERNEL, GATHER_SUM_KERNEL = "moe_route", "moe_dispatch", "moe_gather_sum"
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _check_choices(op: str, tokens, indices_name: str, indices: Tensor, weights: Optional[Tensor]) -> None:
+    """``indices`` [T, k] of an index dtype; ``weights`` None or [T, k] float."""
+    check(
+        isinstance(indices, Tensor) and indices.dim() == 2 and indices.shape[0] == tokens and indices.shape[1] >= 1,
+        op,
+        lambda: f"{indices_name} must be [T, k] with T = {tokens} and k >= 1, got {list(indices.shape)}",
+    )
+    check(
+        indices.dtype in INDEX_DTYPES,
+        op,
+        lambda: f"{indices_name} must be int32 or int64, got {indices.dtype}",
+    )
+    if weights is not None:
+        check(
+            isinstance(weights, Tensor) and weights.shape == indices.shape and weights.dtype in SUPPORTED_FLOAT_DTYPES,
+            op,
+            lambda: (
+                f"weights must be [T, k] = {list(indices.shape)} of a float dtype, got {list(weights.shape)} "
+                f"{weights.dtype}"
+            ),
+        )
+
+
+def _check_permute(x: Tensor, indices: Tensor, weights: Optional[Tensor], num_experts: int) -> None:
+    op = "moe_permute"
+    check_float(op, "x", x)
+    check(x.dim() == 2, op, lambda: f"x must be 2-D [T, H] (one row per token), got shape {list(x.shape)}")
+    _check_choices(op, x.shape[0], "indices", indices, weights)
+    check(num_experts >= 1, op, lambda: f"num_experts must be at least 1, got {num_experts}")
+    check_same_device(op, x=x, indices=indices, weights=weights)
+
+
+def _check_rows(op: str, name: str, t: Tensor, rows) -> None:
+    check_float(op, name, t)
+    check(
+        t.dim() == 2 and t.shape[0] == rows,
+        op,
+        lambda: f"{name} must be 2-D with {rows} rows, got shape {list(t.shape)}",
+    )
+
+
+def _check_positions(op: str, positions: Tensor, weights: Optional[Tensor]) -> None:
+    check(
+        isinstance(positions, Tensor) and positions.dim() == 2 and positions.dtype == torch.int64,
+        op,
+        lambda: f"positions must be moe_permute's [T, k] int64, got {list(positions.shape)} {positions.dtype}",
+    )
+    _check_choices(op, positions.shape[0], "positions", positions, weights)
+
+
+def _check_combine(y: Tensor, weights: Optional[Tensor], positions: Tensor) -> None:
+    op = "moe_combine"
+    _check_positions(op, positions, weights)
+    _check_rows(op, "y", y, positions.shape[0] * positions.shape[1])  # one row per choice, in expert order
+    check_same_device(op, y=y, weights=weights, positions=positions)
+
+
+def _check_combine_backward(dout: Tensor, y: Optional[Tensor], weights: Optional[Tensor], positions: Tensor) -> None:
+    op = "moe_combine_bwd"
+    _check_positions(op, positions, weights)
+    _check_rows(op, "dout", dout, positions.shape[0])
+    if y is not None:
+        _check_rows(op, "y", y, positions.shape[0] * positions.shape[1])
+        check(
+            y.shape[1] == dout.shape[1] and y.dtype == dout.dtype,
+            op,
+            lambda: f"y ({list(y.shape)}, {y.dtype}) must have dout's width and dtype ({dout.shape[1]}, {dout.dtype})",
+        )
+    check_same_device(op, dout=dout, y=y, weights=weights, positions=positions)
+
+
+# ---- permute --------------------------------------------------------------------------------------------------
+
+
+def _no_weights(like: Tensor) -> Tensor:
+    return like.new_empty(0, dtype=torch.float32)
+
+
+@kernel_op("moe_permute", (ROUTE_KERNEL, DISPATCH_KERNEL))
+def moe_permute(
+    x: Tensor, indices: Tensor, weights: Optional[Tensor], num_experts: int, impl: str = "auto"
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    _check_permute(x, indices, weights, num_experts)
+    offs, order, positions = registry.select(ROUTE_KERNEL, x.device, impl)(indices, num_experts)
+    x_sorted = registry.select(DISPATCH_KERNEL, x.device, impl)(x, positions)[0]
+    weights_sorted = _no_weights(x) if weights is None else weights.reshape(-1)[order]
+    return x_sorted, weights_sorted, offs, order, positions
+
+
+@moe_permute.register_fake
+def _(x, indices, weights, num_experts, impl="auto"):
+    _check_permute(x, indices, weights, num_experts)
+    rows = indices.shape[0] * indices.shape[1]
+    return (
+        x.new_empty((rows, x.shape[1])),
+        _no_weights(x) if weights is None else weights.new_empty(rows),
+        x.new_empty(num_experts, dtype=torch.int32),
+        x.new_empty(rows, dtype=torch.int64),
+        x.new_empty(indices.shape, dtype=torch.int64),
+    )
+
+
+def _permute_setup(ctx, inputs, output):
+    _x, _indices, weights, _num_experts, impl = inputs
+    ctx.save_for_backward(output[4])
+    ctx.mark_non_differentiable(*output[2:])
+    ctx.impl, ctx.has_weights = impl, weights is not None
+
+
+def _permute_backward(ctx, dx_sorted, dweights_sorted, *_index_grads):
+    (positions,) = ctx.saved_tensors
+    wants_dx, _, wants_dweights = ctx.needs_input_grad[:3]
+    dx = moe_combine(dx_sorted, None, positions, ctx.impl) if wants_dx else None
+    dweights = dweights_sorted[positions] if wants_dweights and ctx.has_weights else None
+    return dx, None, dweights, None, None
+
+
+# ---- combine --------------------------------------------------------------------------------------------------
+
+
+@kernel_op("moe_combine", (GATHER_SUM_KERNEL,))
+def moe_combine(y: Tensor, weights: Optional[Tensor], positions: Tensor, impl: str = "auto") -> Tensor:
+    _check_combine(y, weights, positions)
+    return registry.select(GATHER_SUM_KERNEL, y.device, impl)(y, positions, weights, y.dtype)
+
+
+@moe_combine.register_fake
+def _(y, weights, positions, impl="auto"):
+    _check_combine(y, weights, positions)
+    return y.new_empty((positions.shape[0], y.shape[1]))
+
+
+@kernel_op("moe_combine_bwd", (DISPATCH_KERNEL,))
+def moe_combine_bwd(
+    dout: Tensor, y: Optional[Tensor], weights: Optional[Tensor], positions: Tensor, impl: str = "auto"
+) -> tuple[Tensor, Tensor]:
+    """(dy, dweights): dweights in weights' dtype, empty unless both y and weights are given."""
+    _check_combine_backward(dout, y, weights, positions)
+    dy, dots = registry.select(DISPATCH_KERNEL, dout.device, impl)(
+        dout, positions, weights, y if weights is not None else None
+    )
+    return dy, _no_weights(dout) if dots is None else dots.to(weights.dtype)
+
+
+@moe_combine_bwd.register_fake
+def _(dout, y, weights, positions, impl="auto"):
+    _check_combine_backward(dout, y, weights, positions)
+    tokens, k = positions.shape
+    dweights = _no_weights(dout) if y is None or weights is None else weights.new_empty((tokens, k))
+    return dout.new_empty((tokens * k, dout.shape[1])), dweights
+
+
+def _combine_setup(ctx, inputs, output):
+    y, weights, positions, impl = inputs
+    ctx.save_for_backward(y if weights is not None else None, weights, positions)
+    ctx.impl = impl
+
+
+def _combine_backward(ctx, dout):
+    y, weights, positions = ctx.saved_tensors
+    wants_dy, wants_dweights = ctx.needs_input_grad[:2]
+    dy, dweights = moe_combine_bwd(dout, y if wants_dweights else None, weights, positions, ctx.impl)
+    return dy if wants_dy else None, dweights if wants_dweights else None, None, None
+
+
+moe_permute.register_autograd(_permute_backward, setup_context=_permute_setup)
+moe_combine.register_autograd(_combine_backward, setup_context=_combine_setup)
+
+
+# ---- for the passes -------------------------------------------------------------------------------------------
+
+
+def _available(device: torch.device, kernels: tuple[str, ...]) -> bool:
+    return all(registry.available_on(kernel, device) for kernel in kernels)
+
+
+def can_permute(x: Tensor, indices: Tensor, weights: Optional[Tensor]) -> bool:
+    """Whether rows of (fake) ``x`` [T, H] routed by ``indices`` [T, k] (router ``weights`` [T, k] or None) can be
+    ordered by :func:`moe_permute`, forward and backward."""
+    return (
+        x.dim() == 2
+        and x.dtype in SUPPORTED_FLOAT_DTYPES
+        and indices.dim() == 2
+        and indices.dtype in INDEX_DTYPES
+        and indices.shape[0] == x.shape[0]
+        and (weights is None or (weights.shape == indices.shape and weights.dtype in SUPPORTED_FLOAT_DTYPES))
+        and all(t.device == x.device for t in (indices, weights) if t is not None)
+        and _available(x.device, (ROUTE_KERNEL, DISPATCH_KERNEL, GATHER_SUM_KERNEL))
+    )
+
+
+def can_combine(y: Tensor, weights: Optional[Tensor]) -> bool:
+    """Whether experts' rows (fake) ``y`` [T * k, H], weighted by ``weights`` [T, k] or not, can be summed per token by
+    :func:`moe_combine`, forward and backward."""
+    return (
+        y.dim() == 2
+        and y.dtype in SUPPORTED_FLOAT_DTYPES
+        and (weights is None or (weights.dtype in SUPPORTED_FLOAT_DTYPES and weights.device == y.device))
+        and _available(y.device, (GATHER_SUM_KERNEL, DISPATCH_KERNEL))
+    )
+
+
+class MoEPermuteNode(OpNode):
+    op = torch.ops.turbo_inductor.moe_permute.default
+    outputs = ("x_sorted", "weights_sorted", "offs", "order", "positions")
+    x: fx.Node
+    indices: fx.Node
+    weights: fx.Node | None
+    num_experts: int
+    impl: str
+
+
+class MoECombineNode(OpNode):
+    op = torch.ops.turbo_inductor.moe_combine.default
+    y: fx.Node
+    weights: fx.Node | None
+    positions: fx.Node
+    impl: str

@@ -1,0 +1,77 @@
+"""Grouped GEMMs -> ``turbo_inductor.fp8_grouped_mm`` with ``options={"fp8": RECIPE}``: MoE experts in FP8.
+
+Runs on the ops the grouped_mm pass made. The ``fp8`` option covers experts unless its ``experts`` is False; its
+``exclude`` (matched against the expert parameter's name, read through the transpose and casts the experts apply to
+it) and ``min_size`` (K and N) apply as they do to linears. K and N must be multiples of 16.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.fx as fx
+
+from ..ops.grouped_mm import FP8GroupedMMNode, GroupedMMNode, can_rewrite_fp8
+from ..options import Options
+from ..recipes import FP8Config
+from . import matcher as m
+from .fp8_linear import NAME as FP8_OPTION
+from .fp8_linear import parameter_name
+from .manager import Phase, RewritePass, declined
+
+
+def parameter_of(weight) -> fx.Node:
+    """The node ``weight`` is a transpose or cast of (``w.bfloat16().transpose(-2, -1)``): a parameter's
+    placeholder for experts' weights."""
+    while isinstance(weight, fx.Node) and weight.args and (_transposes(weight) or m.is_op(weight, "cast")):
+        weight = weight.args[0]
+    return weight
+
+
+def _transposes(node: fx.Node) -> bool:
+    return any(
+        m.calls(node, method, (function,))
+        for method, function in (("transpose", torch.transpose), ("permute", torch.permute), ("t", torch.t))
+    )
+
+
+class FP8ExpertsPass(RewritePass):
+    """MoE experts' grouped GEMMs to FP8 ones of the `fp8` option's recipe."""
+
+    name = "fp8_experts"
+    phase = Phase.CLAIM
+    after = ("grouped_mm",)
+    option_doc = "MoE experts' grouped GEMMs in FP8 where the `fp8` option covers them (its `experts`, default true)"
+
+    def apply(self, graph: fx.Graph, options: Options) -> int:
+        config: FP8Config = options.value(FP8_OPTION)
+        if not (config.enabled and config.experts):
+            return 0
+        count = 0
+        for node in list(graph.nodes):
+            gemm = GroupedMMNode.of(node)
+            if gemm is None:
+                continue
+            xt, wt, ot = (m.fake(v) for v in (gemm.x, gemm.weight, gemm.offs))
+            if not can_rewrite_fp8(xt, wt, ot):
+                declined(
+                    self.name, node, f"weight {list(wt.shape)}: no FP8 grouped GEMM (K and N static multiples of 16)"
+                )
+                continue
+            name = parameter_name(parameter_of(gemm.weight))
+            if (config.exclude and re.search(config.exclude, name)) or min(wt.shape[1:]) < config.min_size:
+                declined(self.name, node, f"expert {name or '?'} excluded by the fp8 option's exclude or min_size")
+                continue
+            m.replace_with_view(
+                graph,
+                node,
+                FP8GroupedMMNode,
+                x=gemm.x,
+                weight=gemm.weight,
+                offs=gemm.offs,
+                recipe=config.recipe,
+                impl=gemm.impl,
+            )
+            count += 1
+        return count
