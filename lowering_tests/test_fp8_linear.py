@@ -2,6 +2,7 @@
 short training run that follows the high-precision loss curve."""
 
 import copy
+import functools
 import os
 
 import pytest
@@ -411,12 +412,20 @@ def test_off_by_default_and_bad_recipes_are_named():
         )
 
 
+@functools.cache
+def _inductor_loss_curve() -> torch.Tensor:
+    """The high-precision curve every recipe's is compared with: computed once."""
+    from benchmarks.convergence import loss_curve
+
+    return loss_curve("inductor")
+
+
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_training_follows_the_high_precision_loss_curve(recipe):
     """50 AdamW steps of a tiny Llama-style decoder on a fixed regression task, same seed and data."""
     from benchmarks.convergence import loss_curve, max_deviation
 
-    base = loss_curve("inductor")
+    base = _inductor_loss_curve()
     fp8 = loss_curve("primus_turbo", {"fp8": recipe, "impl": "reference"})
     assert turbo_inductor.rewrite_counts()["fp8"] == 2 * 4  # qkv, o, gate_up, down per layer
     assert base[-1] < 0.9 * base[0], "the task is learnable"
