@@ -4,9 +4,10 @@ included), and the FP8 grouped GEMM alone on operands already quantized. Forward
 expert shapes of Mixtral-8x7B (E 8, top 2) and Qwen3-30B-A3B (E 128, top 8), tokens 2 x 4096, each projection
 (gate_up [E, 2I, H] and down [E, H, I] parameters, passed transposed as transformers 5 does). Routing: each token's
 top-k of uniform random router scores (balanced on average, uneven per expert).
-python benchmarks/bench_grouped_mm.py [--configs mixtral-8x7b,qwen3-30b-a3b] [--modes fwd,fwd+bwd]
+python -m benchmarks.bench_grouped_mm [--configs mixtral-8x7b,qwen3-30b-a3b] [--modes fwd,fwd+bwd] [--kernels]
 Prints a table (median ms by triton's do_bench, TFLOP/s, ratio to bf16 torch._grouped_mm) and writes
-grouped_mm.json (benchmarks/record.py)."""
+grouped_mm.json (benchmarks/record.py). With ``--kernels``, the GPU time of each kernel per step of the FP8 fwd+bwd
+columns and of the baseline (``kernels_us`` in their rows), to show where the time goes."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 
 import turbo_inductor
 from benchmarks import record
-from benchmarks.common import bench_ms, fwd_bwd_step
+from benchmarks.common import bench_ms, fwd_bwd_step, kernel_us
 from turbo_inductor.kernels import registry
 from turbo_inductor.ops.grouped_mm import weight_operands
 from turbo_inductor.recipes import RECIPES, kernel_block
@@ -27,6 +28,8 @@ CONFIGS = {"mixtral-8x7b": (8, 2, 4096, 14336), "qwen3-30b-a3b": (128, 8, 2048, 
 TOKENS = 2 * 4096
 BASELINE = "bf16 torch._grouped_mm"
 DEVICE = "cuda"
+# Characters of a kernel's name printed by --kernels (CUTLASS's template names run to thousands).
+KERNEL_NAME_CHARS = 110
 
 
 def routing(tokens: int, experts: int, top_k: int) -> torch.Tensor:
@@ -84,7 +87,14 @@ def bare_fp8_gemms(x: torch.Tensor, parameter: torch.Tensor, offs: torch.Tensor)
     return columns
 
 
-def run(configs: list[str], modes: list[str]) -> list[dict]:
+def print_kernels(label: str, times_us: dict[str, float]) -> None:
+    """Each kernel's GPU time per step, longest first, and their sum."""
+    print(f"{label}: {sum(times_us.values()):.0f} us of GPU time per step")
+    for name, us in sorted(times_us.items(), key=lambda item: -item[1]):
+        print(f"  {us:10.1f} us  {name[:KERNEL_NAME_CHARS]}")
+
+
+def run(configs: list[str], modes: list[str], kernels: bool = False) -> list[dict]:
     rows = []
     for config in configs:
         experts, top_k, _, _ = CONFIGS[config]
@@ -100,18 +110,24 @@ def run(configs: list[str], modes: list[str]) -> list[dict]:
             for mode in modes:
                 columns = variants() | (bare_fp8_gemms(x, parameter, offs) if mode == "fwd" else {})
                 for column, fn in columns.items():
+                    times_us = None
                     try:
                         if mode == "fwd":
                             with torch.no_grad():
                                 ms = bench_ms(lambda fn=fn: fn(x, parameter, offs))
                         else:
                             inputs = (x.clone().requires_grad_(), parameter.clone().requires_grad_())
-                            ms = bench_ms(fwd_bwd_step(lambda a, p, fn=fn: fn(a, p, offs), *inputs))
+                            step = fwd_bwd_step(lambda a, p, fn=fn: fn(a, p, offs), *inputs)
+                            ms = bench_ms(step)
+                            if kernels and (column == BASELINE or column.startswith("fp8")):
+                                times_us = kernel_us(step)
+                                print_kernels(f"{shape} {mode} {column}", times_us)
                     except Exception as error:  # one column failing leaves the others measured
                         print(f"{shape} {mode} {column}: failed: {type(error).__name__}: {error}")
                         continue
                     work = flops * (1 if mode == "fwd" else 3)
-                    rows.append({"shape": shape, "mode": mode, "column": column, "ms": ms, "tflops": work / ms / 1e9})
+                    row = {"shape": shape, "mode": mode, "column": column, "ms": ms, "tflops": work / ms / 1e9}
+                    rows.append(row | ({"kernels_us": times_us} if times_us else {}))
                     torch.cuda.empty_cache()
     return rows
 
@@ -134,9 +150,12 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--modes", default="fwd,fwd+bwd")
+    parser.add_argument(
+        "--kernels", action="store_true", help="print each kernel's GPU time per fwd+bwd step (FP8 and baseline)"
+    )
     parser.add_argument("--out", default=None, help="folder for the JSON (default: $OUT, else benchmarks/out)")
     args = parser.parse_args()
-    rows = run(args.configs.split(","), args.modes.split(","))
+    rows = run(args.configs.split(","), args.modes.split(","), args.kernels)
     print_table(rows)
     record.write("grouped_mm", record.changed_options(parser, args, ignore={"out"}), vars(args), rows, args.out)
 

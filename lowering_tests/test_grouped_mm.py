@@ -11,10 +11,12 @@ from conftest import DEVICE, TOLERANCE
 
 import turbo_inductor
 from turbo_inductor.kernels import registry
+from turbo_inductor.kernels.reference.grouped_mm import group_bounds
+from turbo_inductor.kernels.triton import grouped_mm as triton_grouped
 from turbo_inductor.kernels.vendor import grouped_mm as vendor_grouped
 from turbo_inductor.ops.grouped_mm import GroupedMMNode, can_rewrite, can_rewrite_fp8, weight_operands
 from turbo_inductor.ops.library import OpInputError
-from turbo_inductor.recipes import RECIPES
+from turbo_inductor.recipes import RECIPES, kernel_block
 
 ops = turbo_inductor.ops
 GRADIENT_GATE = {"e4m3": 25.0, "e5m2": 20.0}
@@ -28,6 +30,8 @@ PATTERNS = {
     "odd sizes": ([1, 3, 17, 5], 0),
     "one expert takes every token": ([0, 0, 26, 0], 0),
     "empty first and last, rows past the last group": ([0, 9, 14, 0], 5),
+    # groups holding whole 32-row chunks (the interpreter's) and partial ones at either end, or within one chunk
+    "long groups": ([45, 70, 0, 3, 32], 2),
 }
 
 
@@ -236,7 +240,6 @@ def test_implementations_rank_vendor_then_triton_then_reference():
 
 def test_vendor_declines_what_torch_cannot_take_with_the_reason():
     assert "GPUs only" in registry.implementations("grouped_gemm")["vendor"].unavailable_reason(torch.device("cpu"))
-    assert "vendor" not in registry.implementations("fp8_grouped_gemm_wgrad")  # groups must be multiples of 16
     x = torch.randn(26, 32, dtype=torch.bfloat16)
     w = torch.randn(4, 48, 32, dtype=torch.bfloat16).transpose(-2, -1)
     offs = torch.tensor([1, 4, 21, 26], dtype=torch.int32)
@@ -256,6 +259,13 @@ def test_vendor_declines_what_torch_cannot_take_with_the_reason():
     e5m2 = q.view(torch.float8_e5m2)
     assert "float8_e4m3fn to bfloat16, got" in fp8_supports(e5m2, rowwise[0], wq, rowwise[1], offs, bf16)
     assert "float8_e4m3fn to bfloat16, got" in fp8_supports(q, rowwise[0], wq, rowwise[1], offs, torch.float32)
+    # the weight gradient: x^T [K, S] and dy^T [N, S], a scale per row over all of S
+    wgrad_supports = vendor_grouped.fp8_grouped_gemm_wgrad_supports
+    x_t, dy_t = torch.zeros(32, 26, dtype=torch.float8_e4m3fn), torch.zeros(48, 26, dtype=torch.float8_e4m3fn)
+    assert "GPUs only" in wgrad_supports(x_t, torch.ones(32, 1), dy_t, torch.ones(48, 1), offs, bf16)
+    assert "a scale per row" in wgrad_supports(x_t, torch.ones(32, 1), dy_t, torch.ones(48, 2), offs, bf16)
+    e5m2_t = dy_t.view(torch.float8_e5m2)
+    assert "float8_e4m3fn to bfloat16" in wgrad_supports(x_t, torch.ones(32, 1), e5m2_t, torch.ones(48, 1), offs, bf16)
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="on a GPU the vendor kernels run in the tests above (impl auto)")
@@ -278,12 +288,26 @@ def test_vendor_bf16_kernels_on_torchs_cpu_grouped_mm(monkeypatch):
 
 def _scaled_grouped_mm_checked(mat_a, mat_b, scale_a, scale_b, offs=None, out_dtype=None, use_fast_accum=False):
     """torch._scaled_grouped_mm on a CPU: its meta function checks dtypes, layouts and scale shapes; the product is
-    computed from the scales as given, and the rows past offs[-1] are left as NaN (torch leaves them unwritten)."""
+    computed from the scales as given, and the rows past offs[-1] are left as NaN (torch leaves them unwritten).
+    Both operands 2-D (the weight gradient): the group sizes its CUDA kernel asserts on, checked."""
     meta = [
         torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in (mat_a, mat_b, scale_a, scale_b)
     ]
     torch.ops.aten._scaled_grouped_mm(*meta, offs=offs.to("meta"), out_dtype=out_dtype)
     assert scale_a.is_contiguous() and scale_b.is_contiguous()
+    if mat_b.dim() == 2:
+        ends = offs.tolist()
+        sizes = [b - a for a, b in zip([0] + ends, ends)]
+        assert all(n > 0 for n in sizes) and all(n % 16 == 0 for n in sizes[:-1]) and ends[-1] <= mat_a.shape[1]
+        (m, _), n = mat_a.shape, mat_b.shape[1]
+        a, b = mat_a.float(), mat_b.float()
+        return torch.stack(
+            [
+                (a[:, start:end] * scale_a[g * m : (g + 1) * m, None])
+                @ (b[start:end] * scale_b[g * n : (g + 1) * n][None, :])
+                for g, (start, end) in enumerate(zip([0] + ends, ends))
+            ]
+        ).to(out_dtype)
     out = torch.full((mat_a.shape[0], mat_b.shape[2]), float("nan"), dtype=out_dtype)
     a, ends = mat_a.float() * scale_a[:, None], [0] + offs.tolist()
     for g in range(len(ends) - 1):
@@ -314,3 +338,71 @@ def test_the_fp8_operands_the_op_builds_are_what_torch_scaled_grouped_mm_takes(m
         got = vendor_grouped.fp8_grouped_gemm(*args)
         torch.testing.assert_close(got, reference(*args), rtol=1e-2, atol=1e-2)
         assert got[offs[-1] :].count_nonzero() == 0
+
+
+def test_triton_kernels_sum_whole_and_partial_chunks_of_each_group():
+    """Groups holding whole chunks and partial ones at either end (or within one): the weight gradients in fp32 and
+    FP8 (scales in the epilogue, per chunk of 32 and of 128 rows), and the FP8 forward rowwise with K = 48 (a partial
+    last chunk of K) and blockwise with K = 256, against the reference on the same operands."""
+    x, parameter, _, offs = case("long groups", 48, 32)
+    x, dy, w = x.detach(), torch.randn(x.shape[0], 32, device=DEVICE), parameter.detach()
+    impls = {kernel: registry.implementations(kernel) for kernel in ("grouped_gemm_wgrad", "fp8_grouped_gemm_wgrad")}
+    run = {name: [impls["grouped_gemm_wgrad"][name].fn(x, dy, offs, torch.float32)] for name in ("triton", "reference")}
+    quantize = registry.implementations("fp8_quantize")["reference"].fn
+    for block in (x.shape[0] + 1, 32, 128):  # per row of x^T and dy^T over all of S, and 1 x 32, 1 x 128
+        x_t = quantize(x.t().contiguous(), torch.float8_e4m3fn, 1, block, False)
+        dy_t = quantize(dy.t().contiguous(), torch.float8_e4m3fn, 1, block, False)
+        for name in run:
+            run[name].append(impls["fp8_grouped_gemm_wgrad"][name].fn(*x_t, *dy_t, offs, torch.float32))
+    for recipe, k in (("rowwise", 48), ("blockwise", 256)):  # blockwise: 128x128 weight scales per chunk
+        x_k, w_k = torch.randn(x.shape[0], k, device=DEVICE), torch.randn(w.shape[0], 32, k, device=DEVICE) / k**0.5
+        x_q = quantize(x_k, torch.float8_e4m3fn, *kernel_block(RECIPES[recipe].activation_block, *x_k.shape), False)
+        w_q = weight_operands(w_k.transpose(-2, -1), recipe, quantize, True, False)[0]
+        for name in run:
+            run[name].append(registry.implementations("fp8_grouped_gemm")[name].fn(*x_q, *w_q, offs, torch.float32))
+    for got, want in zip(run["triton"], run["reference"]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize(
+    "ends, rows",
+    [
+        ([1, 4, 21, 26], 26),  # odd sizes
+        ([0, 0, 26, 26], 26),  # empty groups
+        ([16, 48, 48, 96], 99),  # multiples of 16 already, rows past the last group
+        ([10, 0, 40, 7, 100], 50),  # out of order and past the rows: bounded as the reference bounds them
+    ],
+)
+def test_pad_groups_gives_every_group_a_nonempty_multiple_of_16_rows(ends, rows):
+    """What torch's contraction-grouped kernel asserts on the device holds whatever offs holds; each group's rows
+    are copied to its padded place, zeros elsewhere."""
+    offs = torch.tensor(ends, dtype=torch.int32, device=DEVICE)
+    a = torch.randint(1, 255, (5, rows), dtype=torch.uint8, device=DEVICE).view(torch.float8_e4m3fn)
+    (padded,), padded_offs = triton_grouped.pad_groups((a,), offs)
+    padded_ends = padded_offs.tolist()
+    sizes = [b - a for a, b in zip([0] + padded_ends, padded_ends)]
+    assert all(n >= 16 and n % 16 == 0 for n in sizes) and padded_ends[-1] <= padded.shape[1]
+    assert padded.shape == (5, -(-rows // 16) * 16 + 16 * len(ends))
+    want = torch.zeros_like(padded.view(torch.uint8))
+    for (start, end), padded_start in zip(group_bounds(offs, rows), [0] + padded_ends):
+        want[:, padded_start : padded_start + end - start] = a.view(torch.uint8)[:, start:end]
+    assert torch.equal(padded.view(torch.uint8), want)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="on a GPU the vendor kernels run in the tests above (impl auto)")
+def test_vendor_fp8_weight_gradient_hands_torch_padded_groups(monkeypatch):
+    """The weight gradient through torch._scaled_grouped_mm (a checked emulation on CPU, the group sizes its CUDA
+    kernel asserts on included): empty groups, odd sizes and rows past the last group give the reference's result."""
+    monkeypatch.setattr(vendor_grouped, "device_unsupported", lambda device, weight_gradient=False: None)
+    monkeypatch.setattr(torch, "_scaled_grouped_mm", _scaled_grouped_mm_checked)
+    x, _, _, offs = case("empty first and last, rows past the last group", 32, 48)
+    quantize = registry.implementations("fp8_quantize")["reference"].fn
+    x_t = quantize(x.detach().t().contiguous(), torch.float8_e4m3fn, 1, x.shape[0] + 1, False)
+    dy_t = quantize(torch.randn(48, x.shape[0]), torch.float8_e4m3fn, 1, x.shape[0] + 1, False)
+    args = (*x_t, *dy_t, offs, torch.bfloat16)
+    assert vendor_grouped.fp8_grouped_gemm_wgrad_supports(*args) is None
+    got = vendor_grouped.fp8_grouped_gemm_wgrad(*args)
+    want = registry.implementations("fp8_grouped_gemm_wgrad")["reference"].fn(*args)
+    assert got.shape == want.shape == (4, 32, 48) and got.is_contiguous()
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2 * want.abs().max().item())
+    assert got[0].count_nonzero() == 0 and got[-1].count_nonzero() == 0

@@ -10,12 +10,21 @@ at a time across the columns, so that concurrent programs share operand tiles in
 
 Contraction grouped (``grouped_gemm_wgrad``, ``fp8_grouped_gemm_wgrad``, the weight gradients): one program per
 (group, row tile, column tile) of the [E, M, N] output, summing over its group's rows in chunks aligned to
-multiples of BLOCK_K in S's coordinates, so that a chunk never straddles a scaling block of the FP8 operands.
+multiples of BLOCK_K in S's coordinates, so that a chunk never straddles a scaling block of the FP8 operands. The
+chunks inside the group load whole tiles; only the group's first and last chunks, where partial, zero the other
+groups' rows in registers: a mask along the contiguous rows of x^T and dy^T at bounds that are data would split
+every load into single bytes, which Triton neither vectorizes nor pipelines.
 
-FP8: operands travel as raw bytes (``.fp8_formats``). Scales constant along the contracted dimension (tensorwise,
-rowwise) multiply the tile once, in the epilogue; finer ones (1x128, 128x128, 1x32) multiply each chunk's product in
-the main loop, as ``.fp8_gemm`` does, the chunk never straddling a scaling block. Loads go through pointers with
-strides (any layout, AMD as well, and the interpreter, where the tiles are converted to fp32 before ``tl.dot``).
+FP8: operands travel as raw bytes (``.fp8_formats``) and go into ``tl.dot`` as FP8 (Hopper's FP8 MMA), both with
+the contracted dimension contiguous. Scales constant along the contracted dimension (tensorwise, rowwise) multiply
+the tile once, in the epilogue; finer ones (1x128, 128x128, 1x32) multiply each chunk's product in the main loop, as
+``.fp8_gemm`` does, the chunk never straddling a scaling block. Unless ``fast_accum``, each chunk's product is
+added to an fp32 accumulator apart (two-level accumulation: Hopper's FP8 MMA keeps fewer bits as it sums). Loads go
+through pointers with strides (any layout, AMD as well, and the interpreter, where the tiles are converted to fp32
+before ``tl.dot``).
+
+Padding for torch's contraction-grouped kernel (``pad_groups``): each group's columns copied to a start at a multiple
+of PAD_ALIGN, empty groups given PAD_ALIGN zero columns, with the padded offsets computed on the device.
 """
 
 from __future__ import annotations
@@ -32,24 +41,25 @@ from . import interpreting, launch, on_device, traceable, unavailable_reason
 from .fp8_formats import format_id, from_fp8_bits
 from .fp8_gemm import block_k_for
 
-# Tiles (BLOCK_M, BLOCK_N, BLOCK_K) on a GPU by element size: the persistent matmul of Triton's tutorials on Hopper
-# for 16-bit and FP8 operands; fp32 operands are twice as large per element.
-GPU_TILES = {1: (128, 256, 128), 2: (128, 256, 64), 4: (128, 128, 32)}
-# Where each chunk's FP8 product is promoted (scaled) into the accumulator, the product tile is live beside it: half
-# as wide, or registers spill.
-TWO_ACCUMULATORS_BLOCK_N = 128
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) on an NVIDIA GPU by operand element size: the persistent matmul
+# of Triton's tutorials on Hopper for 16-bit and FP8 operands; fp32 operands are twice as large per element.
+GPU_CONFIGS = {1: (128, 256, 128, 8, 3), 2: (128, 256, 64, 8, 3), 4: (128, 128, 32, 8, 3)}
+# FP8 whose chunk products are added to the accumulator apart (promotion, scales per chunk): the product tile is live
+# beside the accumulator, so the tile is half as wide (or registers spill), and a fourth stage of loads stays in
+# flight while each chunk's product is awaited.
+PROMOTED_CONFIG = (128, 128, 128, 8, 4)
 # AMD's LDS (64 KiB on MI300) holds smaller tiles.
-ROCM_TILE = (128, 128, 64)
-INTERPRETER_TILE = (32, 32, 32)
+ROCM_CONFIG = (128, 128, 64, 8, 2)
+INTERPRETER_CONFIG = (32, 32, 32, 4, 1)
 # Row tiles a group's programs take side by side before moving across the columns (L2 reuse).
 GROUP_M = 8
-NUM_WARPS = 8
-NUM_STAGES = 3
-ROCM_NUM_STAGES = 2
 # Persistent programs in the interpreter: few, so that each walks several tiles (the tests exercise that).
 INTERPRETER_PROGRAMS = 3
 # The zeroing kernel's tile (rows past the last group).
 ZERO_TILE = (32, 128)
+# pad_groups: each group starts at a multiple of this many columns (16 bytes of FP8: TMA's alignment), and its tile.
+PAD_ALIGN = 16
+PAD_TILE = (32, 256)
 
 
 @functools.cache
@@ -62,26 +72,23 @@ def _programs(device: torch.device) -> int:
     return INTERPRETER_PROGRAMS if interpreting() else _num_sms(device)
 
 
-def _launch_options(element_size: int, two_accumulators: bool, block_k: int | None) -> dict:
-    """The tile and launch configuration for operands of ``element_size`` bytes; ``two_accumulators``: each chunk's
-    product is added to the accumulator apart (FP8 promotion or scaling per chunk)."""
+def _launch_options(element_size: int, promoted: bool, block_k: int | None) -> dict:
+    """The tile and launch configuration for operands of ``element_size`` bytes; ``promoted``: each chunk's FP8
+    product is added to the accumulator apart (promotion or scaling per chunk); ``block_k``: the chunk the scaling
+    blocks impose, if any."""
     if interpreting():
-        block_m, block_n, default_k = INTERPRETER_TILE
-        stages = 1
+        config = INTERPRETER_CONFIG
     elif torch.version.hip is not None:
-        block_m, block_n, default_k = ROCM_TILE
-        stages = ROCM_NUM_STAGES
+        config = ROCM_CONFIG
     else:
-        block_m, block_n, default_k = GPU_TILES[element_size]
-        stages = NUM_STAGES
-    if two_accumulators and not interpreting():
-        block_n = min(block_n, TWO_ACCUMULATORS_BLOCK_N)
+        config = PROMOTED_CONFIG if promoted else GPU_CONFIGS[element_size]
+    block_m, block_n, default_k, warps, stages = config
     return dict(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k or default_k,
         GROUP_M=GROUP_M,
-        num_warps=NUM_WARPS,
+        num_warps=warps,
         num_stages=stages,
     )
 
@@ -114,11 +121,13 @@ def _grouped_gemm_kernel(
     b_block_cols,
     SCALED: tl.constexpr,
     SCALE_PER_CHUNK: tl.constexpr,
+    B_SCALE_PER_TILE: tl.constexpr,
     FAST_ACCUM: tl.constexpr,
     A_FORMAT: tl.constexpr,
     B_FORMAT: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
+    EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -126,7 +135,8 @@ def _grouped_gemm_kernel(
 ):
     """OUT [S, N] (contiguous) = A [S, K] rows of group g times B[g] [K, N] (strides given; for FP8, B[g] is the
     [N, K] operand read transposed), for g < E; the rows past the last group (g = E) are written as zeros. With
-    SCALED, A and B are FP8 bytes with block scales A_SCALE [S blocks, K blocks], B_SCALE [E, N blocks, K blocks]."""
+    SCALED, A and B are FP8 bytes with block scales A_SCALE [S blocks, K blocks], B_SCALE [E, N blocks, K blocks];
+    B_SCALE_PER_TILE: one scale of B per chunk spans the column tile. EVEN_K: BLOCK_K divides K."""
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     tile = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -156,18 +166,14 @@ def _grouped_gemm_kernel(
             k_stop = tl.where(g < E, K, 0)  # the rows past the last group multiply nothing
             for k0 in range(0, k_stop, BLOCK_K):
                 ks = k0 + tl.arange(0, BLOCK_K)
-                k_in = ks < K
                 # Outside the operands the loads are 0 (+0.0 in every FP8 format): no term is added.
-                a = tl.load(
-                    A + rows64[:, None] * stride_am + ks[None, :] * stride_ak,
-                    mask=row_in[:, None] & k_in[None, :],
-                    other=0,
-                )
-                b = tl.load(
-                    b_group + ks[:, None] * stride_bk + cols64[None, :] * stride_bn,
-                    mask=k_in[:, None] & col_in[None, :],
-                    other=0,
-                )
+                a_mask = row_in[:, None]
+                b_mask = col_in[None, :]
+                if not EVEN_K:
+                    a_mask = a_mask & (ks < K)[None, :]
+                    b_mask = b_mask & (ks < K)[:, None]
+                a = tl.load(A + rows64[:, None] * stride_am + ks[None, :] * stride_ak, mask=a_mask, other=0)
+                b = tl.load(b_group + ks[:, None] * stride_bk + cols64[None, :] * stride_bn, mask=b_mask, other=0)
                 if SCALED:
                     a = from_fp8_bits(a, A_FORMAT)
                     b = from_fp8_bits(b, B_FORMAT)
@@ -182,15 +188,14 @@ def _grouped_gemm_kernel(
                         mask=row_in,
                         other=0.0,
                     )
-                    b_scale = tl.load(
-                        B_SCALE
-                        + g * stride_bs_e
-                        + (cols // b_block_rows) * stride_bs_n
-                        + (k0 // b_block_cols) * stride_bs_k,
-                        mask=col_in,
-                        other=0.0,
-                    )
-                    acc += tl.dot(a, b, out_dtype=tl.float32) * a_scale[:, None] * b_scale[None, :]
+                    b_scales = B_SCALE + g * stride_bs_e + (k0 // b_block_cols) * stride_bs_k
+                    if B_SCALE_PER_TILE:
+                        # one multiply-add per element: B's scale folded into A's
+                        row_scale = a_scale * tl.load(b_scales + (pid_n * BLOCK_N // b_block_rows) * stride_bs_n)
+                        acc += tl.dot(a, b, out_dtype=tl.float32) * row_scale[:, None]
+                    else:
+                        b_scale = tl.load(b_scales + (cols // b_block_rows) * stride_bs_n, mask=col_in, other=0.0)
+                        acc += tl.dot(a, b, out_dtype=tl.float32) * (a_scale[:, None] * b_scale[None, :])
                 elif IEEE:
                     acc = tl.dot(a, b, acc, input_precision="ieee")
                 elif FAST_ACCUM:
@@ -214,6 +219,84 @@ def _grouped_gemm_kernel(
             )
             tile += num_programs
         first_tile += group_tiles
+
+
+@triton.jit
+def _wgrad_chunk(
+    acc,
+    A,
+    B,
+    A_SCALE,
+    B_SCALE,
+    t0,
+    start,
+    end,
+    S,
+    rows,
+    cols,
+    stride_am,
+    stride_at,
+    stride_bn,
+    stride_bt,
+    stride_as_m,
+    stride_as_t,
+    stride_bs_n,
+    stride_bs_t,
+    a_block_rows,
+    a_block_cols,
+    b_block_rows,
+    b_block_cols,
+    M,
+    N,
+    EDGE: tl.constexpr,
+    SCALED: tl.constexpr,
+    SCALE_PER_CHUNK: tl.constexpr,
+    A_FORMAT: tl.constexpr,
+    B_FORMAT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """acc plus the product over rows [t0, t0 + BLOCK_K) of S: all of them in the group, or with EDGE those in
+    [start, end) (a chunk holding a group bound)."""
+    ts = t0 + tl.arange(0, BLOCK_K)
+    ts64 = ts.to(tl.int64)
+    row_in = rows < M
+    col_in = cols < N
+    a_ptrs = A + rows.to(tl.int64)[:, None] * stride_am + ts64[None, :] * stride_at
+    b_ptrs = B + ts64[:, None] * stride_bt + cols.to(tl.int64)[None, :] * stride_bn
+    if EDGE:
+        # Whole tiles loaded (within S), the other groups' rows zeroed in registers.
+        t_all = ts < S
+        a = tl.load(a_ptrs, mask=row_in[:, None] & t_all[None, :], other=0)
+        b = tl.load(b_ptrs, mask=t_all[:, None] & col_in[None, :], other=0)
+        t_in = (ts >= start) & (ts < end)
+        a = tl.where(t_in[None, :], a, tl.zeros_like(a))
+        b = tl.where(t_in[:, None], b, tl.zeros_like(b))
+    else:
+        a = tl.load(a_ptrs, mask=row_in[:, None], other=0)
+        b = tl.load(b_ptrs, mask=col_in[None, :], other=0)
+    if SCALED:
+        a = from_fp8_bits(a, A_FORMAT)
+        b = from_fp8_bits(b, B_FORMAT)
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    if SCALE_PER_CHUNK:
+        a_scale = tl.load(
+            A_SCALE + (rows // a_block_rows) * stride_as_m + (t0 // a_block_cols) * stride_as_t, mask=row_in, other=0.0
+        )
+        b_scale = tl.load(
+            B_SCALE + (cols // b_block_rows) * stride_bs_n + (t0 // b_block_cols) * stride_bs_t, mask=col_in, other=0.0
+        )
+        acc += tl.dot(a, b, out_dtype=tl.float32) * (a_scale[:, None] * b_scale[None, :])
+    elif IEEE:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    elif SCALED:
+        acc += tl.dot(a, b, out_dtype=tl.float32)  # promoted per chunk, as in the kernel above
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
 
 
 @triton.jit
@@ -269,52 +352,41 @@ def _grouped_wgrad_kernel(
     end = tl.minimum(tl.maximum(tl.load(OFFS + g), start), S)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_in = rows < M
-    col_in = cols < N
-    rows64 = rows.to(tl.int64)
-    cols64 = cols.to(tl.int64)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     # Chunks start at multiples of BLOCK_K (which divides every scaling block narrower than S): none straddles one.
-    for t0 in range((start // BLOCK_K) * BLOCK_K, end, BLOCK_K):
-        ts = t0 + tl.arange(0, BLOCK_K)
-        t_in = (ts >= start) & (ts < end)
-        ts64 = ts.to(tl.int64)
-        a = tl.load(
-            A + rows64[:, None] * stride_am + ts64[None, :] * stride_at, mask=row_in[:, None] & t_in[None, :], other=0
-        )
-        b = tl.load(
-            B + ts64[:, None] * stride_bt + cols64[None, :] * stride_bn, mask=t_in[:, None] & col_in[None, :], other=0
-        )
-        if SCALED:
-            a = from_fp8_bits(a, A_FORMAT)
-            b = from_fp8_bits(b, B_FORMAT)
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        if SCALE_PER_CHUNK:
-            a_scale = tl.load(
-                A_SCALE + (rows // a_block_rows) * stride_as_m + (t0 // a_block_cols) * stride_as_t,
-                mask=row_in,
-                other=0.0,
-            )
-            b_scale = tl.load(
-                B_SCALE + (cols // b_block_rows) * stride_bs_n + (t0 // b_block_cols) * stride_bs_t,
-                mask=col_in,
-                other=0.0,
-            )
-            acc += tl.dot(a, b, out_dtype=tl.float32) * a_scale[:, None] * b_scale[None, :]
-        elif IEEE:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        elif SCALED:
-            acc += tl.dot(a, b, out_dtype=tl.float32)  # promoted per chunk, as in the kernel above
+    # [first_whole, body_end): chunks inside the group; the chunks before and after it hold a group bound.
+    first_whole = tl.cdiv(start, BLOCK_K) * BLOCK_K
+    body_end = tl.maximum(first_whole, (end // BLOCK_K) * BLOCK_K)
+    for t0 in range(first_whole, body_end, BLOCK_K):
+        acc = _wgrad_chunk(
+            acc, A, B, A_SCALE, B_SCALE, t0, start, end, S, rows, cols,
+            stride_am, stride_at, stride_bn, stride_bt, stride_as_m, stride_as_t, stride_bs_n, stride_bs_t,
+            a_block_rows, a_block_cols, b_block_rows, b_block_cols, M, N,
+            False, SCALED, SCALE_PER_CHUNK, A_FORMAT, B_FORMAT, UPCAST, IEEE, BLOCK_K,
+        )  # fmt: skip
+    # The chunks holding the group's bounds where partial: before the whole ones (none for an empty group), after them.
+    for edge in tl.static_range(2):
+        if edge == 0:
+            t0 = (start // BLOCK_K) * BLOCK_K
+            partial = (t0 < start) & (start < end)
         else:
-            acc = tl.dot(a, b, acc)
+            t0 = body_end
+            partial = body_end < end
+        if partial:
+            acc = _wgrad_chunk(
+                acc, A, B, A_SCALE, B_SCALE, t0, start, end, S, rows, cols,
+                stride_am, stride_at, stride_bn, stride_bt, stride_as_m, stride_as_t, stride_bs_n, stride_bs_t,
+                a_block_rows, a_block_cols, b_block_rows, b_block_cols, M, N,
+                True, SCALED, SCALE_PER_CHUNK, A_FORMAT, B_FORMAT, UPCAST, IEEE, BLOCK_K,
+            )  # fmt: skip
     if SCALED and not SCALE_PER_CHUNK:
+        row_in = rows < M
+        col_in = cols < N
         a_scale = tl.load(A_SCALE + (rows // a_block_rows) * stride_as_m, mask=row_in, other=0.0)
         b_scale = tl.load(B_SCALE + (cols // b_block_rows) * stride_bs_n, mask=col_in, other=0.0)
         acc = acc * a_scale[:, None] * b_scale[None, :]
-    out = OUT + g.to(tl.int64) * M * N + rows64[:, None] * N + cols64[None, :]
-    tl.store(out, acc.to(OUT.dtype.element_ty), mask=row_in[:, None] & col_in[None, :])
+    out = OUT + g.to(tl.int64) * M * N + rows.to(tl.int64)[:, None] * N + cols.to(tl.int64)[None, :]
+    tl.store(out, acc.to(OUT.dtype.element_ty), mask=(rows < M)[:, None] & (cols < N)[None, :])
 
 
 @triton.jit
@@ -338,6 +410,89 @@ def zero_rows_past_groups(out: torch.Tensor, offs: torch.Tensor) -> None:
         launch(_zero_rows_past_groups_kernel)[(_programs(out.device),)](
             out, offs, out.shape[0], out.shape[1], offs.shape[0], BLOCK_R=ZERO_TILE[0], BLOCK_N=ZERO_TILE[1]
         )
+
+
+@triton.jit
+def _maximum(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _padded_groups_kernel(OFFS, TABLE, S, E, ALIGN: tl.constexpr, BLOCK_E: tl.constexpr):
+    """TABLE [4, E] int32, per group: its padded end, padded start, first row and rows. Groups bounded as the
+    reference bounds them (each from the end of the previous, within [0, S]); padded to a multiple of ALIGN rows, at
+    least ALIGN (empty groups included), so that padded ends never exceed cdiv(S, ALIGN) * ALIGN + E * ALIGN."""
+    g = tl.arange(0, BLOCK_E)
+    in_e = g < E
+    end = tl.minimum(tl.maximum(tl.load(OFFS + g, mask=in_e, other=0), 0), S)
+    previous = tl.minimum(tl.maximum(tl.load(OFFS + g - 1, mask=in_e & (g > 0), other=0), 0), S)
+    end = tl.associative_scan(end, 0, _maximum)
+    start = tl.associative_scan(previous, 0, _maximum)
+    rows = end - start
+    padded = tl.where(in_e, tl.maximum(tl.cdiv(rows, ALIGN), 1) * ALIGN, 0)
+    padded_end = tl.cumsum(padded, 0)
+    tl.store(TABLE + g, padded_end, mask=in_e)
+    tl.store(TABLE + E + g, padded_end - padded, mask=in_e)
+    tl.store(TABLE + 2 * E + g, start, mask=in_e)
+    tl.store(TABLE + 3 * E + g, rows, mask=in_e)
+
+
+@triton.jit
+def _pad_groups_kernel(
+    X, XP, TABLE, R, S_PAD, E, stride_xr, stride_xs, LOG_E: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr
+):
+    """XP [R, S_PAD] (contiguous): X [R, S]'s columns of each group at the group's padded place (TABLE), zeros
+    elsewhere."""
+    p = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    # The group of each padded column: how many padded ends are <= p (a binary search; 2^LOG_E > E).
+    g = tl.zeros([BLOCK_S], dtype=tl.int32)
+    for i in tl.static_range(LOG_E):
+        candidate = g + (1 << (LOG_E - 1 - i))
+        padded_end = tl.load(TABLE + candidate - 1, mask=candidate <= E, other=S_PAD)
+        g = tl.where(padded_end <= p, candidate, g)
+    in_group = g < E
+    h = tl.minimum(g, E - 1)
+    offset = p - tl.load(TABLE + E + h)
+    valid = in_group & (offset < tl.load(TABLE + 3 * E + h))
+    src = (tl.load(TABLE + 2 * E + h) + offset).to(tl.int64)
+    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rows64 = rows.to(tl.int64)
+    row_in = rows < R
+    x = tl.load(
+        X + rows64[:, None] * stride_xr + src[None, :] * stride_xs, mask=row_in[:, None] & valid[None, :], other=0
+    )
+    tl.store(XP + rows64[:, None] * S_PAD + p[None, :], x, mask=row_in[:, None] & (p < S_PAD)[None, :])
+
+
+def pad_groups(operands: tuple[torch.Tensor, ...], offs: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """(each FP8 operand [R, S] with its groups' columns padded, [R, S_pad] contiguous; the padded offsets [E] int32).
+    Each group starts at a multiple of PAD_ALIGN and holds a multiple of PAD_ALIGN columns, at least PAD_ALIGN (zeros
+    past its own): whatever offs holds, as torch's contraction-grouped GEMMs ask of their groups. S_pad is static,
+    cdiv(S, PAD_ALIGN) * PAD_ALIGN + E * PAD_ALIGN; the columns past the last group are zero."""
+    groups, columns = offs.shape[0], operands[0].shape[1]
+    s_pad = triton.cdiv(columns, PAD_ALIGN) * PAD_ALIGN + groups * PAD_ALIGN
+    table = torch.empty((4, groups), dtype=torch.int32, device=offs.device)
+    padded = [torch.empty((t.shape[0], s_pad), dtype=t.dtype, device=t.device) for t in operands]
+    block_r, block_s = PAD_TILE
+    with on_device(offs.device):
+        launch(_padded_groups_kernel)[(1,)](
+            offs, table, columns, groups, ALIGN=PAD_ALIGN, BLOCK_E=max(16, triton.next_power_of_2(groups))
+        )
+        for t, out in zip(operands, padded):
+            launch(_pad_groups_kernel)[(triton.cdiv(s_pad, block_s), triton.cdiv(t.shape[0], block_r))](
+                t.view(torch.uint8),
+                out.view(torch.uint8),
+                table,
+                t.shape[0],
+                s_pad,
+                groups,
+                t.stride(0),
+                t.stride(1),
+                LOG_E=groups.bit_length(),
+                BLOCK_R=block_r,
+                BLOCK_S=block_s,
+            )
+    return padded, table[0]
 
 
 def priority(device: torch.device) -> int:
@@ -436,9 +591,12 @@ def fp8_grouped_gemm(
 def _launch_rows(a, b, b_strides, out, offs, scales, constexprs, block_k, element_size, fast_accum) -> None:
     """The persistent kernel over rows: out [S, N] = a [S, K] by groups times b ([E, K, N] by ``b_strides``)."""
     (S, K), N = a.shape, out.shape[1]
-    two_accumulators = constexprs["SCALED"] and (constexprs["SCALE_PER_CHUNK"] or not fast_accum)
-    options = _launch_options(element_size, two_accumulators, block_k)
+    promoted = constexprs["SCALED"] and (constexprs["SCALE_PER_CHUNK"] or not fast_accum)
+    options = _launch_options(element_size, promoted, block_k)
     a_scale, b_scale, *scale_arguments = scales
+    b_block_rows = scale_arguments[-2]
+    # B's scaling block spans the column tile (128x128 weight blocks): one scale per chunk
+    b_scale_per_tile = constexprs["SCALE_PER_CHUNK"] and (b_block_rows % options["BLOCK_N"] == 0 or b_block_rows >= N)
     with on_device(a.device):
         launch(_grouped_gemm_kernel)[(_programs(a.device),)](
             a,
@@ -455,9 +613,11 @@ def _launch_rows(a, b, b_strides, out, offs, scales, constexprs, block_k, elemen
             a.stride(1),
             *b_strides,
             *scale_arguments,
+            B_SCALE_PER_TILE=b_scale_per_tile,
             FAST_ACCUM=fast_accum,
             UPCAST=interpreting(),
             IEEE=element_size == 4,
+            EVEN_K=isinstance(K, int) and K % options["BLOCK_K"] == 0,  # a symbolic K: masked
             **constexprs,
             **options,
         )
@@ -529,4 +689,11 @@ def _launch_wgrad(a, b, S, out, offs, scales, constexprs, block_k, element_size)
         )
 
 
-__all__ = ["grouped_gemm", "grouped_gemm_wgrad", "fp8_grouped_gemm", "fp8_grouped_gemm_wgrad", "zero_rows_past_groups"]
+__all__ = [
+    "grouped_gemm",
+    "grouped_gemm_wgrad",
+    "fp8_grouped_gemm",
+    "fp8_grouped_gemm_wgrad",
+    "zero_rows_past_groups",
+    "pad_groups",
+]
