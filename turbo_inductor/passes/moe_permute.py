@@ -247,7 +247,7 @@ class MoEPermutePass(RewritePass):
             site.find_inverse()
             flat_ids = [u for u in site.indices.users if flat_source(u) is site.indices]
             site.find_offsets(flat_ids + ([values] if values is not None else []))
-            reason = self._rewrite(graph, node, site, options)
+            reason = self._rewrite(graph, node, site, values, options)
             if reason:
                 declined(self.name, node, reason)
                 continue
@@ -257,7 +257,7 @@ class MoEPermutePass(RewritePass):
             count += 1
         return count
 
-    def _rewrite(self, graph: fx.Graph, sort: fx.Node, site: Site, options: Options) -> str:
+    def _rewrite(self, graph: fx.Graph, sort: fx.Node, site: Site, values: fx.Node | None, options: Options) -> str:
         """Insert the permute and redirect the site's readers to it; or say why not."""
         if not site.x_gathers:
             return "no gather of the tokens by the permutation (perm // k)"
@@ -291,4 +291,9 @@ class MoEPermutePass(RewritePass):
         for cumsum in site.offs:
             cumsum.replace_all_uses_with(permute.output("offs"))
         site.perm.replace_all_uses_with(permute.output("order"))
+        ids = sort.args[0]
+        readers = [u for u in values.users if u not in site.matched] if values is not None else []
+        if readers:  # the sorted ids read elsewhere (a cast for another histogram, say): gathered by the order
+            sorted_ids = m.insert_op(graph, before, operator.getitem, (ids, permute.output("order")))
+            values.replace_all_uses_with(sorted_ids, delete_user_cb=lambda user: user not in site.matched)
         return ""
