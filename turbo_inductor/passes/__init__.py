@@ -27,12 +27,12 @@ from .rmsnorm_fp8 import RMSNormFP8Pass
 from .rmsnorm_residual import RMSNormResidualPass
 from .torchao_float8 import TorchaoFloat8Pass
 
-# Checked at import: each pass in its phase's turn and after the passes it names (its input is their output).
+# check_order runs at import: each pass in its phase's turn, after the passes whose output it reads.
 PASSES: list[RewritePass] = check_order(
     [
         # canonicalize: one spelling per operation
         GroupedMMPass(),  # torch._grouped_mm, transformers' fallback: our grouped_mm
-        # claim: linears taken whole. Who takes one is decided by passes/claims.py, whatever the order here.
+        # claim: linears taken whole. passes/claims.py decides who takes one, whatever the order here.
         GemmAllReducePass(),  # row-parallel linear + sum all-reduce
         GemmAllReduceDgradPass(),  # column-parallel linear whose input gradient is all-reduced
         FP8ScaledMMPass(),  # hand-written FP8 quantization + torch._scaled_mm
@@ -45,7 +45,7 @@ PASSES: list[RewritePass] = check_order(
         MoEPermutePass(),  # MoE routing: sort by expert, gathers, offsets
         MoECombinePass(),  # on the permutes MoEPermutePass made: unpermute and top-k sum
         GLUPass(),  # also the experts' GLU on the grouped GEMM's output
-        # producers: norms and GLUs write their FP8 linears' (and grouped GEMMs') input in FP8
+        # producers: norms and GLUs write the FP8 input of the linears and grouped GEMMs they feed
         RMSNormFP8Pass(),
         GLUFP8Pass(),
     ]

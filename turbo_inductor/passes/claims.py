@@ -1,5 +1,5 @@
-"""Which pass takes a linear. The claim-phase passes that replace whole linears register what they want here and
-take a linear only when ``owner`` names them, so that they agree without asking each other."""
+"""Which claim-phase pass takes a linear. Each pass registers what it wants, with a priority.
+A pass takes a linear only when ``owner`` names it: passes agree without asking each other (``docs/passes.md``)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ _CLAIMANTS: dict[str, tuple[int, Wants]] = {}
 
 
 def claimant(name: str, priority: int) -> Callable[[Wants], Wants]:
-    """Decorator: pass ``name`` wants the linears for which the function is true (under the options given, which
-    also say whether the pass is on). Where several want one, the highest priority takes it."""
+    """Decorator: pass ``name`` wants the linears for which the function is true.
+    The function also reads the options, which say whether the pass is on. The highest priority wins."""
 
     def register(wants: Wants) -> Wants:
         _CLAIMANTS[name] = (priority, wants)

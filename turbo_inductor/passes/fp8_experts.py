@@ -1,8 +1,7 @@
 """Grouped GEMMs -> ``turbo_inductor.fp8_grouped_mm`` with ``options={"fp8": RECIPE}``: MoE experts in FP8.
 
-Runs on the ops the grouped_mm pass made. The ``fp8`` option covers experts unless its ``experts`` is False; its
-``exclude`` (matched against the expert parameter's name, read through the transpose and casts the experts apply to
-it) and ``min_size`` (K and N) apply as they do to linears. K and N must be multiples of 16.
+Runs on the grouped_mm pass's ops (K and N multiples of 16), unless the option's ``experts`` is False.
+Its ``exclude`` (on the expert parameter's name) and ``min_size`` (on K and N) apply as to linears.
 """
 
 from __future__ import annotations
@@ -22,8 +21,8 @@ from .manager import Phase, RewritePass, declined
 
 
 def parameter_of(weight) -> fx.Node:
-    """The node ``weight`` is a transpose or cast of (``w.bfloat16().transpose(-2, -1)``): a parameter's
-    placeholder for experts' weights."""
+    """The node that ``weight`` transposes or casts, as in ``w.bfloat16().transpose(-2, -1)``.
+    For experts' weights, that is the parameter's placeholder."""
     while isinstance(weight, fx.Node) and weight.args and (_transposes(weight) or m.is_op(weight, "cast")):
         weight = weight.args[0]
     return weight
@@ -42,7 +41,7 @@ class FP8ExpertsPass(RewritePass):
     name = "fp8_experts"
     phase = Phase.CLAIM
     after = ("grouped_mm",)
-    option_doc = "MoE experts' grouped GEMMs in FP8 where the `fp8` option covers them (its `experts`, default true)"
+    option_doc = "MoE experts' grouped GEMMs in FP8 where the `fp8` option covers them (its `experts`, default true)."
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
         config: FP8Config = options.value(FP8_OPTION)

@@ -1,5 +1,5 @@
-"""What the producer passes (``rmsnorm_fp8``, ``glu_fp8``) share: the FP8 GEMMs reading a value (linears and MoE
-experts' grouped GEMMs), and handing them its FP8 form."""
+"""What the producer passes (``rmsnorm_fp8``, ``glu_fp8``) share.
+They find the FP8 linears and grouped GEMMs reading a value, and hand them its FP8 form."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ FP8Reader = FP8LinearNode | FP8GroupedMMNode
 
 
 def fp8_readers(value: fx.Node) -> tuple[list[FP8Reader], str] | None:
-    """The FP8 linears and grouped GEMMs that read ``value`` as x and quantize it themselves, and their one recipe;
+    """The FP8 linears and grouped GEMMs that read ``value`` as x and quantize it themselves, and their recipe.
     None when there are none, or their recipes differ."""
     readers = [view(u) for u in value.users for view in (FP8LinearNode, FP8GroupedMMNode) if view.matches(u)]
     readers = [reader for reader in readers if reader.x is value and reader.x_q is None]
@@ -21,6 +21,6 @@ def fp8_readers(value: fx.Node) -> tuple[list[FP8Reader], str] | None:
 
 
 def hand_over(readers: list[FP8Reader], q: fx.Node, scale: fx.Node) -> None:
-    """Give each reader its x already quantized: they then quantize only x^T."""
+    """Give each reader its x already quantized; it then quantizes only x^T."""
     for reader in readers:
         reader.set(x_q=q, x_scale=scale)

@@ -1,8 +1,7 @@
 """Linears -> ``turbo_inductor.fp8_linear`` with ``options={"fp8": RECIPE}``: FP8 training of an unmodified model.
 
-Off by default; the option is a ``recipes.FP8Config``. Takes every linear spelling (``matcher.linear_of``) whose
-weight is [N, K] with N and K multiples of 16. Under ``torch.autocast`` the operands are cast to the autocast dtype
-first, as autocast casts them for the linear.
+Takes every linear spelling (``matcher.linear_of``) whose weight is [N, K], N and K multiples of 16.
+Under ``torch.autocast`` the operands are cast to the autocast dtype first (``docs/passes.md``).
 """
 
 from __future__ import annotations
@@ -52,10 +51,10 @@ class FP8LinearPass(RewritePass):
     default = OFF
     option_doc = (
         f"FP8 training of every linear: a recipe ({', '.join(f'`{r}`' for r in RECIPES)}), or "
-        '`{"recipe": ..., "exclude": REGEX, "min_size": N, "save_weight_t": BOOL, "experts": BOOL}`: parameters whose '
-        "name matches `exclude` and linears narrower than `min_size` stay in high precision; `save_weight_t=False` "
-        "quantizes W^T again in the backward instead of keeping it (less memory, for FSDP2); `experts=False` leaves "
-        "MoE experts' grouped GEMMs in high precision (default: FP8 as well)"
+        '`{"recipe": ..., "exclude": REGEX, "min_size": N, "save_weight_t": BOOL, "experts": BOOL}`. Parameters '
+        "whose name matches `exclude`, and linears narrower than `min_size`, stay in high precision. "
+        "`save_weight_t=False` quantizes W^T again in the backward instead of keeping it (less memory; FSDP2). "
+        "`experts=False` keeps MoE experts' grouped GEMMs in high precision. Details: `docs/fp8.md`."
     )
 
     def parse_option(self, value: Any) -> FP8Config:

@@ -1,17 +1,11 @@
-"""Hand-written dynamic FP8 quantization feeding ``torch._scaled_mm`` -> ``turbo_inductor.fp8_linear``: code that
-quantizes by hand, as torchao-style code writes it, runs on our quantization kernels (one kernel per operand in
-place of abs, amax, clamp, divide, clamp and cast) and the same scaled GEMM.
+"""Hand-written dynamic FP8 quantization feeding ``torch._scaled_mm`` -> ``turbo_inductor.fp8_linear``.
 
 Matched, for each operand t of ``torch._scaled_mm(q_x, q_w.t(), scale_a=s_x, scale_b=s_w, out_dtype=x.dtype,
-use_fast_accum=True)`` (fast accumulation: as our recipes' forward GEMM, and torchao's):
+use_fast_accum=True)``:
     s = t.abs().amax()[.float()].clamp(min=1e-12) / FMAX         (also torch.amax / torch.abs / clamp_min)
     q = (t[.float()] / s).clamp(-FMAX, FMAX).to(<the device's e4m3>)
--> the "tensorwise" recipe; or, per row, ``t.abs().amax(dim=-1, keepdim=True)...`` for both operands with
-``scale_b=s_w.t()`` -> "rowwise". FMAX is that format's largest value and the floor our quantization's
-(AMAX_FLOOR): the math of our quantization, which multiplies by 1/s where this divides by s (the two differ by at
-most one fp32 ulp, which moves an fp8 value one step only where it lands on a rounding boundary). Left alone: other
-floors or maxima, amax over other dims, mixed granularities, other formats, ``_scaled_mm`` with a bias, a result
-scale or full accumulation (which our fp8_linear's forward does not do).
+That is "tensorwise"; with ``amax(dim=-1, keepdim=True)`` for both and ``scale_b=s_w.t()``, "rowwise".
+What is left alone, and why the results agree: ``docs/passes.md``.
 """
 
 from __future__ import annotations
@@ -38,8 +32,8 @@ def _clamp_bounds(node) -> tuple | None:
 
 
 def _scale_source(scale, fmax: float) -> tuple[fx.Node, str] | None:
-    """(t, recipe) when ``scale`` is ``t.abs().amax()[.float()].clamp(min=AMAX_FLOOR) / fmax`` ("tensorwise"), or
-    the same with ``amax(dim=-1, keepdim=True)`` of a 2-D t ("rowwise")."""
+    """(t, recipe) when ``scale`` is ``t.abs().amax()[.float()].clamp(min=AMAX_FLOOR) / fmax``: "tensorwise".
+    With ``amax(dim=-1, keepdim=True)`` of a 2-D t: "rowwise"."""
     c = m.call(scale)
     if c is None or c.op != "div" or m.binary_operands(c) is None or m.binary_operands(c)[1] != fmax:
         return None
@@ -65,8 +59,8 @@ def _scale_source(scale, fmax: float) -> tuple[fx.Node, str] | None:
 
 
 def quantized(q, fp8_dtype: torch.dtype) -> tuple[fx.Node, fx.Node, str] | None:
-    """(t, its scale node, recipe) when ``q`` is ``(t / s).clamp(-FMAX, FMAX).to(fp8_dtype)`` with s t's tensorwise
-    or rowwise scale."""
+    """(t, its scale node, recipe) when ``q`` is ``(t / s).clamp(-FMAX, FMAX).to(fp8_dtype)``.
+    s must be t's tensorwise or rowwise scale."""
     c = m.call(q)
     if c is None or c.op != "cast" or c.kwargs["dtype"] != fp8_dtype:
         return None

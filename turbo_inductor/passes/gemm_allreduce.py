@@ -1,11 +1,9 @@
-"""A linear whose result is sum all-reduced -> ``turbo_inductor.gemm_allreduce``: a tensor-parallel row-parallel
-linear, its reduction overlapped with the GEMM.
+"""A linear whose result is sum all-reduced -> ``turbo_inductor.gemm_allreduce``: a row-parallel linear.
 
-Both spellings Dynamo produces are matched, in training and inference:
-  - ``funcol.all_reduce(y, "sum", group)``: ``_c10d_functional.all_reduce`` then ``wait_tensor``;
-  - in-place ``dist.all_reduce(y, group=group)``: the same pair, then ``y.copy_(wait)``.
-Left alone: other reductions, a linear whose unreduced result is read elsewhere, a group given by anything but its
-name, and a linear the ``fp8`` option takes (its all-reduce stays as written).
+Both spellings Dynamo produces, in training and inference:
+  - ``funcol.all_reduce(y, "sum", group)``: ``_c10d_functional.all_reduce``, then ``wait_tensor``.
+  - In place, ``dist.all_reduce(y, group=group)``: the same pair, then ``y.copy_(wait)`` (``docs/passes.md``).
+Left alone: other reductions, groups not given by name, an unreduced result read elsewhere, linears fp8 takes.
 """
 
 from __future__ import annotations
@@ -25,8 +23,8 @@ NAME = "gemm_allreduce"
 
 
 def waited_sum_all_reduce(wait) -> tuple[fx.Node, fx.Node, str] | None:
-    """(what is reduced, the all_reduce, group name) when ``wait`` waits on a functional sum all-reduce of a node on
-    a group given by name, the wait its only reader."""
+    """(what is reduced, the all_reduce, group name) when ``wait`` waits on a functional sum all-reduce.
+    The group must be given by name, and the wait must be the reduce's only reader."""
     functional = torch.ops._c10d_functional
     if not (
         m.calls(wait, functions=(functional.wait_tensor, functional.wait_tensor.default))
@@ -68,8 +66,8 @@ def reduction_of(linear: fx.Node) -> Reduction | None:
 
 
 def _in_place_copy(linear: fx.Node, reduce: fx.Node, wait: fx.Node) -> fx.Node | None:
-    """``linear.copy_(wait)`` when it follows and nothing reads the linear between the reduce and the copy (the
-    in-place ``dist.all_reduce`` form), else None."""
+    """``linear.copy_(wait)`` of the in-place ``dist.all_reduce`` form, else None.
+    Nothing may read the linear between the reduce and the copy."""
     copies = [u for u in wait.users if u.op == "call_method" and u.target == "copy_" and u.args[0] is linear]
     if len(copies) != 1 or set(wait.users) != {copies[0]}:
         return None
@@ -117,7 +115,7 @@ class GemmAllReducePass(RewritePass):
                 impl=options.impl,
             ).node
             if reduction.copy_back is not None:
-                # y's readers after the copy saw the reduced value: they read the fused op now.
+                # y's readers after the copy saw the reduced value; now they read the fused op.
                 node.replace_all_uses_with(
                     new, delete_user_cb=lambda u: u not in (reduction.reduce, reduction.copy_back)
                 )

@@ -1,16 +1,8 @@
-"""A column-parallel linear's backward all-reduce -> ``turbo_inductor.linear_dgrad_allreduce``: the input of a
-tensor-parallel column-parallel linear goes through an autograd function that is the identity forward and sums
-the gradient over the ranks backward (Megatron's ``copy_to_tensor_model_parallel_region``); the linear's input
-gradient ``dy @ W`` and that sum then run as one GEMM + all-reduce (the kernels of ``gemm_allreduce``).
+"""A column-parallel linear's input-gradient all-reduce -> ``turbo_inductor.linear_dgrad_allreduce``.
 
-Dynamo keeps such a function as ``autograd_function_apply(fwd_body, bwd_body, x)``. Matched where:
-  - the forward body returns its input, or a view or copy of it (``view_as``, ``view``, ``clone``, ...);
-  - the backward body returns the sum all-reduce of the gradient on one group by name, in either spelling
-    (``funcol.all_reduce`` + wait, or in-place ``dist.all_reduce`` on the gradient or a copy of it), and nothing
-    else;
-  - the function's one output feeds one ``F.linear`` and nothing else (several readers would each need their own
-    reduction: more collectives than the one written), and the ``fp8`` option does not turn that linear into an
-    FP8 linear (a user who asked for FP8 gets FP8, its gradient's all-reduce as written).
+Matched: one linear reading ``autograd_function_apply(fwd_body, bwd_body, x)``, Megatron's copy to the
+tensor-parallel region. fwd_body is the identity; bwd_body sum all-reduces the gradient, in either spelling.
+The backward's ``dy @ W`` and that all-reduce then run as one GEMM + all-reduce (``docs/passes.md``).
 """
 
 from __future__ import annotations
@@ -96,7 +88,7 @@ class GradientReduction:
 
 
 def gradient_reduction_of(linear: m.Linear) -> GradientReduction | None:
-    """The identity-forward, all-reduce-backward function whose output is the linear's input and nothing else's."""
+    """The identity-forward, all-reduce-backward function whose output only the linear reads."""
     item = linear.x
     if not m.calls(item, functions=(operator.getitem,)) or item.args[1] != 0 or m.only_user(item) is not linear.node:
         return None

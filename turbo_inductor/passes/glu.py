@@ -1,17 +1,12 @@
 """``act(gate) * up`` -> ``turbo_inductor.glu``, or ``turbo_inductor.glu_fused`` for a fused gate/up projection.
 
 Spellings matched (either multiplication order; fp32/bf16/fp16; any leading dims):
-  - ``F.silu(g) * u`` (also ``nn.SiLU``, Hugging Face's ``act_fn(gate_proj(x)) * up_proj(x)``, torchtitan's
-    ``w2(F.silu(w1(x)) * w3(x))``), ``F.gelu(g) * u`` and ``F.gelu(g, approximate="tanh") * u``;
-  - gate and up as the halves of one projection: ``x.chunk(2, -1)``, ``x.split(F, -1)``, ``x.split([F, F], -1)``
-    or ``x[..., :F]`` / ``x[..., F:]``: then the op reads both halves of x in place (``glu_fused``), and the
-    backward writes one gradient for x instead of two that autograd would concatenate;
-  - either form times a per-row weight, ``(act(g) * u) * probs[..., None]`` (MoE router probabilities; probs fp32,
-    unsqueezed by ``[..., None]`` / ``unsqueeze`` / ``view``, optionally cast to x's dtype): the weight goes into
-    the op's ``probs``. Without it, the rewrite would leave that multiply as a second pass over the output that
-    Inductor had fused with the activation.
-Left alone: other activations (``sigmoid(g) * u``), broadcasting or type-promoting multiplies, an activation whose
-result is used elsewhere too.
+  - ``F.silu(g) * u`` (``nn.SiLU``, Hugging Face's ``act_fn(gate_proj(x)) * up_proj(x)``, torchtitan's
+    ``w2(F.silu(w1(x)) * w3(x))``), ``F.gelu(g) * u``, ``F.gelu(g, approximate="tanh") * u``.
+  - g and u as halves of one projection: ``x.chunk(2, -1)``, ``x.split(F, -1)``, ``x.split([F, F], -1)``,
+    ``x[..., :F]`` and ``x[..., F:]``. ``glu_fused`` reads both halves of x in place.
+  - Either form times an fp32 weight per row, ``(act(g) * u) * probs[..., None]``: MoE router weights, as ``probs``.
+Left alone: other activations, broadcasting or promoting multiplies, an activation read elsewhere too.
 """
 
 from __future__ import annotations
@@ -91,8 +86,8 @@ def _last_dim_slice(index, xt) -> tuple[int, int] | None:
 
 
 def row_weight_of(scale, out) -> fx.Node | None:
-    """``p`` (fp32, shaped like ``out`` without its last dim) when ``scale`` is ``p[..., None]``, through dtype
-    casts: one weight per row of ``out``."""
+    """``p`` (fp32, shaped like ``out`` without its last dim) when ``scale`` is ``p[..., None]``, through casts.
+    That is one weight per row of ``out``."""
     ot = m.fake(out)
     probs = m.row_vector_of(scale, ot.shape[:-1]) if ot is not None else None
     pt = m.fake(probs)
@@ -102,8 +97,8 @@ def row_weight_of(scale, out) -> fx.Node | None:
 
 
 def _weighting(node) -> tuple[fx.Node, fx.Node, list[fx.Node]] | None:
-    """(the multiply, probs, the nodes from probs to the weight, producers first) when ``node``'s one use is a
-    multiply by a per-row weight (same shape and dtype out)."""
+    """(the multiply, probs, the nodes from probs to the weight) when ``node``'s one use multiplies it by a
+    per-row weight. The multiply keeps shape and dtype; the nodes are listed producers first."""
     user = m.only_user(node)
     c = m.call(user)
     if c is None or c.op != "mul":

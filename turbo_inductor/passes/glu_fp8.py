@@ -1,11 +1,7 @@
-"""GLU -> FP8 linear: the GLU writes its output in FP8 for the linear that reads it (``turbo_inductor.glu_fp8``).
+"""GLU -> ``turbo_inductor.glu_fp8``: a GLU whose output feeds FP8 GEMMs also writes it in FP8 for them.
 
-Runs after the glu, fp8 and fp8_experts passes, on the ops they made: a ``turbo_inductor.glu`` or ``glu_fused``
-(SwiGLU, GeGLU) whose output is x of ``turbo_inductor.fp8_linear`` nodes (the MLP's down projection) or of
-``fp8_grouped_mm`` nodes (the MoE experts' down projection) becomes ``glu_fp8``, and those take its q and scale as
-``x_q``, ``x_scale``. The output's other users, and the linears' backward, read it as
-before. Taken when the linears share one recipe that quantizes x in blocks within a row
-(``Recipe.quantizes_x_in_rows``).
+Its ``fp8_linear`` and ``fp8_grouped_mm`` readers (down projections) take its q and scale as ``x_q``, ``x_scale``.
+Taken when they share one recipe that quantizes x within rows (``docs/passes.md``).
 """
 
 from __future__ import annotations

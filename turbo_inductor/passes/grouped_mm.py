@@ -1,13 +1,8 @@
 """Grouped GEMMs (MoE experts) -> ``turbo_inductor.grouped_mm``: one form for every spelling.
 
-Spellings: ``torch._grouped_mm(x, w, offs=offs)`` (what ``torch.nn.functional.grouped_mm`` becomes under Dynamo, and
-what transformers 5's experts and torchtitan call in bf16), ``aten._grouped_mm``, and transformers' own
-``torch.ops.transformers.grouped_mm_fallback`` (its path for other dtypes under torch.compile: a loop of mm after a
-host sync). Our op computes each of them in every float dtype, so it is the one form the passes after read by name
-(``GroupedMMNode``): the FP8 claim, the MoE routing fusions, the GLU producers.
-
-Taken: x [S, K], weight [E, K, N] of any strides, offs [E] int32, no bias, the result in x's dtype. A cast of x to
-its own dtype (transformers casts x to the weight's) is read through, so that x's producer (a GLU) feeds the op.
+Spellings: ``torch._grouped_mm(x, w, offs=offs)`` (also ``F.grouped_mm`` under Dynamo), ``aten._grouped_mm``, and
+``torch.ops.transformers.grouped_mm_fallback``. Taken: x [S, K], weight [E, K, N], offs [E] int32, no bias.
+The result must be in x's dtype. Why one form: ``docs/passes.md``.
 """
 
 from __future__ import annotations
@@ -28,7 +23,7 @@ _TORCH_SPELLINGS = tuple(
     for target in (getattr(torch, "_grouped_mm", None), getattr(F, "grouped_mm", None), getattr(_ATEN, "default", None))
     if target is not None
 )
-# (x, weight, offs, bias) by position; keyword names differ by spelling. An out_dtype shows in the result's dtype.
+# (x, weight, offs, bias) by position; keyword names differ by spelling. An out_dtype shows in the result.
 _KEYWORDS = (("self", "mat_a", "input"), ("mat2", "mat_b", "weight"), ("offs",), ("bias",))
 
 
@@ -50,7 +45,8 @@ def _operands(node: fx.Node) -> list | None:
 
 
 def _read_through_cast(x):
-    """x's producer where x casts it to its own dtype (a no-op); else x."""
+    """x's producer where x casts it to its own dtype (a no-op), else x.
+    transformers casts x to the weight's dtype; reading through lets x's producer (a GLU) feed the op."""
     c = m.call(x)
     source = c.args[0] if c is not None and c.op == "cast" else None
     return source if m.fake(source) is not None and m.fake(source).dtype == m.fake(x).dtype else x

@@ -1,8 +1,7 @@
-"""The pass manager: runs the enabled rewrite passes on a Dynamo graph and reports what they did.
+"""The pass manager: runs the enabled rewrite passes on a Dynamo graph and records what they did.
 
-Inductor calls it as its ``pre_grad_custom_pass`` (see ``backend.py``): it sees the graph Dynamo captured, before
-AOTAutograd, so the ops it inserts keep their registered autograd in training. Each pass is applied as a unit: if
-one raises, the graph is restored to what it was before that pass and a warning names the pass (``strict`` raises).
+Inductor calls it as ``pre_grad_custom_pass``, before AOTAutograd (``docs/passes.md`` says why).
+A pass that raises is undone and named in a warning; with ``strict`` it raises.
 """
 
 from __future__ import annotations
@@ -36,9 +35,9 @@ class Phase(enum.IntEnum):
 
 
 class RewritePass:
-    """One fusion. Subclasses set ``name`` (its option key), ``phase``, the passes it must run ``after`` (their
-    output is its input) and implement ``apply``. The option is on/off (default on) unless ``parse_option`` says
-    otherwise."""
+    """One fusion. Subclasses set ``name`` (the option key), ``phase`` and ``after``, and implement ``apply``.
+    ``after`` names the passes whose output this one reads.
+    The option is on/off, default on, unless ``parse_option`` says otherwise."""
 
     name: str = ""
     phase: Phase
@@ -57,7 +56,7 @@ class RewritePass:
 
 
 def declined(pass_name: str, node: fx.Node, reason: str) -> None:
-    """Say at DEBUG why pass ``pass_name`` left the site at ``node`` alone (a near miss): one line per site."""
+    """Log at DEBUG why pass ``pass_name`` left the site at ``node`` alone: one line per near miss."""
     log.debug("primus_turbo: %s left %s alone: %s", pass_name, node.name, reason)
 
 
@@ -66,8 +65,8 @@ class PassOrderError(ValueError):
 
 
 def check_order(passes: list[RewritePass]) -> list[RewritePass]:
-    """``passes`` when each runs in its phase's turn and after the passes it names; else PassOrderError naming both
-    passes."""
+    """``passes``, if each runs in its phase's turn and after the passes it names.
+    Otherwise PassOrderError, naming both passes."""
     position = {p.name: i for i, p in enumerate(passes)}
     for i, rewrite in enumerate(passes):
         if not isinstance(getattr(rewrite, "phase", None), Phase):
@@ -112,7 +111,7 @@ _RECORDS: collections.deque = collections.deque(maxlen=64)
 
 
 def compile_records() -> list[CompileRecord]:
-    """One record per graph compiled with backend="primus_turbo" since :func:`reset_records` (the last 64)."""
+    """A record per graph compiled with backend="primus_turbo" since :func:`reset_records`, the last 64."""
     return list(_RECORDS)
 
 
@@ -136,8 +135,8 @@ def forget(record: CompileRecord) -> None:
 
 @functools.cache
 def _source_hash() -> str:
-    """Hash of every source of the package: the passes and ops shape the rewritten graph, and on GPU the kernels'
-    code is traced into the compiled graph (``ops/library.py``), so all of them are part of the cache key."""
+    """Hash of the package's sources, part of the cache key.
+    The passes and ops shape the rewritten graph; on GPU the kernels are traced into it."""
     package = pathlib.Path(__file__).resolve().parent.parent
     digest = hashlib.sha256()
     for path in sorted(package.rglob("*.py")):
@@ -147,8 +146,8 @@ def _source_hash() -> str:
 
 
 def _snapshot(graph: fx.Graph) -> tuple[fx.Graph, dict]:
-    """A copy of ``graph``, and its placeholders mapped back to the originals (which must survive a restore:
-    Dynamo and AOTAutograd keep state on them)."""
+    """A copy of ``graph``, and its placeholders mapped back to the originals.
+    A restore keeps the original placeholders: Dynamo and AOTAutograd keep state on them."""
     copy = fx.Graph(owning_module=graph.owning_module)
     to_copy: dict = {}
     copy.output(copy.graph_copy(graph, to_copy))
@@ -181,8 +180,8 @@ class PassManager(CustomGraphPass):
         if self.options.record_graphs:
             record.graph_before += graph.python_code("self").src
         if any(n.op == "placeholder" and not ({"example_value", "val"} & n.meta.keys()) for n in graph.nodes):
-            # The matchers read shapes and dtypes from the fake tensors Dynamo records. torch 2.11 retraces CPU
-            # graphs under Inductor's freezing before its pre-grad passes, without them: nothing could be matched.
+            # The matchers read shapes and dtypes from Dynamo's fake tensors. torch 2.11 retraces CPU graphs
+            # under freezing without them, so nothing could match.
             record.failures.append(("all", "the graph carries no fake tensors"))
             warnings.warn(
                 "primus_turbo: the graph Inductor handed to the passes carries no fake tensors (torch 2.11 "
@@ -222,8 +221,8 @@ class PassManager(CustomGraphPass):
 
 
 def _distributed_identity() -> str:
-    """Rank and world size when torch.distributed is initialized: a rewrite of collectives is per rank and group
-    (the group names themselves are arguments in the graph, which the cache keys on already)."""
+    """Rank and world size when torch.distributed is initialized: collective rewrites are per rank.
+    Group names are graph arguments, so the cache keys on them already."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):

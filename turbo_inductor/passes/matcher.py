@@ -1,9 +1,7 @@
-"""Matcher helpers shared by the rewrite passes.
+"""Matcher helpers shared by the rewrite passes, on the torch IR Dynamo captures.
 
-The passes run on the graph Dynamo captured (torch IR, before AOTAutograd), so that the custom ops they insert
-keep their registered autograd and the fusion holds in training. Torch IR is not normalized: ``x.pow(2)``,
-``torch.pow(x, 2)`` and ``x ** 2`` are different nodes. :func:`call` gives one canonical view of a node so that a
-pass is written once against ``("pow", (x, 2))`` whatever the spelling.
+Torch IR is not normalized: ``x.pow(2)``, ``torch.pow(x, 2)`` and ``x ** 2`` are different nodes.
+:func:`call` gives one canonical view, so a pass matches ``("pow", (x, 2))`` once for every spelling.
 """
 
 from __future__ import annotations
@@ -78,7 +76,7 @@ _METHODS: dict[str, str] = {
     "int": "cast",
     "long": "cast",
 }
-# keyword arguments that change what these ops compute: a node that uses one is not canonical
+# Keyword arguments that change what an op computes: a node using one has no canonical view.
 _MEANINGFUL_KWARGS = {"alpha", "rounding_mode", "out", "memory_format"}
 
 
@@ -116,15 +114,15 @@ def fake_as(value: Any, dtype: torch.dtype) -> torch.Tensor | None:
 
 
 def linear_dtype(linear: fx.Node) -> torch.dtype | None:
-    """The dtype a linear-like ``linear`` computes in: its result's. Under ``torch.autocast`` that is the autocast
-    dtype, whatever its operands' (fp32 weights; x from fp32 or autocast ops): a linear's operands are cast to it."""
+    """The dtype a linear-like ``linear`` computes in: its result's.
+    Under ``torch.autocast`` that is the autocast dtype, whatever its operands' dtypes."""
     out = fake(linear)
     return out.dtype if out is not None else None
 
 
 def linear_operand_fakes(linear: fx.Node, x: Any, weight: Any, bias: Any) -> tuple | None:
-    """``(dtype, x, weight, bias)``: the dtype the linear-like ``linear`` computes in (:func:`linear_dtype`) and
-    the fakes of its operands as cast to it (bias None when it has none); None where one has no fake."""
+    """``(dtype, x, weight, bias)``: the linear's dtype (:func:`linear_dtype`) and its operands' fakes cast to it.
+    bias is None without one. None where an operand has no fake."""
     dtype = linear_dtype(linear)
     if dtype is None:
         return None
@@ -135,8 +133,8 @@ def linear_operand_fakes(linear: fx.Node, x: Any, weight: Any, bias: Any) -> tup
 
 
 def cast_to(graph: fx.Graph, before: fx.Node, values: tuple, dtype: torch.dtype) -> tuple:
-    """``values`` (nodes, or None) as ``dtype``: a ``Tensor.to`` inserted before ``before`` for each node of
-    another dtype (autocast's cast of a linear's operands, made explicit for the op that replaces the linear)."""
+    """``values`` (nodes or None) as ``dtype``, with a ``Tensor.to`` inserted before ``before`` where needed.
+    This makes autocast's casts explicit for the op that replaces a linear."""
     return tuple(
         insert_op(graph, before, torch.Tensor.to, (v, dtype))
         if isinstance(v, fx.Node) and fake(v) is not None and fake(v).dtype != dtype
@@ -171,8 +169,8 @@ def _cast(node: fx.Node) -> Call | None:
 
 
 def calls(node: Any, method: str = "", functions: tuple = ()) -> bool:
-    """Whether ``node`` calls the Tensor method ``method`` or one of ``functions``, exactly as written (for ops
-    :func:`call` has no canonical view of)."""
+    """Whether ``node`` calls Tensor method ``method`` or one of ``functions``, exactly as written.
+    For ops that :func:`call` has no canonical view of."""
     return isinstance(node, fx.Node) and (
         (node.op == "call_method" and node.target == method)
         or (node.op == "call_function" and node.target in functions)
@@ -198,7 +196,7 @@ def binary_operands(c: Call) -> tuple[Any, Any] | None:
 
 
 def other_operand(c: Call, node: Any) -> Any:
-    """For a commutative binary op known to take ``node``, the operand beside it (sentinel when neither is)."""
+    """For a commutative binary op taking ``node``, the other operand; a sentinel when neither is ``node``."""
     ops = binary_operands(c)
     if ops is None:
         return _MISSING
@@ -225,8 +223,8 @@ def as_number(value: Any) -> float | None:
 
 
 def as_scalar(value: Any) -> float | fx.Node | None:
-    """:func:`as_number`, or a graph value holding a symbolic float: with ``dynamic=True`` Dynamo passes a module's
-    float attributes (a norm's eps) as graph inputs, read by ``.item()``, and the op replacing a match takes that."""
+    """:func:`as_number`, or a graph value holding a symbolic float, as it is.
+    Under ``dynamic=True`` a norm's eps is such a value (``docs/passes.md``)."""
     number = as_number(value)
     if number is not None:
         return number
@@ -238,8 +236,8 @@ def _is_symbolic_float(value: Any) -> bool:
 
 
 def adds_a_unit_dim(node) -> bool:
-    """``t.unsqueeze(d)``, ``t[..., None]`` (full slices and None only) or ``t.view/reshape(...)``; the caller checks
-    the shapes ([rows] -> [rows, 1]), which make each of these the same relabelling of t's elements."""
+    """``t.unsqueeze(d)``, ``t[..., None]`` (full slices and None only) or ``t.view/reshape(...)``.
+    The caller checks the shapes ([rows] -> [rows, 1]): then each form relabels t's elements alike."""
     if not isinstance(node, fx.Node) or not node.args or not isinstance(node.args[0], fx.Node):
         return False
     target = node.target
@@ -257,8 +255,8 @@ def adds_a_unit_dim(node) -> bool:
 
 
 def row_vector_of(scale: Any, rows_shape: tuple) -> fx.Node | None:
-    """``p`` of shape ``rows_shape`` when ``scale`` is ``p[..., None]`` (through dtype casts on either side): one
-    value per row of a tensor of shape ``rows_shape + (width,)``."""
+    """``p`` of shape ``rows_shape`` when ``scale`` is ``p[..., None]``, through dtype casts on either side.
+    That is one value per row of a tensor of shape ``rows_shape + (width,)``."""
     st = fake(scale)
     if st is None or tuple(st.shape) != tuple(rows_shape) + (1,):
         return None
@@ -302,8 +300,8 @@ def insert_op(
     n_outputs: int = 0,
     kwargs: dict | None = None,
 ) -> list[fx.Node] | fx.Node:
-    """Insert ``op(*args, **kwargs)`` before ``before`` with Dynamo's example value filled in. Returns the node, or
-    for ``n_outputs`` > 0 the ``getitem`` nodes of its outputs."""
+    """Insert ``op(*args, **kwargs)`` before ``before``, with Dynamo's example value filled in.
+    Returns the node, or for ``n_outputs`` > 0 one ``getitem`` node per output."""
     kwargs = kwargs or {}
     values = [*args, *kwargs.values()]
     fake_mode = next(fake(a).fake_mode for a in values if fake(a) is not None)  # the mode Dynamo traced with
@@ -322,19 +320,17 @@ def insert_op(
 
 
 def insert_view(graph: fx.Graph, before: fx.Node, view: type[OpNode], **arguments: Any) -> OpNode:
-    """A call of our op ``view.op`` with ``arguments`` by name, inserted before ``before``; with several results,
-    one ``getitem`` node per result (``view.output(name)``)."""
+    """A call of our op ``view.op`` with ``arguments`` by name, inserted before ``before``.
+    An op with several results gets one ``getitem`` node per result (``view.output(name)``)."""
     args, kwargs = view.call_arguments(**arguments)
     items = insert_op(graph, before, view.op, args, len(view.outputs), kwargs)
     return view(items[0].args[0] if view.outputs else items)
 
 
 def available_at(value: Any, node: fx.Node, position: dict[fx.Node, int]) -> bool:
-    """Whether ``value`` (a node or a constant) can be read by an op inserted before ``node``: it comes earlier in
-    the graph (``position``: node -> index), or it is moved there: a value that reads nothing, or a symbolic float
-    read from earlier values. Under Inductor's freezing Dynamo puts each parameter's ``get_attr`` just before its first
-    use, and with ``dynamic=True`` each float attribute's ``.item()`` likewise, which may follow the point where a
-    fused op goes."""
+    """Whether an op inserted before ``node`` can read ``value`` (``position`` maps nodes to indices).
+    Yes if it comes earlier, or can move there: a ``get_attr``, or a symbolic float of earlier values.
+    Freezing and ``dynamic=True`` put those just before their first use (``docs/passes.md``)."""
     if not isinstance(value, fx.Node) or position[value] < position[node]:
         return True
     movable = value.op == "get_attr" or (
@@ -356,8 +352,8 @@ def replace_with_view(graph: fx.Graph, node: fx.Node, view: type[OpNode], **argu
 
 
 def producers(roots: list[fx.Node], stop: set) -> list[fx.Node]:
-    """``roots`` and what they were computed from, down to the nodes in ``stop`` (and placeholders), producers
-    first: what a replaced match may leave dead, for :func:`erase_unused`."""
+    """``roots`` and what they were computed from, down to ``stop`` and placeholders, producers first.
+    That is what a replaced match may leave dead, for :func:`erase_unused`."""
     order = {n: i for i, n in enumerate(roots[0].graph.nodes)}
     seen, todo = set(), list(roots)
     while todo:
@@ -400,8 +396,8 @@ _MATMULS = (operator.matmul, torch.matmul, torch.Tensor.matmul)
 
 @dataclasses.dataclass(frozen=True)
 class Linear:
-    """A linear ``y = x W^T + bias`` however it is spelled. ``weight`` is W [N, K], or with ``weight_transposed``
-    the [K, N] operand of ``x @ V`` (W = V^T; :func:`weight_of` inserts the transpose)."""
+    """A linear ``y = x W^T + bias``, however spelled. ``weight`` is W [N, K].
+    With ``weight_transposed`` it is V [K, N] of ``x @ V``; :func:`weight_of` inserts the transpose."""
 
     node: fx.Node
     x: Any
@@ -410,8 +406,8 @@ class Linear:
     weight_transposed: bool = False
 
     def fakes(self) -> tuple | None:
-        """(dtype, x, W [N, K], bias) as fakes cast to the dtype the linear computes in (:func:`linear_dtype`);
-        None where one has no fake."""
+        """(dtype, x, W [N, K], bias) as fakes cast to the linear's dtype (:func:`linear_dtype`).
+        None where an operand has no fake."""
         found = linear_operand_fakes(self.node, self.x, self.weight, self.bias)
         if found is None:
             return None
@@ -420,9 +416,8 @@ class Linear:
 
 
 def linear_of(node: Any) -> Linear | None:
-    """The linear ``node`` computes: ``F.linear`` / ``nn.Linear``, ``x @ W.t()`` / ``x @ W.T`` /
-    ``torch.matmul(x, W.transpose(0, 1))`` and ``x @ V`` with a 2-D right operand, ``torch.mm`` of 2-D operands,
-    ``torch.addmm(bias, x, W.t())``; else None."""
+    """The linear ``node`` computes, or None. ``F.linear``, ``x @ W.t()``, ``x @ W.T``, ``x @ V`` (V 2-D),
+    ``torch.matmul(x, W.transpose(0, 1))``, ``torch.mm`` of 2-D operands, ``torch.addmm(bias, x, W.t())``."""
     if not isinstance(node, fx.Node):
         return None
     if node.op == "call_function" and node.target is torch._C._nn.linear:
@@ -473,6 +468,6 @@ def op_name(node: fx.Node) -> str:
         if isinstance(target, torch._ops.OpOverloadPacket):
             return str(target._qualified_op_name).replace("::", ".")
         name = getattr(target, "__qualname__", None) or getattr(target, "__name__", str(target))
-        # torch's C functions (torch.rsqrt, torch._scaled_mm) carry the class that implements them in their name
+        # torch's C functions (torch.rsqrt) carry their implementing class in the qualified name.
         return "torch." + target.__name__ if name.startswith("_VariableFunctionsClass.") else name
     return node.op

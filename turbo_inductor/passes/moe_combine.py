@@ -1,13 +1,10 @@
 """Experts' rows back in token order, summed over each token's k choices -> ``turbo_inductor.moe_combine``.
 
-Runs on the permutes the moe_permute pass made, whose outputs it reads by name. Matched:
-  - transformers 5: ``(y * w_sorted.unsqueeze(-1))[inv].view(T, k, H).sum(1)`` with inv the permute's positions; the
-    sum in y's dtype, or cast to it (fp32 router weights promote the product to fp32, summed, then cast back);
-  - torchtitan: ``out.scatter_add(0, (order // k).reshape(-1, 1).expand(-1, H), y_w)`` with out zeros or a shared
-    expert's output (then ``out + combine``), y_w = ``(y.float() * w_sorted.reshape(-1, 1)).to(y.dtype)``;
-  - either without the weighting (y itself, where the router weights scale the experts' input).
-w_sorted is the permute's weights_sorted: the combine takes the router weights in token order and applies them in
-fp32 in its own pass, and the multiply goes. Left alone, said at DEBUG: a sum used in a dtype wider than y's.
+Runs on the moe_permute pass's ops. Matched, w_sorted being the permute's weights_sorted:
+  - transformers 5: ``(y * w_sorted.unsqueeze(-1))[inv].view(T, k, H).sum(1)``, inv the permute's positions.
+  - torchtitan: ``out.scatter_add(0, (order // k).reshape(-1, 1).expand(-1, H), y_w)``, out zeros or a shared
+    expert's output, y_w = ``(y.float() * w_sorted.reshape(-1, 1)).to(y.dtype)``.
+  - Either without the weighting. The forms in detail: ``docs/passes.md``.
 """
 
 from __future__ import annotations
@@ -27,8 +24,8 @@ NAME = "moe_combine"
 
 
 def rows_and_weights(value: fx.Node, permute: MoEPermuteNode) -> tuple[fx.Node, fx.Node | None]:
-    """(y, the router weights [T, k]) where ``value`` is y times the permute's weights_sorted per row, through
-    casts; else (value, None): value's rows summed as they are."""
+    """(y, the router weights [T, k]) where ``value`` is y times the permute's weights_sorted per row.
+    Casts are read through. Else (value, None): value's rows are summed as they are."""
     weights_sorted = permute.output("weights_sorted")
     product = m.strip_casts(value)
     c = m.call(product)
@@ -137,7 +134,7 @@ class MoECombinePass(RewritePass):
                     continue
                 base, src = m.arg(scatter, 0, "input"), m.arg(scatter, 3, "src")
                 shapes = [m.fake(v).shape for v in (base, index, src)]
-                # every row and column of base gets its token's rows: base [T, H], index and src [T * k, H]
+                # base is [T, H]; index and src are [T * k, H]. Each row of base gets its token's k rows.
                 if m.arg(scatter, 2, "index") is not index or not _scatters_whole_rows(*shapes, k):
                     continue
                 y, weights = rows_and_weights(src, permute)

@@ -1,19 +1,13 @@
-"""The router's choices ordered by expert -> ``turbo_inductor.moe_permute``: sort, gathers, offsets and inverse as one
-op.
+"""The router's choices ordered by expert -> ``turbo_inductor.moe_permute``: sort, gathers, offsets, inverse.
 
-Matched around a sort of the router's flattened top-k indices: ``torch.sort(ids)`` (transformers 5's experts) or
-``torch.argsort(ids, stable=True)`` (torchtitan), with ids = ``torch.topk(scores, k)[1].reshape(-1)`` over E experts.
-The sort's permutation ``perm`` (the choice t * k + j of each row) is read by:
-  - the tokens' gather, ``x[perm // k]`` or ``torch.gather(x, 0, (perm // k).reshape(-1, 1).expand(-1, H))``:
-    x_sorted;
-  - the router weights' gather, ``weights.reshape(-1)[perm]``: weights_sorted;
-  - the inverse permutation, ``inv = torch.empty_like(perm); inv[perm] = torch.arange(T * k)`` or
-    ``perm.argsort()``: positions;
-  - anything else: order, the same permutation. The op's is stable; an unstable sort may order ties otherwise, and
-    nothing downstream depends on the order within an expert's group (each row is computed on its own).
-The offsets are ``torch.cumsum(torch.histc(ids, bins=E, min=0, max=E - 1 or E), 0, dtype=torch.int32)`` of the
-sorted or the unsorted ids, through casts: offs (top-k indices lie in [0, E), where both bounds count alike). Left
-alone, said at DEBUG: indices not from a top-k over the experts, no tokens' gather, no such offsets.
+Anchored at ``torch.sort(ids)`` (transformers 5) or ``torch.argsort(ids, stable=True)`` (torchtitan), where
+ids = ``torch.topk(scores, k)[1].reshape(-1)`` over E experts. Readers of the permutation perm become outputs:
+  - ``x[perm // k]`` or ``torch.gather(x, 0, (perm // k).reshape(-1, 1).expand(-1, H))``: x_sorted.
+  - ``weights.reshape(-1)[perm]``: weights_sorted.
+  - ``inv[perm] = torch.arange(T * k)`` on ``inv = torch.empty_like(perm)``, or ``perm.argsort()``: positions.
+  - Any other reader: order.
+  - ``torch.cumsum(torch.histc(ids, bins=E, min=0, max=E - 1 or E), 0, dtype=torch.int32)``: offs.
+Why these forms are equivalent: ``docs/passes.md``.
 """
 
 from __future__ import annotations
@@ -52,7 +46,7 @@ def flat_source(node) -> fx.Node | None:
 
 
 def _topk_indices(ids) -> tuple[fx.Node, int] | None:
-    """(indices [T, k], E) when ``ids`` flattens the indices of a top-k over the last dimension (E) of a 2-D tensor."""
+    """(indices [T, k], E) when ``ids`` flattens a top-k's indices over the last dim (E) of a 2-D tensor."""
     indices = flat_source(ids)
     c = m.call(indices)
     if c is None or c.op != "getitem" or c.args[1] != 1 or not m.calls(c.args[0], "topk", (torch.topk,)):
@@ -104,8 +98,8 @@ def _gather_source(node, index) -> fx.Node | None:
 
 
 def _expanded_rows(index) -> list[fx.Node]:
-    """The [S, H] indexes ``index.reshape(-1, 1).expand(-1, H)`` made from a 1-D ``index`` (torchtitan's gather and
-    scatter index)."""
+    """The [S, H] indexes ``index.reshape(-1, 1).expand(-1, H)`` made from a 1-D ``index``.
+    torchtitan gathers and scatters with them."""
     out = []
     for column in index.users:
         ct = m.fake(column)
@@ -126,7 +120,7 @@ class Site:
     x_gathers: list = dataclasses.field(default_factory=list)
     weights: fx.Node | None = None
     weights_gather: fx.Node | None = None
-    # (a node whose value is the inverse permutation, the user of it that built it or None)
+    # (a node holding the inverse permutation, the setitem that built it or None)
     inverse: list = dataclasses.field(default_factory=list)
     offs: list = dataclasses.field(default_factory=list)  # the cumsums
     matched: list = dataclasses.field(default_factory=list)  # everything that may go dead

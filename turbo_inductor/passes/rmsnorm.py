@@ -9,8 +9,7 @@ Spellings matched (any eps, fp32/bf16/fp16, any leading dims):
         n = xf * torch.rsqrt(var + eps)                 # or xf / torch.sqrt(var + eps)
         y = weight * n.to(x.dtype)                      # optional cast back; weight optional, either side
 
-The op returns x's dtype; when the matched output has another dtype (an fp32 weight times a bf16 norm promotes
-to fp32), the weight multiply stays in the graph and only the normalization is replaced.
+A weight multiply that promotes (fp32 weight, bf16 norm) stays in the graph; only the normalization is replaced.
 """
 
 from __future__ import annotations
@@ -47,7 +46,7 @@ def match_functional(node: fx.Node) -> RMSNormMatch | None:
     xt = m.fake(x)
     if xt is None or not isinstance(shape, (list, tuple)) or len(shape) != 1 or shape[0] != xt.shape[-1]:
         return None
-    if eps is None:  # what torch.rms_norm uses: the epsilon of its fp32 computation dtype
+    if eps is None:  # torch.rms_norm's default: the epsilon of its fp32 computation dtype
         eps = torch.finfo(torch.float32).eps
     eps = m.as_scalar(eps)
     if eps is None or (weight is not None and m.fake(weight) is None):
@@ -101,8 +100,8 @@ def match_decomposed(mean: fx.Node) -> RMSNormMatch | None:
     if sc is not None and sc.op == "mul":
         weight = m.other_operand(sc, out)
         wt = m.fake(weight)
-        # a weight that promotes (fp32 weight * bf16 norm) stays a separate multiply: fusing it would drop the
-        # rounding to bf16 that the graph does before it
+        # A promoting weight (fp32 weight * bf16 norm) stays a separate multiply. Fusing it would drop the
+        # graph's rounding to bf16 before it.
         if (
             wt is not None
             and wt.dim() == 1
@@ -134,7 +133,7 @@ def _squared(node: Any) -> Any:
 def _match(
     xf: fx.Node, out: fx.Node, matched: list[fx.Node], eps: float | fx.Node, weight: fx.Node | None = None
 ) -> RMSNormMatch | None:
-    """The match whose output is ``out``: its input is x before the upcast if the dtypes allow, else xf itself."""
+    """The match whose output is ``out``. Its input is x before the upcast where dtypes allow, else xf itself."""
     out_dtype = m.fake(out).dtype
     for x in (m.strip_casts(xf), xf):
         xt = m.fake(x)

@@ -1,16 +1,7 @@
-"""RMSNorm -> FP8 linear: the norm writes its output in FP8 for the linears reading it (``turbo_inductor.rmsnorm_fp8``).
+"""RMSNorm -> ``turbo_inductor.rmsnorm_fp8``: a norm whose output feeds FP8 linears also writes it in FP8 for them.
 
-Runs after the rmsnorm, rmsnorm_residual and fp8 passes, on the ops they made: a ``turbo_inductor.rmsnorm`` or
-``rmsnorm_residual`` whose normalized output is x of ``turbo_inductor.fp8_linear`` nodes (the attention's q/k/v
-projections, the MLP's gate and up) becomes ``rmsnorm_fp8``, and those linears take its q and scale as
-``x_q``, ``x_scale``. The norm's other users, and the linears' backward (which quantizes x^T from y), read y as
-before. Taken when every FP8 linear of the output uses one recipe that quantizes x in blocks within a row
-(``Recipe.quantizes_x_in_rows``); with mixed recipes, or none such, the graph is left alone.
-
-Under ``torch.autocast`` the linears read the norm's output through casts (an fp32 norm, bf16 linears: the fp8
-pass makes autocast's casts explicit). Where every user of the output is a cast to one dtype, the norm writes y in
-that dtype (``out_dtype``) and the casts go: y is the cast's value bit for bit, and in backward the norm reads dy
-in that dtype where the cast's backward would have converted it first.
+Its ``fp8_linear`` readers (q/k/v, gate and up projections) take its q and scale as ``x_q``, ``x_scale``.
+Taken when they share one recipe that quantizes x within rows. Autocast's casts fold in (``docs/passes.md``).
 """
 
 from __future__ import annotations
@@ -75,9 +66,9 @@ class RMSNormFP8Pass(RewritePass):
 
 
 def _read_as(normed: fx.Node, position: dict[fx.Node, int]) -> tuple[fx.Node, torch.dtype | None]:
-    """(the value the linears read, the dtype the norm writes y in; None: its own): the norm's output; or, where every
-    user of it casts it to one dtype (autocast's casts for its linears), the first of those casts and that dtype.
-    Users that read only its shape (with dynamic shapes Dynamo reads ``.size()`` for later views) do not count."""
+    """(the value the linears read, the dtype the norm writes y in, or None for its own).
+    Where every user casts the output to one dtype (autocast), the first such cast and that dtype.
+    Users that read only its shape do not count: under dynamic shapes Dynamo reads ``.size()`` for views."""
     casts = [u for u in normed.users if not _reads_shape(u)]
     calls = [m.call(c) for c in casts]
     if not casts or any(c is None or c.op != "cast" or c.args[0] is not normed for c in calls):

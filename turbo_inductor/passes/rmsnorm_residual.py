@@ -1,9 +1,7 @@
 """``rmsnorm(a + b)`` -> ``turbo_inductor.rmsnorm_residual(a, b)``: the pre-norm block's residual add fused in.
 
-Runs after the rmsnorm pass, on the ``turbo_inductor.rmsnorm`` nodes it made. The sum usually feeds the next
-residual add as well: those other users read the fused op's second output. Only adds of two tensors of the sum's
-shape are taken (a broadcasting add is not the residual stream); their dtypes may differ where the add promotes
-them (under ``torch.autocast`` a bf16 branch output joins an fp32 residual stream): the op promotes as the add.
+Runs on the rmsnorm pass's ops. The sum's other readers (the next residual add) read the op's second output.
+Takes adds of two tensors of the sum's shape; the op promotes their dtypes as the add does (autocast).
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ class RMSNormResidualPass(RewritePass):
             operands = m.binary_operands(c) if c is not None and c.op == "add" else None
             if operands is None or not all(_addend_of(o, total) for o in operands):
                 continue
-            # the fused op replaces the add, so everything it reads must exist there
+            # The fused op goes where the add was, so everything it reads must exist there.
             if not all(m.available_at(v, total, position) for v in (norm.weight, norm.eps)):
                 continue
             fused = m.insert_view(

@@ -1,22 +1,8 @@
-"""torchao's float8 training linears -> ``turbo_inductor.fp8_linear``: a model already converted with torchao
-(``convert_to_float8_training``) and compiled with backend="primus_turbo" runs its FP8 recipe on our
-quantization kernels and GEMMs, forward and backward, with no change to the model.
+"""torchao's float8 training linears (``convert_to_float8_training``) -> ``turbo_inductor.fp8_linear``.
 
-Dynamo keeps torchao's ``Float8Linear`` matmul (the autograd function ``matmul_with_hp_or_float8_args``, allowed in
-graph) as one call, ``trampoline_autograd_apply(x, weight.t(), linear_mm_config, config)``, with the configs built
-by nodes of constant arguments. The call is replaced where torchao's config is one of our recipes exactly:
-
-| torchao config                                                        | recipe          |
-|-----------------------------------------------------------------------|-----------------|
-| every cast dynamic and tensorwise; x, W e4m3; gradients e5m2           | ``tensorwise``  |
-| every cast dynamic and per row (axiswise), all e4m3, power-of-two scales | ``rowwise_pow2`` (torchao's "rowwise") |
-
-in the device's encodings (e4m3fn or e4m3fnuz), with no FSDP float8 all-gather and no inner-dimension padding.
-Anything else (torchao's ``rowwise_with_gw_hp``, which mixes granularities, delayed or disabled casts) is left to
-torchao. The scales are computed as ours are (1/scale multiplies where torchao multiplies by fmax/amax computed in
-float64): the same values with power-of-two scales, within one float32 ulp of the scale otherwise. Both forward
-GEMMs accumulate fast (torchao's ``gemm_config_output``, our ``fast_accum_forward``), the backward ones in full;
-a config that asks otherwise is left to torchao.
+Dynamo keeps the linear's matmul as one ``trampoline_autograd_apply(x, weight.t(), linear_mm_config, config)``.
+It is replaced where torchao's config is exactly one of our recipes; other configs stay torchao's.
+The config mapping: ``docs/passes.md``.
 """
 
 from __future__ import annotations
@@ -45,8 +31,8 @@ _CASTS = (
 
 
 def autograd_function_of(node: fx.Node) -> type | None:
-    """The ``torch.autograd.Function`` whose ``apply`` Dynamo kept as this node (its trampoline holds the class in
-    its closure), else None."""
+    """The ``torch.autograd.Function`` whose ``apply`` Dynamo kept as this node, else None.
+    Its trampoline holds the class in its closure."""
     target = node.target if node.op == "call_function" else None
     for cell in getattr(target, "__closure__", None) or ():
         try:
@@ -59,7 +45,7 @@ def autograd_function_of(node: fx.Node) -> type | None:
 
 
 def _constant(value: Any) -> Any:
-    """The value of a graph argument built only from constants by torchao's float8 config classes."""
+    """The value of a graph argument built from constants by torchao's float8 config classes."""
     if isinstance(value, fx.Node):
         if value.op != "call_function" or not getattr(value.target, "__module__", "").startswith("torchao.float8"):
             raise ValueError(f"not a torchao float8 config: {value.format_node()}")
