@@ -1,4 +1,4 @@
-"""turbo_inductor: a torch.compile backend ("primus_turbo") that routes LLM building blocks onto fused kernels.
+"""turbo_inductor: the "primus_turbo" torch.compile backend. It routes LLM building blocks onto fused kernels.
 
 model = torch.compile(model, backend="primus_turbo")          # no import needed
 turbo_inductor.ops.rmsnorm(x, weight, eps=1e-6)               # the ops, callable directly

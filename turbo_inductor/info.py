@@ -1,7 +1,8 @@
-"""What turbo_inductor runs on this machine: versions, the device, the optional native kernels and aiter, and per
-kernel the implementations ``impl="auto"`` tries (in order) and those available. ``python -m turbo_inductor.info``.
+"""``python -m turbo_inductor.info``: what turbo_inductor runs on this machine.
 
-On a ROCm GPU this imports aiter (as the first kernel call would); elsewhere it imports nothing optional.
+Versions, the device, the optional native kernels and aiter. Per kernel: what ``impl="auto"`` tries, in order,
+and what is available. On a ROCm GPU this imports aiter, as the first kernel call would. Elsewhere it imports
+nothing optional.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def _installed(distribution: str) -> str:
 
 
 def _device() -> tuple[torch.device, str]:
-    """The device the ops would run on here (the current GPU, else the CPU) and its description."""
+    """The device the ops would run on here, and its description. The current GPU, else the CPU."""
     if not torch.cuda.is_available():
         return torch.device("cpu"), "cpu (no GPU visible to torch)"
     device = torch.device("cuda", torch.cuda.current_device())

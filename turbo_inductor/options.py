@@ -1,7 +1,7 @@
 """Backend options, from ``torch.compile(..., options={...})`` or ``TURBO_INDUCTOR_<KEY>`` environment variables.
 
-Keys: one per rewrite pass (its name), the general ones in ``GENERAL``, and any Inductor config key, passed to
-Inductor unchanged. ``options=`` wins over the environment. ``option_table`` documents them for the README.
+Keys: each rewrite pass's name, the ``GENERAL`` ones, and any Inductor config key (passed through).
+``options=`` wins over the environment. ``option_table`` documents them for the README.
 """
 
 from __future__ import annotations
@@ -56,11 +56,12 @@ GENERAL = (
     GeneralOption(
         "impl",
         registry.AUTO,
-        'force a kernel implementation: `"triton"`, `"native"`, `"reference"`, ..., per kernel '
-        '(`"rmsnorm_fwd=triton,rmsnorm_bwd=reference"` or a dict), or `"autotune"` (time each once per argument '
-        'signature, keep the fastest). `"auto"`: the best measured that runs on the device and takes the arguments',
+        'force a kernel implementation: `"triton"`, `"native"`, `"reference"`, ..., or one per kernel '
+        '(`"rmsnorm_fwd=triton,rmsnorm_bwd=reference"` or a dict). `"autotune"` times each once per argument '
+        'signature and keeps the fastest. `"auto"`: the highest-priority one that runs on the device and takes the '
+        "arguments",
     ),
-    GeneralOption("strict", False, "a failing rewrite raises; otherwise the graph is restored and a warning printed"),
+    GeneralOption("strict", False, "a failing rewrite raises. Otherwise the graph is restored and a warning printed"),
     GeneralOption("record_graphs", False, "keep the graph code before and after the passes in `compile_records()`"),
 )
 

@@ -1,7 +1,7 @@
-"""FP8 recipes: how each GEMM operand of an FP8 linear is quantized. One frozen dataclass, one instance per recipe.
+"""FP8 recipes: how an FP8 linear quantizes each GEMM operand. One frozen ``Recipe`` per recipe name.
 
-The ops take a recipe by name (a ``str`` in their schemas); ``Recipe.from_name`` turns it into this description.
-``FP8Config`` is the backend's ``fp8`` option: a recipe and which linears it covers.
+The ops take a recipe by name, a ``str`` in their schemas. ``Recipe.from_name`` gives its description.
+``FP8Config`` is the backend's ``fp8`` option: a recipe and the linears it covers.
 """
 
 from __future__ import annotations
@@ -15,13 +15,15 @@ import torch
 from .kernels.reference.fp8_quant import device_formats
 from .options import parse_bool
 
-# Dimensions the FP8 GEMMs take: cuBLASLt wants N and K in multiples of 16.
+# cuBLASLt's FP8 GEMMs want N and K in multiples of 16.
 ALIGNMENT = 16
 
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
-    """Blocks are (rows, cols) of an operand [R, C], C the contracted dimension; 0 is the whole dimension."""
+    """How an FP8 linear quantizes its operands.
+
+    Blocks are (rows, cols) of an operand [R, C], C contracted. 0 spans the whole dimension."""
 
     name: str
     activation_block: tuple[int, int]  # x, dy and their transposes
@@ -29,7 +31,7 @@ class Recipe:
     gradient_format: str  # "e4m3" or "e5m2"
     power_of_two: bool = False  # scales rounded up to powers of two
     high_precision_wgrad: bool = False  # dW = dy^T x in the input dtype
-    # The forward GEMM accumulates in the tensor cores' fast mode, as torchao's recipes do; dgrad and wgrad in full.
+    # The forward GEMM accumulates in fast mode, as torchao's recipes do. dgrad and wgrad accumulate in full.
     fast_accum_forward: bool = False
 
     @staticmethod
@@ -40,8 +42,9 @@ class Recipe:
 
     @property
     def quantizes_x_in_rows(self) -> bool:
-        """x's blocks lie within a row, so a producer writing whole rows (RMSNorm, GLU) can quantize them.
-        Not tensorwise: its scale needs the whole tensor's amax first."""
+        """Whether x's blocks lie within a row. A producer writing whole rows (RMSNorm, GLU) can then quantize x.
+
+        Tensorwise cannot: its scale needs the whole tensor's amax first."""
         return self.activation_block[0] == 1
 
     def formats(self, device: torch.device) -> tuple[torch.dtype, torch.dtype]:
@@ -50,8 +53,7 @@ class Recipe:
         return e4m3, e5m2 if self.gradient_format == "e5m2" else e4m3
 
     def producer_quantization(self, x: torch.Tensor) -> tuple[torch.dtype, int]:
-        """(format, block width) in which a producer writing x [..., K] row by row quantizes it for the forward
-        GEMM, as the linear would."""
+        """(format, block width) for a producer quantizing x [..., K] row by row, as the linear would."""
         return device_formats(x.device)[0], self.activation_block[1] or max(x.shape[-1], 1)
 
 
@@ -72,8 +74,9 @@ ROW_RECIPES = tuple(name for name, r in RECIPES.items() if r.quantizes_x_in_rows
 
 
 def kernel_block(block: tuple[int, int], rows: int, cols: int) -> tuple[int, int]:
-    """A recipe's block as the quantization kernels take it. 0 becomes rows + cols + 1, which spans the dimension
-    in either layout without a guard on rows <= cols under dynamic shapes."""
+    """A recipe's block as the quantization kernels take it. 0 becomes rows + cols + 1.
+
+    That spans the dimension in either layout, with no guard on rows <= cols under dynamic shapes."""
     whole = rows + cols + 1
     return block[0] or whole, block[1] or whole
 
@@ -83,9 +86,10 @@ OFF = "off"
 
 @dataclasses.dataclass(frozen=True)
 class FP8Config:
-    """The ``fp8`` option: linears become FP8 linears of ``recipe``, except parameters matching ``exclude`` and
-    linears narrower than ``min_size``. ``save_weight_t=False`` requantizes W^T in the backward (FSDP2).
-    ``experts``: MoE experts' grouped GEMMs too (the same exceptions apply)."""
+    """The ``fp8`` option: linears become FP8 linears of ``recipe``.
+
+    Parameters matching ``exclude`` and linears narrower than ``min_size`` stay as they are.
+    ``experts``: MoE experts too. ``save_weight_t=False`` requantizes W^T in the backward (FSDP2; ``docs/ops.md``)."""
 
     recipe: str = OFF
     exclude: str = ""

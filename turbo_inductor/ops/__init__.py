@@ -1,7 +1,7 @@
 """The Python API: differentiable functions over the ``torch.ops.turbo_inductor`` ops.
 
-``impl`` forces a kernel implementation ("triton", "reference", ... or "kernel=name,..."); "auto" picks the best
-available on the tensors' device (see ``turbo_inductor.kernels.registry``).
+``impl`` forces a kernel implementation: "triton", "reference", ..., or "kernel=name,...".
+"auto" picks the best one available on the tensors' device (``turbo_inductor.kernels.registry``).
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ def rmsnorm_fp8(
     impl: str = "auto",
     out_dtype: Optional[torch.dtype] = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(y, x + residual, q, scale)``: RMSNorm (of ``x + residual`` where given; the sum is empty otherwise) with y
-    also quantized as ``recipe`` quantizes an FP8 linear's input, to pass to :func:`fp8_linear` as ``x_q``,
-    ``x_scale``. For recipes that quantize x in blocks within a row (rowwise, blockwise, mxfp8). ``out_dtype``: y
-    as the norm's output cast to it (an fp32 norm feeding bf16 linears under autocast)."""
+    """``(y, x + residual, q, scale)``: RMSNorm of ``x + residual``, or of x with an empty sum.
+
+    q, scale: y quantized as ``recipe`` quantizes an FP8 linear's input, for :func:`fp8_linear`'s ``x_q``,
+    ``x_scale``. Recipes whose blocks lie within a row: all but tensorwise. ``out_dtype``: y's dtype (autocast)."""
     return torch.ops.turbo_inductor.rmsnorm_fp8(x, residual, weight, eps, recipe, impl, out_dtype)
 
 
@@ -69,8 +69,9 @@ def glu_fused(
     *,
     impl: str = "auto",
 ) -> Tensor:
-    """``act(x[..., :F]) * x[..., F:]`` (times ``probs[..., None]``, rows where ``mask`` is False zeroed), for a
-    fused gate/up projection ``x`` of last dimension 2F. activation: "silu", "gelu" or "gelu_tanh"."""
+    """``act(x[..., :F]) * x[..., F:]`` for a fused gate/up projection ``x`` [..., 2F].
+
+    Times ``probs[..., None]``; rows where ``mask`` is False are zero. activation: "silu", "gelu" or "gelu_tanh"."""
     return torch.ops.turbo_inductor.glu_fused(x, probs, mask, activation, impl)
 
 
@@ -84,8 +85,10 @@ def glu_fp8(
     *,
     impl: str = "auto",
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``(out, q, scale)``: ``act(x) * up`` (or, without ``up``, :func:`glu_fused` of x) with out also quantized as
-    ``recipe`` quantizes an FP8 linear's input, to pass to :func:`fp8_linear` as ``x_q``, ``x_scale``."""
+    """``(out, q, scale)``: ``act(x) * up``, or :func:`glu_fused` of x without ``up``.
+
+    q, scale: out quantized as ``recipe`` quantizes an FP8 linear's input, for :func:`fp8_linear`'s ``x_q``,
+    ``x_scale``."""
     return torch.ops.turbo_inductor.glu_fp8(x, up, probs, mask, activation, recipe, impl)
 
 
@@ -106,17 +109,17 @@ def fp8_linear(
     x_scale: Optional[Tensor] = None,
     save_weight_t: bool = True,
 ) -> Tensor:
-    """``F.linear`` with x and weight quantized to FP8 by ``recipe`` ("tensorwise", "rowwise", "rowwise_pow2",
-    "blockwise", "mxfp8", "rowwise_with_gw_hp"), forward and backward (see ``turbo_inductor/ops/fp8_linear.py``).
-    ``x_q``, ``x_scale``: x already quantized for the forward (:func:`rmsnorm_fp8`'s q and scale).
-    ``save_weight_t=False``: the backward quantizes W^T again instead of keeping it from the forward (less memory
-    between the two, one more read of W)."""
+    """``F.linear`` with x and weight quantized to FP8 by ``recipe`` (``turbo_inductor.recipes.RECIPES``).
+
+    ``x_q``, ``x_scale``: x already quantized for the forward, as :func:`rmsnorm_fp8` gives them.
+    ``save_weight_t=False``: the backward quantizes W^T again; less memory, one more read of W."""
     return torch.ops.turbo_inductor.fp8_linear(x, weight, bias, recipe, impl, x_q, x_scale, save_weight_t)
 
 
 def grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, *, impl: str = "auto") -> Tensor:
-    """``torch._grouped_mm(x, weight, offs=offs)`` for MoE experts: the rows of x [S, K] in group g (offs [E] int32:
-    each group's cumulative end row) times weight[g] ([E, K, N], any strides); rows past offs[-1] give zeros."""
+    """``torch._grouped_mm(x, weight, offs=offs)`` for MoE experts: group g of x [S, K] times weight[g].
+
+    weight [E, K, N], any strides; offs [E] int32, each group's cumulative end row. Rows past offs[-1] give zeros."""
     return torch.ops.turbo_inductor.grouped_mm(x, weight, offs, impl)
 
 
@@ -130,46 +133,50 @@ def fp8_grouped_mm(
     x_q: Optional[Tensor] = None,
     x_scale: Optional[Tensor] = None,
 ) -> Tensor:
-    """:func:`grouped_mm` with x and each expert's weight quantized to FP8 by ``recipe`` ("rowwise", "rowwise_pow2",
-    "blockwise", "mxfp8", "tensorwise" per expert, "rowwise_with_gw_hp"), forward and backward (see
-    ``turbo_inductor/ops/grouped_mm.py``). ``x_q``, ``x_scale``: x already quantized for the forward (:func:`glu_fp8`'s
-    q and scale)."""
+    """:func:`grouped_mm` with x and each expert's weight quantized to FP8 by ``recipe``.
+
+    Tensorwise scales W per expert. ``x_q``, ``x_scale``: x already quantized, as :func:`glu_fp8` gives them."""
     return torch.ops.turbo_inductor.fp8_grouped_mm(x, weight, offs, recipe, impl, x_q, x_scale)
 
 
 def moe_permute(
     x: Tensor, indices: Tensor, num_experts: int, weights: Optional[Tensor] = None, *, impl: str = "auto"
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """``(x_sorted, weights_sorted, offs, order, positions)``: the router's choices ``indices`` [T, k] ordered by
-    expert (stably; indices outside [0, num_experts) last), x's rows and the router ``weights`` in that order, offs
-    for :func:`grouped_mm`, each row's choice and each choice's row (see ``turbo_inductor/ops/moe.py``)."""
+    """``(x_sorted, weights_sorted, offs, order, positions)``: the router's choices ``indices`` [T, k] by expert.
+
+    x's rows and ``weights`` in that stable order; indices outside [0, num_experts) go last. offs is for
+    :func:`grouped_mm`; order gives each row's choice, positions each choice's row."""
     return torch.ops.turbo_inductor.moe_permute(x, indices, weights, num_experts, impl)
 
 
 def moe_combine(y: Tensor, positions: Tensor, weights: Optional[Tensor] = None, *, impl: str = "auto") -> Tensor:
-    """``out[t] = sum_j weights[t, j] * y[positions[t, j]]`` in fp32, returned in y's dtype: the experts' rows
-    [T * k, H] back in token order, summed over each token's k choices."""
+    """``out[t] = sum_j weights[t, j] * y[positions[t, j]]``, in fp32, returned in y's dtype.
+
+    The experts' rows [T * k, H] back in token order, summed over each token's k choices."""
     return torch.ops.turbo_inductor.moe_combine(y, weights, positions, impl)
 
 
 def gemm_allreduce(
     x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, group=None, *, impl: str = "auto"
 ) -> Tensor:
-    """A row-parallel linear: ``F.linear(x, weight, bias)`` summed over the ranks of ``group`` (a ProcessGroup or
-    its name; default: the world), the reduction overlapped with the GEMM where an implementation does."""
+    """A row-parallel linear: ``F.linear(x, weight, bias)`` summed over the ranks of ``group``.
+
+    ``group``: a ProcessGroup or its name; default the world.
+    Some implementations overlap the reduction with the GEMM."""
     return torch.ops.turbo_inductor.gemm_allreduce(x, weight, bias, _group_name(group), impl)
 
 
 def linear_dgrad_allreduce(
     x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, group=None, *, impl: str = "auto"
 ) -> Tensor:
-    """A column-parallel linear: ``F.linear(x, weight, bias)`` whose input gradient is summed over the ranks of
-    ``group`` (the backward's GEMM and all-reduce as one GEMM + all-reduce)."""
+    """A column-parallel linear: ``F.linear(x, weight, bias)``, its input gradient summed over ``group``'s ranks.
+
+    The backward runs that GEMM and all-reduce as one op."""
     return torch.ops.turbo_inductor.linear_dgrad_allreduce(x, weight, bias, _group_name(group), impl)
 
 
 def _group_name(group) -> str:
-    """The name the ops take; "" where there is no group (the op then says torch.distributed is not initialized)."""
+    """The group's name, as the ops take it. "" where torch.distributed has no group; the op then raises."""
     if isinstance(group, str):
         return group
     import torch.distributed as dist

@@ -1,14 +1,14 @@
 """FP8 building blocks: formats per device, dynamic-scaling quantization, and the scaled FP8 GEMM.
 
-Ops in ``torch.ops.turbo_inductor`` (functional, exact fakes; not differentiable: ``fp8_linear`` carries autograd):
+Ops in ``torch.ops.turbo_inductor``, not differentiable (``fp8_linear`` carries the autograd).
   fp8_quantize(x, fp8_dtype, block_rows, block_cols, transpose, power_of_two, impl) -> (q, scale)
-      x [M, K] in blocks of block_rows x block_cols: scale = max(amax, 1e-12) / fmax per block (a power of two
-      for MXFP8), q = saturate(x * (1 / scale)); q is x^T's layout [K, M] when ``transpose``;
-      scale [cdiv(M, br), cdiv(K, bc)]
+      x [M, K] in blocks of block_rows x block_cols; scale [cdiv(M, br), cdiv(K, bc)].
+      scale = max(amax, 1e-12) / fmax per block. power_of_two rounds it up to a power of two.
+      q = saturate(x * (1 / scale)), in x^T's layout [K, M] with transpose.
   fp8_gemm(a, a_scale, b, b_scale, out_dtype, impl) -> a_deq @ b_deq^T
-      a [M, K] and b [N, K] fp8 with their block scales ([M or 1 or M/bm, K/bk] and [N..., K/bk])
+      a [M, K] and b [N, K] in FP8. Scales: [M or 1 or M/bm, K/bk] and [N or 1 or N/bn, K/bk].
 
-Formats follow the device: e4m3fn / e5m2 on NVIDIA and MI350 (gfx950), e4m3fnuz / e5m2fnuz on MI300 (gfx942).
+Formats follow the device. NVIDIA and MI350 (gfx950): e4m3fn and e5m2. MI300 (gfx942): the fnuz pair.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ..kernels.reference.fp8_quant import FP8_DTYPES, device_formats
 from .library import check, check_float, kernel_op
 
 QUANTIZE_KERNEL, GEMM_KERNEL = "fp8_quantize", "fp8_gemm"
-fp8_formats = device_formats  # (e4m3, e5m2) for a device: the kernels' and the ops' choice are one
+fp8_formats = device_formats  # (e4m3, e5m2) for a device, as the kernels choose them
 
 
 def _blocks(block: int, size: int) -> int:

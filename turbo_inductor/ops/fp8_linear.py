@@ -11,38 +11,13 @@ Ops in ``torch.ops.turbo_inductor``:
                                                                  custom op; backward: fp8_linear_bwd (+ dbias)
   fp8_linear_bwd(dy, x, weight, x_t, x_t_scale, w_t, w_t_scale, recipe, impl) -> (dx, dweight)
 
-Every GEMM operand [R, C] (C the contracted dimension) is quantized with dynamic scaling in blocks set by the
-recipe and its role (activation/gradient or weight):
-
-| recipe       | activations, gradients | weights        | gradient format | scales          |
-|--------------|------------------------|----------------|-----------------|-----------------|
-| tensorwise   | whole tensor           | whole tensor   | e5m2            | fp32            |
-| rowwise      | per row (1 x C)        | per row        | e4m3            | fp32            |
-| rowwise_pow2 | per row (1 x C)        | per row        | e4m3            | powers of two   |
-| blockwise    | 1 x 128                | 128 x 128      | e4m3            | fp32            |
-| mxfp8        | 1 x 32                 | 1 x 32         | e4m3            | powers of two   |
-
-Forward: x [M, K] and W [N, K]. Backward: dx = dy W (operands dy [M, N] and W^T [K, N]) and dW = dy^T x (operands
-dy^T [N, M] and x^T [K, M]). Each operand and its transpose are quantized by one call (``both_layouts``: one pass
-where the blocks are the same in both layouts, two reads of the operand for rowwise in the native kernels): the
-forward saves x^T and W^T quantized (1 byte per element, against 2 for saving x in bf16), so that the backward
-reads neither x nor W again, and dy and dy^T come from one call. With ``high_precision_wgrad`` the forward saves x
-itself instead of x^T, for wgrad in x's dtype. A weight that wants no gradient (frozen, as a LoRA base model's)
-gets none: the forward then quantizes no x^T (``weight_grad`` False: the public op passes ``weight.requires_grad``)
-and the backward, finding none, runs no wgrad GEMM (it returns an empty dweight).
-
-``save_weight_t`` False: the forward quantizes W for its GEMM only and saves no W^T; the backward quantizes W^T
-from W (saved as a reference anyway), with the same result. That keeps no FP8 copy of the weight from the forward
-to the backward (1 byte per weight per linear), at the cost of one more read of W: what FSDP2 training wants, where
-W is all-gathered again for the backward and the saved copies would hold a layer's weights per layer.
-
-``x_q``, ``x_scale`` (optional): x already quantized for the forward GEMM, as the recipe would quantize it
-(``Recipe.activation_block``), by the op that produced x (``rmsnorm_fp8``, ``glu_fp8``: producer fusions). The
-forward then quantizes only x^T, for the backward.
-
-Inference under Inductor's ``freezing`` (parameters become constants): the public op quantizes W by a node of its
-own (:func:`quantize_weight`), which freezing's constant folding runs once at compile time, and
-``fp8_linear_inference`` takes W's FP8 copy (``w_q``, ``w_scale``): per call, only x is quantized.
+Each GEMM operand is quantized with dynamic scaling, in blocks set by the recipe (``turbo_inductor.recipes``).
+The forward saves x^T and W^T quantized; the backward reads neither x nor W again.
+A weight that wants no gradient (``weight_grad`` False) gets no wgrad: dweight is empty.
+``save_weight_t=False``: the backward quantizes W^T from W instead of saving it (FSDP2).
+``x_q``, ``x_scale``: x already quantized by its producer (``rmsnorm_fp8``, ``glu_fp8``).
+Under Inductor's ``freezing``, W is quantized once, at compile time.
+Why: ``docs/ops.md``, "FP8 linear".
 """
 
 from __future__ import annotations
@@ -74,8 +49,9 @@ from .node import OpNode
 def _operand(
     t: Tensor, block: tuple[int, int], dtype: torch.dtype, recipe: Recipe, impl: str, transposed: bool = False
 ) -> tuple[Tensor, Tensor]:
-    """The GEMM operand ``t`` [R, C] quantized in ``block``-shaped blocks: (q, scale); with ``transposed``, the
-    operand t^T [C, R] in ``block``-shaped blocks of its own (read from t, written in t^T's layout)."""
+    """(q, scale): the GEMM operand ``t`` [R, C] quantized in ``block``-shaped blocks.
+
+    With ``transposed``: t^T [C, R] in such blocks, read from t."""
     quantize = registry.select(QUANTIZE_KERNEL, t.device, impl)
     block_rows, block_cols = kernel_block(block, *t.shape)
     if not transposed:
@@ -87,7 +63,7 @@ def _operand(
 def _operand_both(
     t: Tensor, block: tuple[int, int], dtype: torch.dtype, recipe: Recipe, impl: str
 ) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
-    """The GEMM operand ``t`` [R, C] and ``t^T`` [C, R], each quantized in ``block``-shaped blocks, from one call."""
+    """``t`` [R, C] and ``t^T`` [C, R] quantized in ``block``-shaped blocks, by one call."""
     quantize = registry.select(QUANTIZE_KERNEL, t.device, impl)
     q, scale, q_t, scale_t = quantize(
         t, dtype, *kernel_block(block, *t.shape), False, power_of_two=recipe.power_of_two, both_layouts=True
@@ -112,7 +88,7 @@ def _check(
     w_q: Optional[Tensor] = None,
     w_scale: Optional[Tensor] = None,
 ) -> None:
-    """``weight``, or (inference) W already quantized as ``w_q``, ``w_scale``: exactly one of them."""
+    """Takes ``weight`` or, for inference, W quantized as ``w_q``, ``w_scale``: exactly one of them."""
     check(recipe in RECIPES, op, lambda: f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}")
     check((x_q is None) == (x_scale is None), op, lambda: "x_q and x_scale must be given together")
     check((w_q is None) == (w_scale is None), op, lambda: "w_q and w_scale must be given together")
@@ -151,7 +127,7 @@ def check_quantized(
     block: tuple[int, int],
     recipe: str,
 ) -> None:
-    """``q``, ``scale``: the operand ``name`` [rows, cols] quantized as ``recipe`` quantizes it in ``block``."""
+    """Check that ``q``, ``scale`` are the operand ``name`` [rows, cols] quantized in ``recipe``'s ``block``."""
     dtype, (block_rows, block_cols) = fp8_formats(device)[0], kernel_block(block, rows, cols)
     expected = scale_shape(rows, cols, block_rows, block_cols)
     check(
@@ -173,7 +149,7 @@ def check_quantized(
 
 
 def check_row_recipe(op: str, recipe: str) -> None:
-    """For producers writing x in FP8: the recipe's blocks of x lie within a row."""
+    """Check that ``recipe``'s blocks of x lie within a row, as FP8 producers need."""
     check(
         recipe in ROW_RECIPES,
         op,
@@ -182,13 +158,14 @@ def check_row_recipe(op: str, recipe: str) -> None:
 
 
 def _keeps_x(recipe: str) -> bool:
-    """Whether the backward takes x in its own precision (for a high-precision wgrad) rather than x^T quantized."""
+    """Whether the wgrad takes x in its own dtype rather than x^T quantized."""
     return RECIPES[recipe].high_precision_wgrad
 
 
 def _saves_x_t(recipe: str, weight_grad: bool) -> bool:
-    """Whether the forward saves x^T quantized: for the wgrad, unless the weight wants no gradient or the recipe's
-    wgrad takes x itself."""
+    """Whether the forward saves x^T quantized, for the wgrad.
+
+    Not for a weight wanting no gradient, nor for a wgrad taking x itself."""
     return weight_grad and not _keeps_x(recipe)
 
 
@@ -206,9 +183,10 @@ def _forward(
     weight_grad: bool = True,
     save_weight_t: bool = True,
 ) -> tuple[Tensor, ...]:
-    """y and, if ``for_backward``, what the backward takes from the forward. ``x_q``, ``x_scale``: x already
-    quantized for the forward GEMM (by its producer), or None; ``w_q``, ``w_scale`` (inference, weight None): W
-    already quantized."""
+    """(y,), or with ``for_backward`` (y, *what the backward takes).
+
+    ``x_q``, ``x_scale``: x quantized by its producer, or None.
+    ``w_q``, ``w_scale``: W already quantized (inference, weight None)."""
     _check("fp8_linear", x, weight, bias, recipe, x_q, x_scale, w_q, w_scale)
     r, (e4m3, _) = RECIPES[recipe], fp8_formats(x.device)
     x2 = x.reshape(-1, x.shape[-1])
@@ -238,7 +216,7 @@ def _forward(
 
 
 def _unsaved(t: Tensor, fp8_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """The (q^T, scale) the forward returns for an operand whose transpose it does not save: empty."""
+    """Empty (q^T, scale): what the forward returns for a transpose it does not save."""
     return t.new_empty(0, dtype=fp8_dtype), t.new_empty(0, dtype=torch.float32)
 
 
@@ -301,8 +279,9 @@ def fp8_linear_inference(
     w_q: Optional[Tensor] = None,
     w_scale: Optional[Tensor] = None,
 ) -> Tensor:
-    """The forward alone, when no gradient is wanted: no transposed operands written for a backward. W comes as
-    ``weight`` or already quantized (``w_q``, ``w_scale``: :func:`quantize_weight`'s)."""
+    """The forward alone, writing no operands for a backward.
+
+    W comes as ``weight`` or as :func:`quantize_weight`'s ``w_q``, ``w_scale``."""
     return _forward(x, weight, bias, recipe, impl, False, x_q, x_scale, w_q, w_scale)[0]
 
 
@@ -313,8 +292,9 @@ def _(x, weight, bias, recipe, impl="auto", x_q=None, x_scale=None, w_q=None, w_
 
 
 def quantize_weight(weight: Tensor, recipe: str, impl: str = "auto") -> tuple[Tensor, Tensor]:
-    """(w_q, w_scale): W quantized as ``recipe``'s forward GEMM takes it, by one ``fp8_quantize`` node, kept whole
-    in a graph being compiled (not traced into its kernels) so that Inductor's constant folding can run it."""
+    """(w_q, w_scale): W quantized for ``recipe``'s forward GEMM.
+
+    One ``fp8_quantize`` node, kept whole for constant folding (``docs/ops.md``, "Freezing")."""
     r = RECIPES[recipe]
     with kept_whole():
         return fp8_quantize(
@@ -348,12 +328,12 @@ def fp8_linear_bwd(
     wgrad = _wgrad(x, x_t, recipe)
     if dy2.shape[0] == 0:
         return dy.new_zeros(dx_shape), torch.zeros_like(weight) if wgrad else weight.new_empty(0)
-    # dy^T quantized only for an FP8 wgrad; a weight that wants no gradient gets an empty one
+    # dy^T only for an FP8 wgrad. A weight wanting no gradient gets an empty one.
     if wgrad and not r.high_precision_wgrad:
         dy_q, dy_t = _operand_both(dy2, r.activation_block, grad_dtype, r, impl)
     else:
         dy_q = _operand(dy2, r.activation_block, grad_dtype, r, impl)
-    if w_t.dim() != 2:  # the forward saved no W^T (save_weight_t False): quantized from W, as the forward would have
+    if w_t.dim() != 2:  # no W^T saved (save_weight_t=False): quantize it from W
         w_t, w_t_scale = _operand(weight, r.weight_block, e4m3, r, impl, transposed=True)
     dx = _gemm(dy_q, (w_t, w_t_scale), dy.dtype, impl)
     if not wgrad:
@@ -366,8 +346,9 @@ def fp8_linear_bwd(
 
 
 def _wgrad(x: Optional[Tensor], x_t: Tensor, recipe: str) -> bool:
-    """Whether the forward saved what a wgrad takes (x itself for a high-precision wgrad, else x^T quantized):
-    it saves none for a weight that wants no gradient, and the backward then computes none."""
+    """Whether the forward saved the wgrad's operand: x for a high-precision wgrad, else x^T quantized.
+
+    It saves none for a weight wanting no gradient."""
     return x is not None if _keeps_x(recipe) else x_t.dim() == 2
 
 
@@ -410,14 +391,12 @@ def _fp8_linear(
     x_scale: Optional[Tensor] = None,
     save_weight_t: bool = True,
 ) -> Tensor:
-    # Decided where the op is decomposed, under autograd (AOTAutograd traces training and inference graphs apart).
+    # Decided at decomposition, under autograd: AOTAutograd traces training and inference graphs apart.
     wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
     if wants_grad:
         return fp8_linear_fwd(x, weight, bias, recipe, impl, x_q, x_scale, weight.requires_grad, save_weight_t)[0]
     if inductor_config.freezing:
-        # Inductor freezes the parameters of this inference graph: W's quantization as a node of its own is run
-        # once by freezing's constant folding, and the compiled graph reads W's FP8 copy instead of quantizing W at
-        # every call (for a W that is no parameter, the node runs at every call as the fused op would have).
+        # W's quantization as a node of its own: constant folding runs it once (docs/ops.md, "Freezing").
         _check("fp8_linear", x, weight, bias, recipe, x_q, x_scale)
         w_q, w_scale = quantize_weight(weight, recipe, impl)
         return fp8_linear_inference(x, None, bias, recipe, impl, x_q, x_scale, w_q, w_scale)
@@ -432,7 +411,7 @@ fp8_linear = define_composite(
 
 
 def can_rewrite(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
-    """Whether ``F.linear(x, weight, bias)`` on these (fake) tensors can run as an FP8 linear, forward and backward."""
+    """Whether ``F.linear(x, weight, bias)`` (fake tensors) can run as an FP8 linear, forward and backward."""
     return (
         x.dtype in SUPPORTED_FLOAT_DTYPES
         and weight.dim() == 2

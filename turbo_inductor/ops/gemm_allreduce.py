@@ -1,7 +1,4 @@
-"""GEMM + all-reduce: ``y = sum over the ranks of a process group of F.linear(x, weight, bias)``, the end of a
-tensor-parallel row-parallel linear, in functional collectives traced into the compiled graph
-(``kernels/reference``; chunked to overlap the reduction with the GEMM: ``kernels/collective``, opt-in; through
-symmetric memory: ``kernels/symm_mem``, opt-in, called by the compiled graph).
+"""GEMM + all-reduce: ``y = sum over a group's ranks of F.linear(x, weight, bias)``, ending a row-parallel linear.
 
 Ops in ``torch.ops.turbo_inductor``:
   gemm_allreduce(x, weight, bias, group_name, impl) -> y                     custom op; backward: gemm_allreduce_bwd
@@ -9,14 +6,10 @@ Ops in ``torch.ops.turbo_inductor``:
   linear_dgrad_allreduce(x, weight, bias, group_name, impl) -> y             F.linear; backward: the op below
   linear_dgrad_allreduce_bwd(dy, x, weight, group_name, impl) -> (dx, dw)    dx = sum over ranks of dy @ weight
 
-A weight that wants no gradient (frozen, as a LoRA base model's) gets none: the forward saves no x for the
-backward, which gets x None and runs no wgrad GEMM (dw empty), as fp8_linear does.
-
-The backward is torch's for the unfused graph: the all-reduce's gradient is the all-reduce of the gradient
-(``_c10d_functional.all_reduce``'s registered autograd), then the linear's. ``group_name`` is the process group's
-name as functional collectives carry it (``ProcessGroup.group_name``). Called eagerly, the ranks first check that
-they agree on the shapes (one small all-reduce): a rank whose shapes differ gets an error naming them, on every
-rank, instead of a collective that hangs or mixes mismatched buffers.
+``group_name`` is ``ProcessGroup.group_name``, as functional collectives carry it.
+The backward is torch's for the unfused graph. A weight that wants no gradient gets none: dw is empty.
+An eager call first checks that the ranks agree on the shapes; every rank raises where they do not.
+Implementations and why: ``docs/ops.md``, "GEMM + all-reduce".
 """
 
 from __future__ import annotations
@@ -49,8 +42,9 @@ def process_group(op: str, group_name: str):
 
 
 def check_ranks_agree(op: str, group, sizes: list[int], device: torch.device) -> None:
-    """Raise on every rank unless all ranks of ``group`` pass the same ``sizes``: one all-reduce (MAX) of the sizes
-    and their negatives gives every rank the group's largest and smallest of each."""
+    """Raise on every rank unless all ranks of ``group`` pass the same ``sizes``.
+
+    One all-reduce (MAX) of the sizes and their negatives gives each rank the group's extremes."""
     local = torch.tensor(sizes + [-s for s in sizes], dtype=torch.int64, device=device)
     extremes = local.clone()
     dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)
@@ -66,11 +60,9 @@ def check_ranks_agree(op: str, group, sizes: list[int], device: torch.device) ->
 
 
 def _checked_group(op: str, group_name: str, sizes: list, device: torch.device) -> None:
-    """The group exists, and (in an eager call) its ranks agree on the sizes. Not while the op is traced into a
-    compiled graph: the check is a collective whose result the host must read on every call, and a check at
-    compile time would itself hang where one rank's compile hits a cache and another's does not. Compiled code
-    with mismatched ranks behaves as Inductor's own graph does; TORCH_DISTRIBUTED_DEBUG=DETAIL makes c10d compare
-    every collective's shapes across the ranks and raise instead."""
+    """Check that the group exists and, in an eager call, that its ranks agree on the sizes.
+
+    A traced op does not check (``docs/ops.md``, "Ranks that disagree")."""
     group = process_group(op, group_name)
     if not registry.is_tracing():
         check_ranks_agree(op, group, [int(s) for s in sizes], device)
@@ -92,7 +84,7 @@ def _(x, weight, bias, group_name, impl="auto"):
 
 
 def _check_backward(op: str, dy: Tensor, x: Optional[Tensor], weight: Tensor) -> tuple[Tensor, Optional[Tensor]]:
-    """dy [..., N] and x [..., K] (None: a weight that wants no gradient) as matrices, checked against weight."""
+    """dy [..., N] and x [..., K] as matrices, checked against weight. x is None for a frozen weight."""
     check(
         dy.dim() >= 1 and dy.shape[-1] == weight.shape[0] and dy.dtype == weight.dtype,
         op,
@@ -129,7 +121,7 @@ def _(dy, x, weight, group_name, impl="auto"):
 
 
 def _weight_grad(group_name: str, weight: Tensor) -> bool:
-    """Whether the backward takes x: for the wgrad, which a weight that wants no gradient does not get."""
+    """Whether the backward takes x: only a weight wanting a gradient needs it."""
     return weight.requires_grad
 
 
@@ -140,9 +132,9 @@ register_linear_autograd(gemm_allreduce, gemm_allreduce_bwd, keeps_x=_weight_gra
 def linear_dgrad_allreduce(
     x: Tensor, weight: Tensor, bias: Optional[Tensor], group_name: str, impl: str = "auto"
 ) -> Tensor:
-    """A column-parallel linear: ``F.linear(x, weight, bias)`` whose input gradient is summed over the group's
-    ranks (Megatron's copy-to-tensor-parallel region before the linear): no collective forward; backward, the
-    all-reduce of ``dy @ weight`` runs as one GEMM + all-reduce (the kernels of ``gemm_allreduce``)."""
+    """A column-parallel linear: ``F.linear(x, weight, bias)``, its input gradient summed over the group's ranks.
+
+    The forward runs no collective. The backward runs ``dy @ weight`` and its all-reduce as one op."""
     check_linear("linear_dgrad_allreduce", x, weight, bias)
     process_group("linear_dgrad_allreduce", group_name)
     return torch.nn.functional.linear(x, weight, bias)
@@ -158,8 +150,9 @@ def _(x, weight, bias, group_name, impl="auto"):
 def linear_dgrad_allreduce_bwd(
     dy: Tensor, x: Optional[Tensor], weight: Tensor, group_name: str, impl: str = "auto"
 ) -> tuple[Tensor, Tensor]:
-    """``(dx, dweight)``: ``dx = sum over ranks of dy @ weight`` (the GEMM + all-reduce kernel on ``weight^T``),
-    ``dweight = dy^T x`` (empty without x)."""
+    """(dx, dweight): dx = sum over ranks of dy @ weight, by the GEMM + all-reduce kernel on weight^T.
+
+    dweight = dy^T x, empty without x."""
     dy2, x2 = _check_backward("linear_dgrad_allreduce_bwd", dy, x, weight)
     _checked_group(
         "linear_dgrad_allreduce_bwd", group_name, [dy2.shape[0], weight.shape[0], weight.shape[1]], dy.device
@@ -178,7 +171,7 @@ register_linear_autograd(linear_dgrad_allreduce, linear_dgrad_allreduce_bwd, kee
 
 
 def can_rewrite(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
-    """Whether ``all_reduce(F.linear(x, weight, bias))`` on these (fake) tensors can run on our op."""
+    """Whether ``all_reduce(F.linear(x, weight, bias))`` (fake tensors) can run on our op."""
     return (
         x.dtype in SUPPORTED_FLOAT_DTYPES
         and weight.dim() == 2

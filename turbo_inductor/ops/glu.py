@@ -7,10 +7,10 @@ Ops in ``torch.ops.turbo_inductor``:
   glu_fused_bwd(dout, x, probs, mask, activation, impl) -> (dx, dprobs)
   swiglu(gate, up, impl) -> out                                          public name for glu(..., "silu")
 
-``probs`` (optional, fp32, one per row: x.shape[:-1]) scales each row, as the MoE experts of Primus-Turbo's
-training stack do, and gets a gradient; ``mask`` (optional, bool, same shape) drops rows: they are exact zeros in
-the output and in every gradient. Math in fp32, results in the input dtype. Backward saves only the inputs and
-recomputes the activation. Without probs, ``dprobs`` is an empty tensor.
+``probs`` (optional, fp32, one per row) scales each row and gets a gradient.
+``mask`` (optional, bool, one per row): rows where it is False are exact zeros in the output and every gradient.
+Math in fp32, results in the input dtype. The backward recomputes the activation from the inputs.
+Without probs, ``dprobs`` is empty. Why: ``docs/ops.md``, "Gated linear units".
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def _check_fused(op: str, x: Tensor, probs, mask, activation) -> None:
 
 
 def _rows(t: Tensor) -> Tensor:
-    """``t`` as [rows, F] with unit column stride, a view where strides allow (halves of one tensor stay views)."""
+    """``t`` as [rows, F] with unit column stride: a view where strides allow. Halves of one tensor stay views."""
     rows = t.reshape(-1, t.shape[-1])
     return rows if rows.stride(-1) == 1 else rows.contiguous()
 
@@ -87,8 +87,9 @@ def _forward(gate: Tensor, up: Tensor, probs, mask, activation: str, impl: str) 
 
 
 def _backward(dout, gate, up, probs, mask, activation, impl, fused: bool):
-    """(dgate, dup, dprobs) in gate's shape; with ``fused``, (dx, None, dprobs): the gradient of the fused input
-    whose halves gate and up are. dprobs is empty without probs."""
+    """(dgate, dup, dprobs) in gate's shape. dprobs is empty without probs.
+
+    With ``fused``: (dx, None, dprobs), dx the gradient of the fused input holding gate and up."""
     rows_shape = gate.shape[:-1]
     if gate.numel() == 0:
         dgate = gate.new_zeros(rows_shape + (2 * gate.shape[-1],)) if fused else torch.zeros_like(gate)
@@ -225,7 +226,7 @@ swiglu = define_composite(
 
 
 def can_rewrite(gate: Tensor) -> bool:
-    """Whether a graph's GLU on (fake) inputs like ``gate`` can run on our ops, forward and backward."""
+    """Whether our ops can run this GLU (fake ``gate``), forward and backward."""
     return (
         gate.dtype in SUPPORTED_FLOAT_DTYPES
         and gate.dim() >= 1

@@ -1,14 +1,14 @@
-"""A GLU that also writes its output in FP8 for the FP8 linear reading it (the MLP's down projection): the
-quantization fused into its producer.
+"""A GLU that also writes its output in FP8, for the FP8 linear reading it (the MLP's down projection).
 
 Ops in ``torch.ops.turbo_inductor``:
   glu_fp8(x, up, probs, mask, activation, recipe, impl) -> (out, q, scale)    custom op; backward: glu_bwd or
                                                                                glu_fused_bwd
 
-With ``up``, x is the gate (``glu``'s form); without, x holds gate and up as halves of its last dimension
-(``glu_fused``'s form). out is that op's; q [rows, F] and scale are out quantized as ``recipe`` quantizes a linear's
-input for the forward GEMM, which ``fp8_linear`` takes as ``x_q``, ``x_scale``. Recipes that quantize in blocks
-within a row (``Recipe.quantizes_x_in_rows``).
+With ``up``, x is the gate (``glu``'s form). Without, x holds gate and up as halves (``glu_fused``'s form).
+out is that op's output. q [rows, F] and scale are out quantized as ``recipe`` quantizes a linear's input.
+``fp8_linear`` takes them as ``x_q``, ``x_scale``.
+Only recipes with blocks within a row qualify (``Recipe.quantizes_x_in_rows``).
+Why: ``docs/ops.md``, "FP8 producers".
 """
 
 from __future__ import annotations
@@ -112,8 +112,9 @@ glu_fp8.register_autograd(_backward, setup_context=_setup)
 
 
 def can_rewrite(out: Tensor, recipe: str, impl: str) -> bool:
-    """Whether a GLU of (fake) output ``out`` feeding FP8 linears of ``recipe`` writes their FP8 input in its own
-    pass."""
+    """Whether a GLU of fake output ``out`` can write its FP8 copy in the same pass.
+
+    The copy is the input of FP8 linears of ``recipe``."""
     if recipe not in ROW_RECIPES or not all(registry.available_on(k, out.device) for k in (KERNEL, FWD_KERNEL)):
         return False
     block = Recipe.from_name(recipe).producer_quantization(out)[1]

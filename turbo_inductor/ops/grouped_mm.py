@@ -1,5 +1,6 @@
-"""Grouped GEMMs for mixture-of-experts layers: each group of rows of x (the tokens routed to one expert) times its
-own weight, in bf16/fp16/fp32 and in FP8, forward and backward.
+"""Grouped GEMMs for MoE layers: each group of x's rows (one expert's tokens) times its own weight.
+
+In bf16, fp16, fp32 and FP8, forward and backward.
 
 Ops in ``torch.ops.turbo_inductor``:
   grouped_mm(x, weight, offs, impl) -> y                  custom op; backward: grouped_mm (dx), grouped_mm_wgrad
@@ -12,45 +13,11 @@ Ops in ``torch.ops.turbo_inductor``:
                                                           custom op; backward: fp8_grouped_mm_bwd
   fp8_grouped_mm_bwd(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl) -> (dx, dweight)
 
-Semantics (``torch._grouped_mm(x, weight, offs=offs)``'s, with the rows past the last group defined):
-* x [S, K] with its rows sorted by group; weight [E, K, N] of any strides (transformers 5 and torchtitan keep the
-  parameter as [E, N, K] and pass its transpose: taken as it is); offs [E] int32, the cumulative end row of each
-  group. Groups of any size, zero included; no padding asked of the caller.
-* y [S, N], contiguous, in x's dtype: row r of group g (offs[g-1] <= r < offs[g]) is x[r] @ weight[g]. The rows past
-  offs[E-1] (expert-parallel padding) are zero in y and get a zero gradient.
-* offs must be non-decreasing and within [0, S]. Checked in calls on CPU tensors, where reading offs costs no device
-  sync; on a GPU the values are not read on the host (token counts are data, not shapes), and the Triton and
-  reference kernels bound each group to [end of the previous group, S].
-* Backward: dx = grouped_mm(dy, weight^T) (zero in the rows past the last group); dW[g] = x_g^T dy_g, zero for an
-  empty group. dW has weight's layout: contiguous, or the transpose of a contiguous [E, N, K] where weight is such a
-  view, so that the [E, N, K] parameter's gradient is contiguous without a copy.
-
-FP8 (``turbo_inductor.recipes``): x and W quantized with dynamic scaling, forward e4m3, gradients in the recipe's
-format. The forward GEMM takes x [S, K] and W[g]^T [N, K]; dx takes dy [S, N] and W[g] [K, N]; dW[g] takes
-x^T [K, rows of g] and dy^T [N, rows of g]. Blocks per operand (rows x contracted):
-
-| recipe         | x, dy (and x^T, dy^T)      | W[g]^T, W[g] (per expert)         | gradients |
-|----------------|----------------------------|-----------------------------------|-----------|
-| tensorwise     | whole tensor               | whole expert                      | e5m2      |
-| rowwise(_pow2) | per row                    | per row: each output column of W  | e4m3      |
-| blockwise      | 1 x 128                    | 128 x 128                         | e4m3      |
-| mxfp8          | 1 x 32                     | 1 x 32                            | e4m3      |
-
-Tensorwise is per expert for W; x has one scale for the whole tensor (one amax, no per-group reduction). x^T and
-dy^T (the wgrad's operands) are scaled per column of x and dy over all rows (rowwise), or in 128- / 32-row blocks of
-S's own coordinates, which may straddle two groups (dequantization is per element: each group takes its share).
-The rows past the last group count in the amaxes of the tensorwise x scale and of x^T's and dy^T's scales: finite
-values there only coarsen those scales.
-
-As ``fp8_linear`` does, the forward quantizes x and x^T in one call and saves x^T and W's backward operand quantized
-(1 byte per element); the backward quantizes dy and dy^T in one call for both GEMMs and reads neither x nor W again.
-A weight that wants no gradient (``weight_grad`` False) gets no x^T saved and no wgrad. With ``high_precision_wgrad``
-the forward saves x itself and dW is the grouped wgrad in x's dtype. ``x_q``, ``x_scale`` (optional): x already
-quantized for the forward GEMM as the recipe quantizes it, by the op that produced x (``glu_fp8``), as ``fp8_linear``
-takes them; the forward then quantizes only x^T. Each expert's weight operands are quantized from
-one flattening [E * rows, cols] of W, a view where W's layout allows: one in W's layout, the other transposed by the
-quantization kernel's store; rows are padded to whole blocks (128 x 128, 32) only where a block would straddle two
-experts.
+x [S, K], rows sorted by group; weight [E, K, N], any strides; offs [E] int32, each group's cumulative end row.
+y [S, N], contiguous, in x's dtype: row r of group g is x[r] @ weight[g]. Groups may be empty.
+Rows past offs[-1] are zero in y and get a zero gradient. offs values are checked only on CPU.
+dW has weight's layout. FP8 recipes quantize as in ``fp8_linear``; tensorwise is per expert for W.
+Semantics, FP8 blocks and why: ``docs/ops.md``, "Grouped GEMMs".
 """
 
 from __future__ import annotations
@@ -147,13 +114,14 @@ def _check_fp8(
 
 
 def transposed_layout(weight: Tensor) -> bool:
-    """Whether ``weight`` [E, K, N] is the transpose of a contiguous [E, N, K] (and not itself contiguous): its
-    gradient then takes that layout as well."""
+    """Whether ``weight`` [E, K, N] is the transpose of a contiguous [E, N, K], not itself contiguous.
+
+    Its gradient then takes that layout too."""
     return weight.transpose(-2, -1).is_contiguous() and not weight.is_contiguous()
 
 
 def _in_layout(make: Callable[[Any, Any], Tensor], x: Any, dy: Any, transposed: bool) -> Tensor:
-    """dW [E, K, N] = ``make(x, dy)``, or with ``transposed`` ``make(dy, x)`` [E, N, K] seen as its transpose."""
+    """dW [E, K, N] = ``make(x, dy)``. With ``transposed``: ``make(dy, x)`` [E, N, K], seen as its transpose."""
     return make(dy, x).transpose(-2, -1) if transposed else make(x, dy)
 
 
@@ -182,8 +150,9 @@ def _(x, weight, offs, impl="auto"):
 
 @kernel_op("grouped_mm_wgrad", (WGRAD_KERNEL,))
 def grouped_mm_wgrad(x: Tensor, dy: Tensor, offs: Tensor, transposed: bool = False, impl: str = "auto") -> Tensor:
-    """dW [E, K, N]: dW[g] = x_g^T dy_g, zero for an empty group; with ``transposed``, laid out as the transpose of a
-    contiguous [E, N, K] (see :func:`transposed_layout`), else contiguous."""
+    """dW [E, K, N]: dW[g] = x_g^T dy_g, zero for an empty group.
+
+    Contiguous; with ``transposed``, the transpose of a contiguous [E, N, K] (:func:`transposed_layout`)."""
     _check_wgrad(x, dy, offs)
     shape = (offs.shape[0], x.shape[1], dy.shape[1])
     if x.shape[0] == 0:
@@ -233,7 +202,7 @@ grouped_mm.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_set
 
 
 def _quantizer(x: Tensor, impl: str) -> Callable:
-    """The quantization kernel; on fake tensors (the ops' fakes) and without rows, one that allocates its outputs."""
+    """The quantization kernel. On fake tensors and without rows, one that only allocates its outputs."""
     if isinstance(x, FakeTensor) or x.shape[0] == 0:
         return _allocating_quantize
     return registry.select(QUANTIZE_KERNEL, x.device, impl)
@@ -251,7 +220,9 @@ def _allocating_quantize(x, fp8_dtype, block_rows, block_cols, transpose, power_
 def _activations(
     t: Tensor, recipe: str, fp8_dtype: torch.dtype, quantize: Callable, both: bool
 ) -> tuple[tuple[Tensor, Tensor], Optional[tuple[Tensor, Tensor]]]:
-    """((q, scale) of t [S, C], (q, scale) of t^T [C, S] or None): the recipe's activation blocks, one call."""
+    """(q, scale) of t [S, C] and, with ``both``, of t^T [C, S] (else None), from one call.
+
+    Both in the recipe's activation blocks."""
     r = RECIPES[recipe]
     blocks = kernel_block(r.activation_block, *t.shape)
     if not both:
@@ -273,21 +244,22 @@ def _transposed_activations(
 def weight_operands(
     weight: Tensor, recipe: str, quantize: Callable, forward: bool, backward: bool
 ) -> tuple[Optional[tuple[Tensor, Tensor]], Optional[tuple[Tensor, Tensor]]]:
-    """W's per-expert FP8 operands in the recipe's weight blocks, each as (q, scale) or None where not wanted:
-    the forward's W[g]^T [N, K] as [E, N, K] with scales [E, N blocks, K blocks], and dx's W[g] [K, N] as
-    [E, K, N] with scales [E, K blocks, N blocks] (views with strides; contracted dimension contiguous)."""
+    """W's per-expert FP8 operands in the recipe's weight blocks: (q, scale) each, or None where not wanted.
+
+    Forward: W[g]^T [N, K] as [E, N, K], scales [E, N blocks, K blocks]. Backward (dx): W[g] [K, N] as
+    [E, K, N], scales [E, K blocks, N blocks]. Strided views; the contracted dimension is contiguous."""
     r, e4m3 = RECIPES[recipe], fp8_formats(weight.device)[0]
     experts = weight.shape[0]
     w_t = weight.transpose(-2, -1)
-    # base [E, R, C]: the layout whose flattening [E * R, C] is a view (a copy where neither is)
+    # base [E, R, C]: the layout that flattens to [E * R, C] as a view. A copy where neither does.
     if _flattens(w_t) or not _flattens(weight):
         base, base_is_forward = w_t, True
     else:
         base, base_is_forward = weight, False
     rows_block, cols_block = r.weight_block  # an operand's rows, its contracted dimension; 0: the whole
     R, C = base.shape[1:]
-    # Along R the blocks must not straddle two experts: R padded to whole blocks (rows_block for base's own
-    # layout, cols_block for the transposed one); a block of the whole dimension is one expert's R.
+    # A block must not straddle two experts, so R is padded to whole blocks: rows_block for base's layout,
+    # cols_block for its transpose. A block of the whole dimension is one expert's R.
     pad = -R % max(rows_block, cols_block, 1)
     rows = R + pad
     flat = (F.pad(base, (0, 0, 0, pad)) if pad else base).reshape(experts * rows, C)
@@ -297,7 +269,7 @@ def weight_operands(
         q, scale = quantize(flat, e4m3, block, cols_block or C, False, power_of_two=r.power_of_two)
         own = q.view(experts, rows, C)[:, :R], scale.view(experts, -1, scale.shape[1])[:, : -(-R // block)]
     if backward if base_is_forward else forward:
-        # [C, R] per expert, contracted R: blocks rows_block along C, cols_block along R (read from base's layout)
+        # [C, R] per expert, R contracted: rows_block along C, cols_block along R. Read in base's layout.
         block = cols_block or rows
         q, scale = quantize(flat, e4m3, block, rows_block or C, True, power_of_two=r.power_of_two)
         transposed = (
@@ -332,9 +304,9 @@ def _forward(
     x_q: Optional[Tensor] = None,
     x_scale: Optional[Tensor] = None,
 ) -> tuple[Tensor, ...]:
-    """y and, if ``for_backward``, what the backward takes: (y, x_t, x_t_scale, w_t, w_t_scale). ``x_q``,
-    ``x_scale``: x already quantized for the forward GEMM, or None. On fake tensors the same views of allocated
-    outputs (the fakes)."""
+    """(y,), or with ``for_backward`` (y, x_t, x_t_scale, w_t, w_t_scale).
+
+    ``x_q``, ``x_scale``: x already quantized, or None. On fake tensors: the same views of allocated outputs."""
     r, e4m3 = RECIPES[recipe], fp8_formats(x.device)[0]
     quantize = _quantizer(x, impl)
     saves_x_t = for_backward and weight_grad and not _keeps_x(recipe)
@@ -384,7 +356,7 @@ def fp8_grouped_mm_inference(
     x_q: Optional[Tensor] = None,
     x_scale: Optional[Tensor] = None,
 ) -> Tensor:
-    """The forward alone, when no gradient is wanted: no operands quantized for a backward."""
+    """The forward alone, quantizing no operands for a backward."""
     _check_fp8("fp8_grouped_mm", x, weight, offs, recipe, x_q, x_scale)
     return _forward(x, weight, offs, recipe, impl, False, x_q=x_q, x_scale=x_scale)[0]
 
@@ -408,7 +380,7 @@ def fp8_grouped_mm_bwd(
     recipe: str,
     impl: str = "auto",
 ) -> tuple[Tensor, Tensor]:
-    """(dx, dweight); dweight is empty where the forward saved nothing for a wgrad (a weight wanting no gradient)."""
+    """(dx, dweight). dweight is empty where the forward saved nothing for a wgrad (a frozen weight)."""
     _check_backward(dy, x, weight, offs, recipe)
     return _backward(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl)
 
@@ -420,7 +392,7 @@ def _(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl="auto"):
 
 
 def _backward(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl) -> tuple[Tensor, Tensor]:
-    """(dx, dweight) of the FP8 backward; on fake tensors, allocated outputs of the same layouts (the fake)."""
+    """(dx, dweight) of the FP8 backward. On fake tensors: allocated outputs of the same layouts."""
     r, (e4m3, e5m2) = RECIPES[recipe], fp8_formats(dy.device)
     wgrad = x is not None if _keeps_x(recipe) else x_t.dim() == 2
     transposed = transposed_layout(weight)
@@ -486,7 +458,7 @@ def _fp8_grouped_mm(
     x_q: Optional[Tensor] = None,
     x_scale: Optional[Tensor] = None,
 ) -> Tensor:
-    # Decided where the op is decomposed, under autograd (AOTAutograd traces training and inference graphs apart).
+    # Decided at decomposition, under autograd: AOTAutograd traces training and inference graphs apart.
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         return fp8_grouped_mm_fwd(x, weight, offs, recipe, impl, weight.requires_grad, x_q, x_scale)[0]
     return fp8_grouped_mm_inference(x, weight, offs, recipe, impl, x_q, x_scale)
@@ -500,8 +472,9 @@ fp8_grouped_mm = define_composite(
 
 
 def can_rewrite(x: Tensor, weight: Tensor, offs: Tensor) -> bool:
-    """Whether ``torch._grouped_mm(x, weight, offs=offs)`` on these (fake) tensors can run as :func:`grouped_mm`,
-    forward and backward."""
+    """Whether ``torch._grouped_mm(x, weight, offs=offs)`` (fake tensors) can run as :func:`grouped_mm`.
+
+    Forward and backward."""
     return (
         x.dim() == 2
         and x.dtype in SUPPORTED_FLOAT_DTYPES
@@ -518,8 +491,9 @@ def can_rewrite(x: Tensor, weight: Tensor, offs: Tensor) -> bool:
 
 
 def can_rewrite_fp8(x: Tensor, weight: Tensor, offs: Tensor) -> bool:
-    """Whether that grouped GEMM can run as :func:`fp8_grouped_mm` (any recipe), forward and backward: static K and
-    N, multiples of 16."""
+    """Whether that grouped GEMM can run as :func:`fp8_grouped_mm` (any recipe), forward and backward.
+
+    K and N must be static multiples of 16."""
     k, n = weight.shape[1:] if weight.dim() == 3 else (None, None)
     return (
         can_rewrite(x, weight, offs)

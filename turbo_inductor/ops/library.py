@@ -1,9 +1,6 @@
-"""What every op module shares: the ``turbo_inductor`` library, kernel-level and public composite ops, and input
-checks.
+"""What every op module shares: the ``turbo_inductor`` library, op definitions and input checks.
 
-Each op family has kernel-level custom ops (:func:`kernel_op`: functional, exact fake, registered autograd) and,
-where the user-facing result is a subset of what backward needs saved (RMSNorm's rstd), a public op defined here
-as ``CompositeImplicitAutograd`` over them, the way ``aten::layer_norm`` sits on ``aten::native_layer_norm``.
+Why kernel ops are traced into compiled graphs, and why public ops are composites: ``docs/ops.md``.
 """
 
 from __future__ import annotations
@@ -26,21 +23,11 @@ SUPPORTED_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def kernel_op(name: str, kernels: tuple[str, ...], symbolic_sizes: bool = True) -> Callable:
-    """Decorator: define ``turbo_inductor::<name>`` as a functional custom op whose body calls ``kernels``
-    (registry names) and takes an ``impl`` argument.
+    """Decorator: ``turbo_inductor::<name>``, a functional custom op whose body calls ``kernels`` (registry names).
 
-    When a graph is compiled and every chosen implementation is traceable (GPU), the body is traced into the
-    graph: AOTAutograd runs it under its functionalization, so Triton launches (``triton.launch``) become
-    ``triton_kernel_wrapper_functional`` nodes and torch calls become aten nodes, all compiled and launched by
-    Inductor's own wrapper code instead of one opaque call back into Python per op at run time. This is what
-    ``torch.library.triton_op`` does; unlike it, the op stays opaque where the body cannot be traced (the Triton
-    interpreter on CPU needs real data). Eager calls always run the body directly.
-
-    Launch configurations must be plain numbers, so tracing specializes the sizes they depend on (the normalized
-    width, say, while the row count stays symbolic in the grid). ``symbolic_sizes=False``: the configuration
-    depends on every size, so with dynamic shapes the op stays one call instead of recompiling for each size. A
-    symbolic float argument (an eps that ``dynamic=True`` made a graph input) keeps the op one call as well, in the
-    trace that Dynamo then restarts with the float specialized."""
+    The body takes an ``impl`` argument. In a compiled graph it is traced in where every chosen implementation
+    is traceable; otherwise the op stays one call. ``symbolic_sizes=False``: it stays one call under symbolic
+    sizes. Why and when: ``docs/ops.md``, "Kernel ops traced into compiled graphs"."""
 
     def define(body: Callable) -> torch.library.CustomOpDef:
         op = torch.library.custom_op(f"{NAMESPACE}::{name}", body, mutates_args=())
@@ -58,8 +45,7 @@ def kernel_op(name: str, kernels: tuple[str, ...], symbolic_sizes: bool = True) 
                 if isinstance(v, torch.Tensor)
                 for size in v.shape
             )
-            # A symbolic float argument (dynamic=True makes a norm's eps one) is not traced into a Triton launch: the
-            # call stays one node, and Dynamo's tensorify pass then restarts the trace with the float specialized.
+            # A Triton launch takes no symbolic float, so the op stays one call. Dynamo then specializes the float.
             symbolic = symbolic or any(isinstance(v, torch.SymFloat) for v in bound.arguments.values())
             if symbolic or _KEEP_WHOLE.get() or not all(registry.traceable(kernel, device, impl) for kernel in kernels):
                 return mode.__torch_dispatch__(func, types, args, kwargs)
@@ -77,8 +63,9 @@ _KEEP_WHOLE = contextvars.ContextVar("turbo_inductor_keep_whole", default=False)
 
 @contextlib.contextmanager
 def kept_whole():
-    """Kernel ops called inside stay one node each in a graph being traced, not their kernels' nodes: a node
-    Inductor's constant folding can run at compile time (it skips the Triton kernel nodes that tracing makes)."""
+    """Kernel ops called inside stay one node each in a traced graph, not their kernels' nodes.
+
+    Inductor's constant folding can run such a node; it skips Triton kernel nodes."""
     token = _KEEP_WHOLE.set(True)
     try:
         yield
@@ -87,7 +74,7 @@ def kept_whole():
 
 
 def define_composite(schema: str, fn: Callable) -> torch._ops.OpOverload:
-    """Define ``turbo_inductor::<schema>`` implemented by ``fn`` for every dispatch key, autograd included."""
+    """Define ``turbo_inductor::<schema>`` as ``fn`` for every dispatch key, autograd included."""
     name = schema.split("(", 1)[0]
     LIB.define(schema)
     LIB.impl(name, fn, "CompositeImplicitAutograd")
@@ -99,8 +86,9 @@ class OpInputError(ValueError):
 
 
 def check(condition: bool, op: str, message: Callable[[], str]) -> None:
-    """Raise OpInputError naming ``op`` unless ``condition``; ``message`` is only built on failure (ops run this
-    on every call)."""
+    """Raise OpInputError naming ``op`` unless ``condition``.
+
+    ``message`` is built only on failure: ops check on every call."""
     if not condition:
         raise OpInputError(f"turbo_inductor.{op}: {message()}")
 
@@ -134,8 +122,9 @@ def check_linear(
     weight_name: str = "weight",
     weight_dtype: torch.dtype | None = None,
 ) -> None:
-    """The operands of ``F.linear(x, weight, bias)``: weight [N, K] in ``weight_dtype`` (default: x's; an FP8 linear
-    may take W already quantized) and bias [N] in x's dtype, K = x.shape[-1]."""
+    """Check the operands of ``F.linear(x, weight, bias)``: weight [N, K], bias [N], K = x.shape[-1].
+
+    weight is in ``weight_dtype`` (default: x's; an FP8 W differs); bias is in x's dtype."""
     check_float(op, "x", x)
     dtype = weight_dtype or x.dtype
     check(
@@ -162,12 +151,11 @@ def check_linear(
 def register_linear_autograd(
     op, backward_op, keeps_x: Callable[[object, torch.Tensor], bool] = lambda arg, weight: True
 ) -> None:
-    """Autograd of a linear-like op ``op(x, weight, bias, arg, impl)`` (``arg``: its recipe, group, ...) through
-    ``backward_op(dy, x, weight, *saved, arg, impl) -> (dx, dweight[, dbias])``; without a dbias output, the bias
-    gradient is dy summed over rows. ``op`` returns y, or ``(y, *saved)``: what else its backward needs (not
-    differentiable). x (unless ``keeps_x(arg, weight)`` is False: then backward_op gets None), weight and saved are
-    saved. Inputs after ``impl`` (x already quantized, say) are not differentiable. A gradient no input wants is
-    returned as None (backward_op may then have returned an empty one)."""
+    """Autograd of ``op(x, weight, bias, arg, impl, *rest)``, which returns y or ``(y, *saved)``.
+
+    ``backward_op(dy, x, weight, *saved, arg, impl)`` returns ``(dx, dweight[, dbias])``; dbias defaults to dy's
+    row sum. It gets x None where ``keeps_x(arg, weight)`` is False. ``arg`` is a recipe or group name.
+    ``saved`` and ``rest`` get no gradient. A gradient no input wants is None."""
 
     def setup(ctx, inputs, output):
         x, weight, bias, arg, impl, *rest = inputs

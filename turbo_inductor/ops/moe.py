@@ -1,5 +1,4 @@
-"""MoE routing glue: the router's choices ordered by expert for the grouped GEMMs, and the experts' rows summed back
-per token.
+"""MoE routing: the router's choices ordered by expert for the grouped GEMMs, and the experts' rows summed per token.
 
 Ops in ``torch.ops.turbo_inductor``:
   moe_permute(x, indices, weights, num_experts, impl) -> (x_sorted, weights_sorted, offs, order, positions)
@@ -7,20 +6,18 @@ Ops in ``torch.ops.turbo_inductor``:
   moe_combine(y, weights, positions, impl) -> out    custom op; backward: moe_combine_bwd
   moe_combine_bwd(dout, y, weights, positions, impl) -> (dy, dweights)
 
-Semantics (``kernels/reference/moe.py``): ``indices`` [T, k] are the router's top-k experts of each token, choice
-t * k + j. moe_permute orders the choices by expert, stably (a tie keeps token order, as ``torch.sort(stable=True)``),
-with indices outside [0, E) last (expert-parallel sentinels, not counted in offs). It returns x's rows in that order
-(x_sorted [T * k, H]), the router weights in that order (weights_sorted [T * k] in weights' dtype; empty without
-weights), ``offs`` [E] int32 (each expert's cumulative end row, for ``grouped_mm``), ``order`` [T * k] int64 (the
-choice of each row, as the sort's indices) and ``positions`` [T, k] int64 (the row of each choice). Nothing is read on
-the host: token counts per expert are data, not shapes.
+``indices`` [T, k]: each token's top-k experts; choice t * k + j is indices[t, j].
+moe_permute orders the choices by expert, stably. Indices outside [0, E) go last, uncounted in offs
+(expert-parallel sentinels). Its outputs:
+  x_sorted [T * k, H]          x's rows in that order
+  weights_sorted [T * k]       the router weights in that order; empty without weights
+  offs [E] int32               each expert's cumulative end row, for grouped_mm
+  order [T * k] int64          the choice of each row
+  positions [T, k] int64       the row of each choice
 
-moe_combine: out[t] = sum_j weights[t, j] * y[positions[t, j]] (unweighted without weights), accumulated in fp32
-and returned in y's dtype: unpermute and top-k sum in one pass, deterministic.
-
-Backward: permute's dx[t] = sum_j dx_sorted[positions[t, j]] (moe_combine unweighted: a gather-sum, no atomics) and
-dweights = dweights_sorted[positions]; combine's dy[positions[t, j]] = weights[t, j] * dout[t] and dweights[t, j] =
-<dout[t], y[positions[t, j]]> in fp32, one pass over dout.
+moe_combine: out[t] = sum_j weights[t, j] * y[positions[t, j]], unweighted without weights.
+It accumulates in fp32 and returns y's dtype. Nothing is read on the host.
+Reference semantics: ``kernels/reference/moe.py``. Backward and why: ``docs/ops.md``, "MoE routing".
 """
 
 from __future__ import annotations
@@ -216,8 +213,9 @@ def _available(device: torch.device, kernels: tuple[str, ...]) -> bool:
 
 
 def can_permute(x: Tensor, indices: Tensor, weights: Optional[Tensor]) -> bool:
-    """Whether rows of (fake) ``x`` [T, H] routed by ``indices`` [T, k] (router ``weights`` [T, k] or None) can be
-    ordered by :func:`moe_permute`, forward and backward."""
+    """Whether :func:`moe_permute` can order fake ``x`` [T, H] by ``indices`` [T, k], forward and backward.
+
+    ``weights``: [T, k] or None."""
     return (
         x.dim() == 2
         and x.dtype in SUPPORTED_FLOAT_DTYPES
@@ -231,8 +229,9 @@ def can_permute(x: Tensor, indices: Tensor, weights: Optional[Tensor]) -> bool:
 
 
 def can_combine(y: Tensor, weights: Optional[Tensor]) -> bool:
-    """Whether experts' rows (fake) ``y`` [T * k, H], weighted by ``weights`` [T, k] or not, can be summed per token by
-    :func:`moe_combine`, forward and backward."""
+    """Whether :func:`moe_combine` can sum fake ``y`` [T * k, H] per token, forward and backward.
+
+    ``weights``: [T, k] or None."""
     return (
         y.dim() == 2
         and y.dtype in SUPPORTED_FLOAT_DTYPES

@@ -1,7 +1,7 @@
 """Named views of our ops' nodes in an FX graph, derived from each op's schema.
 
-Passes read and write our ops' arguments by name through these views, never by position, so that a new optional
-argument on an op changes no pass.
+Passes read and write our ops' arguments by name through these views, never by position.
+A new optional argument on an op then changes no pass.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ _NO_DEFAULT = object()
 
 
 class OpNode:
-    """A node calling ``op``. Subclasses set ``op``, annotate the arguments the passes use (checked against the
-    schema), and name the results in ``outputs`` where the op returns several."""
+    """A node calling ``op``.
+
+    Subclasses set ``op`` and annotate the arguments the passes use; the schema checks them.
+    An op returning several results names them in ``outputs``."""
 
     op: ClassVar[torch._ops.OpOverload]
     outputs: ClassVar[tuple[str, ...]] = ()
@@ -71,8 +73,9 @@ class OpNode:
 
     @classmethod
     def call_arguments(cls, **values: Any) -> tuple[tuple, dict]:
-        """(args, kwargs) of a call with these arguments: positional in schema order, trailing defaults left out,
-        keyword-only ones as keywords. A required argument left out, or an unknown name, is an error."""
+        """(args, kwargs) of a call with these arguments, in schema order, trailing defaults left out.
+
+        Keyword-only arguments go in kwargs. A missing required argument or an unknown name is an error."""
         schema = cls.op._schema
         unknown = set(values) - _names(cls.op)
         if unknown:

@@ -7,11 +7,10 @@ Ops in ``torch.ops.turbo_inductor``:
   rmsnorm_residual_fwd(x, residual, weight, eps, impl) -> (y, sum, rstd)    custom op; backward: rmsnorm_bwd
   rmsnorm_bwd(dy, x, weight, rstd, dresidual, impl) -> (dx, dweight)        custom op (not differentiable)
 
-The residual form adds in fp32, rounds the sum to the add's dtype (x's; or, where x and residual differ, their
-promotion: under ``torch.autocast`` a bf16 branch output is added to an fp32 residual stream), returns it (the
-residual stream) and normalizes the rounded sum, so it equals ``rmsnorm(x + residual)``; y is in the sum's dtype,
-and each addend's gradient in its own. ``rstd`` (fp32, x.shape[:-1]) is saved for backward; dweight
-is reduced in fp32. ``weight`` may be None; without weight, ``rmsnorm_bwd`` returns an empty dweight.
+The residual form equals ``(rmsnorm(x + residual), x + residual)``, in the add's dtype.
+Each addend's gradient is in its own dtype. Why, and autocast: ``docs/ops.md``, "RMSNorm with a residual".
+rstd (fp32, x.shape[:-1]) is saved for the backward. dweight is reduced in fp32.
+weight may be None; ``rmsnorm_bwd`` then returns an empty dweight.
 """
 
 from __future__ import annotations
@@ -56,8 +55,7 @@ def _check_inputs(op: str, x: Tensor, weight: Optional[Tensor], eps: float, resi
             op,
             lambda: f"residual has shape {list(residual.shape)} but x has {list(x.shape)}: they must match",
         )
-    # a symbolic eps (dynamic=True makes a module's float attributes graph inputs) is checked when a call gets its
-    # value: a check here would specialize the graph on it
+    # A symbolic eps (dynamic=True) is checked when a call has its value. A check here would specialize the graph.
     check(
         isinstance(eps, torch.SymFloat) or (math.isfinite(eps) and eps >= 0),
         op,
@@ -71,13 +69,12 @@ def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
 
 
 def empty_output(x: Tensor, residual: Optional[Tensor] = None) -> Tensor:
-    """An uninitialized y (or sum) of x's shape, contiguous, in the sum's dtype (x's, or the promotion of x's and
-    the residual's, as their add promotes)."""
+    """An uninitialized, contiguous y (or sum) of x's shape, in the dtype of ``x + residual``."""
     return x.new_empty(x.shape, dtype=sum_dtype(x, residual))
 
 
 def _empty_outputs(x: Tensor, residual: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
-    """Outputs for an input with no elements: empty y, and rstd as the plain math defines it."""
+    """Outputs for an input with no elements. rstd is NaN, as the plain math gives."""
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device).fill_(float("nan"))
     return empty_output(x, residual), rstd
 
@@ -188,10 +185,11 @@ def input_grads(
     addend_dtypes: Optional[tuple[torch.dtype, torch.dtype]],
     impl: str,
 ) -> tuple:
-    """(dx, dresidual, dweight) of an RMSNorm of ``normalized`` (x, or the sum x + residual), given its output's and
-    its sum's gradients (None where unused; ``dtotal`` only with a residual). ``addend_dtypes``: x's and the
-    residual's dtypes (None: no residual); the sum's gradient passes to each addend in its dtype, as the add's
-    backward casts it."""
+    """(dx, dresidual, dweight) of an RMSNorm of ``normalized``: x, or the sum x + residual.
+
+    ``dy`` and ``dtotal`` are the output's and the sum's gradients, None where unused.
+    ``addend_dtypes``: x's and the residual's dtypes, or None without a residual.
+    Each addend gets the sum's gradient in its own dtype."""
     dweight = None
     if dy is None:  # only the sum was used: its gradient passes to both addends
         dnormalized = dtotal
@@ -213,8 +211,7 @@ def _setup_residual_fwd(ctx, inputs, output):
     x, residual, weight, _eps, impl = inputs
     ctx.save_for_backward(output[1], weight, output[2])
     ctx.impl, ctx.addend_dtypes = impl, (x.dtype, residual.dtype)
-    # An output nothing used gets None, not zeros: the sum is often read by the norm alone (a model's final norm),
-    # and a zero dresidual would be a full-size tensor written and read for nothing (Inductor, unfused, has none).
+    # An unused output's gradient is None, not a full-size zero tensor (docs/ops.md, "RMSNorm with a residual").
     ctx.set_materialize_grads(False)
 
 
@@ -241,7 +238,7 @@ rmsnorm_residual = define_composite(
 
 
 def can_rewrite(x: Tensor, weight: Optional[Tensor]) -> bool:
-    """Whether a graph's RMSNorm on these (fake) tensors can run on our op, forward and backward."""
+    """Whether our ops can run this RMSNorm (fake tensors), forward and backward."""
     if x.dtype not in SUPPORTED_FLOAT_DTYPES or x.dim() < 1:
         return False
     if weight is not None and (

@@ -1,17 +1,16 @@
-"""RMSNorm that also writes its output in FP8 for the FP8 linears reading it: the quantization fused into its producer.
+"""RMSNorm that also writes its output in FP8, for the FP8 linears reading it.
 
 Ops in ``torch.ops.turbo_inductor``:
   rmsnorm_fp8(x, residual, weight, eps, recipe, impl, out_dtype) -> (y, sum, q, scale)   public (composite)
   rmsnorm_fp8_fwd(x, residual, weight, eps, recipe, impl, out_dtype) -> (y, sum, rstd, q, scale)
                                                                  custom op; backward: rmsnorm_bwd
 
-y, sum and rstd are those of ``rmsnorm`` (residual None; sum is then empty) or ``rmsnorm_residual``; with
-``out_dtype``, y is the norm's output cast to it (under ``torch.autocast`` an fp32 norm's output is cast to bf16
-for its linears: the norm writes it so, and the cast's backward is the norm's, which reads dy in that dtype).
-q [rows, H] and scale are y quantized as ``recipe`` quantizes a linear's input for the forward GEMM, which
-``fp8_linear`` takes as ``x_q``, ``x_scale`` instead of reading y again to quantize it. The norm's kernel holds
-whole rows, so it quantizes only blocks within a row: recipes whose activation blocks are 1 x C
-(``Recipe.quantizes_x_in_rows``).
+y, sum and rstd are those of ``rmsnorm_residual``, or of ``rmsnorm`` with an empty sum (residual None).
+With ``out_dtype``, y is the norm's output cast to it (autocast).
+q [rows, H] and scale are y quantized as ``recipe`` quantizes a linear's input for the forward GEMM.
+``fp8_linear`` takes them as ``x_q``, ``x_scale``.
+Only recipes with blocks within a row qualify (``Recipe.quantizes_x_in_rows``).
+Why: ``docs/ops.md``, "FP8 producers" and "Autocast".
 """
 
 from __future__ import annotations
@@ -109,13 +108,13 @@ def _setup(ctx, inputs, output):
     ctx.save_for_backward(x if residual is None else total, weight, rstd)
     ctx.mark_non_differentiable(rstd, q, scale)
     ctx.addend_dtypes, ctx.impl = None if residual is None else (x.dtype, residual.dtype), impl
-    # As rmsnorm_residual's: an output nothing used gets None rather than a full-size zero gradient.
+    # As in rmsnorm_residual: an unused output's gradient is None, not zeros.
     ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, dy, dtotal, _drstd, _dq, _dscale):
     normalized, weight, rstd = ctx.saved_tensors
-    dtotal = dtotal if ctx.addend_dtypes else None  # (the empty sum's gradient, where there is no residual)
+    dtotal = dtotal if ctx.addend_dtypes else None  # without a residual, the sum is empty
     return *input_grads(dy, dtotal, normalized, weight, rstd, ctx.addend_dtypes, ctx.impl), None, None, None, None
 
 
@@ -144,7 +143,9 @@ rmsnorm_fp8 = define_composite(
 
 
 def can_rewrite(x: Tensor, recipe: str, impl: str) -> bool:
-    """Whether an RMSNorm of (fake) ``x`` feeding FP8 linears of ``recipe`` writes their FP8 input in its own pass."""
+    """Whether an RMSNorm of fake ``x`` can write its FP8 copy in the same pass.
+
+    The copy is the input of FP8 linears of ``recipe``."""
     if recipe not in ROW_RECIPES or not registry.available_on(KERNEL, x.device):
         return False
     block = Recipe.from_name(recipe).producer_quantization(x)[1]

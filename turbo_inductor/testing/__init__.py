@@ -1,1 +1,1 @@
-"""Models the tests and benchmarks share, written the way real training code writes them (random weights)."""
+"""Models the tests and benchmarks share, written as real training code writes them. Weights are random."""

@@ -1,6 +1,7 @@
-"""A Llama-style decoder written the way Hugging Face writes it (so the backend sees what real models give it):
-RMSNorm with the fp32 upcast, GQA attention through SDPA, a SwiGLU MLP with a fused gate/up projection split by
-``chunk``, pre-norm residuals. Shapes from the models' public configs."""
+"""A Llama-style decoder written as Hugging Face writes it, so the backend sees what real models give it.
+
+RMSNorm with the fp32 upcast, GQA attention through SDPA, pre-norm residuals. The SwiGLU MLP's fused gate/up
+projection is split by ``chunk``. Shapes come from the models' public configs."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""MoE layers as users' code writes them, for the tests and the benchmarks: Hugging Face transformers' own sparse MoE
-blocks and decoders (experts as 3-D parameters, ``grouped_mm`` experts), and a torchtitan-style MoE written here
-(router, token reorder, ``torch._grouped_mm`` experts, a shared expert)."""
+"""MoE layers as users' code writes them, for the tests and the benchmarks.
+
+transformers' own sparse MoE blocks and decoders: experts as 3-D parameters, run by ``grouped_mm``.
+A torchtitan-style MoE: router, token reorder, ``torch._grouped_mm`` experts, a shared expert."""
 
 from __future__ import annotations
 
@@ -24,12 +25,11 @@ class SwiGLU(nn.Module):
 
 
 class TitanMoE(nn.Module):
-    """torchtitan's MoE layer: a top-k router (softmax or sigmoid scores in fp32), tokens reordered by expert
-    (``histc`` counts, a stable ``argsort``, ``torch.gather``), experts run by ``torch._grouped_mm`` on weights
-    [E, hidden, dim] / [E, dim, hidden] (w1, w3 / w2), a SwiGLU, the scores applied before or after the experts, and
-    the rows scatter-added onto the shared expert's output. The router runs in its weight's dtype (kept in fp32 in a
-    bf16 model, it routes as the model's fp32 copy does); the experts in ``expert_dtype`` (torchtitan's bf16; an
-    fp32 copy computes them in fp32)."""
+    """torchtitan's MoE layer: a top-k router, tokens reordered by expert, SwiGLU experts, a shared expert.
+
+    Scores are softmax or sigmoid in fp32, applied before or after the experts. The reorder: ``histc`` counts,
+    a stable ``argsort``, ``torch.gather``. The experts run ``torch._grouped_mm`` in ``expert_dtype``.
+    The router runs in its weight's dtype; in fp32 it routes as the model's fp32 copy does."""
 
     def __init__(
         self,
@@ -77,8 +77,9 @@ class TitanMoE(nn.Module):
 
 
 def hf_sparse_moe(family: str, hidden: int = 64, intermediate: int = 32, experts: int = 4, top_k: int = 2):
-    """transformers' own sparse MoE block (``mixtral`` or ``qwen3_moe``) from a tiny config, with the ``grouped_mm``
-    experts and random weights."""
+    """transformers' own sparse MoE block (``mixtral`` or ``qwen3_moe``) from a tiny config.
+
+    Its experts run ``grouped_mm``; its weights are random."""
     if family == "mixtral":
         from transformers import MixtralConfig
         from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock as Block
@@ -109,7 +110,7 @@ def hf_sparse_moe(family: str, hidden: int = 64, intermediate: int = 32, experts
 
 @dataclasses.dataclass(frozen=True)
 class MoEConfig:
-    """A decoder with MoE layers at a published model's shapes, built from transformers' own classes."""
+    """A decoder with MoE layers at a published model's shapes. It uses transformers' own classes."""
 
     family: str  # "mixtral" or "qwen3_moe"
     hidden: int
@@ -124,11 +125,11 @@ class MoEConfig:
 
     @property
     def active_expert_parameters(self) -> int:
-        """Expert weights each token multiplies by (gate, up, down of its top-k experts), over all layers."""
+        """Expert weights each token multiplies by, over all layers: gate, up, down of its top-k experts."""
         return self.layers * self.top_k * 3 * self.hidden * self.intermediate
 
     def build(self) -> nn.Module:
-        """The decoder (random weights) taking hidden states [batch, seq, hidden]; an 8-token vocabulary, unused."""
+        """The decoder, with random weights, on hidden states [batch, seq, hidden]. Its 8-token vocabulary is unused."""
         common = dict(
             hidden_size=self.hidden,
             num_attention_heads=self.heads,
@@ -157,7 +158,7 @@ class MoEConfig:
 
 
 class HiddenStates(nn.Module):
-    """A transformers base model run on hidden states (``inputs_embeds``), returning its last hidden state."""
+    """A transformers base model run on hidden states (``inputs_embeds``). It returns the last hidden state."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
