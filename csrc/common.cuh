@@ -1,7 +1,6 @@
 // What the native kernels share: 16-byte vector access, block reductions and FP8 conversion.
-// Written once in CUDA C++; torch's hipify turns it into HIP on ROCm builds. Portable spellings only: warp size
-// and shuffles from ATen (C10_WARP_SIZE, WARP_SHFL_XOR), no inline assembly, and each vendor header behind a
-// USE_ROCM branch.
+// CUDA C++ that hipify turns into HIP on ROCm, hence portable spellings: ATen's warp size and shuffles,
+// no inline assembly, and vendor headers behind USE_ROCM.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -45,7 +44,7 @@ struct SumOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
 };
 
-// max that propagates NaN (fmaxf drops it), as torch.amax does: a NaN input must make its block's scale NaN.
+// A max that keeps NaN, as torch.amax does; fmaxf drops it. A NaN input makes its block's scale NaN.
 struct MaxOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return (a != a || a > b) ? a : b; }
 };
@@ -70,7 +69,7 @@ __device__ __forceinline__ float block_reduce(float v, Op op, float* shared) {
   return result;
 }
 
-// Per 16-bit half of a word, the larger as unsigned integers (one max.u16x2 on sm_90; HIP has no __vmaxu2).
+// The larger of each 16-bit half, as unsigned integers. One max.u16x2 on sm_90; HIP has no __vmaxu2.
 __device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
 #if defined(USE_ROCM)
   return max(a & 0xffffu, b & 0xffffu) | max(a & 0xffff0000u, b & 0xffff0000u);
@@ -85,17 +84,16 @@ inline int sm_count() { return at::cuda::getCurrentDeviceProperties()->multiProc
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// FP8 formats: E4M3 and E5M2 in the encoding the target implements. AMD's gfx942 (MI300) implements the "fnuz"
-// variants (no negative zero, bias one higher); gfx950 and NVIDIA the OCP ones. The choice is made at compile time
-// per target, so one multi-target build serves both.
+// FP8 formats in the encoding the target implements: fnuz on gfx942 (MI300), OCP on gfx950 and NVIDIA.
+// The choice is per compile target, so one multi-target build serves both.
 enum class Fp8Kind { E4M3, E5M2 };
 
 #if defined(USE_ROCM) && defined(__gfx942__)
 #define TURBO_INDUCTOR_FP8_FNUZ 1
 #endif
 
-// x and y rounded to nearest even and saturated to the format's largest finite value (NaN stays NaN), as raw bits,
-// x in the low byte: one conversion instruction for both (sm_89+'s cvt...x2, gfx942's v_cvt_pk_fp8_f32).
+// x and y rounded to nearest even and saturated (NaN stays NaN), as raw bits with x in the low byte.
+// One conversion instruction for both: cvt...x2 on sm_89+, v_cvt_pk_fp8_f32 on gfx942.
 template <Fp8Kind K>
 __device__ __forceinline__ uint16_t to_fp8x2(float x, float y) {
 #if defined(USE_ROCM)
@@ -111,7 +109,7 @@ __device__ __forceinline__ uint16_t to_fp8x2(float x, float y) {
 #endif
 }
 
-// One value: the single-value conversions convert a pair with a dummy too.
+// One value. The single-value conversions also convert a pair, with a dummy.
 template <Fp8Kind K>
 __device__ __forceinline__ uint8_t to_fp8(float x) {
   return static_cast<uint8_t>(to_fp8x2<K>(x, 0.f) & 0xffu);
@@ -127,8 +125,8 @@ inline void check_launch(const char* kernel) {
   TORCH_CHECK(error == cudaSuccess, "turbo_inductor native ", kernel, ": ", cudaGetErrorString(error));
 }
 
-// AT_DISPATCH over the dtypes the kernels take, float32, float16 and bfloat16 (scalar_t in the body): float64, which
-// the ops reject before dispatching, is not compiled.
+// AT_DISPATCH over float32, float16 and bfloat16 (scalar_t in the body).
+// float64 is not compiled: the ops reject it before dispatching.
 #define TURBO_INDUCTOR_DISPATCH_FLOATS(TYPE, NAME, ...)                                                    \
   AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__) \
                          AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
@@ -143,8 +141,7 @@ void with_vector_width(bool vectorized, F&& f) {
   }
 }
 
-// Threads for one row of n items with `per_thread` items each: whole wavefronts of 64 (two warps on NVIDIA), at
-// most 1024.
+// Threads for one row of n items, `per_thread` items each. Whole wavefronts of 64 (two NVIDIA warps), at most 1024.
 inline int row_threads(int64_t n, int per_thread) {
   const int64_t threads = ((n + per_thread - 1) / per_thread + 63) / 64 * 64;
   return static_cast<int>(std::min<int64_t>(threads, 1024));

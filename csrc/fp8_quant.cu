@@ -1,15 +1,12 @@
-// FP8 quantization with dynamic scaling: blocks of the whole tensor, of rows and of columns (the tensorwise,
-// rowwise, and transposed-rowwise granularities), e4m3 / e5m2, into x's layout, x^T's, or both.
-// Semantics: turbo_inductor/kernels/reference/fp8_quant.py (scale = max(amax, 1e-12) / fmax, q = sat(x * (1/scale))).
-//   row blocks:    fp8_row_kernel reduces a row and writes its q in one thread block, from registers;
-//   tensor blocks: amax_tensor_kernel (grid-stride, one atomic per thread block) then scale_kernel;
-//   column blocks: amax_column_kernel (column maxima per row split) then scale_kernel over the splits;
-//   both layouts of a rowwise operand (x per row, x^T per row of x^T: per column of x): amax_column_kernel takes
-//                  the row maxima (per column block) in the same read, then scale_kernel for each;
-// then fp8_cast_kernel writes the 64 x 64 tiles, transposing through shared memory for x^T's layout.
-// Maxima of |x| are taken on the bits of |x| as a float32 (abs_bits): non-negative floats order as unsigned integers,
-// and NaN, whose bits are larger than inf's, wins every maximum, as torch.amax's NaN does. An integer max is one
-// instruction where a NaN-propagating float max takes four (see amax_column_kernel: it was bound by instructions).
+// FP8 quantization with dynamic scaling in blocks of the whole tensor, of rows or of columns.
+// e4m3 or e5m2, into x's layout, x^T's, or both. Semantics: turbo_inductor/kernels/reference/fp8_quant.py.
+//   row blocks:    fp8_row_kernel reduces a row and writes its q from registers;
+//   tensor blocks: amax_tensor_kernel, then scale_kernel;
+//   column blocks: amax_column_kernel (maxima per row split), then scale_kernel over the splits;
+//   both layouts of a rowwise operand: amax_column_kernel also takes the row maxima, in the same read.
+// fp8_cast_kernel then writes 64 x 64 tiles, transposing through shared memory for x^T.
+// Maxima are integer maxima on the float32 bits of |x| (abs_bits): NaN's bits win, as torch.amax's NaN does.
+// Design and measurements: docs/kernels.md, FP8 quantization.
 
 #include "common.cuh"
 
@@ -41,7 +38,7 @@ __device__ __forceinline__ uint32_t float_bits_of(uint32_t bits) {
 
 __device__ __forceinline__ float block_scale(float amax, float fmax, bool power_of_two) {
   float scale = amax != amax ? amax : fmaxf(amax, kAmaxFloor);
-  scale = scale / fmax;  // IEEE division, as the reference
+  scale = scale / fmax;  // IEEE division, as in the reference
   if (power_of_two && ::isfinite(scale)) {  // the smallest power of two >= scale
     int exponent;
     const float mantissa = frexpf(scale, &exponent);
@@ -51,8 +48,8 @@ __device__ __forceinline__ float block_scale(float amax, float fmax, bool power_
   return scale;
 }
 
-// Vectors of a row each thread keeps in registers between the two passes (rows up to kRowItems * 1024 vectors
-// are read once; the rest of a longer row is read again).
+// Vectors of a row each thread keeps in registers between the two passes.
+// Rows up to kRowItems * 1024 vectors are read once; the rest of a longer row is read again.
 constexpr int kRowItems = 4;
 
 template <typename T, int V, Fp8Kind K>
@@ -120,22 +117,19 @@ __global__ void amax_tensor_kernel(const T* __restrict__ x, int64_t n_vec, int* 
   if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_int(block_amax));
 }
 
-// The maximum over 32 lanes: warps of 32 (half a wavefront on AMD, where the shuffles stay in that half).
+// The maximum over 32 lanes. On AMD that is half a wavefront, and the shuffles stay in that half.
 __device__ __forceinline__ uint32_t max_over_32_lanes(uint32_t v) {
   for (int offset = 16; offset > 0; offset /= 2) v = max(v, WARP_SHFL_XOR(v, offset, 32));
   return v;
 }
 
-// Column (and row) maxima: thread blocks of kColumnWarps warps side by side on a row, 32 lanes x V columns each (4 KB
-// of a bf16 row read whole). The gridDim.y row splits interleave: split y takes rows y, y + gridDim.y, ..., so that
-// the thread blocks running at one time read neighbouring rows, as a grid-stride loop over the whole tensor does.
-// kRowsInFlight rows are loaded before any is reduced. Each thread keeps the maxima of its own V columns; with
-// row_partial, the block also reduces each row across its warps. Results go to partial maxima (as bits), one row of
-// them per split (columns) or column block (rows), which scale_kernel reduces: no atomics, and deterministic.
-// Bound by instructions, not memory: over the rowwise layer step's operands on the H200 it took 868 us (1.8 TB/s)
-// with NaN-propagating float maxima (about 12 instructions per element; two other layouts of the kernel ran at the
-// same rate), 676 us with integer maxima on abs_bits, and 584 us (2.7 TB/s; copy: 4.1) with 16-bit types' maxima
-// taken two per instruction on their own bits.
+// Column (and row) maxima. Thread blocks of kColumnWarps warps sit side by side on a row, 32 lanes x V columns each.
+// Row splits interleave: split y takes rows y, y + gridDim.y, ...
+// Blocks running at one time then read neighbouring rows, as a grid-stride loop does.
+// kRowsInFlight rows are loaded before any is reduced. Each thread keeps the maxima of its own V columns.
+// With row_partial, the block also reduces each row across its warps.
+// Partial maxima (as bits) go to one row per split or column block; scale_kernel reduces them deterministically.
+// The kernel is bound by instructions, not memory: see docs/kernels.md, FP8 quantization.
 constexpr int kColumnWarps = 8;
 constexpr int kRowsInFlight = 8;
 
@@ -147,11 +141,11 @@ __global__ void __launch_bounds__(kColumnWarps * 32)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t col = ((static_cast<int64_t>(blockIdx.x) * kColumnWarps + warp) * 32 + lane) * V;
   const int64_t splits = gridDim.y;
-  // 16-bit types take maxima on their own bits, two per instruction (max_u16x2): amax[k] holds columns 2k and
-  // 2k + 1 in its halves. Float32 takes one per instruction on abs_bits.
+  // 16-bit types take maxima on their own bits, two per instruction (max_u16x2).
+  // amax[k] then holds columns 2k and 2k + 1 in its halves. Float32 takes one per instruction.
   constexpr bool kPairs = sizeof(T) == 2 && V % 2 == 0;
   uint32_t amax[V] = {};
-  // Rows r0 + u * splits, u < kRowsInFlight, per step; uniform over the block: every thread takes the barriers.
+  // Rows r0 + u * splits, u < kRowsInFlight, per step. Uniform over the block: every thread takes the barriers.
   for (int64_t r0 = blockIdx.y; r0 < rows; r0 += splits * kRowsInFlight) {
     Vec<T, V> v[kRowsInFlight];
 #pragma unroll
@@ -204,9 +198,9 @@ __global__ void __launch_bounds__(kColumnWarps * 32)
   }
 }
 
-// scale and 1/scale of n blocks from n_partials partial maxima each (bits; partial p of block i at p * n + i).
-// Thread blocks of kScaleLanes x kScalePartialLanes threads: 32 blocks side by side (coalesced reads of the
-// partials), their partials split over 8 lanes and reduced through shared memory.
+// scale and 1/scale of n blocks, from n_partials maxima each (bits; partial p of block i at p * n + i).
+// A thread block takes 32 blocks side by side, for coalesced reads.
+// Their partials split over 8 lanes and meet in shared memory.
 constexpr int kScaleLanes = 32, kScalePartialLanes = 8;
 
 __global__ void scale_kernel(const int* __restrict__ amax_bits, int64_t n_partials, float* __restrict__ scale,
@@ -227,12 +221,10 @@ __global__ void scale_kernel(const int* __restrict__ amax_bits, int64_t n_partia
   recip[i] = 1.f / s;
 }
 
-// One 64 x 64 tile of x per thread block: q in x's layout and/or (qt) in x^T's, through shared memory so that both
-// are written in whole rows. qt takes q's values, or with recip_t (the reciprocal scales of x's columns) its own.
-// Each thread converts V columns of kRowsPerThread adjacent rows, two values per conversion (to_fp8x2), and stores
-// each column's run of rows into the transposed tile two bytes at a time (one conversion per value and one shared
-// store per byte took 1058 us over the rowwise layer step's operands on the H200, this 1016 us: 3.1 TB/s of reads
-// and writes, against 4.1 for a copy).
+// One 64 x 64 tile of x per thread block: q in x's layout and/or qt in x^T's, both in whole rows.
+// qt takes q's values, or its own with recip_t (the reciprocal scales of x's columns).
+// A thread converts V columns of kRowsPerThread adjacent rows, two values per conversion.
+// It stores each column's run of rows into the transposed tile two bytes at a time.
 constexpr int kTileStride = kTile + 4;  // bytes per row of the transposed tile: 4-byte rows spread over the banks
 
 template <typename T, int V, Fp8Kind K>
@@ -247,8 +239,8 @@ __global__ void fp8_cast_kernel(const T* __restrict__ x, const float* __restrict
   const int tc = (threadIdx.x % kThreadsPerRow) * V, tr = (threadIdx.x / kThreadsPerRow) * kRowsPerThread;
   const int64_t c = c0 + tc;
   if (c < cols) {  // cols % V == 0: a vector is all in or all out
-    // The reciprocal scales, read once: this thread's columns' (column blocks) or the whole tensor's for q, its
-    // rows' (row blocks), and x's columns' for qt.
+    // The reciprocal scales, read once: per column or tensor for q, per row for row blocks,
+    // and per column of x for qt.
     float inv_col[V], inv_col_t[V], inv_row[kRowsPerThread];
 #pragma unroll
     for (int j = 0; j < V; ++j) {
@@ -296,8 +288,8 @@ __global__ void fp8_cast_kernel(const T* __restrict__ x, const float* __restrict
   }
   if (qt == nullptr) return;
   __syncthreads();
-  // x^T's tile: kTile rows (x's columns c0...) of kTile bytes (x's rows r0...), 16 bytes per thread, read from the
-  // tile as four 4-byte words (its rows are 4-byte aligned).
+  // x^T's tile: kTile rows (x's columns) of kTile bytes (x's rows), 16 bytes per thread.
+  // A thread reads them as four 4-byte words: the tile's rows are 4-byte aligned.
   const int lrow = threadIdx.x / (kTile / 16), lcol = (threadIdx.x % (kTile / 16)) * 16;
   const int64_t qrow = c0 + lrow, qcol = r0 + lcol;
   if (qrow >= cols) return;
@@ -344,7 +336,7 @@ void with_fp8_kind(Fp8Kind kind, F&& f) {
   }
 }
 
-// The blocks of a [rows, cols] tensor these kernels take, if any (blocks larger than the tensor are clipped to it).
+// The blocks of a [rows, cols] tensor these kernels take, if any. Blocks larger than the tensor are clipped.
 std::optional<Blocks> blocks_of(int64_t rows, int64_t cols, int64_t block_rows, int64_t block_cols) {
   const int64_t br = std::min(block_rows, rows), bc = std::min(block_cols, cols);
   if (br == rows && bc == cols) return Blocks::kTensor;
@@ -360,8 +352,8 @@ void launch_scales(const int* amax_bits, int64_t n_partials, float* scale, float
   check_launch("scale_kernel");
 }
 
-// (q, scale, q_t, scale_t): q in x's layout unless `transpose` (then x^T's); with `both_layouts` also x^T
-// quantized in blocks of the same shape over x^T (semantics: reference/fp8_quant.py), else q_t and scale_t empty.
+// (q, scale, q_t, scale_t): q in x's layout, or x^T's with `transpose`.
+// With `both_layouts`, q_t is x^T in blocks of the same shape over x^T; else q_t and scale_t are empty.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fp8_quantize(
     const at::Tensor& x, at::ScalarType fp8_dtype, int64_t block_rows, int64_t block_cols, bool transpose,
     bool power_of_two, bool both_layouts) {
@@ -435,8 +427,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fp8_quantize(
             launch_scales(amax_bits.data_ptr<int>(), 1, scale.data_ptr<float>(), recip.data_ptr<float>(), 1, format,
                           power_of_two, stream);
           } else {
-            // Column maxima (the blocks', or x^T's rows' for both layouts of a rowwise operand) and, for both
-            // layouts, row maxima: partial maxima per row split and per column block. About 4 thread blocks per SM.
+            // Column maxima, and row maxima for both layouts, as partials per row split and column block.
+            // About 4 thread blocks per SM.
             const int64_t col_blocks = (cols / V + kColumnWarps * 32 - 1) / (kColumnWarps * 32);
             const int64_t splits = std::max<int64_t>(1, std::min<int64_t>((rows + kRowsInFlight - 1) / kRowsInFlight,
                                                                           int64_t{sm_count()} * 4 / col_blocks));

@@ -1,6 +1,6 @@
-// The turbo_inductor_native operator library: schemas and Meta (shape-only) kernels, shared by every backend.
-// The CUDA kernels register themselves beside their code (rmsnorm.cu, fp8_quant.cu). Python reaches these ops only
-// through turbo_inductor/kernels/native (the dispatcher), never from model code.
+// The turbo_inductor_native operator library: schemas and Meta (shape-only) kernels.
+// The CUDA kernels register beside their code (rmsnorm.cu, fp8_quant.cu).
+// Python reaches these ops only through turbo_inductor/kernels/native, the dispatcher.
 #include <torch/extension.h>
 #include <torch/library.h>
 
@@ -41,8 +41,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fp8_quantize_meta(const Tensor& x, at
 }  // namespace
 
 TORCH_LIBRARY(turbo_inductor_native, m) {
-  // Optional outputs are empty tensors: rmsnorm_fwd's sum without a residual, rmsnorm_bwd's dw without a weight,
-  // fp8_quantize's x^T layout and its scales unless both_layouts.
+  // Optional outputs are empty tensors: the sum without a residual, dw without a weight,
+  // and fp8_quantize's x^T layout and scales without both_layouts.
   m.def("rmsnorm_fwd(Tensor x, Tensor? weight, Tensor? residual, float eps) -> (Tensor, Tensor, Tensor)");
   m.def("rmsnorm_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor rstd, Tensor? dresidual) -> (Tensor, Tensor)");
   m.def("fp8_quantize(Tensor x, ScalarType fp8_dtype, int block_rows, int block_cols, bool transpose, "

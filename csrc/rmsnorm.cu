@@ -1,7 +1,6 @@
 // RMSNorm forward and backward, plain and with a residual add. Semantics: turbo_inductor/kernels/reference/rmsnorm.py.
-// One thread block per row in the forward; in the backward a persistent grid of row groups strides over the rows,
-// loading each group's next row while it finishes the current one, and sums the weight gradient in registers, reduced
-// afterwards in a fixed order (deterministic, no atomics).
+// Forward: one thread block per row. Backward: a persistent grid of row groups, with deterministic dw.
+// Design and measurements: docs/kernels.md, RMSNorm.
 #include "common.cuh"
 
 #include <torch/library.h>
@@ -9,14 +8,14 @@
 namespace turbo_inductor {
 namespace {
 
-// Items (vectors of V elements) per thread and row: the row stays in registers between the passes over it. With
-// 1024 threads this bounds a row at 2048 vectors (16384 bf16 / 8192 fp32) vectorized, 16384 elements otherwise.
+// Items (vectors of V elements) per thread and row: the row stays in registers between passes.
+// With 1024 threads, a row holds at most 16384 bf16 or 8192 fp32 vectorized, 16384 elements otherwise.
 template <int V>
 constexpr int kItems = V == 1 ? 16 : 2;
 
-// Rows of up to kNarrowRowThreads threads are compiled for blocks of at most that many (up to 128 registers a
-// thread); wider rows for 1024 (64 registers a thread, which rows of 14336 bf16 in 896 threads need to launch; rows
-// of 8192 bf16 ran 25% slower on the H200 under that bound than without it).
+// Rows of up to this many threads compile for blocks of that size: up to 128 registers a thread.
+// Wider rows compile for 1024 threads (64 registers), which 14336 bf16 in 896 threads need to launch.
+// Narrow rows under the 1024 bound ran 25% slower (8192 bf16, H200).
 constexpr int kNarrowRowThreads = 512;
 
 template <typename T, typename W, int V, int kMaxThreads>
@@ -34,7 +33,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     const int i = threadIdx.x + n * blockDim.x;
     if (i < n_vec) {
       Vec<T, V> xv = load_vec<T, V>(x + base + i * V);
-      if (residual != nullptr) {  // s = x + residual in fp32, rounded to T: the unfused program's sum, bit for bit
+      if (residual != nullptr) {  // s = x + residual in fp32, rounded to T: the unfused sum, bit for bit
         const Vec<T, V> rv = load_vec<T, V>(residual + base + i * V);
 #pragma unroll
         for (int j = 0; j < V; ++j) xv.v[j] = static_cast<T>(static_cast<float>(xv.v[j]) + static_cast<float>(rv.v[j]));
@@ -68,15 +67,14 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-// Backward thread blocks: rows of up to kNarrowRowThreads threads share blocks of that many as row groups (blockDim.y
-// groups of blockDim.x threads); wider rows take blocks of 1024. A thread holds its items of the current row, those
-// of the next one in flight (prefetch) and its dw sums: about 100-120 registers with 16 elements a thread, which
-// __launch_bounds__(kNarrowRowThreads) allows (128). A 1024-thread row has 64 registers a thread: it holds one row and
-// loads it when it starts on it (no prefetch; the register file could not hold two such rows anyway).
+// Backward blocks: narrow rows share blocks of kNarrowRowThreads as row groups (blockDim.y groups of blockDim.x).
+// Wider rows take blocks of 1024. A thread holds the current row, the next one in flight, and its dw sums.
+// That is 100-120 registers at 16 elements a thread, within the narrow bound's 128.
+// A 1024-thread row has 64 registers a thread: no room to prefetch, so it loads each row when it starts on it.
 
-// V elements of T as a thread loads and keeps them: in 32-bit words where they fill whole words, so that a row in
-// flight takes one register per word and the words are unpacked where they are used (16-bit elements kept as
-// elements would take a register each, and unpacking them right after the load would wait for it).
+// V elements of T as a thread loads and keeps them: 32-bit words where they fill whole words.
+// A row in flight then takes one register per word, unpacked where used.
+// 16-bit elements kept apart would take a register each; unpacking at the load would wait for it.
 template <typename T, int V>
 using Packed = std::conditional_t<sizeof(T) * V % 4 == 0, Vec<uint32_t, sizeof(T) * V / 4>, Vec<T, V>>;
 
@@ -93,8 +91,8 @@ __device__ __forceinline__ Vec<T, V> unpack(const Packed<T, V>& packed) {
   return v;
 }
 
-// v as float; bfloat16 by its bits (c10's portable conversion: integer operations, which the compiler redoes where a
-// value is used again rather than keep the converted value in a register across the row's barrier).
+// v as float; bfloat16 by its bits. c10's portable conversion uses integer operations.
+// The compiler redoes those where a value is used again, rather than hold it across the row's barrier.
 template <typename T>
 __device__ __forceinline__ float to_float(T v) {
   return static_cast<float>(v);
@@ -134,9 +132,9 @@ __device__ __forceinline__ BwdRow<T, V> load_bwd_row(const T* __restrict__ dy, c
   return loaded;
 }
 
-// The sum of v over this thread's row group (whole warps), returned to each of its threads. One barrier per row:
-// consecutive rows use alternate halves of `sums` (`parity`), and no thread writes a half again before every thread
-// has passed the next row's barrier, hence has finished reading that half.
+// The sum of v over this thread's row group (whole warps), returned to each of its threads.
+// One barrier per row: consecutive rows use alternate halves of `sums` (`parity`).
+// No thread writes a half again before every thread passed the next barrier, so reads are done.
 __device__ __forceinline__ float group_sum(float v, float (*sums)[kMaxWarps], int parity) {
   const int tid = threadIdx.x + threadIdx.y * blockDim.x;
   v = warp_reduce(v, SumOp());
@@ -148,10 +146,10 @@ __device__ __forceinline__ float group_sum(float v, float (*sums)[kMaxWarps], in
   return sum;
 }
 
-// Persistent: row group (block b, group y) of G handles rows b * G + y, then G * gridDim.x further each step, and
-// sums dw over its rows in fp32 registers; the block's groups then add theirs in a fixed order and write one partial
-// row, which dw_reduce_kernel sums in a fixed order (deterministic, no atomics). With kThreads = kNarrowRowThreads a
-// thread loads the next row before it reduces and stores the current one, so that the loads arrive meanwhile.
+// Persistent: row group (block b, group y) of G takes rows b * G + y, then steps by G * gridDim.x.
+// It sums dw over its rows in fp32 registers. The block's groups add theirs in a fixed order into one partial row,
+// which dw_reduce_kernel sums in a fixed order: deterministic, no atomics.
+// Narrow rows load the next row before reducing the current one, so the loads land meanwhile.
 // Dynamic shared memory: blockDim.x * V floats when G > 1.
 template <typename T, typename W, int V, int kThreads>
 __global__ void __launch_bounds__(kThreads)
@@ -168,7 +166,7 @@ __global__ void __launch_bounds__(kThreads)
   int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   BwdRow<T, V> cur;
   if constexpr (kPrefetch) cur = load_bwd_row<T, V>(dy, x, rstd, row, n_rows, H);
-  // The block steps on while its first group has a row, so that all its threads take every barrier.
+  // The block steps while its first group has a row, so that all its threads take every barrier.
   for (int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.y, step = 0; first < n_rows;
        first += rows_per_step, row += rows_per_step, ++step) {
     BwdRow<T, V> next;
@@ -221,8 +219,8 @@ __global__ void __launch_bounds__(kThreads)
     if constexpr (kPrefetch) cur = next;
   }
   if (dw_partial == nullptr) return;
-  // Groups 0, 1, ... add their dw in turn, item by item, into group_dw (laid out [j][thread]: no bank conflicts);
-  // the last group writes the block's partial row.
+  // Groups 0, 1, ... add their dw in turn into group_dw, laid out [j][thread] to avoid bank conflicts.
+  // The last group writes the block's partial row.
 #pragma unroll
   for (int n = 0; n < kN; ++n) {
     const int i = threadIdx.x + n * blockDim.x;
@@ -284,7 +282,7 @@ void check_weight(const char* op, const std::optional<at::Tensor>& weight, const
               op, ": weight must be a contiguous [H] tensor on x's device, of x's dtype or float32");
 }
 
-// Whether the row-wise tensors allow 16-byte accesses (V elements of x), their weight V elements of its dtype.
+// Whether the row tensors allow 16-byte accesses (V elements of x), and the weight V of its elements.
 bool vectorizable(const at::Tensor& x, const std::optional<at::Tensor>& weight,
                   std::initializer_list<const at::Tensor*> rows) {
   if ((x.size(1) * x.element_size()) % 16 != 0) return false;
@@ -300,8 +298,8 @@ struct TypeTag {
   using type = T;
 };
 
-// Calls f(TypeTag<T>{}, TypeTag<W>{}, std::integral_constant<int, V>{}): x's type T, the weight's W (float for an
-// fp32 weight of 16-bit activations, else T) and the vector width V (with_vector_width).
+// Calls f(TypeTag<T>{}, TypeTag<W>{}, std::integral_constant<int, V>{}) with x's type T and the weight's W.
+// W is float for an fp32 weight, else T. V is the vector width (with_vector_width).
 template <typename F>
 void with_row_types(const at::Tensor& x, const std::optional<at::Tensor>& weight, bool vectorized, F&& f) {
   TURBO_INDUCTOR_DISPATCH_FLOATS(x.scalar_type(), "rmsnorm", [&] {
@@ -316,8 +314,7 @@ void with_row_types(const at::Tensor& x, const std::optional<at::Tensor>& weight
   });
 }
 
-// Calls f(std::integral_constant<int, N>{}): N, the block size a kernel for rows of `threads` threads is compiled
-// for (its __launch_bounds__).
+// Calls f(std::integral_constant<int, N>{}), N being the __launch_bounds__ for rows of `threads` threads.
 template <typename F>
 void with_thread_bound(int threads, F&& f) {
   if (threads <= kNarrowRowThreads) {

@@ -1,4 +1,4 @@
-"""Kernels, one module per op family in each implementation folder; importing registers them."""
+"""Kernel implementations: one module per op family in each implementation folder. Importing registers them."""
 
 from . import registry  # noqa: F401  (turbo_inductor.kernels.registry)
 from .aiter import fp8_gemm as _aiter_fp8_gemm  # noqa: F401

@@ -1,14 +1,7 @@
 """The kernel dispatcher: which implementation of a kernel runs on which device.
 
-Every kernel (``rmsnorm_fwd``, ``rmsnorm_bwd``, ...) can have several implementations ("triton",
-"native", "reference", ...). Each registers itself here with a priority, an availability test per device and,
-where it takes only some arguments, a ``supports`` test per call; the op layer asks :func:`select` for one.
-By default the highest-priority implementation that runs on the device and takes the arguments is used (the
-priorities follow what ``benchmarks/`` measured). A user forces one with the op's ``impl`` argument (which the
-backend fills from ``options={"impl": ...}``) or with the environment variable ``TURBO_INDUCTOR_IMPL``
-(``triton`` for every kernel, or ``rmsnorm_fwd=reference,...``); a forced implementation that cannot run is an
-error, never a silent substitute. ``autotune`` (for every kernel or per kernel) measures every candidate once
-per argument signature (shapes, dtypes, other arguments) and device, and keeps the fastest for the process.
+Each implementation registers a priority, a device test and an optional argument test. :func:`select` returns
+the forced one, or the best that takes the call. See docs/kernels.md, Dispatch.
 """
 
 from __future__ import annotations
@@ -30,8 +23,8 @@ IMPL_ENV = "TURBO_INDUCTOR_IMPL"
 AUTO = "auto"
 AUTOTUNE = "autotune"
 log = logging.getLogger("turbo_inductor")
-# Capability of the producers writing an FP8 copy (rmsnorm_fwd_fp8, glu_fwd_fp8): (width, element size, block cols)
-# -> the copy is written from the producer's registers, not by a quantization pass after it.
+# Capability of the FP8-writing producers (rmsnorm_fwd_fp8, glu_fwd_fp8). Arguments: width, element size, block cols.
+# True: the producer quantizes its output from registers, with no separate pass.
 FP8_IN_ITS_PASS = "fp8_in_its_pass"
 
 
@@ -40,15 +33,15 @@ class Implementation:
     kernel: str
     name: str
     fn: Callable
-    # higher wins; or device -> priority, for an implementation whose standing differs by device
+    # Higher wins. A callable gives the priority per device.
     priority: int | Callable[[torch.device], int]
-    # device -> None when it can run there, else the reason it cannot (shown in errors)
+    # device -> None where it runs, else why not (shown in errors)
     unavailable_reason: Callable[[torch.device], str | None]
-    # device -> whether its work can be traced into a compiled graph (plain torch calls can; see ops/library.py)
+    # device -> whether its work can be traced into a compiled graph (see ops/library.py)
     traceable: Callable[[torch.device], bool]
-    # the kernel's arguments -> None when it takes them, else why not; None: it takes every argument
+    # The kernel's arguments -> None when it takes them, else why not. None: it takes all.
     supports: Callable[..., str | None] | None = None
-    # what the rewrites may ask of it (see has_capability): capability name -> predicate over the kernel's sizes
+    # Capability name -> predicate over the kernel's sizes, for the rewrites (see has_capability).
     capabilities: Mapping[str, Callable[..., bool]] = dataclasses.field(default_factory=dict)
 
     def priority_on(self, device: torch.device) -> int:
@@ -61,8 +54,8 @@ class Implementation:
 
 _IMPLS: dict[str, dict[str, Implementation]] = collections.defaultdict(dict)
 _CALLS: collections.Counter = collections.Counter()
-# Kernels whose implementations run collectives. Autotune would time and choose on each rank alone, and ranks that
-# chose differently would issue mismatched collectives (a hang): these choose as under "auto".
+# Kernels whose implementations run collectives. Autotune would choose on each rank alone.
+# Ranks that chose differently would hang in mismatched collectives. These choose as "auto" does.
 _COLLECTIVE: set[str] = set()
 
 
@@ -86,8 +79,8 @@ def implementation(
     supports: Callable[..., str | None] | None = None,
     capabilities: Mapping[str, Callable[..., bool]] | None = None,
 ):
-    """Decorator: register ``fn`` as implementation ``name`` of ``kernel``. ``supports(*args)``: for an
-    implementation that takes only some of the kernel's arguments, None when it takes these, else why not."""
+    """Decorator: register ``fn`` as implementation ``name`` of ``kernel``.
+    ``supports(*args)`` returns None for arguments it takes, else why not."""
 
     def register(fn: Callable) -> Callable:
         if name in _IMPLS[kernel]:
@@ -125,8 +118,8 @@ def parse_spec(spec: str) -> list[tuple[str, str]]:
 
 
 def known_names(kernel: str = "") -> set[str]:
-    """What an ``impl`` spec may name for ``kernel`` (or for any kernel when it is empty): its implementations,
-    and ``autotune``."""
+    """The names an ``impl`` spec may give ``kernel``: its implementations and ``autotune``.
+    An empty ``kernel`` means any kernel."""
     if kernel:
         return set(implementations(kernel)) | {AUTOTUNE}
     return {name for impls in _IMPLS.values() for name in impls} | {AUTOTUNE}
@@ -151,8 +144,8 @@ def available_on(kernel: str, device: torch.device) -> bool:
 
 @functools.cache
 def _candidates(kernel: str, device_type: str, impl: str, env: str) -> tuple[str, tuple[Implementation, ...]]:
-    """``(how, candidates)``: how ("forced", "auto" or "autotune") the call picks among the candidates, which are
-    the implementations that run on the device, best first."""
+    """``(how, candidates)``. ``how`` is "forced", "auto" or "autotune".
+    The candidates run on the device, best first."""
     impls = implementations(kernel)
     device = torch.device(device_type)
     requested = _requested_by(impl, kernel)
@@ -180,7 +173,7 @@ def _candidates(kernel: str, device_type: str, impl: str, env: str) -> tuple[str
     if not usable:
         reasons = "; ".join(f"{i.name}: {i.unavailable_reason(device)}" for i in impls.values())
         raise RuntimeError(f"turbo_inductor: no implementation of {kernel} runs on {device_type} ({reasons})")
-    if requested == AUTO:  # only those up to the first that takes every argument can ever be chosen
+    if requested == AUTO:  # implementations after the first that takes every argument are never reached
         first_total = next((n for n, i in enumerate(usable) if i.supports is None), len(usable) - 1)
         usable = usable[: first_total + 1]
     return ("auto" if requested == AUTO else "autotune"), tuple(usable)
@@ -191,16 +184,14 @@ def _resolve(kernel: str, device: torch.device, impl: str) -> tuple[str, tuple[I
 
 
 def candidates(kernel: str, device: torch.device, impl: str = AUTO) -> list[str]:
-    """The implementations :func:`select` would try for ``kernel`` on ``device``, in order: under ``auto`` those up
-    to the first that takes every argument, under ``autotune`` all that it measures. Errors as :func:`select`."""
+    """The implementations :func:`select` would try for ``kernel`` on ``device``, in order.
+    Under ``auto``: up to the first that takes every argument. Under ``autotune``: all it times."""
     return [c.name for c in _resolve(kernel, device, impl)[1]]
 
 
 def select(kernel: str, device: torch.device, impl: str = AUTO) -> Callable:
-    """The function implementing ``kernel`` on ``device``: the one ``impl`` names ("name" or "kernel=name,..."),
-    else the one ``TURBO_INDUCTOR_IMPL`` names, else the best available one that takes the call's arguments, or
-    with ``autotune`` the fastest measured. Counts the calls (see :func:`kernel_calls`). The candidates are
-    resolved once per (kernel, device type, impl, environment)."""
+    """The function implementing ``kernel`` on ``device``. The one ``impl`` names wins, then ``TURBO_INDUCTOR_IMPL``'s.
+    Otherwise the best that takes the call runs, or under ``autotune`` the fastest. Counts the calls."""
     how, candidates = _resolve(kernel, device, impl)
     if how == "autotune":
         return functools.partial(_call_autotuned, kernel, candidates)
@@ -226,17 +217,15 @@ def _call_first_supporting(kernel: str, candidates: tuple[Implementation, ...], 
 
 
 def traceable(kernel: str, device: torch.device, impl: str = AUTO) -> bool:
-    """Whether the implementation :func:`select` prefers can be traced into a compiled graph (with autotune:
-    every candidate). The arguments are not known here: where the preferred one declines them, the next one is
-    traced in its place (the Triton FP8 GEMM where torch._scaled_mm declines the scales, say)."""
+    """Whether the implementation :func:`select` prefers can be traced (under autotune: every candidate).
+    The arguments are unknown here. Where the preferred one declines them, the next one is traced instead."""
     how, candidates = _resolve(kernel, device, impl)
     return all(c.traceable(device) for c in (candidates if how == "autotune" else candidates[:1]))
 
 
 def has_capability(kernel: str, device: torch.device, impl: str, capability: str, *args) -> bool:
-    """Whether the implementation :func:`select` prefers (with autotune: every candidate) has ``capability`` for
-    ``args``. The rewrites ask this instead of one implementation's tiling; an implementation that does not
-    declare the capability has it for every argument."""
+    """Whether the implementation :func:`select` prefers has ``capability`` for ``args`` (autotune: every candidate).
+    Rewrites ask this instead of reading a tiling. An undeclared capability holds for every argument."""
     how, candidates = _resolve(kernel, device, impl)
     chosen = candidates if how == "autotune" else candidates[:1]
     return all(c.capabilities.get(capability, _always_capable)(*args) for c in chosen)
@@ -247,17 +236,17 @@ def _always_capable(*args) -> bool:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Autotuning: each candidate that takes the arguments is timed on arguments like the call's, once per signature.
+# Autotuning: every candidate that takes the arguments is timed, once per signature.
 # --------------------------------------------------------------------------------------------------------------
 _WINNERS: dict[tuple, Implementation] = {}
-AUTOTUNE_SECONDS = 0.01  # measured time per candidate, after one warm-up call (which also compiles Triton kernels)
+AUTOTUNE_SECONDS = 0.01  # timed seconds per candidate, after a warm-up call that also compiles it
 
 
 def _size(n) -> int:
-    """A size as a number: a symbolic size (tracing with dynamic shapes) by the value it was traced with."""
+    """A size as an int. A symbolic size gives the value it was traced with."""
     if isinstance(n, torch.SymInt):
         hint = n.node.hint
-        return int(hint) if hint is not None else 4096  # unbacked: no example value; a typical size
+        return int(hint) if hint is not None else 4096  # unbacked: no example value, so a typical size
     return int(n)
 
 
@@ -269,8 +258,8 @@ def _signature(device: torch.device, args: tuple, kwargs: dict) -> tuple:
 
 
 def _real_arguments(args) -> tuple:
-    """``args`` where every tensor is real, for timing: tensors being traced (fake or functional) are replaced
-    by random ones of the same size, dtype and device (contiguous)."""
+    """``args`` with every tensor real, for timing. A traced tensor (fake or functional) becomes a random one.
+    It keeps the size, dtype and device, made contiguous."""
     if all(type(a) in (torch.Tensor, torch.nn.Parameter) for a in args if isinstance(a, torch.Tensor)):
         return tuple(args)
 
@@ -312,15 +301,15 @@ def _call_autotuned(kernel: str, candidates: tuple[Implementation, ...], *args, 
         if not taking:
             raise ValueError(f"turbo_inductor: no implementation of {kernel} takes these arguments")
         times = {}
-        token = _TRACING.set(False)  # measured as eager launches, even while the call itself is traced
+        token = _TRACING.set(False)  # timed as eager launches, even while the call itself is traced
         try:
-            # Outside the fake, functional and proxy modes of a trace: the measurement runs real kernels.
+            # Leave the trace's fake, functional and proxy modes: timing runs real kernels.
             with torch.no_grad(), _disable_current_modes():
                 real = _real_arguments(args)
                 for candidate in taking:
                     try:
                         times[candidate.name] = _seconds_per_call(candidate.fn, real, kwargs, device)
-                    except Exception as error:  # a candidate that fails here is not chosen; the others still run
+                    except Exception as error:  # a failing candidate is skipped; the others still run
                         log.warning("turbo_inductor: autotune %s: %s failed (%s)", kernel, candidate.name, error)
         finally:
             _TRACING.reset(token)
@@ -349,8 +338,8 @@ _TRACING = contextvars.ContextVar("turbo_inductor_tracing", default=False)
 
 @contextlib.contextmanager
 def tracing():
-    """Marks that an op body is being traced into a compiled graph (``ops/library.py``): implementations then
-    record their work in the graph instead of launching it (Triton: ``triton.launch``)."""
+    """Marks an op body as being traced into a compiled graph (``ops/library.py``).
+    Implementations then record their launches in the graph (Triton: ``triton.launch``)."""
     token = _TRACING.set(True)
     try:
         yield
@@ -363,8 +352,8 @@ def is_tracing() -> bool:
 
 
 def kernel_calls() -> dict[tuple[str, str], int]:
-    """How often each (kernel, implementation) was called since the last :func:`reset_kernel_calls`: at run time
-    for eager calls and for ops a compiled graph calls, at compile time for ops traced into it (GPU)."""
+    """Calls per (kernel, implementation) since the last :func:`reset_kernel_calls`. Eager calls count at run
+    time, and so do ops a compiled graph calls. Ops traced into a graph count at compile time."""
     return dict(_CALLS)
 
 

@@ -1,17 +1,6 @@
-"""Scaled FP8 GEMM through aiter's CK a8w8 kernels: ``out = dequant(a) @ dequant(b)^T``, semantics and signature
-``..reference.fp8_gemm``. Two granularities:
-
-* per token x per channel (``gemm_a8w8``): a scale per row of a [M, 1] and of b [N, 1]; a tensorwise scale is
-  repeated to one per row;
-* 1x128 x 128x128 blocks (``gemm_a8w8_blockscale``): a_scale [M, K/128], b_scale [cdiv(N, 128), K/128], row-major.
-
-Operands are e4m3: an operand in the other e4m3 format than aiter's on this GPU is converted exactly
-(``fp8_formats``); e5m2 operands (gradients of the tensorwise recipe) go to the next implementation. Outputs are
-bf16 or fp16, accumulated in fp32 (``fast_accum`` notwithstanding).
-
-Priority: above ``torch._scaled_mm`` (vendor, 30) and our Triton GEMM (10): these are the kernels AMD tunes per
-shape for MI300 and MI350 (aiter ships tuned-configuration tables for them), while our Triton GEMM's tiles were
-tuned on an H200. Chosen without measurements on AMD GPUs: ``impl="autotune"`` times them.
+"""Scaled FP8 GEMM through aiter's CK a8w8 kernels. Semantics and signature: ``..reference.fp8_gemm``.
+Rowwise (``gemm_a8w8``) and 1x128 x 128x128 blocks (``gemm_a8w8_blockscale``); e4m3 operands only.
+See docs/kernels.md, FP8 GEMM.
 """
 
 from __future__ import annotations
@@ -22,15 +11,15 @@ from ..reference.fp8_gemm import block_size
 from ..registry import implementation, never
 from . import fp8_formats, module, unavailable_reason
 
-PRIORITY = 40
+PRIORITY = 40  # above vendor (30) and Triton (10): AMD tunes these per shape for MI300 and MI350
 BLOCK = 128
-# The CK kernels load 16-byte vectors along K and write rows of N.
+# CK loads 16-byte vectors along K and writes rows of N.
 ALIGN = 16
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def _granularity(a, a_scale, b, b_scale) -> tuple[str | None, str | None]:
-    """("rowwise" or "block", None) for the scales aiter's kernels take, else (None, why not)."""
+    """``(granularity, None)`` for scales aiter takes, else ``(None, why not)``."""
     (m, k), n = a.shape, b.shape[0]
     if a_scale.numel() in (1, m) and a_scale.shape[-1] == 1 and b_scale.numel() in (1, n) and b_scale.shape[-1] == 1:
         return "rowwise", None
@@ -61,13 +50,13 @@ def supports(a, a_scale, b, b_scale, out_dtype, fast_accum=False) -> str | None:
     return None
 
 
-# Scale layouts as in aiter's op_tests/test_gemm_a8w8.py (per-token scales of pertoken_quant, [M, 1] and [N, 1]) and
-# op_tests/test_gemm_a8w8_blockscale.py (run_gemm_ck: x_scale [M, K/128] and w_scale [N/128, K/128], row-major).
+# aiter reads rowwise scales as [M, 1] and [N, 1]. Tensorwise scales are repeated per row.
+# Block scales are [M, K/128] and [N/128, K/128], row-major.
 @implementation(
     "fp8_gemm", "aiter", priority=PRIORITY, unavailable_reason=unavailable_reason, traceable=never, supports=supports
 )
 def fp8_gemm(a, a_scale, b, b_scale, out_dtype, fast_accum=False):
-    """a [M, K], b [N, K] e4m3 with their scales; returns dequant(a) @ dequant(b)^T in ``out_dtype``."""
+    """``dequant(a) @ dequant(b)^T`` in ``out_dtype``, for e4m3 ``a [M, K]`` and ``b [N, K]`` with scales."""
     aiter = module()
     granularity, _ = _granularity(a, a_scale, b, b_scale)
     e4m3 = fp8_formats.aiter_e4m3(a.device)

@@ -1,19 +1,6 @@
-"""FP8 quantization through aiter's HIP kernels: tensorwise, per token (rowwise) and in 1x128 blocks, in x's layout,
-into the e4m3 format aiter writes on this GPU; other blocks, formats and layouts go to the next implementation.
-Semantics: ``..reference.fp8_quant``, except where aiter computes the scales:
-
-* Tensorwise, the scale is computed here as the reference computes it, and aiter's static kernel quantizes with it
-  (``per_tensor_quant_hip`` given a scale): the reference's results.
-* Per token and in 1x128 blocks, aiter's scale is amax times 1/fmax, which can differ from amax / fmax in its last
-  bit, and q then at rounding boundaries. aiter floors the amax of 1x128 blocks (and of rows of 32, 64 or 128) at
-  1e-10 (ours: 1e-12), of longer rows not at all: an all-zero row comes back with scale 0 and NaN codes, repaired
-  here to the reference's (the floored scale, zero codes) in one more pass over q (csrc/kernels/quant_kernels.cu).
-  A NaN need not make its row's or block's scale NaN (aiter's maxima may skip it); the NaN itself quantizes to NaN.
-* Another format than aiter's is declined, not converted: the scale would be amax / 240 where amax / 448 is asked
-  for, or the reverse (``fp8_formats``).
-
-Priority: below Triton's (20) and native's (30), whose results equal the reference's bit for bit, for these
-differences and the repair's pass. Chosen without measurements on AMD GPUs: ``impl="autotune"`` times the three.
+"""FP8 quantization through aiter's HIP kernels: tensorwise, rowwise and 1x128 blocks, in x's layout.
+Semantics: ``..reference.fp8_quant``, except that aiter's scales can differ in the last bit.
+See docs/kernels.md, FP8 quantization.
 """
 
 from __future__ import annotations
@@ -26,9 +13,9 @@ from ..reference.fp8_quant import AMAX_FLOOR, FP8_DTYPES, check_args
 from ..registry import implementation, never
 from . import fp8_formats, module, unavailable_reason
 
-PRIORITY = 10
-GROUP = 128  # the 1x128 blocks; aiter's group kernel also takes 32 and 64, which no recipe uses
-# aiter's quantization kernels read bf16 / fp16 (AITER_DISPATCH_FLOATING16_TYPES) in 16-byte vectors.
+PRIORITY = 10  # below Triton (20) and native (30), which equal the reference bit for bit
+GROUP = 128  # the 1x128 blocks; aiter also takes 32 and 64, which no recipe uses
+# aiter's quantization kernels read bf16 or fp16 in 16-byte vectors.
 DTYPES = (torch.bfloat16, torch.float16)
 ROW_MULTIPLE = 16
 
@@ -52,7 +39,7 @@ def supports(
     both_layouts: bool = False,
 ) -> str | None:
     if x.dim() != 2 or block_rows < 1 or block_cols < 1 or fp8_dtype not in FP8_DTYPES:
-        return None  # invalid for every implementation: the call raises the error that names it
+        return None  # invalid for every implementation: the call raises the error
     M, K = x.shape
     if transpose or both_layouts:
         return "x's own layout only (aiter writes no transposed copy)"
@@ -78,13 +65,14 @@ def _floor_scale(fp8_dtype: torch.dtype) -> float:
 
 
 def _repair_zero_blocks(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Blocks whose scale aiter left 0 (all zero, no floor): zero codes and the reference's floored scale."""
+    """Repairs all-zero blocks, which aiter leaves with scale 0 and NaN codes.
+    They get zero codes and the reference's floored scale."""
     zero = scale == 0
     q.view(torch.uint8).view(*scale.shape, -1).masked_fill_(zero.unsqueeze(-1), 0)
     return q, scale.masked_fill(zero, _floor_scale(q.dtype))
 
 
-# Calls as aiter's op_tests/test_quant.py makes them through get_hip_quant (per_Tensor, per_Token, per_1x128).
+# Calls as aiter's own quantization tests make them: per tensor, per token, per 1x128.
 @implementation(
     "fp8_quantize",
     "aiter",
@@ -102,7 +90,7 @@ def fp8_quantize(
     power_of_two: bool = False,
     both_layouts: bool = False,
 ):
-    """``(q, scale)``; see ``..reference.fp8_quant.fp8_quantize`` and this module's differences."""
+    """``(q, scale)``; see ``..reference.fp8_quant.fp8_quantize`` and docs/kernels.md for the differences."""
     check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts)
     aiter = module()
     M, K = x.shape

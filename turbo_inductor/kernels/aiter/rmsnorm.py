@@ -1,13 +1,5 @@
-"""RMSNorm forward, plain and with the residual add, through aiter's CK kernels (``rmsnorm2d_fwd``,
-``rmsnorm2d_fwd_with_add``); semantics: ``..reference.rmsnorm``. The backward stays with Triton and native.
-
-aiter's kernels return no rstd, which the backward needs: it is computed here from the normalized input in one
-more read (an fp32 norm per row). With the residual, aiter writes the rounded sum but normalizes the unrounded fp32
-one (ck_tile's rmsnorm2d pipelines): y can differ from the reference, which normalizes the rounded sum, in its last
-bit.
-
-Priority: below Triton's (20), for that extra read; above native's (10). Chosen without measurements on AMD GPUs:
-``impl="autotune"`` times the three.
+"""RMSNorm forward, plain and with residual, through aiter's CK kernels. Semantics: ``..reference.rmsnorm``.
+aiter returns no rstd, so it is recomputed in one more read. See docs/kernels.md, RMSNorm.
 """
 
 from __future__ import annotations
@@ -17,8 +9,8 @@ import torch
 from ..registry import implementation, never
 from . import module, unavailable_reason
 
-PRIORITY = 15
-# aiter's CK RMSNorm reads x, the residual and the weight in one precision (csrc/py_itfs_ck/rmsnorm_ck_kernels.cu).
+PRIORITY = 15  # below Triton (20) for the extra read; above native (10)
+# aiter's CK RMSNorm reads x, residual and weight in one precision.
 DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -37,13 +29,13 @@ def supports_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.T
 
 
 def inverse_rms(s: torch.Tensor, eps: float) -> torch.Tensor:
-    """rstd = 1 / sqrt(mean(s^2) + eps) per row of s [rows, H], in fp32 (the norm upcasts as it reads)."""
+    """``rstd = 1 / sqrt(mean(s^2) + eps)`` per row of s, in fp32. The norm upcasts as it reads."""
     norm = torch.linalg.vector_norm(s, dim=-1, dtype=torch.float32)
     return torch.rsqrt(norm.square() / s.shape[-1] + eps)
 
 
-# Arguments as in aiter's op_tests/test_rmsnorm2d.py (run_ck), passed by name: later aiter releases insert gemma_norm
-# before use_model_sensitive_rmsnorm, both left at their defaults here (the plain RMSNorm).
+# Keywords, because later aiter releases insert gemma_norm before use_model_sensitive_rmsnorm.
+# Both keep their defaults: the plain RMSNorm.
 @implementation(
     "rmsnorm_fwd",
     "aiter",

@@ -1,4 +1,4 @@
-"""Implementations that overlap torch's GEMMs with process-group collectives (NCCL/RCCL on GPUs, gloo on CPU)."""
+"""Implementations that overlap torch GEMMs with process-group collectives. NCCL or RCCL on GPUs, gloo on CPU."""
 
 from __future__ import annotations
 

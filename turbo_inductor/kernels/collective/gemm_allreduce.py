@@ -1,13 +1,6 @@
-"""GEMM + all-reduce overlapped by chunks of rows, in functional collectives: each chunk's all-reduce is issued as
-soon as its GEMM is done and waited for only at the end, so the collective (on the process group's stream) runs
-while the next chunk's GEMM computes. The backward is the mirror image: every chunk of dy is all-reduced, and
-each chunk's dx GEMM starts once its chunk arrived; dweight is one GEMM over all of them (the same GEMM as
-unfused, so the same numerics). Traced into the compiled graph: no host work per call.
-
-Opt-in (``impl="overlap"``, priority below the reference): an earlier form, which drove the ProcessGroup from
-Python with a host-synchronizing shape check per call, measured 0.37-0.69x Inductor on two H200s
-(``benchmarks/bench_gemm_allreduce.py``). Below CHUNK_MIN_ROWS rows per chunk or CHUNK_MIN_BYTES of
-output, chunking cannot pay for its extra launches and smaller GEMMs, and the sequential reference runs.
+"""GEMM + all-reduce overlapped in row chunks through functional collectives (``impl="overlap"``, opt-in).
+Each chunk's all-reduce starts when its GEMM ends and runs during the next GEMM.
+See docs/kernels.md, GEMM + all-reduce.
 """
 
 from __future__ import annotations
@@ -21,13 +14,14 @@ from ..registry import implementation
 from . import unavailable_reason
 
 CHUNKS = 4
+# Smaller chunks cannot pay for their extra launches and smaller GEMMs.
 CHUNK_MIN_ROWS = 256
 CHUNK_MIN_BYTES = 8 << 20
-PRIORITY = -10
+PRIORITY = -10  # opt-in: below the reference
 
 
 def row_chunks(rows: int, row_bytes: int, chunks: int = CHUNKS) -> list[tuple[int, int]]:
-    """(start, stop) row ranges, ``chunks`` of them; a single range where chunking would not pay."""
+    """``chunks`` (start, stop) row ranges. One range where chunking would not pay."""
     if rows < chunks * CHUNK_MIN_ROWS or rows * row_bytes < CHUNK_MIN_BYTES:
         return [(0, rows)]
     step = -(-rows // chunks)
@@ -38,7 +32,7 @@ def row_chunks(rows: int, row_bytes: int, chunks: int = CHUNKS) -> list[tuple[in
 def gemm_allreduce_fwd(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, group_name: str
 ) -> torch.Tensor:
-    # Chunk sizes set the graph's structure: a compiled graph specializes on the row count.
+    # The row count sets the chunks, so compiled graphs specialize on it.
     chunks = row_chunks(int(x.shape[0]), weight.shape[0] * x.element_size())
     if len(chunks) == 1:
         return sequential.gemm_allreduce_fwd(x, weight, bias, group_name)

@@ -1,7 +1,5 @@
-"""Native implementations: the CUDA/HIP kernels of ``csrc/``, which ``setup.py`` builds into
-``turbo_inductor._native`` where torch has CUDA or ROCm and a toolkit. Loading that module registers the
-``turbo_inductor_native`` operators (CUDA kernels and Meta shapes); these modules reach them through the dispatcher.
-Where the extension was not built, these implementations say so and the dispatcher passes over them."""
+"""Native implementations: the CUDA/HIP kernels of ``csrc/``, which ``setup.py`` builds into ``turbo_inductor._native``.
+Loading it registers the ``turbo_inductor_native`` operators. Without the build, these implementations say why."""
 
 from __future__ import annotations
 
@@ -39,5 +37,5 @@ def unavailable_reason(device: torch.device) -> str | None:
 
 
 def ops():
-    """The ``turbo_inductor_native`` operators (the extension must be loaded: ``unavailable_reason`` is None)."""
+    """The ``turbo_inductor_native`` operators. Call only where ``unavailable_reason`` returns None."""
     return torch.ops.turbo_inductor_native

@@ -1,6 +1,5 @@
-"""FP8 quantization through the native kernels (``csrc/fp8_quant.cu``): blocks of the whole tensor, of rows or of
-columns (tensorwise, rowwise and transposed-rowwise operands), and both layouts of a tensorwise or rowwise operand
-from two reads of x; other blocks go to the next implementation. Semantics: ``..reference.fp8_quant``."""
+"""FP8 quantization through the native kernels of ``csrc/fp8_quant.cu``. Semantics: ``..reference.fp8_quant``.
+They take blocks of the whole tensor, of rows or of columns. Other blocks go to the next implementation."""
 
 from __future__ import annotations
 
@@ -10,11 +9,11 @@ from ..reference.fp8_quant import FP8_DTYPES, check_args, device_formats
 from ..registry import implementation
 from . import ops, unavailable_reason
 
-# Above Triton's (20): on the H200 they tie on tensorwise blocks and the native kernels are twice as fast on column
-# blocks (``benchmarks/bench_fp8_quant.py``); other blocks go to Triton.
+# Above Triton (20). On the H200 they tie on tensorwise blocks.
+# The native kernels are twice as fast on column blocks.
 PRIORITY = 30
-# Row blocks in one layout on rows longer than this go to Triton, whose kernel was 1.6x faster there on the H200
-# (8192x14336: 0.094 against 0.149 ms; native faster at 8192x4096). Both layouts stay native: one call, two reads.
+# Longer rows in one layout go to Triton. It is 1.6x faster at 8192x14336 on the H200.
+# Native wins at 8192x4096. Both layouts stay native: one call, two reads.
 LONGEST_ONE_LAYOUT_ROW = 4096
 
 
@@ -28,7 +27,7 @@ def supports(
     both_layouts: bool = False,
 ) -> str | None:
     if x.dim() != 2 or block_rows < 1 or block_cols < 1 or fp8_dtype not in FP8_DTYPES:
-        return None  # invalid for every implementation: the call raises the error that names it
+        return None  # invalid for every implementation: the call raises the error
     M, K = x.shape
     blocks = _blocks_of(M, K, block_rows, block_cols)
     if blocks is None:
@@ -65,7 +64,7 @@ def fp8_quantize(
 
 
 def _blocks_of(rows: int, cols: int, block_rows: int, block_cols: int) -> str | None:
-    """The kernels' name for the blocks of a [rows, cols] tensor (``blocks_of`` in csrc/fp8_quant.cu), if any."""
+    """The kernels' name for the blocks of a [rows, cols] tensor, or None. Mirrors ``blocks_of`` in the kernels."""
     br, bc = min(block_rows, rows), min(block_cols, cols)
     if br == rows and bc == cols:
         return "tensor"

@@ -1,4 +1,4 @@
-"""RMSNorm through the native kernels (``csrc/rmsnorm.cu``); semantics: ``..reference.rmsnorm``."""
+"""RMSNorm through the native kernels of ``csrc/rmsnorm.cu``. Semantics: ``..reference.rmsnorm``."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import torch
 from ..registry import implementation
 from . import ops, unavailable_reason
 
-# A row lives in registers between the kernels' passes over it: at most 32 KiB (16384 bf16, 8192 fp32 elements).
+# A row stays in registers between the kernels' passes: at most 32 KiB.
+# That is 16384 bf16 or 8192 fp32 elements.
 MAX_ROW_BYTES = 32768
-# Below Triton's (20): on the H200 the forward ties and the backward is slower (``bench_rmsnorm.py --impls``).
+# Below Triton (20): on the H200 the forward ties and the backward is slower.
 PRIORITY = 10
 
 

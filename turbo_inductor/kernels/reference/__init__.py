@@ -1,4 +1,4 @@
-"""Reference implementations in plain PyTorch: they run on every device and set the semantics."""
+"""Reference implementations in plain PyTorch. They run on every device and define the semantics."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The scaled FP8 GEMM emulated in fp32: dequantize both operands, multiply, round once. Sets the semantics."""
+"""The scaled FP8 GEMM in fp32: dequantize both operands, multiply, round once. It defines the semantics."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from ..registry import implementation, never
 from . import unavailable_reason
 
-# The scaling blocks the FP8 recipes use along one dimension (besides the whole dimension).
+# The recipes' block lengths along a dimension, besides the whole dimension.
 BLOCK_SIZES = (1, 32, 128)
 
 
@@ -25,7 +25,7 @@ def block_size(size: int, n_blocks: int) -> int:
 
 
 def expand_scale(scale: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """A block scale [R/br, C/bc] broadcast to every element of a [R, C] tensor (the dequantization multiplier)."""
+    """Block scales ``[R/br, C/bc]`` expanded to one per element of ``[R, C]``: the dequantization multiplier."""
     rows, cols = shape
     block_rows, block_cols = block_size(rows, scale.shape[0]), block_size(cols, scale.shape[1])
     return scale.repeat_interleave(block_rows, 0).repeat_interleave(block_cols, 1)[:rows, :cols]
@@ -35,11 +35,10 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.float() * expand_scale(scale, q.shape)
 
 
-# Never traced: in a graph, the block-scale expansion fails Inductor's codegen in torch 2.11, on CPU and GPU
-# ("unexpected group"); the emulation stays one call.
+# Never traced: torch 2.11's Inductor fails on the block-scale expansion ("unexpected group").
+# The emulation stays one call in a graph.
 @implementation("fp8_gemm", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=never)
 def fp8_gemm(a, a_scale, b, b_scale, out_dtype, fast_accum=False):
-    """a [M, K], b [N, K] fp8 with block scales; returns dequant(a) @ dequant(b)^T in ``out_dtype``.
-    ``fast_accum`` lets an implementation accumulate in lower precision (the vendor GEMM on Hopper); this one
-    accumulates in fp32 regardless."""
+    """``dequant(a) @ dequant(b)^T`` in ``out_dtype``, for fp8 ``a [M, K]`` and ``b [N, K]`` with block scales.
+    Always accumulates in fp32. ``fast_accum`` lets other implementations accumulate faster."""
     return (dequantize(a, a_scale) @ dequantize(b, b_scale).t()).to(out_dtype)

@@ -1,32 +1,6 @@
-"""FP8 quantization with dynamic (current) scaling, in plain PyTorch.
-
-This file sets the semantics every other implementation must match:
-
-* ``x`` [M, K] (fp32 / bf16 / fp16, any strides) is tiled in scaling blocks of ``block_rows x block_cols``:
-  ``(M, K)`` is tensorwise, ``(1, K)`` rowwise, ``(1, 128)`` activation blockwise, ``(128, 128)`` weight blockwise,
-  ``(1, 32)`` the MXFP8 granularity. Blocks larger than the tensor are clipped to it; partial edge blocks (M or K
-  not a multiple of the block) use the elements that exist.
-* Per block, in fp32: ``amax = max |x|`` floored at ``AMAX_FLOOR`` (1e-12); ``scale = amax / fmax`` with
-  ``fmax = torch.finfo(fp8_dtype).max``; ``q = clamp(x * (1 / scale), -fmax, fmax)`` rounded to nearest even into
-  fp8, with the reciprocal taken once per block (IEEE division) and a multiplication per element: a division per
-  element made the GPU kernels compute-bound. The clamp makes the cast saturating: finite inputs never give inf
-  or NaN.
-* ``power_of_two=True`` (MXFP8, E8M0 scales): ``scale = 2 ** ceil(log2(amax / fmax))``, the smallest power of two
-  >= the fp32 quotient ``amax / fmax``, so that nothing saturates. (The OCP MX spec rounds the exponent down
-  instead and lets the largest values saturate; cuBLAS's MXFP8 recipe rounds up, as here.) Returned as fp32 values
-  that are exact powers of two.
-* Non-finite inputs: ``amax`` propagates NaN (like ``torch.amax``), so a NaN anywhere in a block makes that block's
-  scale NaN and every ``q`` of the block NaN; an inf makes the scale inf (the block's other values quantize to 0,
-  the inf itself to NaN). Either way the block dequantizes to NaN: a divergence stays visible.
-* Returns ``(q, scale)``: ``q`` [M, K] fp8 contiguous, or with ``transpose=True`` the same values in x^T's layout
-  [K, M] contiguous; ``scale`` fp32 [cdiv(M, block_rows), cdiv(K, block_cols)] contiguous. Dequantization:
-  ``x ~= q * scale`` broadcast over each block.
-* ``both_layouts=True`` (with ``transpose=False``) returns ``(q, scale, q_t, scale_t)``: also x^T [K, M]
-  quantized in blocks of the same shape *over x^T* (block_rows of its rows by block_cols of its columns), row-major,
-  with ``scale_t`` [cdiv(K, block_rows), cdiv(M, block_cols)]: a GEMM operand and its transpose as the forward and
-  the backward GEMMs take them, from one call. Where the blocks match in both layouts (``layouts_share_blocks``: the
-  whole tensor, square blocks) ``q_t`` is ``q`` transposed; rowwise (1 x whole row) makes ``q_t`` x's columns
-  scaled per column.
+"""FP8 quantization with dynamic (current) scaling in plain PyTorch. It defines the semantics.
+Per block: ``scale = max(amax, 1e-12) / fmax`` and ``q = sat(x * (1 / scale))``, rounded to nearest even.
+See docs/kernels.md, FP8 quantization, for blocks, layouts and non-finite inputs.
 """
 
 from __future__ import annotations
@@ -45,7 +19,7 @@ AMAX_FLOOR = 1e-12
 
 @functools.cache
 def device_formats(device: torch.device) -> tuple[torch.dtype, torch.dtype]:
-    """(e4m3, e5m2) dtypes for ``device``: the fnuz pair on gfx942 (MI300), the OCP pair elsewhere."""
+    """The (e4m3, e5m2) dtypes of ``device``: fnuz on gfx942 (MI300), OCP elsewhere."""
     if device.type == "cuda" and torch.version.hip is not None:
         if "gfx942" in torch.cuda.get_device_properties(device).gcnArchName:
             return torch.float8_e4m3fnuz, torch.float8_e5m2fnuz
@@ -60,7 +34,7 @@ def check_args(
     transpose: bool = False,
     both_layouts: bool = False,
 ) -> None:
-    """The argument checks both implementations make (ValueError)."""
+    """The argument checks every implementation makes; raises ValueError."""
     if transpose and both_layouts:
         raise ValueError("turbo_inductor: fp8_quantize writes both layouts only with transpose=False")
     if x.dim() != 2 or x.dtype not in INPUT_DTYPES:
@@ -74,8 +48,8 @@ def check_args(
 
 
 def layouts_share_blocks(M: int, K: int, block_rows: int, block_cols: int) -> bool:
-    """Whether x [M, K] in blocks of block_rows x block_cols and x^T in blocks of the same shape (over x^T) cut the
-    same blocks, so that ``both_layouts``'s ``q_t`` is ``q`` transposed (the whole tensor, square blocks)."""
+    """Whether x's blocks and x^T's blocks of the same shape cut the same elements.
+    Then ``both_layouts``'s ``q_t`` is ``q`` transposed: the whole tensor, or square blocks."""
     return min(block_rows, M) == min(block_cols, M) and min(block_rows, K) == min(block_cols, K)
 
 
@@ -84,8 +58,8 @@ def scale_shape(M: int, K: int, block_rows: int, block_cols: int) -> tuple[int, 
 
 
 def power_of_two_ceil(r: torch.Tensor) -> torch.Tensor:
-    """The smallest power of two >= each element of a positive fp32 tensor, exactly (frexp, not log2: an fp32
-    log2 rounds values just above a power of two down onto it). NaN and inf pass through."""
+    """The smallest power of two >= each element of a positive fp32 tensor. NaN and inf pass through.
+    Exact by frexp. An fp32 log2 rounds values just above a power of two down."""
     mantissa, exponent = torch.frexp(r)  # r = mantissa * 2**exponent, mantissa in [0.5, 1)
     exponent = torch.where(mantissa == 0.5, exponent - 1, exponent)
     p2 = torch.ldexp(torch.ones_like(r), exponent)
@@ -93,8 +67,8 @@ def power_of_two_ceil(r: torch.Tensor) -> torch.Tensor:
 
 
 def saturating_cast(y: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
-    """``y`` (fp32) clamped to +-fmax and rounded to nearest even into ``fp8_dtype``: beyond-range values and
-    +-inf become +-fmax (a plain ``.to`` gives inf for e5m2), NaN stays NaN."""
+    """``y`` (fp32) clamped to +-fmax, then rounded to nearest even into ``fp8_dtype``.
+    Out-of-range values and inf saturate; NaN stays NaN. A plain ``.to`` would give inf for e5m2."""
     fmax = torch.finfo(fp8_dtype).max
     return y.clamp(-fmax, fmax).to(fp8_dtype)
 
@@ -109,8 +83,8 @@ def fp8_quantize(
     power_of_two: bool = False,
     both_layouts: bool = False,
 ):
-    """``(q, scale)`` (``(q, scale, q_t, scale_t)`` with ``both_layouts``); see the module docstring.
-    ``power_of_two``: MXFP8-style E8M0 scales (exact powers of two)."""
+    """``(q, scale)``, or ``(q, scale, q_t, scale_t)`` with ``both_layouts``.
+    ``power_of_two``: E8M0 scales, as MXFP8 uses. See docs/kernels.md, FP8 quantization."""
     check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts)
     if both_layouts:
         return both_layouts_by_two_calls(fp8_quantize, x, fp8_dtype, block_rows, block_cols, power_of_two)
@@ -121,11 +95,11 @@ def fp8_quantize(
         return q, torch.ones((n_br, n_bc), dtype=torch.float32, device=x.device)
     br, bc = min(block_rows, M), min(block_cols, K)  # a block larger than the tensor is the tensor
     x32 = x.float()
-    # Zero padding up to whole blocks: |0| never raises an amax, and the padding is cut off again below.
+    # Zero-pad to whole blocks: |0| never raises an amax. The padding is cut off below.
     padded = torch.nn.functional.pad(x32, (0, n_bc * bc - K, 0, n_br * br - M))
     blocks = padded.view(n_br, br, n_bc, bc)
     amax = blocks.abs().amax(dim=(1, 3))  # NaN propagates
-    # Divided by a tensor: CUDA divides by a Python scalar as a multiplication by its reciprocal (not IEEE division).
+    # A tensor divisor: CUDA turns division by a Python scalar into a reciprocal multiply.
     scale = amax.clamp_min(AMAX_FLOOR) / torch.full_like(amax, torch.finfo(fp8_dtype).max)
     if power_of_two:
         scale = power_of_two_ceil(scale)
@@ -139,8 +113,8 @@ def fp8_quantize(
 def both_layouts_by_two_calls(
     quantize, x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, power_of_two: bool
 ):
-    """``both_layouts``'s four outputs from two calls of ``quantize``: x^T's blocks over x^T are x's blocks of
-    the transposed shape, written in x^T's layout."""
+    """``both_layouts``'s four outputs from two calls of ``quantize``.
+    x^T's blocks are x's blocks of the transposed shape, stored in x^T's layout."""
     q, scale = quantize(x, fp8_dtype, block_rows, block_cols, False, power_of_two=power_of_two)
     q_t, scale_t = quantize(x, fp8_dtype, block_cols, block_rows, True, power_of_two=power_of_two)
     return q, scale, q_t, scale_t.t().contiguous()

@@ -1,14 +1,6 @@
-"""Gated linear units (SwiGLU, GeGLU) in plain PyTorch, optionally scaled per row (MoE routing probabilities)
-and masked per row (dropped tokens).
-
-This file sets the semantics every other implementation must match:
-
-* ``out = act(gate) * up * probs[:, None]``, all math in fp32 and rounded once to ``gate.dtype``;
-* ``activation`` is ``"silu"`` (x * sigmoid(x)), ``"gelu"`` (exact, with erf) or ``"gelu_tanh"`` (the tanh
-  approximation, as ``F.gelu(approximate="tanh")``);
-* rows whose ``mask`` entry is False are exact zeros in every output (out, dgate, dup, dprobs), whatever their
-  inputs hold (even NaN);
-* ``dprobs[row] = sum_j dout * act(gate) * up`` in fp32: the gradient of the per-row scale.
+"""Gated linear units (SwiGLU, GeGLU) in plain PyTorch. They define the semantics.
+``out = act(gate) * up * probs[:, None]`` in fp32, rounded once. Masked rows are exact zeros in every output.
+Activations: silu, gelu (erf) and gelu_tanh. See docs/kernels.md, GLU.
 """
 
 from __future__ import annotations
@@ -70,9 +62,9 @@ def glu_fwd(
     out = act * up.float() * _row_scale(probs)
     keep = _keep(mask)
     if keep is not None:
-        # where, not a multiply: a dropped row's NaN/inf inputs must not leak into its zeros.
+        # A select, not a multiply: a dropped row's NaN or inf must not leak.
         out = torch.where(keep, out, 0.0)
-    # ``.to`` may return its input unchanged (fp32): that is a fresh temporary here, never an alias of gate.
+    # ``.to`` may return its input (fp32). Here that is a fresh temporary, never an alias of gate.
     return out.to(gate.dtype).contiguous()
 
 
@@ -87,8 +79,8 @@ def glu_fwd_fp8(
     block_cols: int,
     power_of_two: bool = False,
 ):
-    """``(out, q, scale)``: :func:`glu_fwd`'s out and out quantized in blocks of 1 x ``block_cols``, as
-    ``fp8_quantize(out, fp8_dtype, 1, block_cols)`` does it."""
+    """``(out, q, scale)``: :func:`glu_fwd`'s out and its FP8 copy.
+    The copy uses blocks of 1 x ``block_cols``, as ``fp8_quantize`` makes them."""
     out = glu_fwd(gate, up, probs, mask, activation)
     return out, *fp8_quantize(out, fp8_dtype, 1, block_cols, False, power_of_two=power_of_two)
 
@@ -103,9 +95,9 @@ def glu_bwd(
     activation: str,
     fused: bool,
 ):
-    """``(dgate, dup, dprobs)``: ``dgate = dout * up * p * act'(gate)`` and ``dup = dout * act(gate) * p`` in
-    gate's dtype, contiguous; ``dprobs`` fp32 [rows] (None when probs is None). ``fused``: the gradient of a fused
-    gate/up input instead, one [rows, 2F] tensor (dgate | dup) in place of dgate, and dup None."""
+    """``(dgate, dup, dprobs)``: ``dout * up * p * act'(gate)`` and ``dout * act(gate) * p`` in gate's dtype.
+    ``dprobs`` is fp32, one per row; None without probs.
+    ``fused``: dgate is one [rows, 2F] tensor (dgate | dup), and dup is None."""
     g32 = gate.float()
     u32 = up.float()
     do32 = dout.float()

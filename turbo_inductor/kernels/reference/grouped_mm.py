@@ -1,22 +1,6 @@
-"""Grouped GEMMs in plain PyTorch: one GEMM per group of rows (the tokens routed to one expert). Sets the semantics.
-
-Groups come as ``offs`` [E] int32, the cumulative end row of each group (``torch._grouped_mm``'s ``offs``): group g
-holds rows [offs[g-1], offs[g]) (from row 0 for g = 0), of any size, zero included. Rows from offs[E-1] on belong
-to no group (expert-parallel padding). Every implementation bounds each group to [end of the previous one, S], so
-that offsets out of order or past S address no memory outside the operands (the ops reject them where checking
-costs no host sync).
-
-Kernels (the signatures every implementation shares; outputs contiguous, sums in fp32, one rounding at the end):
-  grouped_gemm(a [S, K], b [E, K, N], offs, out_dtype) -> out [S, N]
-      out[rows of g] = a[rows of g] @ b[g]; rows of no group are zero. a and b of any strides.
-  grouped_gemm_wgrad(a [S, M], b [S, N], offs, out_dtype) -> out [E, M, N]
-      out[g] = a[rows of g]^T @ b[rows of g]: zero for an empty group; rows of no group take no part.
-  fp8_grouped_gemm(a [S, K], a_scale, b [E, N, K], b_scale [E, N blocks, K blocks], offs, out_dtype, fast_accum)
-      -> out [S, N]: dequant(a)[rows of g] @ dequant(b[g])^T; rows of no group are zero. b is [N, K] per group,
-      contracted dimension last, as ``fp8_gemm`` takes it; scales in blocks as there (``..reference.fp8_gemm``).
-  fp8_grouped_gemm_wgrad(a [M, S], a_scale, b [N, S], b_scale, offs, out_dtype) -> out [E, M, N]
-      out[g] = dequant(a)[:, rows of g] @ dequant(b)[:, rows of g]^T. Scaling blocks along S lie in S's own
-      coordinates and may straddle two groups: dequantization is per element, so each group takes its share.
+"""Grouped GEMMs in plain PyTorch: one GEMM per group of rows. They define the semantics.
+``offs`` [E] int32 holds each group's end row. Outputs are contiguous, summed in fp32 and rounded once.
+See docs/kernels.md, Grouped GEMM.
 """
 
 from __future__ import annotations
@@ -29,7 +13,7 @@ from .fp8_gemm import dequantize
 
 
 def group_bounds(offs: torch.Tensor, rows: int) -> list[tuple[int, int]]:
-    """[start, end) of each group, each bounded to [end of the previous group, rows] (reads offs on the host)."""
+    """[start, end) of each group, clamped to [previous end, rows]. Reads offs on the host."""
     bounds, start = [], 0
     for end in offs.tolist():
         end = min(max(end, start), rows)
@@ -38,9 +22,11 @@ def group_bounds(offs: torch.Tensor, rows: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# Never traced: the loop reads offs on the host, which a compiled graph must not do; the call stays one node.
+# Never traced: the loop reads offs on the host. The call stays one graph node.
 @implementation("grouped_gemm", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=never)
 def grouped_gemm(a, b, offs, out_dtype):
+    """``out [S, N]``, ``out[rows of g] = a[rows of g] @ b[g]`` for ``a [S, K]``, ``b [E, K, N]``, any strides.
+    Rows of no group are zero."""
     out = torch.zeros((a.shape[0], b.shape[2]), dtype=out_dtype, device=a.device)
     for g, (start, end) in enumerate(group_bounds(offs, a.shape[0])):
         if end > start:
@@ -50,6 +36,8 @@ def grouped_gemm(a, b, offs, out_dtype):
 
 @implementation("grouped_gemm_wgrad", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=never)
 def grouped_gemm_wgrad(a, b, offs, out_dtype):
+    """``out [E, M, N]``, ``out[g] = a[rows of g]^T @ b[rows of g]`` for ``a [S, M]``, ``b [S, N]``.
+    Empty groups give zeros."""
     out = torch.zeros((offs.shape[0], a.shape[1], b.shape[1]), dtype=out_dtype, device=a.device)
     for g, (start, end) in enumerate(group_bounds(offs, a.shape[0])):
         if end > start:
@@ -59,7 +47,8 @@ def grouped_gemm_wgrad(a, b, offs, out_dtype):
 
 @implementation("fp8_grouped_gemm", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=never)
 def fp8_grouped_gemm(a, a_scale, b, b_scale, offs, out_dtype, fast_accum=False):
-    """Accumulates in fp32 whatever ``fast_accum`` says (it lets other implementations accumulate faster)."""
+    """``out [S, N]``, ``out[rows of g] = dequant(a)[rows of g] @ dequant(b[g])^T`` for ``b [E, N, K]``.
+    Scales are blocks as for ``fp8_gemm``. Rows of no group are zero. Accumulates in fp32 regardless."""
     a32 = dequantize(a, a_scale)
     out = torch.zeros((a.shape[0], b.shape[1]), dtype=out_dtype, device=a.device)
     for g, (start, end) in enumerate(group_bounds(offs, a.shape[0])):
@@ -72,6 +61,8 @@ def fp8_grouped_gemm(a, a_scale, b, b_scale, offs, out_dtype, fast_accum=False):
     "fp8_grouped_gemm_wgrad", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=never
 )
 def fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype):
+    """``out [E, M, N]``, ``out[g] = dequant(a)[:, rows of g] @ dequant(b)[:, rows of g]^T``.
+    ``a [M, S]`` and ``b [N, S]``; a scaling block may straddle groups."""
     a32, b32 = dequantize(a, a_scale), dequantize(b, b_scale)
     out = torch.zeros((offs.shape[0], a.shape[0], b.shape[0]), dtype=out_dtype, device=a.device)
     for g, (start, end) in enumerate(group_bounds(offs, a.shape[1])):

@@ -1,12 +1,6 @@
-"""RMSNorm (optionally fused with a residual add) in plain PyTorch.
-
-This file sets the semantics every other implementation must match:
-
-* with a residual, ``s = x + residual`` is computed in fp32 and rounded to the add's dtype (x's, or the promotion
-  of x's and the residual's where they differ); the norm is applied to that rounded ``s``, so the fused op equals
-  the unfused "add, then norm" program bit for bit in ``s``;
-* ``rstd = 1 / sqrt(mean(s^2) + eps)`` in fp32, one value per row;
-* ``y = s * rstd * weight`` computed in fp32 and rounded to ``s``'s dtype once.
+"""RMSNorm in plain PyTorch, optionally fused with a residual add. It defines the semantics.
+With a residual, ``s = x + residual`` is rounded to the add's dtype, then normalized.
+``rstd`` is fp32, one per row; ``y = s * rstd * weight`` is rounded once. See docs/kernels.md, RMSNorm.
 """
 
 from __future__ import annotations
@@ -19,14 +13,14 @@ from .fp8_quant import fp8_quantize
 
 
 def sum_dtype(x: torch.Tensor, residual: torch.Tensor | None) -> torch.dtype:
-    """The dtype of the sum ``x + residual`` and of y: x's, or the promotion of x's and the residual's."""
+    """The dtype of the sum and of y: x's, promoted with the residual's."""
     return x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
 
 
 @implementation("rmsnorm_fwd", "reference", priority=0, unavailable_reason=unavailable_reason)
 def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float):
-    """Returns ``(y, s_out, rstd)``: ``y`` [rows, H] in s's dtype, ``s_out`` the rounded ``x + residual``
-    (None without a residual), ``rstd`` [rows] fp32."""
+    """Returns ``(y, s_out, rstd)``. ``s_out`` is the rounded sum, None without a residual.
+    ``rstd`` is fp32, one per row."""
     return _rmsnorm(x, weight, residual, eps, None)
 
 
@@ -37,8 +31,7 @@ def _rmsnorm(
     eps: float,
     out_dtype: torch.dtype | None,
 ):
-    """:func:`rmsnorm_fwd`, y in ``out_dtype`` if given (rounded to it from fp32 once, as casting the output to it
-    would round it)."""
+    """As :func:`rmsnorm_fwd`, with y rounded once from fp32 to ``out_dtype`` when given."""
     if residual is not None:
         s_out = (x.float() + residual.float()).to(sum_dtype(x, residual))
         s = s_out
@@ -50,7 +43,7 @@ def _rmsnorm(
     y = s32 * rstd.unsqueeze(-1)
     if weight is not None:
         y = y * weight.float()
-    # ``.to`` may return its input unchanged (fp32): that is a fresh temporary here, never an alias of x.
+    # ``.to`` may return its input (fp32). Here that is a fresh temporary, never an alias of x.
     return y.to(out_dtype or s.dtype).contiguous(), s_out, rstd
 
 
@@ -65,9 +58,8 @@ def rmsnorm_fwd_fp8(
     power_of_two: bool = False,
     out_dtype: torch.dtype | None = None,
 ):
-    """Returns ``(y, s_out, rstd, q, scale)``: :func:`rmsnorm_fwd`'s outputs (y in ``out_dtype`` if given) and y
-    (as rounded to its dtype)
-    quantized in blocks of 1 x ``block_cols``, as ``fp8_quantize(y, fp8_dtype, 1, block_cols)`` does it."""
+    """Returns ``(y, s_out, rstd, q, scale)``: :func:`rmsnorm_fwd`'s outputs and the FP8 copy of y.
+    The rounded y is quantized in blocks of 1 x ``block_cols``, as ``fp8_quantize`` does it."""
     y, s_out, rstd = _rmsnorm(x, weight, residual, eps, out_dtype)
     return y, s_out, rstd, *fp8_quantize(y, fp8_dtype, 1, block_cols, False, power_of_two=power_of_two)
 
@@ -76,8 +68,8 @@ def rmsnorm_fwd_fp8(
 def rmsnorm_bwd(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor, dresidual: torch.Tensor | None
 ):
-    """Returns ``(dx, dw)``. ``x`` is the normalized input (the rounded sum when the forward had a residual);
-    ``dresidual``, when given, is added to ``dx`` (the residual stream's gradient)."""
+    """Returns ``(dx, dw)``. ``x`` is the normalized input: the rounded sum when there was a residual.
+    ``dresidual``, the residual stream's gradient, is added to dx."""
     dy32 = dy.float()
     s32 = x.float()
     r = rstd.float().unsqueeze(-1)

@@ -1,7 +1,5 @@
-"""Implementations over PyTorch's symmetric memory (``torch.distributed._symmetric_memory``): buffers that every rank
-of a group maps into its GPU's address space (peer access over NVLink / xGMI), read and written by kernels
-directly, without NCCL. Point-to-point copies and loads only: never NVLink multicast (``multimem``), which the lent
-machines disable and this project does not use."""
+"""Implementations over PyTorch's symmetric memory: buffers that every rank of a group maps.
+Kernels copy and load over NVLink or xGMI, without NCCL. They never use NVLink multicast (``multimem``)."""
 
 from __future__ import annotations
 
@@ -25,12 +23,11 @@ def unavailable_reason(device: torch.device) -> str | None:
 def symmetric_tensor(
     shape: tuple, dtype: torch.dtype, device: torch.device, group_name: str
 ) -> tuple[object, list[torch.Tensor]]:
-    """``(handle, tensors)``: a tensor of ``shape`` in symmetric memory, its handle (``rank``, ``barrier``, ...), and
-    every rank's tensor of the group as mapped here (``tensors[handle.rank]`` is the allocation). A collective
-    (``rendezvous``): every rank of the group makes the same calls in the same order."""
+    """``(handle, tensors)``: a symmetric tensor of ``shape``, and every rank's copy as mapped here.
+    ``tensors[handle.rank]`` is the local allocation. A collective: every rank makes the same calls in order."""
     from torch.distributed import _symmetric_memory as symm_mem
 
-    with warnings.catch_warnings():  # needed on older torch, deprecated (a no-op) on newer
+    with warnings.catch_warnings():  # needed on older torch; a deprecated no-op on newer
         warnings.simplefilter("ignore", FutureWarning)
         symm_mem.enable_symm_mem_for_group(group_name)
     own = symm_mem.empty(*shape, dtype=dtype, device=device)

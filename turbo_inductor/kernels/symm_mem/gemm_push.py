@@ -1,35 +1,6 @@
-"""GEMM + all-reduce of two ranks in one persistent Triton kernel that pushes its output tiles into the peer's
-symmetric memory by TMA as it computes them (``impl="push"``, opt-in).
-
-Each output tile has an owner, the rank that computes it second (of the designs measured, the fastest): rank 1 runs
-the tiles from half-way, so each tile is computed early by one rank and half a kernel later by the other, its
-owner. The early rank pushes its partial into the owner's buffer; the owner, half a kernel later, finds it landed,
-adds it to its own partial (both rounded to the output dtype first, as GEMM then all-reduce rounds them), stores the
-sum and pushes it back into the early rank's buffer, which copies it into its output: between its own tiles where
-it has landed, the rest after its last tile. Each rank sends half its output twice (a reduce-scatter and an
-all-gather, the least data an all-reduce can move) while its SMs compute: the TMA engine copies each tile from
-shared memory to the peer asynchronously, and a tile's flag in the peer's memory is raised after the next tile's
-GEMM, once the copy has completed, so no SM waits on NVLink. Both
-ranks end with the owners' sums: the same bits on every rank. A tile's partial and final land in the same place
-(the tiles a rank owns and those it does not are disjoint), so one buffer of the output's size suffices, for
-successive calls too: a rank pushes call c + 1's partial of a tile its peer owns once it has every final of call c,
-so after the peer's last read of that place in call c, and its final of a tile it owns once the peer's partial of
-call c + 1 has come, so after the peer finished call c. Flags hold the number of the call that raised them: a
-counter in device memory, advanced by the stream before each call, so that a CUDA graph's replays count too.
-
-Measured on two H200s (``benchmarks/bench_gemm_allreduce.py``), compiled, calls back to back:
-1.19-1.21x Inductor at 8192x4096x7168 (0.713-0.727 ms; the GEMM alone takes 0.60, and 0.61 as this kernel without
-its pushes), 1.22-1.46x at 8192x4096x2048, 1.17-1.18x at 4096x4096x7168; the column-parallel backward's form
-(x @ w) alike. Where the other 0.1 ms goes (the kernel timed without pushes, sums or copies): NVLink traffic
-slows the GEMM by 0.03-0.055 ms whoever issues it (the copy engines too), the owners' waits and sums take 0.03,
-the copies of the finals 0.02.
-
-Opt-in, because a persistent kernel that waits on its peer can deadlock beside other kernels: if another kernel
-(an NCCL collective on another stream) holds SMs on both GPUs while waiting on its own peer, programs of this
-kernel that did not find an SM wait for it, and resident programs spin waiting for them. The grid leaves
-``RESERVED_SMS`` SMs free so that small kernels beside it always find room; a larger one could still wait. Falls
-back to GEMM then all-reduce (``kernels/reference``) where it cannot run or would lose: other than two ranks,
-dtypes other than bf16/fp16, shapes TMA cannot address, outputs under ``MIN_OUTPUT_BYTES``.
+"""GEMM + all-reduce of two ranks in one persistent Triton kernel (``impl="push"``, opt-in).
+It pushes output tiles by TMA into the peer's symmetric memory.
+Design, flags and deadlock risk: docs/kernels.md, GEMM + all-reduce.
 """
 
 from __future__ import annotations
@@ -51,16 +22,16 @@ from . import unavailable_reason as symm_mem_unavailable_reason
 log = logging.getLogger("turbo_inductor")
 NAMESPACE = "turbo_inductor_symm_mem"
 PRIORITY = -30
-# BLOCK_M, BLOCK_N, BLOCK_K, stages, warps. Hopper's bf16 tiling from Triton's matmul tutorials; the TMA push stages
-# a 64 KB tile in shared memory, beside which only 3 stages of 128x256 tiles fit (213 KB of 227).
+# BLOCK_M, BLOCK_N, BLOCK_K, stages, warps: Hopper's bf16 tiling from Triton's matmul tutorials.
+# The TMA push stages a 64 KB tile in shared memory. Beside it only 3 stages fit (213 of 227 KB).
 TILE = (128, 256, 64, 3, 8)
-GROUP_M = 8  # row tiles per group: consecutive programs share x's rows and w's columns in L2
-RESERVED_SMS = 4
-# Below this output size GEMM then all-reduce runs instead: the kernel won 1.09-1.16x at 8 MiB (1024x4096) and took
-# twice GEMM then all-reduce's time at 2 MiB (256x4096x7168).
+GROUP_M = 8  # row tiles per group: neighbouring programs share operands in L2
+RESERVED_SMS = 4  # left free, so that small kernels beside this one find room
+# Smaller outputs run GEMM then all-reduce. On two H200s the kernel won 1.09-1.16x at 8 MiB.
+# At 2 MiB it took twice as long.
 MIN_OUTPUT_BYTES = 8 << 20
 INTERPRETED = tl.constexpr(interpreting())
-# (cols, dtype, device, group) -> PeerBuffers; a key's buffers grow to the most rows asked for.
+# (cols, dtype, device, group) -> PeerBuffers. A key's buffers grow to the most rows asked for.
 _BUFFERS: dict[tuple, PeerBuffers] = {}
 
 
@@ -79,33 +50,33 @@ def _tile_origin(tile_id, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GR
 
 @triton.jit
 def _raise(flag_ptr, call):
-    """Raise a flag to this call's number, after every thread's earlier stores (release, system scope). A maximum,
-    so that a late flag of an earlier call never lowers it."""
+    """Raises a flag to this call's number after all threads' earlier stores (release, system scope).
+    A max: a late raise from an earlier call never lowers it."""
     tl.debug_barrier()
     tl.atomic_max(flag_ptr, call, sem="release", scope="sys")
 
 
 @triton.jit
 def _landed(flag_ptr, call):
-    """Whether a flag says this call (or a later one) has raised it, read once (acquire, system scope)."""
+    """Whether this call or a later one raised the flag. One acquire read, at system scope."""
     return tl.atomic_cas(flag_ptr, -1, -1, sem="acquire", scope="sys") >= call
 
 
 @triton.jit
 def _wait(flag_ptr, call):
-    """Wait until a flag says this call (or a later one) has raised it (acquire, system scope). The read is a
-    compare-and-swap that never swaps (flags are never -1): it writes nothing, so it cannot undo a raise."""
+    """Spins until this call or a later one raised the flag (acquire, system scope).
+    The read is a compare-and-swap that never swaps, since flags are never -1. It cannot undo a raise."""
     while not _landed(flag_ptr, call):
         pass
 
 
 @triton.jit
 def _proxy_fence(call, WAIT_PUSHES: tl.constexpr):
-    """Order the TMA engine's copies (the async proxy) with the SM's flags (the generic proxy): ``WAIT_PUSHES``,
-    before a raise, wait until this program's pushes have completed (their writes performed), as a release orders
-    the SM's own stores only; else, after a wait, make the acquired data visible to the TMA loads that follow.
-    ``call`` is only the inline assembly's operand (Triton's inline assembly takes at least one). The interpreter
-    has no PTX and completes every copy at once."""
+    """Orders the TMA engine's copies (async proxy) with the flags (generic proxy).
+    ``WAIT_PUSHES``, before a raise: wait for this program's pushes. A release orders only SM stores.
+    Else, after a wait: make the acquired data visible to later TMA loads."""
+    # The interpreter has no PTX and completes every copy at once.
+    # ``call`` is a dummy operand: Triton's inline assembly needs at least one.
     if not INTERPRETED:
         if WAIT_PUSHES:
             tl.inline_asm_elementwise(
@@ -124,7 +95,7 @@ def _proxy_fence(call, WAIT_PUSHES: tl.constexpr):
 
 @triton.jit
 def _copy_final(recv_desc, out_desc, tile_id, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
-    """Copy a tile's final sum, which the peer pushed into this rank's buffer, into the output (TMA both ways)."""
+    """Copies a tile's final sum, pushed by the peer into this rank's buffer, to the output."""
     first_row, first_col = _tile_origin(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP)
     out_desc.store([first_row, first_col], recv_desc.load([first_row, first_col]))
 
@@ -153,19 +124,17 @@ def gemm_push_kernel(
     STAGES: tl.constexpr,
     PROGRAMS: tl.constexpr,
 ):
-    """out = x @ w^T (+ bias) summed over two ranks, ``W_KN``: x @ w with w [K, N]. recv is this rank's buffer the
-    peer pushes into (a partial where this rank owns the tile, the final sum where the peer does), flags its flag
-    per tile; peer_recv_desc and peer_flags_ptr the peer's; call_ptr this call's number. Every tile moves through
-    shared memory by TMA (the GEMM's operands, the peer's partial, the sum stored and pushed), so the epilogue's
-    values stay in the MMA's registers: no layout conversion, and the SMs only issue the copies."""
+    """Sums ``x @ w^T (+ bias)`` over two ranks; with ``W_KN``, w is [K, N]. ``recv_desc`` is this rank's buffer.
+    The peer pushes partials of tiles this rank owns there, and sums of tiles it owns. ``flags_ptr`` flags each.
+    ``peer_*`` are the peer's. Tiles move by TMA, so the epilogue stays in the MMA's registers."""
     dtype = out_desc.dtype
     call = tl.load(call_ptr)
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     shift = tiles // 2 * rank  # rank 1 starts half-way
-    # the index from which this rank computes its tiles second, and owns them: half, and for rank 1 tiles - half
+    # From this index on, this rank computes its tiles second and owns them.
     owned_from = tiles // 2 + rank * (tiles % 2)
-    previous = -1  # the previous tile's flag, raised one tile late: its push has completed by then
-    pending = tl.program_id(0)  # the next tile the peer owns whose final this program copies into the output
+    previous = -1  # its flag is raised one tile late, once its push has completed
+    pending = tl.program_id(0)  # the next peer-owned tile whose final sum this program copies out
     for index in range(tl.program_id(0), tiles, PROGRAMS):
         tile_id = (index + shift) % tiles
         first_row, first_col = _tile_origin(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP)
@@ -175,7 +144,7 @@ def gemm_push_kernel(
                 acc = tl.dot(x_desc.load([first_row, k]), w_desc.load([k, first_col]), acc)
             else:
                 acc = tl.dot(x_desc.load([first_row, k]), w_desc.load([first_col, k]).T, acc)
-        if HAS_BIAS:  # on every rank, then summed: F.linear's, as GEMM then all-reduce computes it
+        if HAS_BIAS:  # on every rank, then summed, as GEMM then all-reduce computes it
             cols = first_col + tl.arange(0, BLOCK_N)
             acc += tl.load(bias_ptr + cols, mask=cols < N).to(tl.float32)[None, :]
         partial = acc.to(dtype)
@@ -191,8 +160,8 @@ def gemm_push_kernel(
             total = (partial.to(tl.float32) + theirs.to(tl.float32)).to(dtype)
             out_desc.store([first_row, first_col], total)
             peer_recv_desc.store([first_row, first_col], total)
-            # The peer computes the tile at this rank's index i at its index i + tiles / 2: a final that has landed
-            # is copied now, between GEMMs, rather than all of them after the last tile.
+            # The peer computes this rank's index i at its index i + tiles / 2.
+            # Finals that have landed are copied now, between GEMMs, not after the last tile.
             if pending < owned_from:
                 pending_tile = (pending + shift) % tiles
                 if _landed(flags_ptr + pending_tile, call):
@@ -203,7 +172,7 @@ def gemm_push_kernel(
     if previous >= 0:
         _proxy_fence(call, WAIT_PUSHES=True)
         _raise(peer_flags_ptr + previous, call)
-    for index in range(pending, owned_from, PROGRAMS):  # the finals of the tiles the peer owns not yet copied
+    for index in range(pending, owned_from, PROGRAMS):  # finals of peer-owned tiles not copied yet
         tile_id = (index + shift) % tiles
         _wait(flags_ptr + tile_id, call)
         _proxy_fence(call, WAIT_PUSHES=False)
@@ -211,8 +180,8 @@ def gemm_push_kernel(
 
 
 def programs_for(tiles: int, sms: int) -> int:
-    """The fewest programs, no more than ``sms - RESERVED_SMS``, that run the tiles in as many rounds as that many
-    would (1024 tiles on 132 SMs: 128 programs of 8 tiles, as 128 would)."""
+    """The fewest programs, at most ``sms - RESERVED_SMS``, that need no more rounds than that many.
+    1024 tiles on 132 SMs: 128 programs of 8 tiles."""
     most = max(1, min(tiles, sms - RESERVED_SMS))
     return triton.cdiv(tiles, triton.cdiv(tiles, most))
 
@@ -232,9 +201,9 @@ def launch(
     programs: int,
     tile: tuple = TILE,
 ) -> torch.Tensor:
-    """One call of the kernel: ``out`` [M, N] = the sum over the two ranks of x @ w^T (``w_kn``: x @ w) + bias, with
-    this rank's ``recv`` [M, N] and ``flags`` (a flag per tile) and the peer's (its memory as mapped here).
-    ``call`` (one int32 in device memory) counts the calls from 1, the same on both ranks."""
+    """One call of the kernel: ``out = x @ w^T + bias`` summed over both ranks (``w_kn``: ``x @ w``).
+    ``recv`` and ``flags`` are this rank's; ``peer_*`` the peer's, as mapped here.
+    ``call`` is a device int32 counting calls from 1, equal on both ranks."""
     block_m, block_n, block_k, stages, warps = tile
     (M, K), N = x.shape, out.shape[1]
     x_desc = TensorDescriptor.from_tensor(x, [block_m, block_k])
@@ -271,10 +240,9 @@ def launch(
 
 
 class PeerBuffers:
-    """A group's receive buffer of [rows, cols], its flags, the peer's mappings of the same, and the call counter.
-    Allocated and exchanged (a collective: every rank makes the same calls in the same order) at the first call of
-    each width, and anew for more rows: eagerly, not while a CUDA graph is captured (a compiled graph's warm-up
-    run allocates them)."""
+    """A group's receive buffer and flags, the peer's mappings of both, and the call counter.
+    Allocated collectively at the first call of each width, and again for more rows.
+    Never during CUDA graph capture: a compiled graph's warm-up run allocates them."""
 
     def __init__(self, rows: int, cols: int, dtype: torch.dtype, device: torch.device, group_name: str):
         tiles = triton.cdiv(rows, TILE[0]) * triton.cdiv(cols, TILE[1])
@@ -336,8 +304,8 @@ def peer_buffers(rows: int, cols: int, dtype: torch.dtype, device: torch.device,
 
 
 def _weight_form(weight: torch.Tensor) -> tuple[torch.Tensor, bool] | None:
-    """``(w, w_kn)``: the linear weight [N, K] itself where it is row-major, or its transpose [K, N] where that is
-    (the column-parallel backward passes ``weight.t()``); None where neither is."""
+    """``(w, w_kn)``: the row-major weight [N, K], or its row-major transpose [K, N] with ``w_kn``.
+    The column-parallel backward passes ``weight.t()``. None when neither is row-major."""
     if weight.stride(1) == 1 and weight.stride(0) == weight.shape[1]:
         return weight, False
     if weight.stride(0) == 1 and weight.stride(1) == weight.shape[0]:
@@ -360,7 +328,7 @@ def _(x, weight, bias, group_name):
 
 
 def declines(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], group_name: str) -> str | None:
-    """Why the kernel does not take these arguments (GEMM then all-reduce runs instead), or None."""
+    """Why the kernel declines these arguments, or None. Declined calls run GEMM then all-reduce."""
     world = torch.distributed.distributed_c10d._resolve_process_group(group_name).size()
     if world != 2:
         return f"a group of two ranks (the owners' design), got {world}"
@@ -385,7 +353,7 @@ def unavailable_reason(device: torch.device) -> str | None:
 def gemm_allreduce_fwd(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, group_name: str
 ) -> torch.Tensor:
-    """The kernel where it takes the arguments, else GEMM then all-reduce (decided per shape when traced)."""
+    """The kernel where it takes the arguments, else GEMM then all-reduce. Traced, this is decided per shape."""
     reason = declines(x, weight, bias, group_name)
     if reason is not None:
         log.debug("turbo_inductor: gemm_allreduce_fwd impl=push runs GEMM then all-reduce: it takes %s", reason)

@@ -1,4 +1,4 @@
-"""Triton implementations. On CPU they run only under ``TRITON_INTERPRET=1`` (set before import)."""
+"""Triton implementations. On CPU they run only under ``TRITON_INTERPRET=1``, set before import."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 
 from .. import registry
 
-# Read once, when this package loads: triton.jit picks the interpreter at decoration time, which is when the kernel
-# modules of this package load, so a later change of the variable does not change what our kernels are.
+# Read once at import: triton.jit picks the interpreter when it decorates a kernel.
+# A later change of the variable cannot change the kernels.
 _INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
@@ -28,26 +28,24 @@ def unavailable_reason(device: torch.device) -> str | None:
 
 
 def traceable(device: torch.device) -> bool:
-    """Whether a launch on ``device`` can be traced into a compiled graph. Not on CPU: the interpreter needs real
-    data, and Inductor cannot launch a CPU Triton kernel."""
+    """Whether a launch on ``device`` can be traced into a compiled graph. Not on CPU.
+    There the interpreter needs real data, and Inductor cannot launch CPU Triton kernels."""
     return device.type != "cpu"
 
 
 def launch(kernel):
-    """``kernel``, to launch as ``launch(kernel)[grid](...)``. While an op body is traced for Inductor
-    (``registry.tracing``), it goes through ``wrap_triton`` so that the launch becomes a graph node Inductor
-    compiles and launches itself; otherwise the kernel is launched directly (``wrap_triton``'s dispatch costs
-    about a millisecond per eager call)."""
+    """``kernel``, to launch as ``launch(kernel)[grid](...)``. In a traced op body it goes through ``wrap_triton``.
+    Inductor then compiles and launches it. Eager calls skip the wrapper, which costs about 1 ms."""
     return torch.library.wrap_triton(kernel) if registry.is_tracing() else kernel
 
 
 def interpreting() -> bool:
-    """True when kernels run in Triton's CPU interpreter (whose bf16 dot and fp8 stores are unreliable)."""
+    """True when kernels run in Triton's CPU interpreter. Its bf16 dot and fp8 stores are unreliable."""
     return _INTERPRETING
 
 
 def on_device(device: torch.device):
-    """Triton launches on the current CUDA device: a context that switches to ``device`` when it differs."""
+    """A context that makes ``device`` current. Triton launches on the current CUDA device."""
     if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
         return torch.cuda.device(device.index)
     return contextlib.nullcontext()

@@ -1,8 +1,7 @@
 """FP8 formats in Triton kernels, shared by the quantization and the GEMM.
 
-A format goes into a kernel as a number (FORMAT), not as Triton's dtype: constexprs must print as Python literals in
-the code Inductor generates when it launches a kernel from a compiled graph, and Triton's dtypes do not. FP8 tensors
-travel as raw bytes (uint8 views), which every backend and the interpreter load and store alike.
+A format enters a kernel as a number (FORMAT), not a Triton dtype. Inductor prints constexprs as Python literals.
+FP8 tensors travel as raw bytes (uint8 views). Every backend and the interpreter handle those alike.
 """
 
 from __future__ import annotations

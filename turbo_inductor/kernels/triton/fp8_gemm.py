@@ -1,18 +1,5 @@
-"""Scaled FP8 GEMM in Triton for every block granularity the recipes use, including the ones ``torch._scaled_mm``
-does not take (blockwise 1x128 activations with 128x128 weights, MXFP8 1x32): ``out = dequant(a) @ dequant(b)^T``.
-Semantics and signature: ``..reference.fp8_gemm``.
-
-Each program computes one [BLOCK_M, BLOCK_N] tile of out, stepping through K in chunks of BLOCK_K that never
-straddle a scaling block (BLOCK_K divides every block width along K that is narrower than K). Per chunk: the raw
-FP8 tile product in fp32 (exact products, fp32 sums), times a's scale of each row and b's scale of each column for
-that chunk, added to the fp32 accumulator; one rounding to out's dtype at the end. b is loaded as a [BLOCK_K,
-BLOCK_N] tile of its [N, K] rows, K contiguous: the K-major operand layout Hopper's FP8 MMA takes. The interpreter's
-dot is not reliable below fp32 (platform.md): there the tiles are converted to fp32 first.
-
-Chosen on a GPU where ``torch._scaled_mm`` declines the scales (``..vendor.fp8_gemm`` says which it takes): MXFP8
-before Blackwell, blockwise off Hopper or at shapes cuBLASLt refuses. In the CPU interpreter the emulation, exact and
-faster there, is the default, and tests call this kernel by name. On an H200 (8192x4096 -> 14336) it took 2.55 ms
-blockwise and 7.99 ms MXFP8, against 19.1 ms for the fp32 emulation (``bench_fp8.py``).
+"""Scaled FP8 GEMM in Triton for every block granularity the recipes use. Semantics: ``..reference.fp8_gemm``.
+It runs where ``torch._scaled_mm`` declines the scales, such as MXFP8. See docs/kernels.md, FP8 GEMM.
 """
 
 from __future__ import annotations
@@ -26,7 +13,7 @@ from ..registry import implementation
 from . import interpreting, launch, on_device, traceable, unavailable_reason
 from .fp8_formats import format_id, from_fp8_bits
 
-# Output tile per program on a GPU, and in the interpreter (small: it runs every element in numpy).
+# Output tile per program. The interpreter gets a small one: it runs every element in numpy.
 BLOCK_MN = 128
 INTERPRETER_BLOCK_MN = 32
 # The widest K chunk; narrower when a scaling block along K is (MXFP8: 32).
@@ -38,8 +25,8 @@ NUM_STAGES = 3
 
 
 def block_k_for(K: int, a_block_cols: int, b_block_cols: int) -> int | None:
-    """The K chunk: the largest power of two <= MAX_BLOCK_K dividing every scaling block narrower than K (a block
-    as wide as K holds one scale per row, any chunk will do); None when that is below MIN_BLOCK_K."""
+    """The K chunk: the largest power of two <= MAX_BLOCK_K that divides each block narrower than K.
+    None when that is below MIN_BLOCK_K. A block as wide as K allows any chunk."""
     block_k = MAX_BLOCK_K
     for width in (a_block_cols, b_block_cols):
         if width < K:
@@ -87,7 +74,7 @@ def _fp8_gemm_kernel(
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + ks0
         k_in = ks < K
-        # Outside the matrices the bytes load as 0, which is +0.0 in every format: no term is added.
+        # Bytes outside the matrices load as 0, which is +0.0 in every format.
         a = tl.load(A + rows64[:, None] * K + ks[None, :], mask=row_in[:, None] & k_in[None, :], other=0)
         b = tl.load(B + cols64[None, :] * K + ks[:, None], mask=k_in[:, None] & col_in[None, :], other=0)
         a = from_fp8_bits(a, A_FORMAT)
@@ -115,7 +102,7 @@ def supports(a, a_scale, b, b_scale, out_dtype, fast_accum=False) -> str | None:
 
 
 def priority(device: torch.device) -> int:
-    """Above the emulation (0) on a GPU, below it in the CPU interpreter."""
+    """Above the emulation (0) on a GPU. Below it in the CPU interpreter, where the emulation is exact and faster."""
     return -10 if device.type == "cpu" else 10
 
 
@@ -135,8 +122,7 @@ def fp8_gemm(
     out_dtype: torch.dtype,
     fast_accum: bool = False,
 ) -> torch.Tensor:
-    """a [M, K], b [N, K] fp8 with block scales; returns dequant(a) @ dequant(b)^T in ``out_dtype``, accumulated
-    in fp32 (``fast_accum`` notwithstanding)."""
+    """As ``..reference.fp8_gemm.fp8_gemm``. Accumulates in fp32 whatever ``fast_accum`` says."""
     (M, K), N = a.shape, b.shape[0]
     K = int(K)  # sets the launch configuration: a compiled graph specializes on it
     a_block_rows, a_block_cols = block_size(M, a_scale.shape[0]), block_size(K, a_scale.shape[1])
@@ -170,7 +156,7 @@ def fp8_gemm(
             b_block_cols,
             A_FORMAT=format_id(a.dtype, a.device),
             B_FORMAT=format_id(b.dtype, b.device),
-            UPCAST=interpreting(),
+            UPCAST=interpreting(),  # the interpreter's dot is unreliable below fp32
             BLOCK_M=block_mn,
             BLOCK_N=block_mn,
             BLOCK_K=block_k,

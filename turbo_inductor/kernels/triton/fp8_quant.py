@@ -1,44 +1,6 @@
-"""FP8 quantization with dynamic (current) scaling in Triton: tensorwise, rowwise, blockwise (1x128, 128x128) and
-MXFP8 (1x32, power-of-two scales), with the transpose fused into the store. Semantics: see
-``..reference.fp8_quant``; the signatures are identical.
-
-Layout of the work
-------------------
-Every kernel sees x [M, K] as tiles of GR x GC *sub-tiles* of SR x SC elements (all powers of two), held as a 4-D
-register tile [GR, SR, GC, SC]. A sub-tile never straddles two scaling blocks (SR divides the block's rows, or one
-block spans all rows; same for columns), so one scale serves each sub-tile: per-block maxima are reductions over
-the tile's axes 1 and 3, and broadcasting a [GR, GC] scale back over the tile needs no reshape. x is read through
-its two strides (any layout); q is written row-major, or column-major (x^T's [K, M]) when transposing: Triton
-stages that tile through shared memory so that the loads and the stores are both coalesced.
-
-* One pass ("fused"), when a scaling block fits a sub-tile (its dims are powers of two, or it spans the dim), the
-  sub-tile reads whole sectors of x's rows (MIN_SUBTILE_COLS) and the tile fits in registers
-  (MAX_TILE_ELEMENTS): each program loads its tile once, takes the amax of each block, writes the blocks' scales and
-  the fp8 values. Covers 1x32, 1x128, 128x128 (transposed or not) and rowwise up to
-  K = 32768 (transposed: K <= 1024). Tiles group several small blocks (about TILE_ELEMENTS elements per program);
-  transposing tiles hold >= TRANSPOSE_MIN_ROWS rows so that each row of q^T gets whole 32-byte sectors.
-* Two passes otherwise (tensorwise; rowwise with K > 32768, or transposed with K > 1024; column blocks, as a
-  transposed rowwise operand's; block shapes that are not powers of two): (1) an amax kernel writes the
-  maximum of every sub-tile to a small fp32 array (where one block spans all rows, each program first loops down
-  over several tiles: AMAX_PROGRAMS), (2) one program per scaling block reduces its sub-tiles' maxima into the
-  scale (no atomics: the result is deterministic), (3) the cast kernel reads the scales back from memory (no host
-  sync) and writes q. x is read
-  twice; the extra traffic is the price of needing the amax of a block before its first value can be cast.
-
-* In a producer's own kernel (RMSNorm's, the GLU's): ``store_fp8_row_blocks`` quantizes the producer's output tile
-  in blocks within its rows (1 x C), with the numerics below, so that the producer writes the FP8 copy of its output
-  that this kernel would have made from it.
-
-Numerics (identical to the reference): fp32 math; amax is an integer max over the bit patterns of |x| (exact,
-and NaN propagates); floor AMAX_FLOOR; ``scale = amax / fmax`` and ``x * (1 / scale)`` with IEEE division (``div_rn``:
-Triton's ``/`` is approximate in fp32); clamp to +-fmax before the cast (saturating; the clamp keeps NaN); round
-to nearest even by the hardware's cast.
-Power-of-two scales are built from the bits of ``amax / fmax`` (exact: exponent + 1 unless the mantissa is zero).
-
-Formats: e4m3fn / e5m2 everywhere; the fnuz pair (MI300) only on ROCm: Triton's NVIDIA backend and its CPU
-interpreter cannot cast to them (they raise NotImplementedError here; the reference implementation can).
-In the interpreter, fp32 -> fp8 casts are defective (platform.md: rounding at binade edges, NaN lost for e4m3):
-the kernel patches NaN back in the interpreter only; the rounding defect remains there.
+"""FP8 quantization with dynamic scaling in Triton. Semantics: ``..reference.fp8_quant``.
+Blocks that fit a register tile take one pass. Others take three kernels: amax, scale and cast.
+See docs/kernels.md, FP8 quantization, for the tiling, numerics and interpreter defects.
 """
 
 from __future__ import annotations
@@ -55,35 +17,36 @@ from . import interpreting, launch, on_device, traceable, unavailable_reason
 from .fp8_formats import format_id, to_fp8_bits
 
 # --------------------------------------------------------------------------------------------------------------
-# Launch heuristics (module constants so that tests can shrink them to exercise every path on small shapes).
+# Launch heuristics: module constants, so that tests can shrink them.
 # --------------------------------------------------------------------------------------------------------------
-# Elements per program of the streaming tiles (16 per thread: two 16-byte vectors of bf16 per thread, 8 warps).
+# Elements per program of the streaming tiles: 16 per thread at 8 warps.
 TILE_ELEMENTS = 4096
 ELEMENTS_PER_THREAD = 16
 MAX_NUM_WARPS = 16
-# A scaling block is quantized in one pass when its padded area (times the rows a transposing tile needs) is at
-# most this: 32768 fp32 values are 64 per thread at 16 warps.
+# One pass when a block's padded area, with a transposing tile's rows, fits this.
+# 32768 fp32 values are 64 per thread at 16 warps.
 MAX_TILE_ELEMENTS = 32768
-# One-pass sub-tiles are at least this many columns wide, unless they span the row (16 bf16 values: a 32-byte sector).
+# One-pass sub-tiles are at least this wide, unless they span the row.
+# 16 bf16 values fill a 32-byte sector.
 MIN_SUBTILE_COLS = 16
-# Transposing tiles hold at least this many rows: each row of q^T then receives >= 32 contiguous fp8 bytes.
+# Transposing tiles hold at least this many rows. Each row of q^T then gets 32 contiguous bytes.
 TRANSPOSE_MIN_ROWS = 32
-# Two-pass tiles: up to this many columns when q is row-major (TILE_ELEMENTS // TRANSPOSE_MIN_ROWS when not).
+# Two-pass tiles: at most this many columns when q is row-major.
 MAX_TILE_COLS = 1024
-# Elements per iteration of the scale kernel (the reduction of the sub-tile maxima of one block).
+# Elements per step of the scale kernel, which reduces a block's sub-tile maxima.
 REDUCE_TILE_ELEMENTS = 1024
-# Scaling blocks one partial wide (column blocks) reduced side by side per program of the scale kernel.
+# Column blocks, one partial wide, reduced side by side per scale-kernel program.
 SCALE_BLOCKS_PER_PROGRAM = 128
-# Where one scaling block spans all rows (tensorwise; a transposed rowwise operand's columns), the amax pass stops
-# adding programs at about this many and loops over tiles instead: the scale kernel then reduces few maxima per block
-# (one program reducing one partial per tile of a tensorwise 8192 x 28672 operand took ~50 us on an H200).
+# Where one block spans all rows, the amax pass stops at about this many programs.
+# Each then loops over tiles, so the scale kernel reduces few maxima.
+# With one partial per tile, a tensorwise 8192 x 28672 operand took ~50 us to reduce (H200).
 AMAX_PROGRAMS = 2048
 
 MODE_FUSED, MODE_AMAX, MODE_CAST = 0, 1, 2
 
 _AMAX_FLOOR = tl.constexpr(AMAX_FLOOR)
 
-# A NaN encoding of each format (0x7F: all exponent and mantissa bits set; fnuz: the "negative zero" pattern).
+# A NaN encoding per format. 0x7F sets every exponent and mantissa bit; fnuz uses the negative-zero pattern.
 _NAN_BITS = {
     torch.float8_e4m3fn: 0x7F,
     torch.float8_e5m2: 0x7F,
@@ -97,7 +60,7 @@ _NAN_BITS = {
 # --------------------------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Fp8Tiling:
-    fused: bool  # one pass (the sub-tile is the scaling block) or two (the sub-tile lies inside a block)
+    fused: bool  # one pass (sub-tile = block) or two (sub-tile inside a block)
     sub_rows: int  # SR
     sub_cols: int  # SC
     group_rows: int  # GR: sub-tiles per tile, down
@@ -135,11 +98,11 @@ def fp8_tiling(M: int, K: int, block_rows: int, block_cols: int, transpose: bool
 
     sr = p2m if single_br else (br if _is_pow2(br) else 0)
     sc = p2k if single_bc else (bc if _is_pow2(bc) else 0)
-    # One pass also needs sub-tiles that read whole 32-byte sectors of x's rows: a column block (a transposed
-    # rowwise operand's M x 1) as one tall tile read 2 useful bytes per sector (0.45 TB/s on an H200).
+    # One pass also needs sub-tiles that read whole 32-byte sectors of x's rows.
+    # A column block as one tall tile used 2 bytes per sector: 0.45 TB/s on an H200.
     coalesced = sc >= MIN_SUBTILE_COLS or sc == p2k
     if sr and sc and coalesced and max(sr, min_rows) * sc <= MAX_TILE_ELEMENTS:
-        # One pass: group whole blocks, across first (the contiguous dim of x), then down.
+        # One pass: group whole blocks, across x's contiguous dim first, then down.
         gr, gc = max(1, min_rows // sr), 1
         while gc * 2 * sc <= p2k and gr * sr * gc * sc * 2 <= TILE_ELEMENTS:
             gc *= 2
@@ -147,8 +110,8 @@ def fp8_tiling(M: int, K: int, block_rows: int, block_cols: int, transpose: bool
             gr *= 2
         return Fp8Tiling(True, sr, sc, gr, gc, num_warps_for(gr * sr * gc * sc))
 
-    # Two passes: a streaming tile (wide when q is row-major, TRANSPOSE_MIN_ROWS tall when transposed), cut into
-    # the largest power-of-two sub-tiles that stay inside one block.
+    # Two passes: a streaming tile, wide for row-major q and tall for q^T.
+    # It is cut into the largest power-of-two sub-tiles inside one block.
     tc = min(p2k, TILE_ELEMENTS // TRANSPOSE_MIN_ROWS if transpose else MAX_TILE_COLS)
     tr = min(p2m, max(1, TILE_ELEMENTS // tc))
     sc = min(tc, p2k if single_bc else bc & -bc)  # bc & -bc: the largest power of two dividing bc
@@ -161,9 +124,8 @@ def fp8_tiling(M: int, K: int, block_rows: int, block_cols: int, transpose: bool
 # --------------------------------------------------------------------------------------------------------------
 @triton.jit
 def _abs_bits(x):
-    """|x| as int32 bit patterns. For non-negative floats the integer order is the float order and NaN sorts above
-    inf, so an integer max over them is an exact max |x| that propagates NaN, on every backend (tl.max over floats
-    ignores NaN on GPUs and in the interpreter; a custom NaN-aware combine runs element by element there)."""
+    """|x| as int32 bit patterns. Non-negative floats order as their bits, and NaN sorts above inf.
+    An integer max is then an exact max |x| that keeps NaN. tl.max over floats drops NaN."""
     return tl.abs(x).to(tl.int32, bitcast=True)
 
 
@@ -211,17 +173,11 @@ def _fp8_tile_kernel(
     SC: tl.constexpr,
     ROW_TILES: tl.constexpr,
 ):
-    """ROW_TILES [GR*SR, GC*SC] tiles of x per program, one below the other (programs numbered row-major over
-    groups of ROW_TILES tile rows), each as [GR, SR, GC, SC].
-    MODE_FUSED: sub-tiles are scaling blocks; computes and writes their scales and q.
-    MODE_AMAX: writes the max |x| of each of the program's [GR, GC] sub-tile positions, over its ROW_TILES tiles
-    (more than one only where a scaling block spans all rows), to PARTIAL [cdiv(tile rows, ROW_TILES) * GR,
-    n_partial_cols].
-    MODE_CAST: reads each sub-tile's scale from SCALE and writes q.
-    q goes to Q in x's layout [M, K] (WRITE_Q) and / or to QT in x^T's [K, M] (WRITE_QT).
-    (One loop body serves every mode, without a helper returning several values: torch 2.11's analysis of which
-    arguments a kernel writes gave up on an earlier form that called one inside the loop, and Inductor then
-    copied x back after the kernel, as if written.)"""
+    """ROW_TILES tiles per program, one below the other, each seen as [GR, SR, GC, SC].
+    MODE_FUSED writes each sub-tile's scale and q. MODE_AMAX writes sub-tile maxima to PARTIAL.
+    MODE_CAST reads SCALE and writes q. WRITE_Q writes x's layout to Q, WRITE_QT x^T's to QT."""
+    # One loop body for every mode, with no helper returning several values.
+    # torch 2.11's mutation analysis gives up on such a helper. Inductor would then copy x back.
     pid = tl.program_id(0)
     pid_r = pid // n_tile_cols
     pid_c = pid % n_tile_cols
@@ -286,10 +242,8 @@ def _fp8_scale_kernel(
     BLOCK_C: tl.constexpr,
     SIDE_BY_SIDE: tl.constexpr,
 ):
-    """Scales from the maxima of the sub-tiles of their scaling blocks: each block's PARTIAL[rows_per_block x
-    cols_per_block] window at its position (clipped at the array's edge), reduced in a fixed order. One block per
-    program, or with SIDE_BY_SIDE (blocks one partial wide: a transposed rowwise operand's columns) BLOCK_C
-    neighbouring blocks per program, read together."""
+    """Each block's scale from its window of PARTIAL maxima, reduced in a fixed order. One block per program.
+    With SIDE_BY_SIDE, BLOCK_C neighbouring blocks one partial wide, read together."""
     pid = tl.program_id(0)
     block_row = pid // n_program_cols
     pid_c = pid % n_program_cols
@@ -317,11 +271,11 @@ def _fp8_scale_kernel(
 
 @triton.jit
 def fp8_bits_of(y, scale, FORMAT: tl.constexpr, FMAX: tl.constexpr, FIX_NAN: tl.constexpr, NAN_BITS: tl.constexpr):
-    """y (fp32) scaled by 1 / ``scale`` (broadcast to y), saturated and cast to FP8 raw bytes, as the tile kernel."""
+    """y (fp32) times 1 / ``scale``, saturated and cast to FP8 raw bytes."""
     scaled = tl.clamp(y * tl.math.div_rn(1.0, scale), -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
     bits = to_fp8_bits(scaled, FORMAT)
     if FIX_NAN:
-        # The interpreter's cast turns NaN into a finite e4m3 value; GPUs' casts keep NaN.
+        # The interpreter casts NaN to a finite e4m3 value. GPU casts keep NaN.
         bits = tl.where(scaled != scaled, tl.full(bits.shape, NAN_BITS, tl.uint8), bits)
     return bits
 
@@ -347,11 +301,9 @@ def store_fp8_row_blocks(
     FIX_NAN: tl.constexpr,
     NAN_BITS: tl.constexpr,
 ):
-    """A producer kernel's epilogue (RMSNorm's, the GLU's): its output tile y [BLOCK_ROWS, BLOCK_H] (fp32, columns
-    ``cols`` of rows of width H, zero outside them) quantized in blocks of 1 x QB (a power of two dividing BLOCK_H,
-    whose first block is block ``first_block`` of its rows): q to Q [rows, H] as raw bytes, the blocks' scales to
-    SCALE [rows, n_scale_cols]. The numerics of the tile kernel above (and of the reference), so that the result
-    equals quantizing the producer's output."""
+    """A producer's epilogue: quantizes its fp32 tile ``y`` in blocks of 1 x QB, a power of two.
+    ``first_block`` is the index of the tile's first block in its rows.
+    Writes q to Q and the scales to SCALE, with the tile kernel's numerics."""
     NB: tl.constexpr = BLOCK_H // QB
     blocks = tl.reshape(y, (BLOCK_ROWS, NB, QB))
     scale = _scale_from_amax(tl.max(_abs_bits(blocks), 2).to(tl.float32, bitcast=True), FMAX, POW2)
@@ -369,7 +321,7 @@ def store_fp8_row_blocks(
     )
 
 
-# The epilogue's constexprs in a producer kernel launched without FP8 output (QUANT_BLOCK 0 compiles it away).
+# Epilogue constexprs for a producer launched without FP8 output. QUANT_BLOCK 0 compiles it away.
 NO_FP8_OUTPUT = dict(QUANT_BLOCK=0, FORMAT=0, FMAX=1.0, POW2=False, FIX_NAN=False, NAN_BITS=0)
 
 
@@ -420,8 +372,8 @@ def fp8_quantize(
     tiling = fp8_tiling(M, K, block_rows, block_cols, write_qt)
     n_tile_cols = triton.cdiv(K, tiling.tile_cols)
     grid = (triton.cdiv(M, tiling.tile_rows) * n_tile_cols,)
-    # Stored as raw bytes (the same on every backend). In place of an output not written, x, which the kernel only
-    # reads: passing the other output would alias a written argument in the traced graph.
+    # Stored as raw bytes, alike on every backend. An output not written gets x, which is only read.
+    # Passing the other output would alias a written argument in the traced graph.
     q_bits = q.view(torch.uint8) if write_q else x
     qt_bits = qt.view(torch.uint8) if write_qt else x
     constexprs = dict(
@@ -432,9 +384,8 @@ def fp8_quantize(
         SC=tiling.sub_cols,
         num_warps=tiling.num_warps,
     )
-    # Each layout is written by a launch of its own: compiled for the H200 by Triton 3.6, the kernel storing both
-    # wrote a wrong x^T layout (fp32 inputs at every size, bf16 at some), while each store alone is exact. Writing
-    # both layouts then reads x twice; the native kernels write both from one read.
+    # One launch per layout: Triton 3.6 miscompiles a kernel storing both for the H200.
+    # Its x^T was wrong for fp32 and some bf16 inputs. Each store alone is exact.
     writes = (
         [dict(WRITE_Q=True, WRITE_QT=False), dict(WRITE_Q=False, WRITE_QT=True)]
         if both_layouts
@@ -494,9 +445,8 @@ def fp8_quantize(
         # Sub-tiles per block (all of them along a dim that one block spans).
         rows_per_block = n_partial_rows if n_br == 1 else br // tiling.sub_rows
         cols_per_block = n_partial_cols if n_bc == 1 else bc // tiling.sub_cols
-        # Blocks one partial wide (column blocks) are reduced SCALE_BLOCKS_PER_PROGRAM to a program, from coalesced
-        # rows of partials: one program per block read one strided column each, and cost the interpreter a program
-        # per column of x.
+        # Column blocks one partial wide: SCALE_BLOCKS_PER_PROGRAM per program, reading coalesced rows.
+        # One program per block would read a strided column each.
         side_by_side = cols_per_block == 1 and n_bc > 1
         if side_by_side:
             reduce_c = min(_pow2(n_bc), SCALE_BLOCKS_PER_PROGRAM, REDUCE_TILE_ELEMENTS)

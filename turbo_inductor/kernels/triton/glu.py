@@ -1,25 +1,6 @@
-"""Gated linear units (SwiGLU, GeGLU) in Triton, optionally scaled per row (MoE routing probabilities) and masked
-per row (dropped tokens). Semantics: see ``..reference.glu``; the signatures are identical.
-
-Layout of the work
-------------------
-Both kernels see a [rows, F] problem as tiles of BLOCK_ROWS x BLOCK_F elements (BLOCK_ROWS > 1 only when rows are
-short, so that a program still moves a few KiB). ``gate``/``up`` take any row stride, so the two halves of one
-[rows, 2F] tensor are read in place, with no copy; for such a fused input the backward writes its gradient as one
-[rows, 2F] tensor too.
-
-Forward: purely elementwise, one tile per program; programs are numbered row-major (the column chunks of a row
-block are neighbours), so the grid sweeps memory in order like Inductor's flat pointwise kernel.
-
-Backward: the same tiles and grid when there are no probs. With probs, dprobs[row] needs the sum over the whole row
-of dout * act(gate) * up: each row block then gets ONE program that walks its row in BLOCK_F chunks (writing dgate
-and dup as it goes) and accumulates the sum in an fp32 register tile, reduced and stored once at the end. Nothing is
-shared between programs, so there are no atomics and dprobs is bitwise reproducible. The same kernel serves both
-forms: its column loop starts at the program's chunk and strides by the number of column programs, so it runs
-once per program without probs and over the whole row with them.
-
-All math is fp32; bf16/fp16 inputs are upcast after the load and results rounded once at the store. Masked rows are
-not loaded at all (their inputs may hold anything, even NaN) and are stored as exact zeros.
+"""Gated linear units (SwiGLU, GeGLU) in Triton. Semantics: ``..reference.glu``.
+One elementwise tile per program. With probs, the backward walks each row block in one program, for dprobs.
+See docs/kernels.md, GLU.
 """
 
 from __future__ import annotations
@@ -36,29 +17,27 @@ from . import launch, on_device, traceable, unavailable_reason
 from .fp8_quant import NO_FP8_OUTPUT, format_constexprs, fp8_quantize, store_fp8_row_blocks
 
 # --------------------------------------------------------------------------------------------------------------
-# Launch heuristics (module constants so that tests can shrink them to exercise the looped paths).
+# Launch heuristics: module constants, so that tests can shrink them.
 # --------------------------------------------------------------------------------------------------------------
-# Elements per program tile. With TILE_ELEMENTS_PER_THREAD = 8 that is 8 warps, each thread loading one 16-byte
-# vector per bf16 input. Chosen by benchmarks/sweep_glu_tiles.py on the H200 (F = 14336): the only settings at
-# Inductor's GPU time (0.998-1.000x); 16 per thread (4 warps) ran 0.6% slower, 32 per thread or 8192-element tiles
-# 2-7% slower.
+# Elements per program tile: 8 warps at 8 per thread, one 16-byte vector per bf16 input.
+# The only setting at Inductor's time on the H200 at F = 14336 (docs/kernels.md, GLU).
 TILE_ELEMENTS = 2048
 TILE_ELEMENTS_PER_THREAD = 8
 MAX_NUM_WARPS = 8
-# Column chunk width bounds. A row wider than MAX_BLOCK_F is cut into chunks; the chunk is halved (down to
-# MIN_BLOCK_F) while the row's last chunk would leave more than MAX_TAIL_WASTE of the row's lanes idle
-# (F = 14336 -> 2048, exact; F = 11008 -> 1024, two rows per tile; F = 4097 -> 256).
+# Column chunk bounds. Rows wider than MAX_BLOCK_F are cut into chunks.
+# The chunk halves while the tail would idle over MAX_TAIL_WASTE of the row.
+# F = 14336 -> 2048; F = 11008 -> 1024; F = 4097 -> 256.
 MAX_BLOCK_F = 2048
 MIN_BLOCK_F = 256
 MAX_TAIL_WASTE = 1.0 / 16
 
-# Activation ids (constexpr in the kernels: one compiled variant per activation, no runtime branch).
+# Activation ids are constexprs: one compiled variant per activation, no runtime branch.
 SILU = 0
 GELU = 1
 GELU_TANH = 2
 ACTIVATION_IDS = {"silu": SILU, "gelu": GELU, "gelu_tanh": GELU_TANH}
 
-# Constants of the activations, as constexprs so that the kernels can read them (fp32 where they meet fp32 tensors).
+# The activations' constants, as constexprs the kernels can read.
 _SQRT_1_2 = tl.constexpr(math.sqrt(0.5))
 _INV_SQRT_2PI = tl.constexpr(1.0 / math.sqrt(2.0 * math.pi))
 _TANH_K = tl.constexpr(math.sqrt(2.0 / math.pi))
@@ -73,8 +52,8 @@ class GluTiling:
 
 
 def block_f_for(F: int) -> int:
-    """Column chunk width: the whole (power-of-two padded) row when it fits MAX_BLOCK_F, else the widest chunk whose
-    last, partial chunk wastes at most MAX_TAIL_WASTE of the row (never below MIN_BLOCK_F)."""
+    """Column chunk width: the padded row when it fits MAX_BLOCK_F. Else the widest chunk, at least
+    MIN_BLOCK_F, whose tail wastes at most MAX_TAIL_WASTE of the row."""
     padded = triton.next_power_of_2(max(F, 1))
     if padded <= MAX_BLOCK_F:
         return padded
@@ -90,7 +69,7 @@ def num_warps_for(tile_elements: int) -> int:
 
 
 def glu_tiling(F: int) -> GluTiling:
-    """Tile of both kernels: a chunk of one row, or several short rows (about TILE_ELEMENTS elements)."""
+    """Both kernels' tile: a chunk of one row, or several short rows. About TILE_ELEMENTS elements."""
     block_f = block_f_for(F)
     block_rows = max(1, TILE_ELEMENTS // block_f)
     return GluTiling(block_rows, block_f, num_warps_for(block_rows * block_f))
@@ -110,8 +89,8 @@ def _activation_id(activation: str) -> int:
 # --------------------------------------------------------------------------------------------------------------
 @triton.jit
 def _activation(x, ACTIVATION: tl.constexpr):
-    """act(x). gelu_tanh uses 0.5 * (1 + tanh(u)) == sigmoid(2u): tl has no tanh that the interpreter runs, and
-    the sigmoid form has no cancellation where tanh(u) is near -1."""
+    """act(x). gelu_tanh uses ``0.5 * (1 + tanh(u)) == sigmoid(2u)``.
+    The interpreter runs no tl tanh, and sigmoid avoids cancellation near tanh(u) = -1."""
     if ACTIVATION == 0:  # silu
         y = x * tl.sigmoid(x)
     elif ACTIVATION == 1:  # gelu (exact)
@@ -146,8 +125,8 @@ def _activation_and_grad(x, ACTIVATION: tl.constexpr):
 # --------------------------------------------------------------------------------------------------------------
 @triton.jit
 def _kept_rows(MASK, rows, n_rows, HAS_MASK: tl.constexpr):
-    """The rows of the tile that exist and are not dropped: the only rows read. Dropped rows are not read at all:
-    saves their bandwidth, and whatever they hold (even NaN) cannot reach an output."""
+    """The tile's rows that exist and are not dropped: the only rows read.
+    Skipping dropped rows saves bandwidth, and their contents (even NaN) reach no output."""
     row_in = rows < n_rows
     if HAS_MASK:
         row_in = row_in & (tl.load(MASK + rows, mask=row_in, other=0) != 0)
@@ -215,9 +194,8 @@ def _glu_fwd_kernel(
     FIX_NAN: tl.constexpr,
     NAN_BITS: tl.constexpr,
 ):
-    """OUT[tile] = act(GATE) * UP * PROBS[row]; one tile per program, programs numbered row-major. With
-    QUANT_BLOCK > 0 (a power of two dividing BLOCK_F), OUT (rounded to its dtype) is also written in FP8 with a scale
-    per 1 x QUANT_BLOCK block (``fp8_quant.store_fp8_row_blocks``)."""
+    """``OUT = act(GATE) * UP * PROBS[row]``, one tile per program, numbered row-major.
+    With QUANT_BLOCK > 0, the rounded OUT is also written in FP8 (see ``store_fp8_row_blocks``)."""
     pid = tl.program_id(0)
     pid_r = pid // n_col_blocks
     pid_c = pid % n_col_blocks
@@ -228,7 +206,7 @@ def _glu_fwd_kernel(
     y = _glu_tile(
         GATE, UP, PROBS, MASK, rows, cols, n_rows, F, stride_gate, stride_up, ACTIVATION, HAS_PROBS, HAS_MASK
     ).to(OUT.dtype.element_ty)
-    # Stores cover every in-bounds element, kept or not: dropped rows must be written (as zeros).
+    # Store every in-bounds element: dropped rows must be written as zeros.
     tl.store(OUT + rows.to(tl.int64)[:, None] * F + cols[None, :], y, mask=row_in[:, None] & col_in[None, :])
     if QUANT_BLOCK > 0:
         store_fp8_row_blocks(
@@ -278,11 +256,9 @@ def _glu_bwd_kernel(
     BLOCK_ROWS: tl.constexpr,
     BLOCK_F: tl.constexpr,
 ):
-    """dgate = dout * up * p * act'(gate), dup = dout * act(gate) * p; with probs also
-    dprobs[row] = sum(dout * act(gate) * up). Program pid handles chunks pid_c, pid_c + n_col_blocks, ... of its
-    row block: one chunk without probs, the whole row with probs (the launcher then passes n_col_blocks == 1).
-    DUP_IN_DGATE: dgate and dup are the halves of one [rows, 2F] buffer DGATE (dup at column F; DUP unused), so that
-    the kernel writes one tensor: a compiled graph would copy a kernel's writes into views back into their base."""
+    """``dgate = dout * up * p * act'(gate)``, ``dup = dout * act(gate) * p``; dprobs sums ``dout * act * up``.
+    A program takes chunks pid_c, pid_c + n_col_blocks, ... of its row block: all of them when n_col_blocks == 1.
+    DUP_IN_DGATE: dup goes into DGATE at column F, one tensor; see docs/kernels.md, GLU."""
     pid = tl.program_id(0)
     pid_r = pid // n_col_blocks
     pid_c = pid % n_col_blocks
@@ -293,13 +269,13 @@ def _glu_bwd_kernel(
         p = tl.load(PROBS + rows, mask=load_rows, other=0.0).to(tl.float32)
     rows64 = rows.to(tl.int64)
     cols0 = tl.arange(0, BLOCK_F)
-    # Per-element partial sums of dout * act * up, reduced over the row once after the loop (fp32, fixed order).
+    # Per-element partial sums of dout * act * up, reduced once after the loop.
     acc = tl.zeros([BLOCK_ROWS, BLOCK_F], dtype=tl.float32)
     for start in range(pid_c * BLOCK_F, F, n_col_blocks * BLOCK_F):
         cols = start + cols0
         col_in = cols < F
         store_mask = row_in[:, None] & col_in[None, :]
-        # Dropped rows load 0 (not their contents): their terms of the dprobs sum are then exact zeros.
+        # Dropped rows load 0, so their dprobs terms are exact zeros.
         load_mask = load_rows[:, None] & col_in[None, :]
         do = tl.load(DOUT + rows64[:, None] * stride_dout + cols[None, :], mask=load_mask, other=0.0).to(tl.float32)
         g = tl.load(GATE + rows64[:, None] * stride_gate + cols[None, :], mask=load_mask, other=0.0).to(tl.float32)
@@ -330,7 +306,7 @@ def _glu_bwd_kernel(
 # Launchers
 # --------------------------------------------------------------------------------------------------------------
 def _unit_column_stride(t: torch.Tensor) -> bool:
-    # A single column is addressed by the row stride alone: its column stride never matters.
+    # One column needs only the row stride: its column stride never matters.
     return t.size(1) <= 1 or t.stride(1) == 1
 
 
@@ -352,9 +328,8 @@ def _check_shapes(gate: torch.Tensor, up: torch.Tensor, probs, mask) -> None:
 
 
 def _row_args(probs: torch.Tensor | None, mask: torch.Tensor | None, fallback: torch.Tensor):
-    """Kernel arguments for probs and mask. The mask goes in as uint8 (same bytes as bool), which every Triton
-    backend and the interpreter load alike. Absent ones get ``fallback``: the HAS_* constexprs compile their
-    accesses away."""
+    """Kernel arguments for probs and mask. The mask goes in as uint8, which every backend loads alike.
+    Absent ones get ``fallback``; the HAS_* constexprs compile their accesses away."""
     probs_arg = probs.contiguous() if probs is not None else fallback
     mask_arg = mask.to(torch.bool).contiguous().view(torch.uint8) if mask is not None else fallback
     return probs_arg, mask_arg
@@ -369,10 +344,8 @@ def glu_fwd(
 
 
 def quantizes_in_its_pass(F: int, block_cols: int) -> bool:
-    """Whether the forward quantizes its [rows, F] output in blocks of 1 x ``block_cols`` in its own pass: blocks of
-    powers of two that a tile holds, or one block per row where a row fits one tile. (A whole-row scale of a row wider
-    than a tile needs a second pass over the row: one that recomputed the row from its inputs, through L2, was slower
-    on the H200 than the quantization kernel's separate pass.)"""
+    """Whether the forward quantizes its output in blocks of 1 x ``block_cols`` in its own pass.
+    True for power-of-two blocks that a tile holds, and for row-wide blocks of one tile."""
     block, block_f = min(block_cols, F), glu_tiling(F).block_f
     return block <= block_f and (block == F or block & (block - 1) == 0)
 
@@ -395,8 +368,8 @@ def glu_fwd_fp8(
     block_cols: int,
     power_of_two: bool = False,
 ):
-    """``(out, q, scale)``; see ``..reference.glu.glu_fwd_fp8``. Quantized in the GLU's own pass where
-    :func:`quantizes_in_its_pass`, else by the quantization kernel after it."""
+    """``(out, q, scale)``; see ``..reference.glu.glu_fwd_fp8``.
+    Quantized in the GLU's pass where :func:`quantizes_in_its_pass`, else by the quantization kernel."""
     F = int(gate.shape[1])
     if not quantizes_in_its_pass(F, block_cols):
         out = _fwd(gate, up, probs, mask, activation)[0]
@@ -412,8 +385,7 @@ def _fwd(
     activation: str,
     quantize: tuple[torch.dtype, int, bool] | None = None,
 ):
-    """``(out, q, scale)``, with q and scale None unless ``quantize`` = (fp8 dtype, block, power of two), blocks that
-    :func:`quantizes_in_its_pass`."""
+    """``(out, q, scale)``. q and scale are None unless ``quantize`` = (fp8 dtype, block, power of two)."""
     act_id = _activation_id(activation)
     _check_shapes(gate, up, probs, mask)
     n_rows, F = gate.shape
@@ -440,11 +412,11 @@ def _fwd(
         num_warps=tiling.num_warps,
     )
     if quantize is None:
-        # gate, which the kernel only reads, in place of the FP8 outputs it does not write (see fp8_quant.py)
+        # Unwritten FP8 outputs get gate, which the kernel only reads (see fp8_quant.py).
         q_args, quant = (gate, gate, 1), dict(NO_FP8_OUTPUT)
     else:
         q_args = (q.view(torch.uint8), scale, scale.shape[1])
-        # a tile holds whole blocks: the block, or the padded row when one block spans it
+        # Whole blocks per tile: the block, or the padded row when one block spans it.
         quant = dict(
             QUANT_BLOCK=tiling.block_f if block == F else block,
             **format_constexprs(fp8_dtype, gate.device, power_of_two),
@@ -496,10 +468,10 @@ def glu_bwd(
         dout = _readable(dout)
         gate = _readable(gate)
         up = _readable(up)
-        # Arguments a launch does not use get dout: only read, never an output passed twice.
+        # Unused arguments get dout: only read, never an output passed twice.
         probs_arg, mask_arg = _row_args(probs, mask, dout)
         tiling = glu_tiling(F)
-        # With probs, one program per row block walks the whole row so that its dprobs sum is complete.
+        # With probs, one program per row block walks the whole row for dprobs.
         n_col_blocks = 1 if probs is not None else triton.cdiv(F, tiling.block_f)
         grid = (triton.cdiv(n_rows, tiling.block_rows) * n_col_blocks,)
         with on_device(gate.device):

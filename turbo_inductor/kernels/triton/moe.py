@@ -1,14 +1,5 @@
-"""MoE token routing in Triton: the kernels of ``..reference.moe`` (semantics and signatures there).
-
-``moe_route`` is a stable counting sort in one launch: a program per expert (and one for the sentinels) counts the
-choices of lower experts, then walks the choices in order, numbering its own by a running prefix sum. Every program
-reads all T * k indices twice (from L2: a few hundred KiB); no atomics, no host sync, no temporary buffers.
-
-The row kernels work token by token: a program takes one token's k choices as a [K_PAD, BLOCK_H] tile, the rows at
-``positions[t, :]``. Dispatch reads the token's row once and writes its k copies; gather-sum reads the k rows and
-writes their sum. ``positions`` is a permutation, so every output row has one writer: no atomics, and the results
-are bitwise reproducible. Dispatch's dots (the router weights' gradient) sum over the whole row: one program per
-token walks it chunk by chunk; otherwise the programs split the row's chunks between them.
+"""MoE token routing in Triton: the kernels of ``..reference.moe``. No atomics, no host sync.
+``moe_route`` is a counting sort in one launch. See docs/kernels.md, MoE routing.
 """
 
 from __future__ import annotations
@@ -23,27 +14,27 @@ from . import launch, on_device, traceable, unavailable_reason
 # Choices a routing program takes per step.
 ROUTE_BLOCK = 1024
 ROUTE_NUM_WARPS = 4
-# Elements of one program's tile (k rows of BLOCK_H columns): 16 KiB of fp32 values, 4 warps.
+# Elements of one program's tile, k rows of BLOCK_H columns: 16 KiB of fp32 at 4 warps.
 TILE_ELEMENTS = 4096
 MIN_BLOCK_H = 64
 NUM_WARPS = 4
 
 
 def priority(device: torch.device) -> int:
-    """Above the reference on a GPU; below it in the CPU interpreter, where its per-element Python is slow."""
+    """Above the reference on a GPU. Below it in the CPU interpreter, which is slow per element."""
     return -10 if device.type == "cpu" else 10
 
 
 def _tile(k: int, hidden: int) -> tuple[int, int]:
-    """(K_PAD, BLOCK_H)."""
+    """``(K_PAD, BLOCK_H)`` for k choices of rows of ``hidden`` elements."""
     k_pad = triton.next_power_of_2(k)
     return k_pad, min(triton.next_power_of_2(hidden), max(MIN_BLOCK_H, TILE_ELEMENTS // k_pad))
 
 
 @triton.jit
 def _route_kernel(IDS, OFFS, ORDER, POSITIONS, S, E, BLOCK: tl.constexpr):
-    """Bucket b = program id: expert b, or the sentinels (indices outside [0, E)) for b = E. Its rows start after
-    every choice of a lower bucket; OFFS[b] is where they end."""
+    """Program b sorts bucket b: expert b, or the sentinels for b = E.
+    Its rows follow every lower bucket's; OFFS[b] is where they end."""
     b = tl.program_id(0)
     start = tl.zeros([], dtype=tl.int32)
     for first in range(0, S, BLOCK):
@@ -82,8 +73,8 @@ def _dispatch_kernel(
     HAS_WEIGHTS: tl.constexpr,
     HAS_DOTS: tl.constexpr,
 ):
-    """OUT[POS[t, j]] = SRC[t] (* W[t, j]); DOTS[t, j] = sum_h SRC[t, h] * OTHER[POS[t, j], h] (then one program
-    per token: the sum runs over the whole row in order)."""
+    """``OUT[POS[t, j]] = SRC[t] * W[t, j]``; ``DOTS[t, j] = sum_h SRC[t, h] * OTHER[POS[t, j], h]``.
+    With DOTS, one program per token walks the whole row in order."""
     t = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, K_PAD)
     j_in = j < K
@@ -121,7 +112,7 @@ def _gather_sum_kernel(
     BLOCK_H: tl.constexpr,
     HAS_WEIGHTS: tl.constexpr,
 ):
-    """OUT[t, chunk] = sum_j SRC[POS[t, j], chunk] (* W[t, j]) in fp32."""
+    """``OUT[t, chunk] = sum_j SRC[POS[t, j], chunk] * W[t, j]``, in fp32."""
     t = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, K_PAD)
     j_in = j < K

@@ -1,22 +1,6 @@
-"""RMSNorm forward/backward in Triton, optionally fused with a residual add (forward) and with the residual
-stream's gradient (backward). Semantics: see ``..reference.rmsnorm``; the signatures are identical.
-
-Layout of the work
-------------------
-Forward, ``next_pow2(H) * element_size <= FWD_MAX_FUSED_BYTES``: each program normalizes BLOCK_ROWS whole rows
-held in registers (one read of x [and residual], one write of y [and s]); BLOCK_ROWS > 1 only for small H, so
-that a program still moves a few KiB. Wider rows: one program per row, two passes over the row in chunks (sum
-of squares, then normalize).
-
-Backward: a persistent grid of G = min(row blocks, SMs * programs per SM) programs. Program ``pid``
-handles row blocks pid, pid + G, ...; it writes dx for each and accumulates dy * s * rstd in an fp32 register
-tile, stored once to ``dw_partial[pid]``. Its row loop is software-pipelined (``tl.range(num_stages=...)``)
-so that the next rows' loads are in flight during this row's reduction. A tiny kernel then sums the G
-partials per column in a fixed order. No atomics anywhere, so dw is bitwise reproducible run to run (for a
-given device, hence a given G). Wider rows: a per-row dot product first, then a (G, column chunk) grid doing
-the same as above per chunk.
-
-All math is fp32; bf16/fp16 inputs are upcast after the load and results rounded once at the store.
+"""RMSNorm forward and backward in Triton, optionally fused with a residual add. Semantics: ``..reference.rmsnorm``.
+Whole rows stay in registers; wider rows go in chunks. The backward's dw needs no atomics: it is deterministic.
+See docs/kernels.md, RMSNorm.
 """
 
 from __future__ import annotations
@@ -34,37 +18,32 @@ from . import launch, on_device, traceable, unavailable_reason
 from .fp8_quant import NO_FP8_OUTPUT, format_constexprs, fp8_quantize, store_fp8_row_blocks
 
 # --------------------------------------------------------------------------------------------------------------
-# Launch heuristics (module constants so that tests can shrink them to exercise the chunked paths).
+# Launch heuristics: module constants, so that tests can shrink them.
 # --------------------------------------------------------------------------------------------------------------
-# A row is kept whole in registers while next_pow2(H) * element_size <= *_MAX_FUSED_BYTES; wider rows would
-# spill, so the kernels loop over them in chunks instead. The backward keeps dy, s, w and the dw accumulator
-# live per element (about twice the forward's registers): its limit is half the forward's.
+# Rows whose padded size fits these stay in registers. Wider rows would spill, so they go in chunks.
+# The backward keeps four values live per element: its limit is half the forward's.
 FWD_MAX_FUSED_BYTES = 65536  # bf16: H <= 32768, fp32: H <= 16384
 BWD_MAX_FUSED_BYTES = 32768  # bf16: H <= 16384, fp32: H <= 8192
-# Chunk width of the chunked (wide-row) paths, in bytes of the input dtype.
+# Chunk width of the wide-row paths, in bytes of the input dtype.
 CHUNK_BYTES = 16384
-# Small H: pack rows into one program until its tile holds about this many elements (a few KiB of traffic
-# per program; one 128-element row alone would leave most of each warp's load slots idle).
+# Small H: pack rows until a program's tile holds about this many elements.
+# One 128-element row alone would leave most load slots idle.
 ROW_TILE_ELEMENTS = 4096
 MAX_BLOCK_ROWS = 64
-# Backward: elements of the tile per thread (sets num_warps): 16 keeps the fused tile in registers.
+# Backward elements per thread, which set num_warps. 16 keeps the tile in registers.
 BWD_ELEMENTS_PER_THREAD = 16
-# Persistent backward grid: enough programs for about BWD_WARPS_PER_SM resident warps per SM (two 8-warp
-# programs at H=4096). More programs hide more latency but add dw partial rows (G * H * 4 bytes written, then
-# read by the final reduction) and compete for registers and shared memory.
+# Resident warps per SM the persistent backward aims for: two 8-warp programs at H=4096.
+# More programs hide latency, but add dw partial rows and compete for registers.
 BWD_WARPS_PER_SM = 16
-# Software pipelining of the backward's row loop (the next rows' loads are issued while this row's math
-# runs; without it a program waits for each row's loads: ~1.6x slower at [8192, 4096] bf16 on an H200).
-# Applied to tiles of at most BWD_PIPELINE_MAX_TILE_BYTES per input (bf16 H <= 8192, fp32 H <= 4096): wider
-# tiles measured slower pipelined than not. The staged loads of one SM's programs get about
-# BWD_PIPELINE_SMEM_PER_SM bytes (counted as stages * inputs * tile bytes): two programs at bf16 H=4096 (with
-# or without dresidual), one at fp32 H=4096 and bf16 H=8192 (two measured ~8% slower there).
+# Software pipelining of the backward's row loop: 1.6x faster at [8192, 4096] bf16 on an H200.
+# Only tiles up to BWD_PIPELINE_MAX_TILE_BYTES per input; wider ones ran slower pipelined.
+# An SM's staged loads get about BWD_PIPELINE_SMEM_PER_SM bytes. See docs/kernels.md, RMSNorm.
 BWD_PIPELINE_STAGES = 3
 BWD_PIPELINE_MAX_TILE_BYTES = 16384
 BWD_PIPELINE_SMEM_PER_SM = 147456
 # The final dw reduction: about this many fp32 partials per program and loop step.
 DW_REDUCE_TILE_ELEMENTS = 8192
-# "SM count" in the CPU interpreter: small, so that tests still see several programs share the rows.
+# "SM count" in the CPU interpreter: small, so that tests see programs share the rows.
 INTERPRETER_PROGRAMS = 4
 
 
@@ -77,7 +56,7 @@ class RowTiling:
 
 
 def fwd_num_warps(tile_elements: int) -> int:
-    """Forward warps per program from its tile size (8-16 elements per thread on the Llama sizes)."""
+    """Forward warps per program from its tile size: 8-16 elements per thread at Llama sizes."""
     if tile_elements >= 16384:
         return 16
     if tile_elements >= 4096:
@@ -118,7 +97,7 @@ def _sm_count(device: torch.device) -> int:
 
 @functools.cache
 def _max_shared_mem(device: torch.device) -> int:
-    """Shared memory one program may use (bytes); unbounded in the interpreter (which ignores stages)."""
+    """Shared memory one program may use, in bytes. Unbounded in the interpreter, which ignores stages."""
     if device.type != "cuda":
         return 1 << 30
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -132,8 +111,8 @@ class BwdSchedule:
 
 
 def bwd_schedule(tiling: RowTiling, element_size: int, n_inputs: int, device: torch.device) -> BwdSchedule:
-    """Pipeline depth and programs per SM of the fused backward. ``n_inputs``: row tiles loaded per step
-    (dy and s, plus dresidual), each staged in shared memory when pipelined."""
+    """Pipeline depth and programs per SM of the fused backward.
+    ``n_inputs``: row tiles loaded per step (dy, s, and dresidual), each staged when pipelined."""
     stage_bytes = n_inputs * tiling.block_rows * tiling.block_h * element_size
     programs_per_sm = max(1, BWD_WARPS_PER_SM // tiling.num_warps)
     if stage_bytes > n_inputs * BWD_PIPELINE_MAX_TILE_BYTES:
@@ -147,14 +126,14 @@ def bwd_schedule(tiling: RowTiling, element_size: int, n_inputs: int, device: to
 
 
 def bwd_grid_size(n_row_blocks: int, programs_per_sm: int, device: torch.device) -> int:
-    """Persistent backward grid: enough programs to fill the GPU, never more than there are row blocks."""
+    """Persistent backward grid: enough programs to fill the GPU, at most one per row block."""
     return max(1, min(n_row_blocks, _sm_count(device) * programs_per_sm))
 
 
 def dw_reduce_config(max_partials: int, H: int, device: torch.device) -> tuple[int, int, int]:
-    """(BLOCK_P, BLOCK_N, num_warps) of the dw reduction: about one program per SM (32..256 columns each), and
-    tall tiles so that each program needs only one or two dependent loads (a short kernel is latency-bound).
-    Sized for the most partials the backward grid can have, a number that does not depend on the row count."""
+    """``(BLOCK_P, BLOCK_N, num_warps)`` of the dw reduction: about one program per SM.
+    Tall tiles need only one or two dependent loads: this short kernel is latency-bound.
+    Sized for the grid's most partials, which do not depend on the row count."""
     block_n = min(256, max(32, triton.next_power_of_2(triton.cdiv(H, _sm_count(device)))))
     block_p = min(triton.next_power_of_2(max_partials), max(1, DW_REDUCE_TILE_ELEMENTS // block_n))
     return block_p, block_n, fwd_num_warps(block_p * block_n)
@@ -188,8 +167,8 @@ def _rmsnorm_fwd_kernel(
     FIX_NAN: tl.constexpr,
     NAN_BITS: tl.constexpr,
 ):
-    """BLOCK_ROWS whole rows per program (BLOCK_H >= H). With QUANT_BLOCK > 0, y (rounded to its dtype) is also
-    written in FP8 with a scale per 1 x QUANT_BLOCK block (see ``fp8_quant.store_fp8_row_blocks``)."""
+    """BLOCK_ROWS whole rows per program (BLOCK_H >= H).
+    With QUANT_BLOCK > 0, the rounded y is also written in FP8 (see ``store_fp8_row_blocks``)."""
     pid = tl.program_id(0)
     rows = pid * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     cols = tl.arange(0, BLOCK_H)
@@ -202,11 +181,11 @@ def _rmsnorm_fwd_kernel(
     s = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         r = tl.load(R + offs, mask=mask, other=0.0).to(tl.float32)
-        # Round the sum to the input dtype and normalize the rounded value: equals the unfused add-then-norm.
+        # Normalize the sum rounded to its dtype, as the unfused add-then-norm does.
         s_low = (s + r).to(S_OUT.dtype.element_ty)
         tl.store(S_OUT + offs, s_low, mask=mask)
         s = s_low.to(tl.float32)
-    # eps may arrive as fp64 (Inductor passes python floats that way): keep the math in fp32.
+    # Inductor may pass eps as fp64: keep the math in fp32.
     mean_sq = tl.sum(s * s, axis=1) / H
     rstd = tl.rsqrt(mean_sq + tl.cast(eps, tl.float32))
     tl.store(RSTD + rows, rstd, mask=row_mask)
@@ -217,7 +196,7 @@ def _rmsnorm_fwd_kernel(
     y_low = y.to(Y.dtype.element_ty)
     tl.store(Y + offs, y_low, mask=mask)
     if QUANT_BLOCK > 0:
-        # Masked lanes hold 0 (s was loaded as 0 there): they never raise a block's amax.
+        # Masked lanes hold 0, which never raises a block's amax.
         store_fp8_row_blocks(
             y_low.to(tl.float32),
             Q,
@@ -254,9 +233,8 @@ def _rmsnorm_fwd_chunked_kernel(
     HAS_WEIGHT: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
 ):
-    """One row per program, row wider than a register tile: pass 1 sums squares (and writes s), pass 2
-    normalizes. Pass 2 recomputes s from x and residual instead of re-reading S_OUT, so that no thread
-    reads what another thread of the program wrote (no barrier needed)."""
+    """One wide row per program: pass 1 sums squares and writes s, pass 2 normalizes.
+    Pass 2 recomputes s rather than read S_OUT: no thread reads another's writes, so no barrier."""
     row = tl.program_id(0).to(tl.int64)
     base = row * H
     cols0 = tl.arange(0, BLOCK_H)
@@ -307,8 +285,8 @@ def _rmsnorm_bwd_kernel(
     HAS_DRESIDUAL: tl.constexpr,
     LOOP_STAGES: tl.constexpr,
 ):
-    """Persistent: program pid handles row blocks pid, pid + G, ... (BLOCK_H >= H).
-    dx = rstd * (dy*w - s * rstd^2 * mean(dy*w*s)) [+ dres]; dw partial = sum over its rows of dy*s*rstd."""
+    """Persistent: program pid takes row blocks pid, pid + G, ... (BLOCK_H >= H).
+    ``dx = rstd * (dy*w - s * rstd^2 * mean(dy*w*s)) [+ dres]``; its dw partial sums ``dy*s*rstd``."""
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_H)
@@ -355,7 +333,7 @@ def _rmsnorm_bwd_row_dot_kernel(
     BLOCK_H: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
 ):
-    """Wide rows, step 1: C[row] = rstd^2 * mean(dy * w * s), one row per program, looping over chunks."""
+    """Wide rows, step 1: ``C[row] = rstd^2 * mean(dy * w * s)``, one row per program, in chunks."""
     row = tl.program_id(0).to(tl.int64)
     base = row * H
     cols0 = tl.arange(0, BLOCK_H)
@@ -388,8 +366,8 @@ def _rmsnorm_bwd_chunked_kernel(
     HAS_WEIGHT: tl.constexpr,
     HAS_DRESIDUAL: tl.constexpr,
 ):
-    """Wide rows, step 2: grid (G, column chunks). Program (pid, chunk) handles rows pid, pid + G, ... of its
-    column chunk; dw partial of the chunk accumulates in registers and is stored once to DW_PARTIAL[pid]."""
+    """Wide rows, step 2, on a (G, column chunks) grid. Program (pid, chunk) takes rows pid, pid + G, ...
+    Its dw partial for the chunk is stored once to DW_PARTIAL[pid]."""
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -467,8 +445,8 @@ def rmsnorm_fwd_fp8(
     power_of_two: bool = False,
     out_dtype: torch.dtype | None = None,
 ):
-    """Returns ``(y, s_out, rstd, q, scale)``; see ``..reference.rmsnorm.rmsnorm_fwd_fp8``. y is quantized in the
-    norm's own pass where :func:`quantizes_in_its_pass`, else by the quantization kernel after it."""
+    """Returns ``(y, s_out, rstd, q, scale)``; see ``..reference.rmsnorm.rmsnorm_fwd_fp8``.
+    y is quantized in the norm's pass where :func:`quantizes_in_its_pass`, else by the quantization kernel."""
     H = int(x.shape[1])
     if not quantizes_in_its_pass(H, x.element_size(), block_cols):
         y, s_out, rstd = _fwd(x, weight, residual, eps, out_dtype=out_dtype)[:3]
@@ -477,8 +455,8 @@ def rmsnorm_fwd_fp8(
 
 
 def quantizes_in_its_pass(H: int, element_size: int, block_cols: int) -> bool:
-    """Whether the forward quantizes its [rows, H] output in blocks of 1 x ``block_cols`` in its own pass: rows that
-    fit one tile, in blocks of a power of two or one block per row."""
+    """Whether the forward quantizes its output in blocks of 1 x ``block_cols`` in its own pass.
+    True for rows of one tile, in power-of-two blocks or one block per row."""
     block = min(block_cols, H)
     return not fwd_tiling(H, element_size).chunked and (block == H or block & (block - 1) == 0)
 
@@ -491,14 +469,14 @@ def _fwd(
     quantize: tuple[torch.dtype, int, bool] | None = None,
     out_dtype: torch.dtype | None = None,
 ):
-    """``(y, s_out, rstd, q, scale)``, with q and scale None unless ``quantize`` = (fp8 dtype, block, power of two),
-    blocks that :func:`quantizes_in_its_pass`; y in ``out_dtype`` if given."""
+    """``(y, s_out, rstd, q, scale)``. q and scale are None unless ``quantize`` = (fp8 dtype, block, power of two).
+    y is in ``out_dtype`` if given."""
     x = x.contiguous()
     n_rows, H = x.shape
-    # The width sets the launch configuration: a compiled graph specializes on it (the row count stays symbolic).
+    # The width sets the launch configuration: graphs specialize on it; the row count stays symbolic.
     H = int(H)
-    # The sum in the add's dtype (x's, or its promotion with the residual's), y in the sum's or ``out_dtype``: the
-    # kernels round to the dtypes of the outputs they store.
+    # The sum takes the add's dtype; y the sum's or ``out_dtype``.
+    # The kernels round to the dtypes of the outputs they store.
     s_dtype = sum_dtype(x, residual)
     y = torch.empty_like(x, dtype=out_dtype or s_dtype)
     s_out = torch.empty_like(x, dtype=s_dtype) if residual is not None else None
@@ -537,11 +515,11 @@ def _fwd(
             )
         else:
             if quantize is None:
-                # x, which the kernel only reads, in place of the outputs it does not write (see fp8_quant.py)
+                # Unwritten outputs get x, which the kernel only reads (see fp8_quant.py).
                 q_args, quant = (x, x, 1), NO_FP8_OUTPUT
             else:
                 q_args = (q.view(torch.uint8), scale, scale.shape[1])
-                # a tile holds whole blocks: the block, or the padded row when one block spans it
+                # Whole blocks per tile: the block, or the padded row when one block spans it.
                 quant = dict(
                     QUANT_BLOCK=tiling.block_h if quant_block == H else quant_block,
                     **format_constexprs(fp8_dtype, x.device, power_of_two),
@@ -579,7 +557,7 @@ def rmsnorm_bwd(
     x = x.contiguous()
     rstd = rstd.contiguous()
     n_rows, H = x.shape
-    # The width sets the launch configuration: a compiled graph specializes on it (the row count stays symbolic).
+    # The width sets the launch configuration: graphs specialize on it; the row count stays symbolic.
     H = int(H)
     dx = torch.empty_like(x)
     has_weight = weight is not None
@@ -596,7 +574,7 @@ def rmsnorm_bwd(
     with on_device(x.device):
         if tiling.chunked:
             n_chunks = triton.cdiv(H, tiling.block_h)
-            # The column chunks already spread the work: fewer row groups are needed to fill the GPU.
+            # Column chunks already spread the work: fewer row groups fill the GPU.
             programs_per_sm = max(1, BWD_WARPS_PER_SM // tiling.num_warps)
             max_programs = max(1, _sm_count(x.device) * programs_per_sm // n_chunks)
             n_programs = max(1, bwd_grid_size(n_rows, programs_per_sm, x.device) // n_chunks)

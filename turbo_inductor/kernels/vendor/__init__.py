@@ -1,4 +1,4 @@
-"""Vendor library implementations (cuBLASLt / hipBLASLt through torch), for the granularities they support."""
+"""Vendor BLAS implementations: cuBLASLt or hipBLASLt, reached through torch. Each takes what its library takes."""
 
 from __future__ import annotations
 

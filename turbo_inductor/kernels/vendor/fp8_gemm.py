@@ -1,9 +1,6 @@
-"""Scaled FP8 GEMM through ``torch._scaled_mm`` (cuBLASLt / hipBLASLt): tensorwise and rowwise scales everywhere,
-and on Hopper (sm_90, CUDA >= 12.9) the DeepSeek block granularities cuBLASLt added in 12.9: 1x128 activations or
-gradients times 128x128 weights (forward, dgrad) and 1x128 times 1x128 (wgrad).
-
-MXFP8 (1x32 with E8M0 scales) is native on Blackwell (sm_100) only; there, and wherever this declines, the Triton
-FP8 GEMM (``..triton.fp8_gemm``) runs.
+"""Scaled FP8 GEMM through ``torch._scaled_mm``: tensorwise and rowwise scales everywhere.
+On Hopper with CUDA >= 12.9 also DeepSeek's 1x128 blocks. The Triton FP8 GEMM takes what this declines.
+See docs/kernels.md, FP8 GEMM.
 """
 
 from __future__ import annotations
@@ -17,17 +14,17 @@ from ..reference.fp8_gemm import block_size
 from ..registry import implementation
 from . import unavailable_reason
 
-# cuBLASLt takes fp8 operands whose dimensions are multiples of 16: other row counts are zero-padded.
+# cuBLASLt needs fp8 dimensions that are multiples of 16. Other row counts are zero-padded.
 ALIGN = 16
-# The DeepSeek granularity: scaling blocks 128 long along K (1x128 rows, 128x128 tiles).
+# DeepSeek's blocks are 128 long along K: 1x128 rows and 128x128 tiles.
 DEEPSEEK_BLOCK = 128
-# cuBLASLt reads a 128x128-scaled operand's scales in rows padded to a multiple of this many K blocks.
+# cuBLASLt reads 128x128 scales in rows padded to a multiple of this many K blocks.
 DEEPSEEK_K_BLOCKS_MULTIPLE = 4
 
 
 @functools.cache
 def deepseek_unsupported(device: torch.device) -> str | None:
-    """None where cuBLASLt runs the DeepSeek block granularities on this GPU, else why not."""
+    """None where cuBLASLt runs DeepSeek's block scaling on this GPU, else why not."""
     if torch.version.cuda is None:
         return "block-scaled torch._scaled_mm is cuBLASLt's (CUDA), not hipBLASLt's"
     if tuple(int(v) for v in torch.version.cuda.split(".")[:2]) < (12, 9):
@@ -38,8 +35,8 @@ def deepseek_unsupported(device: torch.device) -> str | None:
 
 
 def _granularity(a, a_scale, b, b_scale) -> tuple[str | None, str | None]:
-    """(granularity, None) for the scales torch._scaled_mm takes: "tensorwise", "rowwise", "block_128x128"
-    (1x128 a, 128x128 b) or "block_1x128" (1x128 a and b); else (None, why not)."""
+    """``(granularity, None)`` for scales ``torch._scaled_mm`` takes, else ``(None, why not)``.
+    Granularities: "tensorwise", "rowwise", "block_128x128" (b in 128x128 blocks) and "block_1x128"."""
     (m, k), n = a.shape, b.shape[0]
     if a_scale.numel() == 1 and b_scale.numel() == 1:
         return "tensorwise", None
@@ -80,8 +77,8 @@ def supports(a, a_scale, b, b_scale, out_dtype, fast_accum=False) -> str | None:
 
 
 def _scales(granularity: str, a_scale, b_scale, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The scales in the shapes and layouts torch._scaled_mm(a, b^T) reads for the granularity. cuBLASLt reads
-    the 1x128 scales K-block-major ("outer-dimension major"), and 128x128 scales as [N/128, K/128] rows."""
+    """The scales in the shapes and layouts ``torch._scaled_mm(a, b^T)`` reads.
+    cuBLASLt reads 1x128 scales K-block-major, and 128x128 scales as [N/128, K/128] rows."""
     if granularity == "tensorwise":
         return a_scale.reshape(()), b_scale.reshape(())
     if granularity == "rowwise":
@@ -97,10 +94,10 @@ def fp8_gemm(a, a_scale, b, b_scale, out_dtype, fast_accum=False):
     pad = -m % ALIGN
     if pad:
         a = F.pad(a.view(torch.uint8), (0, 0, 0, pad)).view(a.dtype)
-        if granularity != "tensorwise":  # a scale per row of a (one row of 1x128 blocks, or one for the row)
+        if granularity != "tensorwise":  # a row of scales per row of a: padded alike
             a_scale = F.pad(a_scale, (0, 0, 0, pad), value=1.0)
     scale_a, scale_b = _scales(granularity, a_scale, b_scale, n)
-    # cuBLASLt's block scaling promotes its sums to fp32 every 128-wide block along K itself: no fast mode asked
+    # Block scaling promotes sums to fp32 every 128 along K by itself: no fast mode is asked.
     fast_accum = fast_accum and not granularity.startswith("block")
     out = torch._scaled_mm(a, b.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype, use_fast_accum=fast_accum)
     return out[:m] if pad else out
