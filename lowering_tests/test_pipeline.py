@@ -237,3 +237,28 @@ def test_the_matcher_reads_weight_and_bias_of_every_spelling():
     linears = [found for found in map(m.linear_of, gm.graph.nodes) if found is not None]
     assert [found.weight_transposed for found in linears] == [name == "x @ V" for name in SPELLINGS]
     assert [found.bias is not None for found in linears] == [name in ("F.linear", "addmm") for name in SPELLINGS]
+
+
+class Breaking(RewritePass):
+    """Leaves a node that reads a later one (a graph no longer in order), then raises."""
+
+    name, phase = "breaking", Phase.FUSE
+
+    def apply(self, graph, options):
+        calls = [n for n in graph.nodes if n.op == "call_function"]
+        with graph.inserting_before(calls[0]):
+            graph.call_function(torch.neg, (calls[-1],))
+        raise RuntimeError("broken on purpose")
+
+
+def test_a_pass_that_breaks_the_graph_and_raises_leaves_the_graph_as_it_was():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    x = torch.randn(2, 8)
+    gm = dynamo_graph(model, x)
+    ops = [(n.op, n.target) for n in gm.graph.nodes]
+    manager = PassManager([Breaking()], Options.parse({}, [Breaking()]))
+    with pytest.warns(UserWarning, match="pass breaking failed"):
+        manager(gm.graph)
+    gm.recompile()
+    gm.graph.lint()
+    assert [(n.op, n.target) for n in gm.graph.nodes] == ops and manager.record.failures[0][0] == "breaking"

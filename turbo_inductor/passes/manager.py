@@ -157,9 +157,11 @@ def _snapshot(graph: fx.Graph) -> tuple[fx.Graph, dict]:
 def _restore(graph: fx.Graph, snapshot: tuple[fx.Graph, dict]) -> None:
     copy, env = snapshot
     env = dict(env)
-    for node in reversed(list(graph.nodes)):
-        if node.op != "placeholder":
-            graph.erase_node(node)
+    doomed = [node for node in graph.nodes if node.op != "placeholder"]
+    for node in doomed:  # a failed pass may leave a use before its definition: unlink everything first
+        node.args, node.kwargs = (), {}
+    for node in reversed(doomed):
+        graph.erase_node(node)
     for node in copy.nodes:
         if node.op == "output":
             graph.output(fx.map_arg(node.args[0], env.__getitem__))

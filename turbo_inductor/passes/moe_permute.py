@@ -285,9 +285,9 @@ class MoEPermutePass(RewritePass):
         for cumsum in site.offs:
             cumsum.replace_all_uses_with(permute.output("offs"))
         site.perm.replace_all_uses_with(permute.output("order"))
-        ids = sort.args[0]
         readers = [u for u in values.users if u not in site.matched] if values is not None else []
         if readers:  # the sorted ids read elsewhere (a cast for another histogram, say): gathered by the order
-            sorted_ids = m.insert_op(graph, before, operator.getitem, (ids, permute.output("order")))
+            first = min(readers, key=position.__getitem__)
+            sorted_ids = m.insert_op(graph, first, operator.getitem, (sort.args[0], permute.output("order")))
             values.replace_all_uses_with(sorted_ids, delete_user_cb=lambda user: user not in site.matched)
         return ""
