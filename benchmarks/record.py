@@ -61,10 +61,11 @@ def json_safe(value):
 
 
 def slug(value) -> str:
-    """``value`` as a file-name part: lists joined by "+", every other run of odd characters as one "-"."""
+    """``value`` as a file-name part: lists joined by "-", every other run of odd characters as one "-" (the file
+    names travel through tools that take letters, digits, ".", "_" and "-" only)."""
     if isinstance(value, (list, tuple)):
-        return "+".join(slug(item) for item in value)
-    return re.sub(r"[^A-Za-z0-9.+]+", "-", str(value)).strip("-")
+        return "-".join(slug(item) for item in value)
+    return re.sub(r"[^A-Za-z0-9.]+", "-", str(value)).strip("-")
 
 
 def changed_options(parser, args, ignore=()) -> list[str]:

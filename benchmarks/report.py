@@ -86,7 +86,7 @@ def pivot(
         ratio = ratio_key or ratio
         lines = []
         for key in side:
-            line = list(key)
+            line = [str(value).replace(", ", ",") for value in key]  # [16384,4096]: narrower rows
             for column in top:
                 row = cells.get((key, column))
                 if row is None:
@@ -104,10 +104,11 @@ def pivot(
 
 def goals_lines(result: dict) -> list[str]:
     """The model benchmark's goals, met or missed (a GPU run's only)."""
-    return [
-        f"- {goal['model']}: {goal['goal']}: {goal['measured']}, {'met' if goal['met'] else 'MISSED'}"
-        for goal in result.get("goals", [])
-    ]
+    lines = []
+    for goal in result.get("goals", []):
+        text = f"- {goal['model']}: {goal['goal']}: {goal['measured']}, {'met' if goal['met'] else 'MISSED'}"
+        lines += textwrap.wrap(text, MAX_WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+    return lines
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,11 +183,11 @@ BENCHMARKS = (
         "bench_grouped_mm.py",
         "grouped_mm",
         pivot(
-            ("shape", "mode"),
-            "column",
+            ("shape", "column"),
+            "mode",
             lambda row: True,
             False,
-            baseline="bf16 torch._grouped_mm",
+            baseline="",
             ratio_key="speedup_vs_torch_grouped_mm",
         ),
         "Ratios to bf16 `torch._grouped_mm` of the same shape and mode.",
@@ -266,6 +267,38 @@ def render(results: dict[str, dict]) -> str:
     if unknown:
         raise ValueError(f"results of benchmarks the report does not know: {unknown}")
     return "\n".join(lines) + "\n"
+
+
+SUMMARY_COLUMNS = {
+    "bf16": "primus_turbo",
+    "fp8 tensorwise": "primus_turbo fp8 tensorwise",
+    "fp8 rowwise": "primus_turbo fp8 rowwise",
+    "torchao tensorwise": "torchao fp8 tensorwise",
+    "torchao rowwise": "torchao fp8 rowwise",
+}
+
+
+def summary(results: dict[str, dict]) -> str:
+    """The README's table: each model's training step against Inductor bf16, from the main job's runs."""
+    runs = [result for _, result in sorted(results.items()) if result["benchmark"] == "model"]
+    runs = [r for r in runs if r["configuration"]["mode"] == "train" and not r["configuration"]["autocast"]]
+    if not runs:
+        return "Not run on a GPU yet."
+    lines = _table(["model, 1 layer, training", "Inductor ms", *SUMMARY_COLUMNS], [])
+    machines = set()
+    for run in runs:
+        machines.add(f"{run['environment']['machine']}, torch {run['environment']['torch']}")
+        for model in dict.fromkeys(row["model"] for row in run["rows"]):
+            rows = {row["column"]: row for row in run["rows"] if row["model"] == model}
+            inductor = rows.get("inductor", {}).get("step_ms")
+            cells = [
+                _number(rows.get(column, {}).get("speedup_vs_inductor"), ".2f", "x")
+                for column in SUMMARY_COLUMNS.values()
+            ]
+            lines.append(f"| {model} | {_number(inductor, '.2f')} | " + " | ".join(cells) + " |")
+    size = {(r["configuration"]["batch"], r["configuration"]["seq"]) for r in runs}
+    note = f"Batch x seq {', '.join(f'{b} x {q}' for b, q in sorted(size))}; {'; '.join(sorted(machines))}."
+    return "\n".join([*lines, "", *_wrap(note)])
 
 
 def load(folder: pathlib.Path = RESULTS) -> dict[str, dict]:

@@ -143,7 +143,7 @@ def main(argv=None):
         "models": models,
     }
     recipes = [recipe for recipe in args.fp8.split(",") if recipe]
-    parts = ["+".join(names), args.mode, f"fp8-{'+'.join(recipes)}" if recipes else ""]
+    parts = ["-".join(names), args.mode, f"fp8-{'-'.join(recipes)}" if recipes else ""]
     parts += record.changed_options(parser, args, ignore={"config", "mode", "fp8", "out", "kernels"})
     extra = {"goals": goal_lines} if on_gpu else {}
     path = record.write("model", parts, configuration, rows, args.out, **extra)

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from benchmarks import report
 from turbo_inductor.options import option_table
 from turbo_inductor.passes import PASSES, phase_table
 
@@ -32,6 +33,10 @@ def test_the_phase_table_is_generated_from_the_pass_declarations():
 
 def test_the_options_are_documented_once_from_the_code():
     generated("README.md", "options", option_table(PASSES))
+
+
+def test_the_performance_table_is_generated_from_the_benchmark_results():
+    generated("README.md", "performance", report.summary(report.load()))
 
 
 @pytest.mark.parametrize(
