@@ -58,7 +58,8 @@ def rows_table(fields: tuple[Field, ...]) -> Callable[[dict], list[str]]:
         for row in rows:
             line = [str(row[name]) for name in names]
             if "error" in row:
-                lines.append(line + [f"failed: {row['error'][:60]}"] + [""] * (len(shown) - 1))
+                error = row["error"].splitlines()[0][:40]
+                lines.append(line + [f"failed: {error}"] + [""] * (len(shown) - 1))
             else:
                 lines.append(line + [_number(row.get(f.key), f.spec, f.suffix, f.none) for f in shown])
         return _table(names + [field.header for field in shown], lines)
@@ -262,7 +263,10 @@ def render(results: dict[str, dict]) -> str:
         for n, file in enumerate(files):
             result = results[file]
             about = f"{benchmark.note} " * (n == 0) + _environment(file, result["environment"])
-            lines += [""] * (n > 0) + _wrap(about.strip()) + ["", *benchmark.render(result), *benchmark.extra(result)]
+            extra = benchmark.extra(result)
+            lines += (
+                [""] * (n > 0) + _wrap(about.strip()) + ["", *benchmark.render(result), *[""] * bool(extra), *extra]
+            )
     unknown = sorted(set(result["benchmark"] for result in results.values()) - {b.name for b in BENCHMARKS})
     if unknown:
         raise ValueError(f"results of benchmarks the report does not know: {unknown}")
