@@ -24,7 +24,8 @@ WARMUP = 2  # steps before timing (the first compiles)
 
 
 def main(argv=None):
-    on_gpu = torch.cuda.is_available()
+    # One GPU per rank through NCCL; with fewer GPUs than ranks, every rank on the CPU through gloo.
+    on_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ.get("WORLD_SIZE", 1))
     parser = argparse.ArgumentParser(description=__doc__.split("``")[0])
     parser.add_argument("--config", default="llama3-8b" if on_gpu else "tiny", choices=sorted(CONFIGS))
     parser.add_argument("--layers", type=int, default=2)

@@ -6,6 +6,7 @@ MoE configs (mixtral-8x7b, qwen3-30b-a3b) build transformers' MoE decoders, with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
 import importlib.util
@@ -109,6 +110,11 @@ def main(argv=None):
     parser.add_argument(
         "--kernels", type=int, default=0, help="GPU: print the N kernels taking most GPU time per column"
     )
+    parser.add_argument(
+        "--warm-compile",
+        action="store_true",
+        help="compile against the warm compile caches (quicker; the compile times are then no cold compiles)",
+    )
     parser.add_argument("--out", default=None, help="folder for the JSON and PNG (default: $OUT, else benchmarks/out)")
     args = parser.parse_args(argv)
     if args.freezing and args.mode != "inference":
@@ -144,7 +150,7 @@ def main(argv=None):
     }
     recipes = [recipe for recipe in args.fp8.split(",") if recipe]
     parts = ["-".join(names), args.mode, f"fp8-{'-'.join(recipes)}" if recipes else ""]
-    parts += record.changed_options(parser, args, ignore={"config", "mode", "fp8", "out", "kernels"})
+    parts += record.changed_options(parser, args, ignore={"config", "mode", "fp8", "out", "kernels", "warm_compile"})
     extra = {"goals": goal_lines} if on_gpu else {}
     path = record.write("model", parts, configuration, rows, args.out, **extra)
     report.write_chart(path)
@@ -258,13 +264,13 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
 
         try:
             try:
-                results[name] = measure(step, x, device, args.kernels, left_over)
+                results[name] = measure(step, x, device, args.kernels, left_over, not args.warm_compile)
             except Exception:
                 if not (options and "torchao_moe" in options):
                     raise
                 # torchao's compiled MoE training fails on Hopper (ao#4048): measured eagerly, as the column says
                 run, name = model, f"{name} (eager: compile failed)"
-                results[name] = measure(step, x, device, args.kernels, left_over)
+                results[name] = measure(step, x, device, args.kernels, left_over, not args.warm_compile)
         except Exception as error:  # a column that fails is reported, the others still run
             cause = getattr(error, "inner_exception", None) or error  # Dynamo wraps backend errors
             results[name] = {"error": f"{type(cause).__name__}: {str(cause).strip()[:160]}"}
@@ -343,13 +349,14 @@ def goals(table: list[dict]) -> list[dict]:
     return report
 
 
-def measure(step, x, device: str, kernels: int = 0, left_over: int = 0) -> dict:
-    """A cold compile (the first step, empty Inductor cache), then the step's time (on a GPU also its kernel time and
-    peak memory, less ``left_over`` bytes of earlier columns), output and input gradient; prints ``kernels`` kernels."""
+def measure(step, x, device: str, kernels: int = 0, left_over: int = 0, cold: bool = True) -> dict:
+    """A compile (the first step; ``cold``: with an empty Inductor cache), then the step's time (on a GPU also its
+    kernel time and peak memory, less ``left_over`` bytes of earlier columns), output and input gradient; prints
+    ``kernels`` kernels."""
     from torch._inductor.utils import fresh_inductor_cache
 
     start = time.perf_counter()
-    with fresh_inductor_cache():
+    with fresh_inductor_cache() if cold else contextlib.nullcontext():
         # Kept on the host: a column's outputs left on the GPU would count in the peak memory of every later column.
         out = step().detach().cpu()
     if device == "cuda":

@@ -32,7 +32,21 @@ def read_json(path):
 
 
 def test_main_job_runs_and_reports_every_column(capsys, tmp_path):
-    run_model.main(["--config", "tiny", "--layers", "1", "--seq", "16", "--fp8", "rowwise", "--out", str(tmp_path)])
+    run_model.main(
+        [
+            "--config",
+            "tiny",
+            "--layers",
+            "1",
+            "--seq",
+            "16",
+            "--fp8",
+            "rowwise",
+            "--warm-compile",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     out = capsys.readouterr().out
     written = read_json(tmp_path / "model_tiny_train_fp8-rowwise_layers-1_seq-16.json")
     assert written["benchmark"] == "model" and written["configuration"]["models"]["tiny"]["layers"] == 1
@@ -115,6 +129,7 @@ def test_main_job_measures_inference_and_a_column_of_any_backend_options(capsys,
             "reference",
             "--column",
             'no norms={"rmsnorm": false, "rmsnorm_residual": false}',
+            "--warm-compile",
             "--out",
             str(tmp_path),
         ]
@@ -158,6 +173,7 @@ def test_main_job_measures_frozen_inference(tmp_path):
             "--mode",
             "inference",
             "--freezing",
+            "--warm-compile",
             "--out",
             str(tmp_path),
         ]
@@ -185,6 +201,7 @@ def test_training_with_frozen_linears_under_autocast_and_dynamic_shapes(tmp_path
             "--frozen-linears",
             "--autocast",
             "--dynamic",
+            "--warm-compile",
             "--out",
             str(tmp_path),
         ]
@@ -201,15 +218,15 @@ def test_training_with_frozen_linears_under_autocast_and_dynamic_shapes(tmp_path
 
 def test_several_models_get_their_rows_and_one_chart_of_speedups_per_model(capsys, tmp_path):
     arguments = ["--config", "tiny,tiny-mha", "--layers", "1", "--seq", "16", "--fp8", "", "--mode", "inference"]
-    run_model.main(arguments + ["--out", str(tmp_path)])
-    written = read_json(tmp_path / "model_tiny+tiny-mha_inference_layers-1_seq-16.json")
+    run_model.main(arguments + ["--warm-compile", "--out", str(tmp_path)])
+    written = read_json(tmp_path / "model_tiny-tiny-mha_inference_layers-1_seq-16.json")
     assert [(row["model"], row["column"]) for row in written["rows"]] == [
         (model, column) for model in ("tiny", "tiny-mha") for column in ("eager", "inductor", "primus_turbo")
     ]
     for row in written["rows"][2::3]:
         assert row["rewrites"]["rmsnorm"] == 3 and row["out_snr_db"] > 30
     assert written["configuration"]["models"]["tiny-mha"]["hidden"] == 192
-    assert (tmp_path / "model_tiny+tiny-mha_inference_layers-1_seq-16.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "model_tiny-tiny-mha_inference_layers-1_seq-16.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "tiny-mha x1 layer(s)" in capsys.readouterr().out
 
 
