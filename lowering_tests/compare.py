@@ -87,6 +87,7 @@ def assert_as_accurate_as_inductor(model, inputs, train=True, options=None):
     turbo_inductor.reset_records()
     actual = run(model, inputs, "primus_turbo", train, options=options)
     for kind, index in (("output", 0), ("gradient", 1)):
+        assert len(actual[index]) == len(expected[index]) == len(truth[index]), f"{kind}s: as many as Inductor's"
         for i, (got, want, true) in enumerate(zip(actual[index], expected[index], truth[index])):
             if true is None:
                 continue

@@ -622,5 +622,5 @@ def test_compiled_model_runs_aiter(recipe):
     turbo_inductor.reset_kernel_calls()
     compiled = torch.compile(model, backend="primus_turbo", options={"fp8": recipe})
     y = compiled(x)
-    assert snr_db(y.float(), model(x).float()) >= 20
+    assert snr_db(y.float(), model(x).float()) >= 25
     assert ("fp8_gemm", "aiter") in turbo_inductor.kernel_calls()

@@ -51,21 +51,19 @@ def test_llama_runs_fused_ops_in_forward_and_backward(dtype):
 
 @pytest.mark.parametrize("dynamic_checkpointed", [False, True], ids=["static", "dynamic-checkpointed"])
 def test_llama_with_fp32_parameters_trains_in_fp8_under_autocast(dynamic_checkpointed):
-    """The Hugging Face Trainer's mixed precision: fp32 parameters, torch.autocast(bf16). Every linear (lm_head
-    included) becomes an FP8 linear in bf16; the residual adds (the bf16 attention or MLP output joining the fp32
-    residual stream) fuse into the next norm, whose fp32 output the norm writes as its linears' bf16 input and its
-    FP8 copy. The loss is Inductor's within FP8 noise, and every gradient (fp32) is as close to Inductor's as with
-    those fusions off. Also with ``dynamic=True`` and gradient checkpointing, where Dynamo reads the input norm's
-    output's ``.size()`` (that read stays, on the norm's bf16 output) and each layer's last residual add is the
-    checkpointed region's output, which the next region's norm cannot fuse."""
+    """The Trainer's mixed precision: fp32 parameters under torch.autocast(bf16). Every linear becomes a bf16 FP8
+    linear; residual adds fuse into the next norm, which writes its linears' bf16 input and its FP8 copy. With
+    ``dynamic=True`` and gradient checkpointing, a layer's last residual add is its region's output: the next norm
+    cannot fuse it. The loss is Inductor's within FP8 noise; every gradient meets the FP8 backward gate."""
     from conftest import DEVICE
 
+    layers = 1 if dynamic_checkpointed else LAYERS  # one region boundary is enough to see
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         vocab_size=128,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=LAYERS,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=64,
@@ -78,27 +76,20 @@ def test_llama_with_fp32_parameters_trains_in_fp8_under_autocast(dynamic_checkpo
         llama.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = LossOf(llama).to(DEVICE)
     input_ids = torch.randint(0, config.vocab_size, (2, 16), device=DEVICE)
-    # on CPU the reference kernels: the Triton interpreter's FP8 stores round ~2% of values wrongly (platform.md)
+    # on CPU the reference kernels: the Triton interpreter's FP8 stores round ~2% of values wrongly
     options = {"fp8": "rowwise", **({"impl": "reference"} if DEVICE == "cpu" else {})}
     with torch.autocast(DEVICE, torch.bfloat16):
         inductor = run(model, [input_ids], "inductor", dynamic=dynamic)
         turbo_inductor.reset_records()
         fused = run(model, [input_ids], "primus_turbo", options=options, dynamic=dynamic)
-        counts = turbo_inductor.rewrite_counts()
-        plain = run(
-            model,
-            [input_ids],
-            "primus_turbo",
-            options={**options, "rmsnorm_fp8": False, "rmsnorm_residual": False},
-            dynamic=dynamic,
-        )
+    counts = turbo_inductor.rewrite_counts()
     assert (counts["fp8"], counts["rmsnorm_residual"], counts["rmsnorm_fp8"], counts["glu_fp8"]) == (
-        7 * LAYERS + 1,
-        LAYERS if dynamic_checkpointed else 2 * LAYERS,
-        2 * LAYERS,
-        LAYERS,
+        7 * layers + 1,
+        layers if dynamic_checkpointed else 2 * layers,
+        2 * layers,
+        layers,
     )
     torch.testing.assert_close(fused[0][0], inductor[0][0], rtol=1e-2, atol=0)
-    for f, p, i in zip(fused[1], plain[1], inductor[1]):
-        assert f.dtype == i.dtype == torch.float32
-        assert snr_db(f, i) >= snr_db(p, i) - 1
+    assert len(fused[1]) == len(inductor[1])
+    for got, want in zip(fused[1], inductor[1]):
+        assert got.dtype == want.dtype == torch.float32 and snr_db(got, want) >= 20

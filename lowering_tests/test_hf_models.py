@@ -76,20 +76,28 @@ FAMILIES = {
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_family_trains_in_fp8_under_autocast(family):
-    """The rewrites each family's spelling allows, and results at the FP8 noise level of Inductor's bf16 autocast:
-    the loss within 0.5%, every gradient (fp32) at >= 18 dB (tiny random models with every linear in FP8, the
-    head included: the weakest gradient sits at 19-23 dB on CPU)."""
+    """The rewrites each family's spelling allows; the loss within 0.5% of Inductor's bf16 autocast; every gradient
+    (fp32) at the FP8 backward gate, 20 dB. Where a tiny random model's own FP8 noise is above that gate (Qwen2's
+    weakest gradient: 19.3 dB), a gradient may be no worse than the ideal emulation's: the same FP8 linears with
+    every fusion around them off."""
     config, model_class, extra, expected = FAMILIES[family]
     torch.manual_seed(0)
     model = LossOf(getattr(transformers, model_class)(getattr(transformers, config)(**COMMON, **extra))).to(DEVICE)
     input_ids = torch.randint(0, COMMON["vocab_size"], (2, 16), device=DEVICE)
-    # on CPU the reference kernels: the Triton interpreter's FP8 stores round ~2% of values wrongly (platform.md)
+    # on CPU the reference kernels: the Triton interpreter's FP8 stores round ~2% of values wrongly
     options = {"fp8": "rowwise", **({"impl": "reference"} if DEVICE == "cpu" else {})}
     with torch.autocast(DEVICE, torch.bfloat16):
         inductor = run(model, [input_ids], "inductor")
         turbo_inductor.reset_records()
         ours = run(model, [input_ids], "primus_turbo", options=options)
-    assert {k: v for k, v in turbo_inductor.rewrite_counts().items() if v} == expected
+        assert {k: v for k, v in turbo_inductor.rewrite_counts().items() if v} == expected
+        ideal = None
+        if any(snr_db(got, want) < 20 for got, want in zip(ours[1], inductor[1])):
+            unfused = {name: False for name in ("rmsnorm", "rmsnorm_residual", "glu", "rmsnorm_fp8", "glu_fp8")}
+            ideal = run(model, [input_ids], "primus_turbo", options={**options, **unfused})
     torch.testing.assert_close(ours[0][0], inductor[0][0], rtol=5e-3, atol=0)
-    for got, want in zip(ours[1], inductor[1]):
-        assert got.dtype == want.dtype == torch.float32 and snr_db(got, want) >= 18
+    assert len(ours[1]) == len(inductor[1])
+    for i, (got, want) in enumerate(zip(ours[1], inductor[1])):
+        assert got.dtype == want.dtype == torch.float32
+        snr = snr_db(got, want)
+        assert snr >= 20 or snr >= snr_db(ideal[1][i], want) - 0.5, (i, snr)
