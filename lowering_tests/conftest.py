@@ -21,8 +21,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # rest: pytest-xdist hands tests out in this order, and a long test handed out last kept one worker busy for minutes
 # after the other had finished (with --dist worksteal the idle worker then takes the short tests still queued).
 LONG_FIRST = (
-    "test_main_job.py",
     "test_hf_llama.py",
+    "test_main_job.py",
     "test_fp8_producers.py",
     "test_hf_models.py",
     "test_moe.py",
@@ -33,9 +33,27 @@ LONG_FIRST = (
 )
 
 
+# Files whose tests take seconds: ``pytest -m quick`` runs them (about two minutes) for local iteration.
+QUICK = (
+    "test_pipeline.py",
+    "test_docs.py",
+    "test_benchmark_report.py",
+    "test_bad_input.py",
+    "test_dispatcher.py",
+    "test_backend.py",
+    "test_rmsnorm_ops.py",
+    "test_glu_ops.py",
+    "test_fp8_gemm_kernels.py",
+    "test_traced_ops.py",
+)
+
+
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONG_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))
+    for item in items:
+        if item.path.name in QUICK:
+            item.add_marker(pytest.mark.quick)
 
 
 # Op tests run where the Triton kernels really run: the GPU when there is one, else the CPU interpreter.
