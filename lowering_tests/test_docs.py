@@ -57,3 +57,18 @@ def test_lines_are_at_most_120_characters(path):
 
 def test_the_architecture_fits_two_pages():
     assert len((ROOT / "docs/architecture.md").read_text().splitlines()) <= 130
+
+
+def test_the_usage_snippet_runs_on_the_quick_start_machine():
+    """The README's "Using it" code, as a user runs it: a CPU machine without TRITON_INTERPRET."""
+    import subprocess
+    import sys
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Using it", 1)[1].split("\n## ", 1)[0]
+    assert "runs on the Quick-start CPU machine" in section
+    (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "'fp8': 2" in result.stdout
