@@ -192,3 +192,37 @@ def test_a_run_is_written_as_json_named_by_its_configuration(tmp_path, monkeypat
     assert record.output_dir() == tmp_path / "out" and (tmp_path / "out").is_dir()
     monkeypatch.delenv("OUT")
     assert record.output_dir() == record.DEFAULT_OUT
+
+
+def test_a_run_of_transformers_models_says_what_ran():
+    """--hf: the section says which classes ran and what the SNRs compare; the README's table names the models."""
+    columns = ["eager", "inductor", "primus_turbo", "primus_turbo fp8 tensorwise", "torchao fp8 tensorwise"]
+    rows = []
+    for model in ("llama3-8b", "gemma-7b"):
+        for row in model_rows(model, columns):
+            del row["out_snr_db"], row["dx_snr_db"]
+            snr = None if row["column"] == "inductor" else 41.0
+            rows.append({**row, "loss_snr_db": snr, "worst_grad_snr_db": snr})
+    configuration = {
+        "hf": "llama3-8b,gemma-7b",
+        "mode": "train",
+        "autocast": False,
+        "batch": 2,
+        "seq": 2048,
+        "models": {
+            "llama3-8b": {"class": "LlamaForCausalLM", "layers": 2},
+            "gemma-7b": {"class": "GemmaForCausalLM", "layers": 2},
+        },
+    }
+    results = {"model_hf_llama3-8b-gemma-7b_train.json": {**result("model", rows), "configuration": configuration}}
+    text = report.render(results)
+    assert (
+        "transformers' LlamaForCausalLM, GemmaForCausalLM: 2 layers, training step with the LM head and loss, batch 2 "
+        "x seq 2048;\nloss and worst parameter gradient against Inductor's.\n\n"
+        "| model | column | step ms | vs Inductor | GPU ms | peak GiB | compile s | loss SNR dB | worst grad SNR dB |\n"
+    ) in text
+    assert "| gemma-7b | inductor | 18.182 | 1.10x | 18.000 | 2.92 | 30.0 | exact | exact |\n" in text
+    assert max(map(len, text.splitlines())) <= report.MAX_WIDTH
+    assert "| gemma-7b (transformers, 2 layers, LM head) | 18.18 | 1.20x | 1.30x | - | 1.40x | - |" in report.summary(
+        results
+    )

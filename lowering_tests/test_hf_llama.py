@@ -6,19 +6,11 @@ import torch
 from compare import assert_matches_inductor, assert_ran, default_counts, ops_after, run, snr_db
 
 import turbo_inductor
+from turbo_inductor.testing.hf import CausalLMLoss
 
 transformers = pytest.importorskip("transformers")
 
 LAYERS = 2
-
-
-class LossOf(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids):
-        return self.model(input_ids=input_ids, labels=input_ids).loss
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -35,7 +27,7 @@ def test_llama_runs_fused_ops_in_forward_and_backward(dtype):
         rms_norm_eps=1e-6,
         attn_implementation="sdpa",
     )
-    model = LossOf(transformers.LlamaForCausalLM(config).to(dtype))
+    model = CausalLMLoss(transformers.LlamaForCausalLM(config).to(dtype))
     input_ids = torch.randint(0, config.vocab_size, (2, 16))
     counts = assert_matches_inductor(model, [input_ids])
     # two norms per layer and the final one; every one but the first reads a residual add
@@ -74,7 +66,7 @@ def test_llama_with_fp32_parameters_trains_in_fp8_under_autocast(dynamic_checkpo
     dynamic = True if dynamic_checkpointed else None
     if dynamic_checkpointed:
         llama.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model = LossOf(llama).to(DEVICE)
+    model = CausalLMLoss(llama).to(DEVICE)
     input_ids = torch.randint(0, config.vocab_size, (2, 16), device=DEVICE)
     # on CPU the reference kernels: the Triton interpreter's FP8 stores round ~2% of values wrongly
     options = {"fp8": "rowwise", **({"impl": "reference"} if DEVICE == "cpu" else {})}

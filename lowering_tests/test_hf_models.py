@@ -5,31 +5,20 @@ import pytest
 import torch
 from compare import run, snr_db
 from conftest import DEVICE
-from test_hf_llama import LossOf
 
 import turbo_inductor
+from turbo_inductor.testing import hf
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
 LAYERS = 2
-COMMON = dict(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=LAYERS,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    attn_implementation="sdpa",
-)
-# family: (config, model, extra config, rewrites expected). Every linear becomes FP8 (q/k/v/o, gate/up/down, the
-# head): 7 per layer + 1, Phi-3's fused qkv and gate_up 4 per layer + 1. Gemma normalizes with (1 + weight) and
-# multiplies after the norm: its residual adds and its norms' casts stay; its GeGLU writes down_proj's FP8 input.
+# family: (model, rewrites expected), each model as its transformers class builds it at tiny sizes. Every linear
+# becomes FP8 (q/k/v/o, gate/up/down, the head): 7 per layer + 1, Phi-3's fused qkv and gate_up 4 per layer + 1.
+# Gemma normalizes with (1 + weight) and multiplies after the norm: its residual adds and its norms' casts stay; its
+# GeGLU writes down_proj's FP8 input.
 FAMILIES = {
-    "qwen2": (
-        "Qwen2Config",
-        "Qwen2ForCausalLM",
-        {},  # q/k/v with biases
+    "qwen2": (  # q/k/v with biases
+        "qwen2.5-7b",
         dict(
             rmsnorm=2 * LAYERS + 1,
             rmsnorm_residual=2 * LAYERS,
@@ -40,9 +29,7 @@ FAMILIES = {
         ),
     ),
     "mistral": (
-        "MistralConfig",
-        "MistralForCausalLM",
-        {},
+        "mistral-7b",
         dict(
             rmsnorm=2 * LAYERS + 1,
             rmsnorm_residual=2 * LAYERS,
@@ -53,9 +40,7 @@ FAMILIES = {
         ),
     ),
     "phi3": (
-        "Phi3Config",
-        "Phi3ForCausalLM",
-        {"pad_token_id": 0},
+        "phi3-mini",
         dict(
             rmsnorm=2 * LAYERS + 1,
             rmsnorm_residual=2 * LAYERS,
@@ -65,12 +50,7 @@ FAMILIES = {
             glu_fp8=LAYERS,
         ),
     ),
-    "gemma": (
-        "GemmaConfig",
-        "GemmaForCausalLM",
-        {"head_dim": 16},
-        dict(rmsnorm=2 * LAYERS + 1, glu=LAYERS, fp8=7 * LAYERS + 1, glu_fp8=LAYERS),
-    ),
+    "gemma": ("gemma-7b", dict(rmsnorm=2 * LAYERS + 1, glu=LAYERS, fp8=7 * LAYERS + 1, glu_fp8=LAYERS)),
 }
 
 
@@ -80,10 +60,10 @@ def test_family_trains_in_fp8_under_autocast(family):
     (fp32) at the FP8 backward gate, 20 dB. Where a tiny random model's own FP8 noise is above that gate (Qwen2's
     weakest gradient: 19.3 dB), a gradient may be no worse than the ideal emulation's: the same FP8 linears with
     every fusion around them off."""
-    config, model_class, extra, expected = FAMILIES[family]
+    name, expected = FAMILIES[family]
     torch.manual_seed(0)
-    model = LossOf(getattr(transformers, model_class)(getattr(transformers, config)(**COMMON, **extra))).to(DEVICE)
-    input_ids = torch.randint(0, COMMON["vocab_size"], (2, 16), device=DEVICE)
+    model = hf.CausalLMLoss(hf.build(name, LAYERS, tiny=True)).to(DEVICE)
+    input_ids = torch.randint(0, hf.TINY["vocab_size"], (2, 16), device=DEVICE)
     # on CPU the reference kernels: the Triton interpreter's FP8 stores round ~2% of values wrongly
     options = {"fp8": "rowwise", **({"impl": "reference"} if DEVICE == "cpu" else {})}
     with torch.autocast(DEVICE, torch.bfloat16):

@@ -11,6 +11,7 @@ from compare import default_counts
 
 from benchmarks import convergence, run_model
 from turbo_inductor.kernels import registry
+from turbo_inductor.testing import hf
 
 
 @pytest.fixture(autouse=True)
@@ -84,6 +85,49 @@ def test_main_job_runs_and_reports_every_column(capsys, tmp_path):
         assert not any("gpu_ms" in c or "peak_gib" in c for c in columns)
 
 
+def test_main_job_trains_transformers_models_with_their_loss(capsys, tmp_path, monkeypatch):
+    """--hf: transformers' own causal LMs (tiny on CPU), LM head and loss included. Each model gets its rows, the
+    rewrites its family's spelling allows, and the SNR of its loss and worst parameter gradient against Inductor, in
+    strict JSON. torchao's columns are left out here: test_main_job_runs_and_reports_every_column runs them."""
+    monkeypatch.setattr(run_model, "TORCHAO_RECIPES", ())
+    monkeypatch.setattr(run_model, "TORCHAO_ON_OURS", ())
+    models = ["qwen2.5-7b", "gemma-7b"]
+    arguments = ["--hf", ",".join(models), "--layers", "1", "--seq", "16", "--fp8", "rowwise", "--warm-compile"]
+    run_model.main(arguments + ["--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    path = tmp_path / "model_hf_qwen2.5-7b-gemma-7b_train_fp8-rowwise_layers-1_seq-16.json"
+    written = read_json(path)
+    assert written["configuration"]["hf"] == "qwen2.5-7b,gemma-7b"
+    assert written["configuration"]["models"]["gemma-7b"] == {
+        "class": "GemmaForCausalLM",
+        **hf.config_fields("gemma-7b", tiny=True),
+        "layers": 1,
+        "tiny": True,
+    }
+    columns = ["eager", "inductor", "primus_turbo", "primus_turbo fp8 rowwise"]
+    assert [(row["model"], row["column"]) for row in written["rows"]] == [(m, c) for m in models for c in columns]
+    rows = {(row["model"], row["column"]): row for row in written["rows"]}
+    # Every norm but the final one writes its linears' FP8 input; Qwen2's norms but the first read a residual add.
+    # Gemma's norm multiplies by (1 + w) in fp32: its residual adds stay apart.
+    qwen, gemma = dict(rmsnorm=3, rmsnorm_residual=2, glu=1), dict(rmsnorm=3, glu=1)
+    assert rows["qwen2.5-7b", "primus_turbo"]["rewrites"] == default_counts(**qwen)
+    assert rows["gemma-7b", "primus_turbo"]["rewrites"] == default_counts(**gemma)
+    fp8 = {"fp8": 8, "rmsnorm_fp8": 2, "glu_fp8": 1}  # q/k/v/o, gate/up/down and the LM head
+    assert rows["qwen2.5-7b", "primus_turbo fp8 rowwise"]["rewrites"] == {**default_counts(**qwen), **fp8}
+    assert rows["gemma-7b", "primus_turbo fp8 rowwise"]["rewrites"] == {**default_counts(**gemma), **fp8}
+    for model in models:
+        assert rows[model, "inductor"]["loss_snr_db"] == rows[model, "inductor"]["worst_grad_snr_db"] == math.inf
+        bf16, fp8_row = rows[model, "primus_turbo"], rows[model, "primus_turbo fp8 rowwise"]
+        assert bf16["loss_snr_db"] > 60 and bf16["worst_grad_snr_db"] > 25, "bf16 rounding against Inductor"
+        assert fp8_row["loss_snr_db"] > 25 and 10 < fp8_row["worst_grad_snr_db"] < bf16["worst_grad_snr_db"]
+        assert fp8_row["worst_grad"].startswith("model.") and rows[model, "inductor"]["worst_grad"] is None
+        assert not any(key in rows[model, c] for c in columns for key in ("out_snr_db", "dx_snr_db", "gpu_ms"))
+    assert "qwen2.5-7b (Qwen2ForCausalLM, tiny config) x1 layer(s) with the LM head and loss" in out
+    assert "loss SNR dB" in out and "worst grad SNR dB" in out and "dx SNR" not in out
+    assert out.count(run_model.CPU_NOTE) == 1 and "goal:" not in out and "failed" not in out and "nan" not in out
+    assert path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_goals_are_reported_met_or_missed_from_the_table():
     def row(column, speedup, peak=2.0, compile_s=10.0):
         return {"column": column, "speedup_vs_inductor": speedup, "peak_gib": peak, "compile_s": compile_s}
@@ -110,6 +154,41 @@ def test_goals_are_reported_met_or_missed_from_the_table():
     assert [g.get("target_speedup") for g in run_model.goals(table[:2])] == [1.05, None]
     table[1]["peak_gib"] = 2.0
     assert run_model.goals(table)[0]["met"]
+
+
+def test_transformers_models_goals_are_the_issue_targets():
+    """--hf: each model's own speedup targets, the bf16 loss within 1e-3 of Inductor's, FP8 gradients no noisier than
+    torchao's; in inference, FP8 tensorwise ahead of torchao's."""
+
+    def row(column, speedup, **snr):
+        return {"column": column, "speedup_vs_inductor": speedup, "peak_gib": 9.0, "compile_s": 20.0, **snr}
+
+    table = [
+        row("inductor", 1.0, loss_snr_db=math.inf, worst_grad_snr_db=math.inf),
+        row("primus_turbo", 1.02, loss_snr_db=70.0, worst_grad_snr_db=40.0),
+        row("primus_turbo fp8 tensorwise", 1.36, loss_snr_db=40.0, worst_grad_snr_db=30.0),
+        row("torchao fp8 tensorwise", 1.26, loss_snr_db=40.0, worst_grad_snr_db=31.0),
+    ]
+    report = [
+        (g["goal"], g["measured"], g["met"]) for g in run_model.goals(table, run_model.HF_TRAIN_TARGETS["qwen2.5-7b"])
+    ]
+    report += [(g["goal"], g["measured"], g["met"]) for g in run_model.hf_goals(table)]
+    assert report == [
+        ("primus_turbo bf16 >= 1.03x Inductor", "1.02x", False),
+        ("primus_turbo fp8 tensorwise >= 1.35x Inductor bf16", "1.36x", True),
+        (
+            "compile time <= 1.50x Inductor's, every primus_turbo column",
+            "1.00x at most (primus_turbo: 20.0 s vs 20.0 s)",
+            True,
+        ),
+        ("primus_turbo bf16 loss within 1e-03 of Inductor's, relative", "3.2e-04", True),
+        ("primus_turbo fp8 tensorwise worst gradient SNR >= torchao's", "30.0 dB vs 31.0 dB", False),
+    ]
+    inference = [{key: value for key, value in r.items() if not key.endswith("snr_db")} for r in table]
+    assert [(g["goal"], g["met"]) for g in run_model.hf_goals(inference)] == [
+        ("primus_turbo fp8 tensorwise ahead of torchao fp8 tensorwise", True)
+    ]
+    assert [g["target_speedup"] for g in run_model.goals(inference, run_model.HF_INFERENCE_TARGETS)[:1]] == [1.0]
 
 
 def test_main_job_measures_inference_and_a_column_of_any_backend_options(capsys, tmp_path):
@@ -237,10 +316,18 @@ def test_a_bad_column_is_named(capsys, column):
     assert "--column" in capsys.readouterr().err
 
 
-def test_an_unknown_model_is_named(capsys):
+@pytest.mark.parametrize(
+    "arguments, error",
+    [
+        (["--config", "tiny,llama9"], "--config: unknown model ['llama9']"),
+        (["--hf", "gemma-7b,tiny"], "--hf: unknown model ['tiny']"),
+        (["--hf", "gemma-7b", "--config", "tiny"], "--config and --hf: give one of them"),
+    ],
+)
+def test_an_unknown_model_is_named(capsys, arguments, error):
     with pytest.raises(SystemExit):
-        run_model.main(["--config", "tiny,llama9"])
-    assert "unknown model ['llama9']" in capsys.readouterr().err
+        run_model.main(arguments)
+    assert error in capsys.readouterr().err
 
 
 def test_convergence_run_writes_curves_and_chart(tmp_path):

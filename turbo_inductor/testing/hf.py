@@ -1,0 +1,160 @@
+"""transformers' own causal LMs at published model sizes, or tiny, with random weights.
+
+Each class brings its family's spelling: Qwen2's q/k/v biases, Phi-3's fused qkv and gate_up projections, Gemma's
+``(1 + w)`` norm, tanh GeGLU and tied LM head. The published sizes are those of each model's ``config.json``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch.nn as nn
+
+
+@dataclasses.dataclass(frozen=True)
+class HFModel:
+    """A published model: its transformers config and model classes, and the config fields of both sizes."""
+
+    config_class: str
+    model_class: str
+    published: dict
+    tiny: dict
+
+
+# Small shapes for CPU runs; every other field keeps the config class's default.
+TINY = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+
+# Sliding windows are left out: at most as long as the benchmark's sequences, they change no attention but its mask.
+MODELS = {
+    "llama3-8b": HFModel(  # meta-llama/Meta-Llama-3-8B
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            vocab_size=128256,
+            rms_norm_eps=1e-5,
+            rope_theta=500000.0,
+        ),
+        TINY,
+    ),
+    "qwen2.5-7b": HFModel(  # Qwen/Qwen2.5-7B
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(
+            hidden_size=3584,
+            intermediate_size=18944,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+            head_dim=128,
+            vocab_size=152064,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+        ),
+        TINY,
+    ),
+    "mistral-7b": HFModel(  # mistralai/Mistral-7B-v0.3
+        "MistralConfig",
+        "MistralForCausalLM",
+        dict(
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            vocab_size=32768,
+            rms_norm_eps=1e-5,
+            rope_theta=1000000.0,
+            sliding_window=None,
+        ),
+        TINY,
+    ),
+    "phi3-mini": HFModel(  # microsoft/Phi-3-mini-4k-instruct
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(
+            hidden_size=3072,
+            intermediate_size=8192,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            head_dim=96,
+            vocab_size=32064,
+            rms_norm_eps=1e-5,
+            rope_theta=10000.0,
+        ),
+        {**TINY, "pad_token_id": 0},  # the default pad token is outside the tiny vocabulary
+    ),
+    "gemma-7b": HFModel(  # google/gemma-7b
+        "GemmaConfig",
+        "GemmaForCausalLM",
+        dict(
+            hidden_size=3072,
+            intermediate_size=24576,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            head_dim=256,
+            vocab_size=256000,
+            rms_norm_eps=1e-6,
+            rope_theta=10000.0,
+        ),
+        {**TINY, "head_dim": 16},
+    ),
+}
+
+
+def config_fields(name: str, tiny: bool = False) -> dict:
+    """The config fields ``build`` sets for model ``name`` (the published sizes, or the tiny ones)."""
+    if name not in MODELS:
+        raise ValueError(f"unknown Hugging Face model {name!r}; choose from {sorted(MODELS)}")
+    return dict(MODELS[name].tiny if tiny else MODELS[name].published)
+
+
+def build(name: str, layers: int, tiny: bool = False) -> nn.Module:
+    """Model ``name`` as its transformers causal LM class, with ``layers`` decoder layers and random weights.
+
+    Attention runs through SDPA. ``tiny``: small shapes for CPU runs."""
+    import transformers
+
+    fields = config_fields(name, tiny)
+    model = MODELS[name]
+    config = getattr(transformers, model.config_class)(**fields, num_hidden_layers=layers, attn_implementation="sdpa")
+    return getattr(transformers, model.model_class)(config)
+
+
+class CausalLMLoss(nn.Module):
+    """A causal LM's training loss on input ids, with the input ids as labels (the model shifts them)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids, labels=input_ids).loss
+
+
+class CausalLMLogits(nn.Module):
+    """A causal LM's logits on input ids, at every position: a prefill's forward."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids).logits
+
+
+def matrix_parameters(model: nn.Module) -> int:
+    """Weights each token is multiplied by: the 2-D parameters but an input embedding apart from the LM head (a
+    lookup)."""
+    lookup = model.get_input_embeddings().weight
+    shared = lookup is model.get_output_embeddings().weight
+    return sum(p.numel() for p in model.parameters() if p.dim() == 2 and (shared or p is not lookup))
