@@ -91,37 +91,34 @@ def test_main_job_trains_transformers_models_with_their_loss(capsys, tmp_path, m
     strict JSON. torchao's columns are left out here: test_main_job_runs_and_reports_every_column runs them."""
     monkeypatch.setattr(run_model, "TORCHAO_RECIPES", ())
     monkeypatch.setattr(run_model, "TORCHAO_ON_OURS", ())
-    models = ["qwen2.5-7b", "gemma-7b"]
-    arguments = ["--hf", ",".join(models), "--layers", "1", "--seq", "16", "--fp8", "rowwise", "--warm-compile"]
+    arguments = ["--hf", "qwen2.5-7b", "--layers", "1", "--seq", "16", "--fp8", "rowwise", "--warm-compile"]
     run_model.main(arguments + ["--out", str(tmp_path)])
     out = capsys.readouterr().out
-    path = tmp_path / "model_hf_qwen2.5-7b-gemma-7b_train_fp8-rowwise_layers-1_seq-16.json"
+    path = tmp_path / "model_hf_qwen2.5-7b_train_fp8-rowwise_layers-1_seq-16.json"
     written = read_json(path)
-    assert written["configuration"]["hf"] == "qwen2.5-7b,gemma-7b"
-    assert written["configuration"]["models"]["gemma-7b"] == {
-        "class": "GemmaForCausalLM",
-        **hf.config_fields("gemma-7b", tiny=True),
+    assert written["configuration"]["hf"] == "qwen2.5-7b"
+    assert written["configuration"]["models"]["qwen2.5-7b"] == {
+        "class": "Qwen2ForCausalLM",
+        **hf.config_fields("qwen2.5-7b", tiny=True),
         "layers": 1,
         "tiny": True,
     }
     columns = ["eager", "inductor", "primus_turbo", "primus_turbo fp8 rowwise"]
-    assert [(row["model"], row["column"]) for row in written["rows"]] == [(m, c) for m in models for c in columns]
-    rows = {(row["model"], row["column"]): row for row in written["rows"]}
-    # Every norm but the final one writes its linears' FP8 input; Qwen2's norms but the first read a residual add.
-    # Gemma's norm multiplies by (1 + w) in fp32: its residual adds stay apart.
-    qwen, gemma = dict(rmsnorm=3, rmsnorm_residual=2, glu=1), dict(rmsnorm=3, glu=1)
-    assert rows["qwen2.5-7b", "primus_turbo"]["rewrites"] == default_counts(**qwen)
-    assert rows["gemma-7b", "primus_turbo"]["rewrites"] == default_counts(**gemma)
+    assert [row["column"] for row in written["rows"]] == columns
+    rows = {row["column"]: row for row in written["rows"]}
+    # Every norm but the final one writes its linears' FP8 input; the norms but the first read a residual add.
+    qwen = dict(rmsnorm=3, rmsnorm_residual=2, glu=1)
+    assert rows["primus_turbo"]["rewrites"] == default_counts(**qwen)
     fp8 = {"fp8": 8, "rmsnorm_fp8": 2, "glu_fp8": 1}  # q/k/v/o, gate/up/down and the LM head
-    assert rows["qwen2.5-7b", "primus_turbo fp8 rowwise"]["rewrites"] == {**default_counts(**qwen), **fp8}
-    assert rows["gemma-7b", "primus_turbo fp8 rowwise"]["rewrites"] == {**default_counts(**gemma), **fp8}
-    for model in models:
-        assert rows[model, "inductor"]["loss_snr_db"] == rows[model, "inductor"]["worst_grad_snr_db"] == math.inf
-        bf16, fp8_row = rows[model, "primus_turbo"], rows[model, "primus_turbo fp8 rowwise"]
-        assert bf16["loss_snr_db"] > 60 and bf16["worst_grad_snr_db"] > 25, "bf16 rounding against Inductor"
-        assert fp8_row["loss_snr_db"] > 25 and 10 < fp8_row["worst_grad_snr_db"] < bf16["worst_grad_snr_db"]
-        assert fp8_row["worst_grad"].startswith("model.") and rows[model, "inductor"]["worst_grad"] is None
-        assert not any(key in rows[model, c] for c in columns for key in ("out_snr_db", "dx_snr_db", "gpu_ms"))
+    assert rows["primus_turbo fp8 rowwise"]["rewrites"] == {**default_counts(**qwen), **fp8}
+    assert rows["inductor"]["loss_snr_db"] == rows["inductor"]["worst_grad_snr_db"] == math.inf
+    bf16, fp8_row = rows["primus_turbo"], rows["primus_turbo fp8 rowwise"]
+    assert bf16["loss_snr_db"] > 60 and bf16["worst_grad_snr_db"] > 25, "bf16 rounding against Inductor"
+    # reported, not gated here (test_hf_models holds the FP8 gates): the tiny model's worst gradient is k_proj's
+    # bias, whose signal only RoPE keeps from zero
+    assert fp8_row["loss_snr_db"] > 25 and 10 < fp8_row["worst_grad_snr_db"] < bf16["worst_grad_snr_db"]
+    assert fp8_row["worst_grad"].startswith("model.") and rows["inductor"]["worst_grad"] is None
+    assert not any(key in rows[c] for c in columns for key in ("out_snr_db", "dx_snr_db", "gpu_ms"))
     assert "qwen2.5-7b (Qwen2ForCausalLM, tiny config) x1 layer(s) with the LM head and loss" in out
     assert "loss SNR dB" in out and "worst grad SNR dB" in out and "dx SNR" not in out
     assert out.count(run_model.CPU_NOTE) == 1 and "goal:" not in out and "failed" not in out and "nan" not in out
