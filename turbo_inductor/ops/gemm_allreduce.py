@@ -186,6 +186,7 @@ def can_rewrite(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
 
 class GemmAllReduceNode(OpNode):
     op = torch.ops.turbo_inductor.gemm_allreduce.default
+    kernels = (FWD_KERNEL, BWD_KERNEL)
     x: fx.Node
     weight: fx.Node
     bias: fx.Node | None
@@ -195,6 +196,7 @@ class GemmAllReduceNode(OpNode):
 
 class LinearDgradAllReduceNode(OpNode):
     op = torch.ops.turbo_inductor.linear_dgrad_allreduce.default
+    kernels = (FWD_KERNEL,)  # in its backward
     x: fx.Node
     weight: fx.Node
     bias: fx.Node | None
