@@ -281,3 +281,30 @@ def test_a_residual_sum_only_the_norm_reads_gets_no_zero_filled_gradient(impl):
         zeros = [n for n in backward.graph.nodes if n.target in fills and n.meta["val"].numel() >= x.numel()]
         assert not zeros, (options, [n.format_node() for n in zeros])
     assert turbo_inductor.rewrite_counts()["rmsnorm_residual"] == 2
+
+
+def test_info_prints_what_a_bug_report_needs(capsys, monkeypatch):
+    """``python -m turbo_inductor.info``: versions, the device, whether the native kernels are built and why not, the
+    environment hash the cache key holds, and per kernel the implementations ``auto`` tries, the first one chosen."""
+    import runpy
+
+    monkeypatch.setenv(registry.IMPL_ENV, "rmsnorm_fwd=reference")
+    registry._candidates.cache_clear()
+    try:
+        runpy.run_module("turbo_inductor.info", run_name="__main__")
+    finally:
+        monkeypatch.delenv(registry.IMPL_ENV)
+        registry._candidates.cache_clear()
+    text = capsys.readouterr().out
+    assert f"torch {torch.__version__}, triton {triton.__version__}" in text
+    assert f"\ndevice: {environment.device()[1]}\n" in text
+    built = native.load_error() is None
+    assert (
+        "native kernels: built (sha256 " if built else "native kernels: the native extension is not built ("
+    ) in text
+    assert "\nenvironment hash (in the compile cache key): " in text
+    assert "TURBO_INDUCTOR_IMPL=rmsnorm_fwd=reference forces" in text
+    assert "\n  rmsnorm_fwd: auto reference; available " in text
+    device = environment.device()[0]
+    for kernel in set(registry.kernels()) - {"rmsnorm_fwd"}:
+        assert f"\n  {kernel}: auto {registry.candidates(kernel, device)[0]}" in text
