@@ -308,3 +308,152 @@ def test_info_prints_what_a_bug_report_needs(capsys, monkeypatch):
     device = environment.device()[0]
     for kernel in set(registry.kernels()) - {"rmsnorm_fwd"}:
         assert f"\n  {kernel}: auto {registry.candidates(kernel, device)[0]}" in text
+
+
+def test_a_training_loop_over_eight_sequence_lengths_compiles_at_most_twice():
+    """A tiny Hugging Face Llama trained on 8 sequence lengths: with ``dynamic=None`` (the default), one graph for the
+    first length and one dynamic graph for the rest; with the sequence dim marked dynamic, one graph. Hitting the
+    recompile limit raises here instead of falling back to eager."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    graphs = {}
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        for mark_dynamic in (False, True):
+            torch._dynamo.reset()
+            turbo_inductor.reset_records()
+            counters.clear()
+            compiled = torch.compile(model, backend="primus_turbo")
+            for seq in (5, 7, 9, 12, 16, 17, 23, 31):
+                ids = torch.randint(0, config.vocab_size, (2, seq))
+                if mark_dynamic:
+                    torch._dynamo.mark_dynamic(ids, 1)
+                compiled(input_ids=ids, labels=ids).loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            graphs[mark_dynamic] = (len(turbo_inductor.compile_records()), counters["stats"]["unique_graphs"])
+            assert all(record.counts["glu"] == 1 for record in turbo_inductor.compile_records())  # each graph fused
+    assert graphs == {False: (2, 2), True: (1, 1)}
+
+
+# ---- determinism: every op family, forward and backward, under torch.use_deterministic_algorithms(True) --------
+
+
+def _randn(gen, *shape, grad=True):
+    return torch.randn(*shape, generator=gen).to(DEVICE).requires_grad_(grad)
+
+
+def _offs(sizes):
+    return torch.tensor(sizes, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(DEVICE)
+
+
+def _routing(gen):
+    """x [6, 32], the router's top-2 choices of 3 experts and their weights."""
+    indices = torch.stack([torch.randperm(3, generator=gen)[:2] for _ in range(6)]).to(DEVICE)
+    return _randn(gen, 6, 32), indices, _randn(gen, 6, 2)
+
+
+def _moe(x, indices, weights):
+    """Permute, the experts' rows scaled (a stand-in for the experts), combine: the MoE glue, backward too."""
+    x_sorted, _, _, _, positions = turbo_inductor.ops.moe_permute(x, indices, 3)
+    return turbo_inductor.ops.moe_combine(x_sorted * 1.5, positions, weights)
+
+
+ops_ = turbo_inductor.ops
+# name -> (the op's node view, whose kernels it declares; the call; its inputs from a generator)
+DETERMINISM = {
+    "rmsnorm": ("RMSNormNode", lambda x, w: ops_.rmsnorm(x, w), lambda g: [_randn(g, 8, 64), _randn(g, 64)]),
+    "rmsnorm_residual": (
+        "RMSNormResidualNode",
+        lambda x, r, w: ops_.rmsnorm_residual(x, r, w),
+        lambda g: [_randn(g, 8, 64), _randn(g, 8, 64), _randn(g, 64)],
+    ),
+    "rmsnorm_fp8": (
+        "RMSNormFP8Node",
+        lambda x, r, w: ops_.rmsnorm_fp8(x, r, w, 1e-6, "rowwise"),
+        lambda g: [_randn(g, 8, 64), _randn(g, 8, 64), _randn(g, 64)],
+    ),
+    "swiglu": ("GLUNode", lambda a, b: ops_.swiglu(a, b), lambda g: [_randn(g, 8, 64), _randn(g, 8, 64)]),
+    "glu_fused": (
+        "GLUFusedNode",
+        lambda x, p: ops_.glu_fused(x, "silu", p),
+        lambda g: [_randn(g, 8, 128), _randn(g, 8)],
+    ),
+    "glu_fp8": ("GLUFP8Node", lambda a, b: ops_.glu_fp8(a, b), lambda g: [_randn(g, 8, 64), _randn(g, 8, 64)]),
+    "fp8_linear": (
+        "FP8LinearNode",
+        lambda x, w, b: ops_.fp8_linear(x, w, b, "rowwise"),
+        lambda g: [_randn(g, 16, 32), _randn(g, 32, 32), _randn(g, 32)],
+    ),
+    "grouped_mm": (
+        "GroupedMMNode",
+        lambda x, w, offs: ops_.grouped_mm(x, w, offs),
+        lambda g: [_randn(g, 20, 32), _randn(g, 3, 32, 16), _offs([7, 0, 11])],
+    ),
+    "fp8_grouped_mm": (
+        "FP8GroupedMMNode",
+        lambda x, w, offs: ops_.fp8_grouped_mm(x, w, offs, "rowwise"),
+        lambda g: [_randn(g, 20, 32), _randn(g, 3, 32, 32), _offs([7, 0, 11])],
+    ),
+    "moe_permute_and_combine": ("MoEPermuteNode", _moe, _routing),
+    "gemm_allreduce": (
+        "GemmAllReduceNode",
+        lambda x, w, b: ops_.gemm_allreduce(x, w, b),
+        lambda g: [_randn(g, 16, 32), _randn(g, 24, 32), _randn(g, 24)],
+    ),
+    "linear_dgrad_allreduce": (
+        "LinearDgradAllReduceNode",
+        lambda x, w, b: ops_.linear_dgrad_allreduce(x, w, b),
+        lambda g: [_randn(g, 16, 32), _randn(g, 24, 32), _randn(g, 24)],
+    ),
+}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().view(torch.uint8)
+
+
+@pytest.mark.parametrize("case", sorted(DETERMINISM))
+def test_every_op_is_bitwise_reproducible_forward_and_backward_under_deterministic_algorithms(
+    fake_group, monkeypatch, case
+):
+    """Two runs of each op, forward and backward (the weight gradients' sums and the MoE combine's included), give the
+    same bits; deterministic mode also fills new tensors with NaN, so a value left unwritten shows as not finite.
+    The kernels that ran are among those the op's node view declares (``CompileRecord.implementations``)."""
+    from turbo_inductor.ops.node import _VIEWS
+
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # what deterministic mode asks of cuBLAS's GEMMs
+    view_name, call, make_inputs = DETERMINISM[case]
+    view = next(v for v in _VIEWS.values() if v.__name__ == view_name)
+    runs = []
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        for _ in range(2):
+            gen = torch.Generator().manual_seed(0)
+            inputs = make_inputs(gen)
+            outs = call(*inputs)
+            outs = [outs] if isinstance(outs, torch.Tensor) else list(outs)
+            differentiable = [o for o in outs if o.requires_grad]
+            cotangents = [torch.randn(o.shape, generator=gen).to(o) for o in differentiable]
+            wanting = [t for t in inputs if t.requires_grad]
+            grads = torch.autograd.grad(differentiable, wanting, cotangents)
+            runs.append([*outs, *grads])
+    finally:
+        torch.use_deterministic_algorithms(before)
+    for i, (first, second) in enumerate(zip(*runs)):
+        assert torch.equal(_bits(first), _bits(second)), f"{case}: result {i} differs between two runs"
+        assert torch.isfinite(first.float()).all(), f"{case}: result {i} is not finite"
+    ran = {kernel for kernel, _ in turbo_inductor.kernel_calls()}
+    assert ran and ran <= set(view.kernels), (ran, view.kernels)
