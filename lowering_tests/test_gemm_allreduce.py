@@ -356,12 +356,15 @@ def _disagreeing_shapes_compiled(rank, port, spelling):
         for _ in range(3):  # the ranks agree: one check, at the graph's first call
             compiled(torch.randn(4, 32, device=device)).sum().backward()
         assert len(checks) == 1 and turbo_inductor.rewrite_counts()["gemm_allreduce"] == 1
-        torch._dynamo.reset()
-        x = torch.randn(4 + 2 * rank, 32, device=device)  # rank 1 has two more rows
-        with pytest.raises(
-            ValueError, match=r"disagree on the shapes .*: rank 0 has \[\[4, 24\]\]; rank 1 has \[\[6, 24\]\]"
-        ):
-            torch.compile(model, backend="primus_turbo")(x)
+        for dynamic in (False, True):  # the rows a size the graph reads from its input at the call
+            torch._dynamo.reset()
+            x = torch.randn(4 + 2 * rank, 32, device=device)  # rank 1 has two more rows
+            if dynamic:
+                torch._dynamo.mark_dynamic(x, 0)
+            with pytest.raises(
+                ValueError, match=r"disagree on the shapes .*: rank 0 has \[\[4, 24\]\]; rank 1 has \[\[6, 24\]\]"
+            ):
+                torch.compile(model, backend="primus_turbo")(x)
     finally:
         dist.destroy_process_group()
 

@@ -33,8 +33,13 @@ def all_reduced(gm: fx.GraphModule) -> list[tuple[str, tuple]]:
             value = node.args[0].meta.get("example_value") if isinstance(node.args[0], fx.Node) else None
             group_name = node.args[2] if len(node.args) > 2 else node.kwargs.get("group_name")
             if isinstance(value, torch.Tensor) and isinstance(group_name, str):
-                sites.append((group_name, tuple(value.shape)))
+                sites.append((group_name, tuple(_expression(size) for size in value.shape)))
     return sites
+
+
+def _expression(size) -> Any:
+    """A size as an int, or its sympy expression where it is symbolic."""
+    return size.node.expr if isinstance(size, torch.SymInt) else int(size)
 
 
 def first_call_check(gm: fx.GraphModule) -> Callable[[Callable], Callable] | None:
@@ -42,38 +47,40 @@ def first_call_check(gm: fx.GraphModule) -> Callable[[Callable], Callable] | Non
     checks that the ranks agree on the shapes ``gm`` all-reduces. Where they do not, every rank raises, naming each
     rank's shapes. Read ``gm`` before the passes fuse its all-reduces."""
     sites = all_reduced(gm)
-    examples = [node.meta.get("example_value") for node in gm.graph.nodes if node.op == "placeholder"]
-    return functools.partial(_checked_on_first_call, sites=sites, examples=examples) if sites else None
+    inputs = [_input_sizes(node.meta.get("example_value")) for node in gm.graph.nodes if node.op == "placeholder"]
+    return functools.partial(_checked_on_first_call, sites=sites, inputs=inputs) if sites else None
 
 
-def _checked_on_first_call(compiled: Callable, sites: list[tuple[str, tuple]], examples: list) -> Callable:
+def _input_sizes(value) -> list | None:
+    """A graph input's sizes (a tensor's, or a symbolic int itself) as ints or sympy expressions; None for others."""
+    if isinstance(value, torch.SymInt):
+        return [_expression(value)]
+    return [_expression(size) for size in value.shape] if isinstance(value, torch.Tensor) else None
+
+
+def _checked_on_first_call(compiled: Callable, sites: list[tuple[str, tuple]], inputs: list) -> Callable:
     pending = [True]
 
     @functools.wraps(compiled)
     def run(*args):  # Dynamo calls a backend's function with the graph's inputs
         if pending:
+            _agree(sites, _symbol_values(inputs, args))  # where it raises, so does the next call's check
             pending.clear()
-            _agree(sites, _sizes_of(examples, args))
         return compiled(*args)
 
     return run
 
 
-def _sizes_of(examples: list, args) -> dict:
+def _symbol_values(inputs: list, args) -> dict:
     """The value of each size symbol of the graph's inputs in this call: symbol -> int."""
     values = {}
-    if len(examples) != len(args):
+    if len(inputs) != len(args):
         return values
-    for example, arg in zip(examples, args):
-        if isinstance(example, torch.SymInt):
-            pairs = [(example, arg)]
-        elif isinstance(example, torch.Tensor) and isinstance(arg, torch.Tensor):
-            pairs = list(zip(example.shape, arg.shape))
-        else:
-            continue
-        for size, value in pairs:
-            if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
-                values[size.node.expr] = int(value)
+    for sizes, arg in zip(inputs, args):
+        given = [arg] if isinstance(arg, (int, torch.SymInt)) else arg.shape if isinstance(arg, torch.Tensor) else ()
+        for size, value in zip(sizes or (), given):
+            if not isinstance(size, int) and size.is_Symbol:
+                values[size] = int(value)
     return values
 
 
@@ -82,7 +89,7 @@ def _evaluate(shape: tuple, values: dict) -> list[Any]:
     sizes = []
     for size in shape:
         try:
-            sizes.append(int(size.node.expr.xreplace(values)) if isinstance(size, torch.SymInt) else int(size))
+            sizes.append(size if isinstance(size, int) else int(size.xreplace(values)))
         except TypeError:
             sizes.append("?")
     return sizes
