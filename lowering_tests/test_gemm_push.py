@@ -111,6 +111,66 @@ def test_interpreted_kernel_gives_up_on_a_peer_that_never_comes_and_the_next_cal
             buffers(x, w, False, None, torch.empty(M, N))
 
 
+# Compiles the kernel to sm_90 machine code with Triton's own ptxas: (with_bias, w_kn) from argv, shared bytes out.
+COMPILE_FOR_HOPPER = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from turbo_inductor.kernels.symm_mem import gemm_push
+
+with_bias, w_kn = (arg == "1" for arg in sys.argv[1:])
+block_m, block_n, block_k, stages, warps = gemm_push.TILE
+desc = lambda rows, cols: f"tensordesc<bf16[{rows}, {cols}]>"
+signature = {
+    "x_desc": desc(block_m, block_k),
+    "w_desc": desc(block_k, block_n) if w_kn else desc(block_n, block_k),
+    "bias_ptr": "*bf16",
+    "out_desc": desc(block_m, block_n),
+    "recv_desc": desc(block_m, block_n),
+    "flags_ptr": "*i32",
+    "peer_recv_desc": desc(block_m, block_n),
+    "peer_flags_ptr": "*i32",
+    "call_ptr": "*i32",
+    "gave_up_ptr": "*i32",
+    **dict.fromkeys(("max_reads", "rank", "M", "N", "K"), "i32"),
+}
+constants = dict(HAS_BIAS=with_bias, W_KN=w_kn, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                 GROUP=gemm_push.GROUP_M, STAGES=stages, PROGRAMS=128)
+names = gemm_push.gemm_push_kernel.arg_names
+assert names == [*signature, *constants], names
+source = ASTSource(
+    fn=gemm_push.gemm_push_kernel,
+    signature={**signature, **dict.fromkeys(constants, "constexpr")},
+    constexprs={(names.index(name),): value for name, value in constants.items()},
+)
+compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+assert compiled.asm["cubin"]
+print(compiled.metadata.shared)
+"""
+
+
+@pytest.mark.parametrize("with_bias, w_kn", [(True, False), (False, True)])
+def test_the_kernel_compiles_for_hopper(with_bias, w_kn):
+    """The kernel as the GPU runs it, not as the interpreter does: Triton compiles it to sm_90 machine code with its
+    own ptxas, no GPU needed, in the shared memory the design budgets (docs/kernels.md). A process of its own:
+    under TRITON_INTERPRET=1 nothing compiles."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE_FOR_HOPPER, str(int(with_bias)), str(int(w_kn))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.split()[-1]) <= 227 * 1024
+
+
 # ---- launch heuristics and the choice between the kernel and GEMM then all-reduce -----------------------------
 
 
