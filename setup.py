@@ -1,13 +1,13 @@
 """Installs the turbo_inductor package and, where torch can build them, its native kernels (``csrc/``).
 
 The native kernels build when torch has CUDA or ROCm and the toolkit (nvcc / hipcc) is there; otherwise the
-pure-Python package is installed and the build says once, on stderr, why the native kernels were skipped (the
-Triton and reference kernels then serve every op). Environment:
+pure-Python package is installed (the Triton and reference kernels then serve every op). The build says on stdout
+whether it built them, and if not, why. Environment:
   GPU_ARCHS  ';'-separated targets: sm_90, sm_100a, gfx942, gfx950, native (the GPU of this machine); default: the
              GPU of this machine, else every architecture this torch supports from sm_80 on (or PYTORCH_ROCM_ARCH);
   MAX_JOBS   parallel compile jobs (read by torch's BuildExtension);
-  TURBO_INDUCTOR_NATIVE=0  skip the native kernels; =1  require them (a failed build fails the install; by default
-             it installs the package without them and says why).
+  TURBO_INDUCTOR_NATIVE=0  skip the native kernels; =1  require them (the install fails, with the reason, wherever
+             they are not built; by default it installs the package without them and says why).
 """
 
 import glob
@@ -55,19 +55,22 @@ EXTRAS = {"rocm": ["amd-aiter>=0.1.7.post2.dev18"]}
 BUILD_COMMANDS = {"build", "build_ext", "bdist_wheel", "editable_wheel", "develop", "install"}
 
 
-def say_skipped(reason: str) -> None:
-    """Once per install: pip runs this file for its metadata too, where nothing is built."""
+def say(message: str) -> None:
+    """``message`` on stdout, once per install: pip runs this file for its metadata too, where nothing is built."""
     if BUILD_COMMANDS & set(sys.argv[1:]):
-        print(
-            f"turbo_inductor: native kernels skipped ({reason}); installing the Python package alone, whose "
-            f"Triton and reference kernels serve every op",
-            file=sys.stderr,
-        )
+        print(f"turbo_inductor: {message}", flush=True)
 
 
-def optional_build(build_ext: type, required: bool) -> type:
-    """``build_ext`` whose failure (a toolkit that does not match torch's CUDA, a compiler error) installs the
-    package without the native kernels and says why, unless they are ``required``."""
+def say_skipped(reason: str) -> None:
+    say(
+        f"native kernels skipped ({reason}); installing the Python package alone, whose Triton and reference "
+        "kernels serve every op"
+    )
+
+
+def optional_build(build_ext: type, required: bool, targets: str = "") -> type:
+    """``build_ext`` that says whether it built the native kernels (for ``targets``). Its failure (a toolkit that
+    does not match torch's CUDA, a compiler error) installs the package without them, unless they are ``required``."""
 
     class OptionalNativeBuild(build_ext):
         def build_extensions(self):
@@ -79,14 +82,20 @@ def optional_build(build_ext: type, required: bool) -> type:
                 last_line = (str(error).strip().splitlines() or [repr(error)])[-1]
                 say_skipped(f"their build failed: {last_line}; TURBO_INDUCTOR_NATIVE=1 shows the whole error")
                 self.extensions = []  # nothing to copy into the package
+                return
+            say(f"native kernels built{f' for {targets}' if targets else ''}")
 
     return OptionalNativeBuild
 
 
 def native_extension() -> tuple[list, dict]:
-    """(ext_modules, cmdclass) for the native kernels, or ([], {}) after saying why they are skipped."""
+    """(ext_modules, cmdclass) for the native kernels, or ([], {}) after saying why they are skipped.
+    With TURBO_INDUCTOR_NATIVE=1, a reason to skip them ends the install instead."""
+    required = os.environ.get("TURBO_INDUCTOR_NATIVE") == "1"
 
     def skip(reason: str) -> tuple[list, dict]:
+        if required:
+            raise SystemExit(f"turbo_inductor: TURBO_INDUCTOR_NATIVE=1 requires the native kernels, but {reason}")
         say_skipped(reason)
         return [], {}
 
@@ -106,13 +115,12 @@ def native_extension() -> tuple[list, dict]:
     if not archs:
         return skip(f"GPU_ARCHS={os.environ.get('GPU_ARCHS')!r} names no {'ROCm' if rocm else 'CUDA'} target")
     os.environ["PYTORCH_ROCM_ARCH" if rocm else "TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
-    print(f"turbo_inductor: building the native kernels for {';'.join(archs)}", file=sys.stderr)
+    say(f"building the native kernels for {';'.join(archs)}")
     sources = sorted(glob.glob("csrc/*.cu")) + sorted(glob.glob("csrc/*.cpp"))
     extension = cpp_extension.CUDAExtension(
         "turbo_inductor._native", sources, extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3"]}
     )
-    required = os.environ.get("TURBO_INDUCTOR_NATIVE") == "1"
-    return [extension], {"build_ext": optional_build(cpp_extension.BuildExtension, required)}
+    return [extension], {"build_ext": optional_build(cpp_extension.BuildExtension, required, ";".join(archs))}
 
 
 if __name__ == "__main__":  # as pip's build backend runs it; lowering_tests/test_native.py imports the helpers

@@ -28,7 +28,7 @@ TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < WORLD, reason="symmetr
 # after another, so a program waiting on a later one of its own grid would never return) -----------------------
 
 
-def _interpreted_rank(rank, xs, w, w_kn, bias, recv, flags, outs, tile):
+def _interpreted_rank(rank, xs, w, w_kn, bias, recv, flags, outs, tile, gave_up):
     torch.set_num_threads(1)
     counter = torch.zeros(1, dtype=torch.int32)
     for call in range(outs.shape[0]):  # one buffer for every call, the counter advanced before each, as PeerBuffers
@@ -44,6 +44,7 @@ def _interpreted_rank(rank, xs, w, w_kn, bias, recv, flags, outs, tile):
             recv[1 - rank],
             flags[1 - rank],
             counter,
+            gave_up[rank],
             rank,
             1,
             tile,
@@ -64,8 +65,13 @@ def test_interpreted_kernel_sums_over_two_ranks(w_kn, with_bias, M, N, tile):
     recv = torch.full((2, M, N), float("nan")).share_memory_()  # a read before a push lands shows as NaN
     flags = torch.zeros(2, tiles, dtype=torch.int32).share_memory_()
     outs = torch.zeros(calls, 2, M, N).share_memory_()
+    gave_up = torch.zeros(2, 1, dtype=torch.int32).share_memory_()
     context = mp.start_processes(
-        _interpreted_rank, args=(xs, w, w_kn, bias, recv, flags, outs, tile), nprocs=2, join=False, start_method="spawn"
+        _interpreted_rank,
+        args=(xs, w, w_kn, bias, recv, flags, outs, tile, gave_up),
+        nprocs=2,
+        join=False,
+        start_method="spawn",
     )
     deadline = time.monotonic() + 240
     while not context.join(timeout=1):
@@ -77,6 +83,92 @@ def test_interpreted_kernel_sums_over_two_ranks(w_kn, with_bias, M, N, tile):
     torch.testing.assert_close(outs[:, 0].double(), want, rtol=1e-4, atol=1e-4)
     assert torch.equal(outs[:, 0], outs[:, 1])
     assert (flags == calls).all()  # every tile's flag raised by the last call
+    assert (gave_up == 0).all()  # no wait gave up on the peer
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter: a GPU waits minutes before it gives up")
+@pytest.mark.parametrize("rank", [0, 1])
+def test_interpreted_kernel_gives_up_on_a_peer_that_never_comes_and_the_next_call_says_so(monkeypatch, rank):
+    """One rank alone, its peer never calling: every wait gives up after a few flag reads, so the call returns with
+    NaN where the peer's part is missing (every tile: each needs the peer's partial or final sum), and the rank's
+    next call raises, naming the peer and the shapes. The next calls raise too: the buffers are out of step."""
+    monkeypatch.setattr(gemm_push, "TILE", (32, 32, 16, 1, 4))
+    monkeypatch.setattr(gemm_push, "MAX_FLAG_READS", 3)
+    M, N, K = 64, 96, 48  # 6 tiles: 3 owned by each rank
+    recv, flags = torch.zeros(2, M, N), torch.zeros(2, 6, dtype=torch.int32)
+    one_program = 1 + gemm_push.RESERVED_SMS  # the interpreter runs a grid's programs one after another
+    buffers = gemm_push.PeerBuffers(recv[rank], flags[rank], recv[1 - rank], flags[1 - rank], rank, one_program, "tp")
+    x, w = torch.randn(M, K), torch.randn(N, K)
+    out = buffers(x, w, False, None, torch.empty(M, N))
+    assert out.isnan().all()
+    assert int(buffers.gave_up) == 1 and (flags[1 - rank] == 1).all()  # it raised the flags of the peer's tiles
+    for _ in range(2):
+        with pytest.raises(
+            RuntimeError,
+            match=rf"rank {rank} of group 'tp' gave up waiting for rank {1 - rank} in its call 1 \(this rank's "
+            rf"last call: x \[{M}, {K}\] times weight \[{N}, {K}\]\); that call's output is NaN",
+        ):
+            buffers(x, w, False, None, torch.empty(M, N))
+
+
+# Compiles the kernel to sm_90 machine code with Triton's own ptxas: (with_bias, w_kn) from argv, shared bytes out.
+COMPILE_FOR_HOPPER = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from turbo_inductor.kernels.symm_mem import gemm_push
+
+with_bias, w_kn = (arg == "1" for arg in sys.argv[1:])
+block_m, block_n, block_k, stages, warps = gemm_push.TILE
+desc = lambda rows, cols: f"tensordesc<bf16[{rows}, {cols}]>"
+signature = {
+    "x_desc": desc(block_m, block_k),
+    "w_desc": desc(block_k, block_n) if w_kn else desc(block_n, block_k),
+    "bias_ptr": "*bf16",
+    "out_desc": desc(block_m, block_n),
+    "recv_desc": desc(block_m, block_n),
+    "flags_ptr": "*i32",
+    "peer_recv_desc": desc(block_m, block_n),
+    "peer_flags_ptr": "*i32",
+    "call_ptr": "*i32",
+    "gave_up_ptr": "*i32",
+    **dict.fromkeys(("max_reads", "rank", "M", "N", "K"), "i32"),
+}
+constants = dict(HAS_BIAS=with_bias, W_KN=w_kn, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                 GROUP=gemm_push.GROUP_M, STAGES=stages, PROGRAMS=128)
+names = gemm_push.gemm_push_kernel.arg_names
+assert names == [*signature, *constants], names
+source = ASTSource(
+    fn=gemm_push.gemm_push_kernel,
+    signature={**signature, **dict.fromkeys(constants, "constexpr")},
+    constexprs={(names.index(name),): value for name, value in constants.items()},
+)
+compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+assert compiled.asm["cubin"]
+print(compiled.metadata.shared)
+"""
+
+
+@pytest.mark.parametrize("with_bias, w_kn", [(True, False), (False, True)])
+def test_the_kernel_compiles_for_hopper(with_bias, w_kn):
+    """The kernel as the GPU runs it, not as the interpreter does: Triton compiles it to sm_90 machine code with its
+    own ptxas, no GPU needed, in the shared memory the design budgets (docs/kernels.md). A process of its own:
+    under TRITON_INTERPRET=1 nothing compiles."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE_FOR_HOPPER, str(int(with_bias)), str(int(w_kn))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.split()[-1]) <= 227 * 1024
 
 
 # ---- launch heuristics and the choice between the kernel and GEMM then all-reduce -----------------------------

@@ -31,7 +31,7 @@ def test_llama_runs_fused_ops_in_forward_and_backward(dtype):
     input_ids = torch.randint(0, config.vocab_size, (2, 16))
     counts = assert_matches_inductor(model, [input_ids])
     # two norms per layer and the final one; every one but the first reads a residual add
-    assert counts == default_counts(rmsnorm=2 * LAYERS + 1, rmsnorm_residual=2 * LAYERS, glu=LAYERS)
+    assert counts == default_counts(rmsnorm=1, rmsnorm_residual=2 * LAYERS, glu=LAYERS)
     assert ops_after("turbo_inductor.rmsnorm_residual") == 2 * LAYERS and ops_after("turbo_inductor.rmsnorm") == 1
     assert_ran("rmsnorm_fwd", 2 * LAYERS + 1)
     assert_ran("rmsnorm_bwd", 2 * LAYERS + 1)
@@ -77,7 +77,7 @@ def test_llama_with_fp32_parameters_trains_in_fp8_under_autocast(dynamic_checkpo
     counts = turbo_inductor.rewrite_counts()
     assert (counts["fp8"], counts["rmsnorm_residual"], counts["rmsnorm_fp8"], counts["glu_fp8"]) == (
         7 * layers + 1,
-        layers if dynamic_checkpointed else 2 * layers,
+        0 if dynamic_checkpointed else 1,  # the final norm's: every other norm writes FP8 (rmsnorm_fp8)
         2 * layers,
         layers,
     )

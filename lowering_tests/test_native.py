@@ -258,35 +258,68 @@ def test_compiled_model_runs_native_kernels_forward_and_backward():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# setup.py: a failed native build installs the package without it, unless the native kernels are required
+# setup.py: it says on stdout whether it built the native kernels; a failed build installs the package without
+# them, unless they are required (TURBO_INDUCTOR_NATIVE=1), which fails the install wherever they are not built
 # ---------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("required", [False, True])
-def test_failed_native_build_installs_without_it_unless_required(tmp_path, monkeypatch, capsys, required):
+def _setup_helpers(monkeypatch) -> dict:
     import runpy
 
-    import setuptools
-    from torch.utils import cpp_extension
-
-    helpers = runpy.run_path(str(CSRC.parent / "setup.py"), run_name="turbo_inductor_setup")
-    (tmp_path / "broken.cpp").write_text("int broken( {\n")  # a compiler error, as a mismatched toolkit would give
-    monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(
         sys, "argv", ["setup.py", "build_ext", "--inplace"]
     )  # a build (pip's metadata runs say nothing)
-    build = helpers["optional_build"](cpp_extension.BuildExtension, required)
+    return runpy.run_path(str(CSRC.parent / "setup.py"), run_name="turbo_inductor_setup")
+
+
+@pytest.mark.parametrize(
+    "source, required", [("int broken( {\n", False), ("int broken( {\n", True), ("int f();\n", False)]
+)
+def test_failed_native_build_installs_without_it_unless_required(tmp_path, monkeypatch, capsys, source, required):
+    import setuptools
+    from torch.utils import cpp_extension
+
+    helpers = _setup_helpers(monkeypatch)
+    (tmp_path / "ext.cpp").write_text(source)  # "broken": a compiler error, as a mismatched toolkit would give
+    monkeypatch.chdir(tmp_path)
+    build = helpers["optional_build"](cpp_extension.BuildExtension, required, "sm_90")
 
     def run():
         setuptools.setup(
-            name="broken",
+            name="ext",
             script_args=["-q", "build_ext", "--inplace"],
             cmdclass={"build_ext": build},
-            ext_modules=[cpp_extension.CppExtension("broken", ["broken.cpp"])],
+            ext_modules=[cpp_extension.CppExtension("ext", ["ext.cpp"])],
         )
 
     if required:
         with pytest.raises(RuntimeError, match="Error compiling objects"):
             run()
+    elif "broken" in source:
+        run()
+        assert "turbo_inductor: native kernels skipped (their build failed" in capsys.readouterr().out
+        assert not list(tmp_path.glob("ext*.so"))
     else:
         run()
-        assert "native kernels skipped (their build failed" in capsys.readouterr().err
-        assert not list(tmp_path.glob("broken*.so"))
+        assert "turbo_inductor: native kernels built for sm_90\n" in capsys.readouterr().out
+        assert list(tmp_path.glob("ext*.so"))
+
+
+@pytest.mark.parametrize(
+    "cause, reason",
+    [
+        ("torch is not importable", "torch is not importable while building"),  # pip's isolation, or the system pip
+        ("a CPU-only torch", r"torch \S+ is built for neither CUDA nor ROCm"),
+    ],
+)
+def test_required_native_kernels_fail_the_install_wherever_they_are_not_built(monkeypatch, capsys, cause, reason):
+    helpers = _setup_helpers(monkeypatch)
+    if cause == "torch is not importable":
+        monkeypatch.setitem(sys.modules, "torch", None)
+    else:
+        monkeypatch.setattr(torch.version, "cuda", None)
+        monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setenv("TURBO_INDUCTOR_NATIVE", "1")
+    with pytest.raises(SystemExit, match=f"TURBO_INDUCTOR_NATIVE=1 requires the native kernels, but {reason}"):
+        helpers["native_extension"]()
+    monkeypatch.delenv("TURBO_INDUCTOR_NATIVE")  # by default: the package alone, and why, on stdout
+    assert helpers["native_extension"]() == ([], {})
+    assert re.search(f"^turbo_inductor: native kernels skipped \\({reason}", capsys.readouterr().out, re.M)

@@ -2,7 +2,9 @@
 
 model = torch.compile(model, backend="primus_turbo")          # no import needed
 turbo_inductor.ops.rmsnorm(x, weight, eps=1e-6)               # the ops, callable directly
-turbo_inductor.rewrite_counts()                               # what the last compilations rewrote
+turbo_inductor.rewrite_counts()                               # fused sites per pass in the compiled graphs
+turbo_inductor.compile_records()[-1].implementations          # the implementations each kernel of a graph uses
+turbo_inductor.kernel_calls()                                 # kernel calls per implementation (not traced ones)
 """
 
 from . import ops

@@ -17,6 +17,7 @@ from torch._inductor import config as inductor_config
 from torch._inductor.compile_fx import compile_fx
 
 from . import ops as _ops  # noqa: F401  (registers the ops)
+from . import ranks
 from .options import Options
 from .passes import PASSES, PassManager
 from .passes.manager import forget
@@ -41,11 +42,13 @@ def primus_turbo(gm: torch.fx.GraphModule, example_inputs: list[Any], options: M
     # Our uuid (sources, options) tags the cache key. The rewritten graph names our ops, not what they do.
     # Without the tag, a changed op could load a compiled graph calling it with old arguments.
     tag = f"{torch.compiler.config.cache_key_tag}primus_turbo-{manager.uuid()}"
+    check_ranks = ranks.first_call_check(gm)  # before the passes fuse the all-reduces
     try:
         with torch.compiler.config.patch(cache_key_tag=tag):
-            return compile_fx(gm, example_inputs, config_patches=patches)
+            compiled = compile_fx(gm, example_inputs, config_patches=patches)
     except BaseException:
         # Dynamo may abandon this compile and trace again, as when it specializes a float under dynamic=True.
         # The record would count rewrites of a graph that never runs.
         forget(manager.record)
         raise
+    return check_ranks(compiled) if check_ranks is not None else compiled

@@ -1,18 +1,20 @@
 """``python -m turbo_inductor.info``: what turbo_inductor runs on this machine.
 
-Versions, the device, the optional native kernels and aiter. Per kernel: what ``impl="auto"`` tries, in order,
-and what is available. On a ROCm GPU this imports aiter, as the first kernel call would. Elsewhere it imports
-nothing optional.
+Versions, the device, the optional native kernels (built or not, and why) and aiter. Per kernel: what
+``impl="auto"`` tries, in order, and what is available. The environment hash is part of the compile cache key.
+On a ROCm GPU this imports aiter, as the first kernel call would. Elsewhere it imports nothing optional.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 
 import torch
+import triton
 
-from . import __version__
+from . import __version__, environment
 from .kernels import aiter, native, registry
 
 
@@ -23,23 +25,13 @@ def _installed(distribution: str) -> str:
         return "not installed"
 
 
-def _device() -> tuple[torch.device, str]:
-    """The device the ops would run on here, and its description. The current GPU, else the CPU."""
-    if not torch.cuda.is_available():
-        return torch.device("cpu"), "cpu (no GPU visible to torch)"
-    device = torch.device("cuda", torch.cuda.current_device())
-    props = torch.cuda.get_device_properties(device)
-    if torch.version.hip is not None:
-        return device, f"{device} {props.name} ({props.gcnArchName}, ROCm {torch.version.hip})"
-    return device, f"{device} {props.name} (sm_{props.major}{props.minor}, CUDA {torch.version.cuda})"
-
-
 def _native(device: torch.device) -> str:
+    """Built or not, and why not; where built, its file's hash and whether it runs here."""
     error = native.load_error()
     if error is not None:
         return error
     reason = native.unavailable_reason(device)
-    return "built" + (f", but {reason}" if reason else "")
+    return f"built (sha256 {native.build_hash()[:12]})" + (f", but {reason}" if reason else "")
 
 
 def _kernel(kernel: str, device: torch.device) -> dict:
@@ -58,16 +50,18 @@ def _kernel(kernel: str, device: torch.device) -> dict:
 
 def report() -> dict:
     """The facts ``main`` prints, as a dict."""
-    device, description = _device()
+    device, description = environment.device()
     return {
         "turbo_inductor": __version__,
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "triton": _installed("triton"),
+        "triton": triton.__version__,  # its distribution's name differs on ROCm
         "amd-aiter": _installed(aiter.PACKAGE),
         "device": description,
         "native": _native(device),
         "aiter": aiter.unavailable_reason(device) or "available",
+        "impl": os.environ.get(registry.IMPL_ENV, ""),
+        "environment": environment.identity()[:12],
         "kernels": {kernel: _kernel(kernel, device) for kernel in registry.kernels()},
     }
 
@@ -79,7 +73,8 @@ def format_report(facts: dict) -> str:
         f"device: {facts['device']}",
         f"native kernels: {facts['native']}",
         f"aiter: {facts['aiter']}",
-        "kernels (auto: tried in this order, * takes only some arguments; available):",
+        f"environment hash (in the compile cache key): {facts['environment']}",
+        f"kernels (auto: tried in this order, * takes only some arguments; available){_forced(facts['impl'])}:",
     ]
     unavailable: dict[tuple[str, str], list[str]] = {}
     for kernel, k in facts["kernels"].items():
@@ -89,6 +84,10 @@ def format_report(facts: dict) -> str:
     lines.append("unavailable here:")
     lines += [f"  {name} ({', '.join(kernels)}): {reason}" for (name, reason), kernels in sorted(unavailable.items())]
     return "\n".join(lines)
+
+
+def _forced(spec: str) -> str:
+    return f"; {registry.IMPL_ENV}={spec} forces" if spec else ""
 
 
 def main() -> None:

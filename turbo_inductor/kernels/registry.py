@@ -11,6 +11,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import hashlib
 import logging
 import os
 import time
@@ -140,6 +141,19 @@ def kernels() -> list[str]:
 def available_on(kernel: str, device: torch.device) -> bool:
     """Whether some implementation of ``kernel`` runs on ``device``."""
     return any(i.unavailable_reason(device) is None for i in implementations(kernel).values())
+
+
+def fingerprint(devices: list[torch.device]) -> str:
+    """What decides the implementations compiled code calls on ``devices``, for the cache key.
+    Per implementation: its function, and where it runs, its priority and traceability. Also TURBO_INDUCTOR_IMPL."""
+    parts = [os.environ.get(IMPL_ENV, "")]
+    for kernel in sorted(_IMPLS):
+        for name, impl in sorted(_IMPLS[kernel].items()):
+            parts.append(f"{kernel}={name}:{impl.fn.__module__}.{impl.fn.__qualname__}")
+            for device in devices:
+                if impl.unavailable_reason(device) is None:
+                    parts.append(f"{device}:{impl.priority_on(device)},{impl.traceable(device)}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 @functools.cache
@@ -352,8 +366,10 @@ def is_tracing() -> bool:
 
 
 def kernel_calls() -> dict[tuple[str, str], int]:
-    """Calls per (kernel, implementation) since the last :func:`reset_kernel_calls`. Eager calls count at run
-    time, and so do ops a compiled graph calls. Ops traced into a graph count at compile time."""
+    """Selections per (kernel, implementation) since the last :func:`reset_kernel_calls`.
+    Eager calls, and ops a compiled graph keeps as one call, count each time they run. A kernel traced into a
+    compiled graph counts once, when traced, and not at all when the graph comes from the cache. What each
+    compiled graph uses, cached or not: ``compile_records()[i].implementations``."""
     return dict(_CALLS)
 
 

@@ -430,6 +430,7 @@ def can_rewrite(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
 
 class FP8LinearNode(OpNode):
     op = fp8_linear
+    kernels = (QUANTIZE_KERNEL, GEMM_KERNEL)
     x: fx.Node
     weight: fx.Node
     bias: fx.Node | None

@@ -8,7 +8,8 @@ Ops in ``torch.ops.turbo_inductor``:
 
 ``group_name`` is ``ProcessGroup.group_name``, as functional collectives carry it.
 The backward is torch's for the unfused graph. A weight that wants no gradient gets none: dw is empty.
-An eager call first checks that the ranks agree on the shapes; every rank raises where they do not.
+An eager call first checks that the ranks agree on the shapes; every rank raises where they do not. A compiled
+graph checks once, at its first call (``turbo_inductor/ranks.py``).
 Implementations and why: ``docs/ops.md``, "GEMM + all-reduce".
 """
 
@@ -62,7 +63,7 @@ def check_ranks_agree(op: str, group, sizes: list[int], device: torch.device) ->
 def _checked_group(op: str, group_name: str, sizes: list, device: torch.device) -> None:
     """Check that the group exists and, in an eager call, that its ranks agree on the sizes.
 
-    A traced op does not check (``docs/ops.md``, "Ranks that disagree")."""
+    A traced op does not: its graph checks at its first call (``docs/ops.md``, "Ranks that disagree")."""
     group = process_group(op, group_name)
     if not registry.is_tracing():
         check_ranks_agree(op, group, [int(s) for s in sizes], device)
@@ -186,6 +187,7 @@ def can_rewrite(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
 
 class GemmAllReduceNode(OpNode):
     op = torch.ops.turbo_inductor.gemm_allreduce.default
+    kernels = (FWD_KERNEL, BWD_KERNEL)
     x: fx.Node
     weight: fx.Node
     bias: fx.Node | None
@@ -195,6 +197,7 @@ class GemmAllReduceNode(OpNode):
 
 class LinearDgradAllReduceNode(OpNode):
     op = torch.ops.turbo_inductor.linear_dgrad_allreduce.default
+    kernels = (FWD_KERNEL,)  # in its backward
     x: fx.Node
     weight: fx.Node
     bias: fx.Node | None

@@ -236,6 +236,7 @@ def can_rewrite(gate: Tensor) -> bool:
 
 class GLUNode(OpNode):
     op = torch.ops.turbo_inductor.glu.default
+    kernels = (FWD_KERNEL, BWD_KERNEL)
     gate: fx.Node
     up: fx.Node
     probs: fx.Node | None
@@ -246,6 +247,7 @@ class GLUNode(OpNode):
 
 class GLUFusedNode(OpNode):
     op = torch.ops.turbo_inductor.glu_fused.default
+    kernels = (FWD_KERNEL, BWD_KERNEL)
     x: fx.Node
     probs: fx.Node | None
     mask: fx.Node | None

@@ -24,7 +24,7 @@ from ..kernels import registry
 from ..kernels.reference.fp8_quant import scale_shape
 from ..recipes import ROW_RECIPES, Recipe
 from .fp8_linear import check_row_recipe
-from .glu import FWD_KERNEL, _check, _check_fused, _flat, _rows, glu_bwd, glu_fused_bwd
+from .glu import BWD_KERNEL, FWD_KERNEL, _check, _check_fused, _flat, _rows, glu_bwd, glu_fused_bwd
 from .library import kernel_op
 from .node import OpNode
 
@@ -125,6 +125,7 @@ def can_rewrite(out: Tensor, recipe: str, impl: str) -> bool:
 
 class GLUFP8Node(OpNode):
     op = torch.ops.turbo_inductor.glu_fp8.default
+    kernels = (KERNEL, BWD_KERNEL)
     outputs = ("out", "q", "scale")
     x: fx.Node  # the gate, or gate and up as halves (up None)
     up: fx.Node | None

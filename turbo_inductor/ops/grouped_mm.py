@@ -507,6 +507,7 @@ def can_rewrite_fp8(x: Tensor, weight: Tensor, offs: Tensor) -> bool:
 
 class GroupedMMNode(OpNode):
     op = torch.ops.turbo_inductor.grouped_mm.default
+    kernels = (GROUPED_KERNEL, WGRAD_KERNEL)
     x: fx.Node
     weight: fx.Node
     offs: fx.Node
@@ -515,6 +516,7 @@ class GroupedMMNode(OpNode):
 
 class FP8GroupedMMNode(OpNode):
     op = fp8_grouped_mm
+    kernels = FP8_KERNELS
     x: fx.Node
     weight: fx.Node
     offs: fx.Node

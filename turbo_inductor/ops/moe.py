@@ -242,6 +242,7 @@ def can_combine(y: Tensor, weights: Optional[Tensor]) -> bool:
 
 class MoEPermuteNode(OpNode):
     op = torch.ops.turbo_inductor.moe_permute.default
+    kernels = (ROUTE_KERNEL, DISPATCH_KERNEL, GATHER_SUM_KERNEL)  # the backward combines
     outputs = ("x_sorted", "weights_sorted", "offs", "order", "positions")
     x: fx.Node
     indices: fx.Node
@@ -252,6 +253,7 @@ class MoEPermuteNode(OpNode):
 
 class MoECombineNode(OpNode):
     op = torch.ops.turbo_inductor.moe_combine.default
+    kernels = (GATHER_SUM_KERNEL, DISPATCH_KERNEL)
     y: fx.Node
     weights: fx.Node | None
     positions: fx.Node

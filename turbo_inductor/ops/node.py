@@ -13,19 +13,23 @@ import torch
 import torch.fx as fx
 
 _NO_DEFAULT = object()
+_VIEWS: dict = {}  # op -> its OpNode subclass
 
 
 class OpNode:
     """A node calling ``op``.
 
     Subclasses set ``op`` and annotate the arguments the passes use; the schema checks them.
-    An op returning several results names them in ``outputs``."""
+    An op returning several results names them in ``outputs``. ``kernels``: the registry kernels the op runs,
+    forward and backward (reported per compiled graph, ``CompileRecord.implementations``)."""
 
     op: ClassVar[torch._ops.OpOverload]
     outputs: ClassVar[tuple[str, ...]] = ()
+    kernels: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        _VIEWS[cls.op] = cls
         names = {a.name for a in cls.op._schema.arguments}
         unknown = [name for name in cls.__annotations__ if name not in names]
         if unknown:
@@ -116,3 +120,9 @@ def _default(argument) -> Any:
 
 def _same(value: Any, default: Any) -> bool:
     return type(value) is type(default) and value == default if not isinstance(value, fx.Node) else False
+
+
+def view_of(node: Any) -> OpNode | None:
+    """The view of ``node`` where it calls one of our ops that has a view, else None."""
+    view = _VIEWS.get(getattr(node, "target", None)) if isinstance(node, fx.Node) else None
+    return view.of(node) if view is not None else None

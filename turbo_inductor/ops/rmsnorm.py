@@ -250,6 +250,7 @@ def can_rewrite(x: Tensor, weight: Optional[Tensor]) -> bool:
 
 class RMSNormNode(OpNode):
     op = rmsnorm
+    kernels = (FWD_KERNEL, BWD_KERNEL)
     x: fx.Node
     weight: fx.Node | None
     eps: float | fx.Node  # a symbolic float's node under dynamic=True
@@ -258,6 +259,7 @@ class RMSNormNode(OpNode):
 
 class RMSNormResidualNode(OpNode):
     op = rmsnorm_residual
+    kernels = (FWD_KERNEL, BWD_KERNEL)
     outputs = ("y", "sum")
     x: fx.Node
     residual: fx.Node

@@ -28,7 +28,7 @@ from ..recipes import ROW_RECIPES, Recipe
 from .fp8_linear import check_row_recipe
 from .library import SUPPORTED_FLOAT_DTYPES, check, define_composite, kernel_op, rows_view
 from .node import OpNode
-from .rmsnorm import _check_inputs, _contiguous, empty_output, input_grads
+from .rmsnorm import BWD_KERNEL, _check_inputs, _contiguous, empty_output, input_grads
 
 KERNEL = "rmsnorm_fwd_fp8"
 
@@ -156,6 +156,7 @@ def can_rewrite(x: Tensor, recipe: str, impl: str) -> bool:
 
 class RMSNormFP8Node(OpNode):
     op = rmsnorm_fp8
+    kernels = (KERNEL, BWD_KERNEL)
     outputs = ("y", "sum", "q", "scale")
     x: fx.Node
     residual: fx.Node | None

@@ -19,10 +19,14 @@ from typing import Any
 import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from .. import environment
+from ..kernels import registry
+from ..ops.node import view_of
 from ..options import Options, parse_bool
-from .matcher import op_name
+from .matcher import SITE, fake, op_name
 
 log = logging.getLogger("turbo_inductor")
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent
 
 
 class Phase(enum.IntEnum):
@@ -97,9 +101,15 @@ def phase_table(passes: list[RewritePass]) -> str:
 
 @dataclasses.dataclass
 class CompileRecord:
-    """What the passes did to one compiled graph (and its subgraphs)."""
+    """What the passes did to one compiled graph (and its subgraphs).
+    ``counts``: fused sites per pass in the graph as compiled (see :func:`rewrite_counts`). ``replaced``: what
+    each pass replaced, a site a later pass rewrote again counted for both.
+    ``implementations``: per kernel of our ops in the graph, the implementations it uses, in the order tried.
+    It is filled when the graph is loaded from the cache too."""
 
     counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    replaced: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    implementations: dict = dataclasses.field(default_factory=dict)
     ops_before: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     ops_after: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     graph_before: str = ""  # filled with option record_graphs
@@ -116,7 +126,9 @@ def compile_records() -> list[CompileRecord]:
 
 
 def rewrite_counts() -> dict[str, int]:
-    """Rewrites per pass, summed over :func:`compile_records`."""
+    """Fused sites per pass in the graphs as compiled, summed over :func:`compile_records`.
+    A site a later pass rewrote again counts for the later pass alone: three norms, two of them fused with their
+    residual add, count ``{"rmsnorm": 1, "rmsnorm_residual": 2}``."""
     total = collections.Counter()
     for record in _RECORDS:
         total.update(record.counts)
@@ -134,10 +146,9 @@ def forget(record: CompileRecord) -> None:
 
 
 @functools.cache
-def _source_hash() -> str:
+def _source_hash(package: pathlib.Path = PACKAGE) -> str:
     """Hash of the package's sources, part of the cache key.
-    The passes and ops shape the rewritten graph; on GPU the kernels are traced into it."""
-    package = pathlib.Path(__file__).resolve().parent.parent
+    The passes and ops (their schemas and fakes) shape the rewritten graph; on GPU the kernels are traced into it."""
     digest = hashlib.sha256()
     for path in sorted(package.rglob("*.py")):
         digest.update(str(path.relative_to(package)).encode())
@@ -194,6 +205,7 @@ class PassManager(CustomGraphPass):
             return
         for rewrite in self.passes:
             snapshot = _snapshot(graph)
+            before = set(graph.nodes)
             try:
                 count = rewrite.apply(graph, self.options)
                 graph.lint()
@@ -209,17 +221,52 @@ class PassManager(CustomGraphPass):
                 )
                 continue
             record.counts[rewrite.name] += count
+            record.replaced[rewrite.name] += count
+            _count_sites(record, graph, before, rewrite.name)
             log.info("primus_turbo: replaced %d %s", count, rewrite.name)
         record.ops_after.update(op_name(n) for n in graph.nodes)
+        _record_implementations(record, graph)
         if self.options.record_graphs:
             record.graph_after += graph.python_code("self").src
         if log.isEnabledFor(logging.DEBUG):
             log.debug("primus_turbo: graph after passes:\n%s", graph.python_code("self").src)
 
     def uuid(self) -> str:
+        """The cache tag: the sources, the options, the rank layout, and what decides the kernels compiled code
+        calls (versions, device, native build, implementations: ``environment.identity``)."""
         return hashlib.sha256(
-            (_source_hash() + self.options.fingerprint() + _distributed_identity()).encode()
+            (_source_hash() + self.options.fingerprint() + _distributed_identity() + environment.identity()).encode()
         ).hexdigest()
+
+
+def _count_sites(record: CompileRecord, graph: fx.Graph, before: set, name: str) -> None:
+    """Marks the ops pass ``name`` just made as its sites. A site of an earlier pass that it replaced leaves that
+    pass's count: it is one site, counted for the pass whose op the graph keeps."""
+    after = set(graph.nodes)
+    for node in before - after:
+        if SITE in node.meta:
+            record.counts[node.meta[SITE]] -= 1
+    for node in after - before:
+        if SITE in node.meta and node.meta[SITE] is None:
+            node.meta[SITE] = name
+
+
+def _record_implementations(record: CompileRecord, graph: fx.Graph) -> None:
+    """For each kernel our ops in ``graph`` run (forward and backward), the implementations the registry tries.
+    The first that takes the arguments runs; under ``autotune``, the fastest."""
+    for node in graph.nodes:
+        view = view_of(node)
+        if view is None:
+            continue
+        impl = view.arguments().get("impl", registry.AUTO)
+        device = next((t.device for t in map(fake, (node, *node.all_input_nodes)) if t is not None), None)
+        for kernel in type(view).kernels if device is not None else ():
+            try:
+                names = registry.candidates(kernel, device, impl)
+            except (RuntimeError, ValueError):  # the op raises the same when it runs
+                continue
+            chosen = record.implementations.setdefault(kernel, [])
+            chosen += [name for name in names if name not in chosen]
 
 
 def _distributed_identity() -> str:

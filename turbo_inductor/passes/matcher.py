@@ -16,6 +16,8 @@ import torch.fx as fx
 
 from ..ops.node import OpNode
 
+SITE = "turbo_inductor_site"  # meta key of the nodes insert_view makes: the pass that made them
+
 # function targets -> canonical op name
 _FUNCTIONS: dict[Callable, str] = {
     operator.add: "add",
@@ -324,7 +326,9 @@ def insert_view(graph: fx.Graph, before: fx.Node, view: type[OpNode], **argument
     An op with several results gets one ``getitem`` node per result (``view.output(name)``)."""
     args, kwargs = view.call_arguments(**arguments)
     items = insert_op(graph, before, view.op, args, len(view.outputs), kwargs)
-    return view(items[0].args[0] if view.outputs else items)
+    new = view(items[0].args[0] if view.outputs else items)
+    new.node.meta[SITE] = None  # a fused site: the pass manager fills in the pass that made it
+    return new
 
 
 def available_at(value: Any, node: fx.Node, position: dict[fx.Node, int]) -> bool:

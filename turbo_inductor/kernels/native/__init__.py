@@ -4,8 +4,10 @@ Loading it registers the ``turbo_inductor_native`` operators. Without the build,
 from __future__ import annotations
 
 import functools
-import importlib
+import hashlib
+import importlib.util
 import logging
+import pathlib
 
 import torch
 
@@ -20,6 +22,15 @@ def load_error() -> str | None:
     except ImportError as error:
         return f"the native extension is not built ({error}); the README says how to build it"
     return None
+
+
+@functools.cache
+def build_hash() -> str | None:
+    """SHA-256 of the built extension's file, None where there is none. It does not load the extension."""
+    spec = importlib.util.find_spec("turbo_inductor._native")
+    if spec is None or not spec.origin or not pathlib.Path(spec.origin).is_file():
+        return None
+    return hashlib.sha256(pathlib.Path(spec.origin).read_bytes()).hexdigest()
 
 
 @functools.cache

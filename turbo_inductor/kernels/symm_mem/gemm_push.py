@@ -1,5 +1,6 @@
 """GEMM + all-reduce of two ranks in one persistent Triton kernel (``impl="push"``, opt-in).
-It pushes output tiles by TMA into the peer's symmetric memory.
+It pushes output tiles by TMA into the peer's symmetric memory. Its waits for the peer are bounded: where one gives
+up, the tile is NaN and the rank's next call raises, naming the peer and the shapes.
 Design, flags and deadlock risk: docs/kernels.md, GEMM + all-reduce.
 """
 
@@ -30,6 +31,10 @@ RESERVED_SMS = 4  # left free, so that small kernels beside this one find room
 # Smaller outputs run GEMM then all-reduce. On two H200s the kernel won 1.09-1.16x at 8 MiB.
 # At 2 MiB it took twice as long.
 MIN_OUTPUT_BYTES = 8 << 20
+# Flag reads a program makes, in all its waits of one call, before it gives up on the peer. A count, not a clock:
+# every thread of a program reads the same flags, so all leave the loop at the same read. 2^30 system-scope reads
+# take minutes, longer than a peer may spend compiling before it makes the call.
+MAX_FLAG_READS = 1 << 30
 INTERPRETED = tl.constexpr(interpreting())
 # (cols, dtype, device, group) -> PeerBuffers. A key's buffers grow to the most rows asked for.
 _BUFFERS: dict[tuple, PeerBuffers] = {}
@@ -63,11 +68,21 @@ def _landed(flag_ptr, call):
 
 
 @triton.jit
-def _wait(flag_ptr, call):
-    """Spins until this call or a later one raised the flag (acquire, system scope).
-    The read is a compare-and-swap that never swaps, since flags are never -1. It cannot undo a raise."""
-    while not _landed(flag_ptr, call):
-        pass
+def _wait(flag_ptr, call, reads_left):
+    """Spins until this call or a later one raised the flag, or ``reads_left`` more reads found it low.
+    Returns (whether it landed, the reads left). Each read is ``_landed``'s: one acquire at system scope."""
+    landed = _landed(flag_ptr, call)
+    while (not landed) and (reads_left > 0):
+        reads_left -= 1
+        landed = _landed(flag_ptr, call)
+    return landed, reads_left
+
+
+@triton.jit
+def _gave_up(landed, gave_up_ptr, call):
+    """Where a wait gave up, records the call's number for the host (its next call raises)."""
+    if not landed:
+        tl.atomic_max(gave_up_ptr, call)
 
 
 @triton.jit
@@ -94,10 +109,14 @@ def _proxy_fence(call, WAIT_PUSHES: tl.constexpr):
 
 
 @triton.jit
-def _copy_final(recv_desc, out_desc, tile_id, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
-    """Copies a tile's final sum, pushed by the peer into this rank's buffer, to the output."""
+def _copy_final(
+    recv_desc, out_desc, tile_id, landed, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr
+):
+    """Copies a tile's final sum, pushed by the peer into this rank's buffer, to the output. NaN where it never
+    ``landed``."""
     first_row, first_col = _tile_origin(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP)
-    out_desc.store([first_row, first_col], recv_desc.load([first_row, first_col]))
+    final = recv_desc.load([first_row, first_col]).to(tl.float32)
+    out_desc.store([first_row, first_col], tl.where(landed, final, float("nan")).to(out_desc.dtype))
 
 
 @triton.jit
@@ -111,6 +130,8 @@ def gemm_push_kernel(
     peer_recv_desc,
     peer_flags_ptr,
     call_ptr,
+    gave_up_ptr,
+    max_reads,
     rank,
     M,
     N,
@@ -126,9 +147,12 @@ def gemm_push_kernel(
 ):
     """Sums ``x @ w^T (+ bias)`` over two ranks; with ``W_KN``, w is [K, N]. ``recv_desc`` is this rank's buffer.
     The peer pushes partials of tiles this rank owns there, and sums of tiles it owns. ``flags_ptr`` flags each.
-    ``peer_*`` are the peer's. Tiles move by TMA, so the epilogue stays in the MMA's registers."""
+    ``peer_*`` are the peer's. Tiles move by TMA, so the epilogue stays in the MMA's registers.
+    A program's waits read flags at most ``max_reads`` times in all. Where one gives up, its tile is NaN and
+    ``gave_up_ptr`` gets the call's number."""
     dtype = out_desc.dtype
     call = tl.load(call_ptr)
+    reads_left = max_reads
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     shift = tiles // 2 * rank  # rank 1 starts half-way
     # From this index on, this rank computes its tiles second and owns them.
@@ -154,19 +178,21 @@ def gemm_push_kernel(
         if index < owned_from:
             peer_recv_desc.store([first_row, first_col], partial)
         else:
-            _wait(flags_ptr + tile_id, call)
+            landed, reads_left = _wait(flags_ptr + tile_id, call, reads_left)
+            _gave_up(landed, gave_up_ptr, call)
             _proxy_fence(call, WAIT_PUSHES=False)
             theirs = recv_desc.load([first_row, first_col])
-            total = (partial.to(tl.float32) + theirs.to(tl.float32)).to(dtype)
+            total = tl.where(landed, partial.to(tl.float32) + theirs.to(tl.float32), float("nan")).to(dtype)
             out_desc.store([first_row, first_col], total)
             peer_recv_desc.store([first_row, first_col], total)
             # The peer computes this rank's index i at its index i + tiles / 2.
             # Finals that have landed are copied now, between GEMMs, not after the last tile.
             if pending < owned_from:
                 pending_tile = (pending + shift) % tiles
-                if _landed(flags_ptr + pending_tile, call):
+                landed = _landed(flags_ptr + pending_tile, call)
+                if landed:
                     _proxy_fence(call, WAIT_PUSHES=False)
-                    _copy_final(recv_desc, out_desc, pending_tile, M, N, BLOCK_M, BLOCK_N, GROUP)
+                    _copy_final(recv_desc, out_desc, pending_tile, landed, M, N, BLOCK_M, BLOCK_N, GROUP)
                     pending += PROGRAMS
         previous = tile_id
     if previous >= 0:
@@ -174,9 +200,10 @@ def gemm_push_kernel(
         _raise(peer_flags_ptr + previous, call)
     for index in range(pending, owned_from, PROGRAMS):  # finals of peer-owned tiles not copied yet
         tile_id = (index + shift) % tiles
-        _wait(flags_ptr + tile_id, call)
+        landed, reads_left = _wait(flags_ptr + tile_id, call, reads_left)
+        _gave_up(landed, gave_up_ptr, call)
         _proxy_fence(call, WAIT_PUSHES=False)
-        _copy_final(recv_desc, out_desc, tile_id, M, N, BLOCK_M, BLOCK_N, GROUP)
+        _copy_final(recv_desc, out_desc, tile_id, landed, M, N, BLOCK_M, BLOCK_N, GROUP)
 
 
 def programs_for(tiles: int, sms: int) -> int:
@@ -197,13 +224,16 @@ def launch(
     peer_recv: torch.Tensor,
     peer_flags: torch.Tensor,
     call: torch.Tensor,
+    gave_up: torch.Tensor,
     rank: int,
     programs: int,
     tile: tuple = TILE,
+    max_reads: int = MAX_FLAG_READS,
 ) -> torch.Tensor:
     """One call of the kernel: ``out = x @ w^T + bias`` summed over both ranks (``w_kn``: ``x @ w``).
     ``recv`` and ``flags`` are this rank's; ``peer_*`` the peer's, as mapped here.
-    ``call`` is a device int32 counting calls from 1, equal on both ranks."""
+    ``call`` is a device int32 counting calls from 1, equal on both ranks. ``gave_up``, a device int32, gets the
+    call's number where a wait for the peer gave up after ``max_reads`` flag reads (its tiles are NaN)."""
     block_m, block_n, block_k, stages, warps = tile
     (M, K), N = x.shape, out.shape[1]
     x_desc = TensorDescriptor.from_tensor(x, [block_m, block_k])
@@ -222,6 +252,8 @@ def launch(
             peer_desc,
             peer_flags,
             call,
+            gave_up,
+            max_reads,
             rank,
             M,
             N,
@@ -241,27 +273,50 @@ def launch(
 
 class PeerBuffers:
     """A group's receive buffer and flags, the peer's mappings of both, and the call counter.
-    Allocated collectively at the first call of each width, and again for more rows.
+    Allocated collectively (:meth:`allocate`) at the first call of each width, and again for more rows.
     Never during CUDA graph capture: a compiled graph's warm-up run allocates them."""
 
-    def __init__(self, rows: int, cols: int, dtype: torch.dtype, device: torch.device, group_name: str):
+    def __init__(
+        self,
+        recv: torch.Tensor,
+        flags: torch.Tensor,
+        peer_recv: torch.Tensor,
+        peer_flags: torch.Tensor,
+        rank: int,
+        sms: int,
+        group_name: str,
+    ):
+        device = recv.device
+        self.recv, self.flags, self.peer_recv, self.peer_flags = recv, flags, peer_recv, peer_flags
+        self.rows, self.rank, self.sms, self.group_name = recv.shape[0], rank, sms, group_name
+        self.counter = torch.zeros(1, dtype=torch.int32, device=device)
+        # The number of a call whose wait gave up, set by the kernel; the host reads it at the next call.
+        self.gave_up = torch.zeros(1, dtype=torch.int32, device=device)
+        on_gpu = device.type == "cuda"
+        self.gave_up_here = torch.zeros(1, dtype=torch.int32, pin_memory=on_gpu)
+        self.copied = torch.cuda.Event() if on_gpu else None
+        self.last_call = ""
+
+    @classmethod
+    def allocate(cls, rows: int, cols: int, dtype: torch.dtype, device: torch.device, group_name: str) -> PeerBuffers:
         tiles = triton.cdiv(rows, TILE[0]) * triton.cdiv(cols, TILE[1])
-        self.rows, self.counter = rows, torch.zeros(1, dtype=torch.int32, device=device)
         handle, recv = symmetric_tensor((rows, cols), dtype, device, group_name)
         _, flags = symmetric_tensor((tiles,), torch.int32, device, group_name)
-        self.rank = handle.rank
-        self.recv, self.peer_recv = recv[self.rank], recv[1 - self.rank]
-        self.flags, self.peer_flags = flags[self.rank].zero_(), flags[1 - self.rank]
-        self.sms = torch.cuda.get_device_properties(device).multi_processor_count
+        rank, sms = handle.rank, torch.cuda.get_device_properties(device).multi_processor_count
+        buffers = cls(recv[rank], flags[rank].zero_(), recv[1 - rank], flags[1 - rank], rank, sms, group_name)
         _meet(device, group_name)  # the flags are zero on both ranks before either raises one
+        return buffers
 
     def __call__(
         self, x: torch.Tensor, w: torch.Tensor, w_kn: bool, bias: Optional[torch.Tensor], out: torch.Tensor
     ) -> torch.Tensor:
+        capturing = self.copied is not None and torch.cuda.is_current_stream_capturing()
+        if not capturing:
+            self._check_the_peer_came()
         M, N = out.shape
         self.counter += 1
         tiles = triton.cdiv(M, TILE[0]) * triton.cdiv(N, TILE[1])
-        return launch(
+        launch(
             x,
             w,
             w_kn,
@@ -272,9 +327,33 @@ class PeerBuffers:
             self.peer_recv[:M],
             self.peer_flags,
             self.counter,
+            self.gave_up,
             self.rank,
             programs_for(tiles, self.sms),
+            TILE,
+            MAX_FLAG_READS,
         )
+        self.last_call = f"x [{M}, {x.shape[1]}] times weight [{N}, {x.shape[1]}]"
+        if self.copied is not None and not capturing:  # read at the next call, without waiting for this one now
+            self.gave_up_here.copy_(self.gave_up, non_blocking=True)
+            self.copied.record()
+        return out
+
+    def _check_the_peer_came(self) -> None:
+        """Raise where a wait of an earlier call gave up on the peer. It waits for the last call to finish.
+        The buffers are out of step after that, so every later call raises too."""
+        if self.copied is not None:
+            self.copied.synchronize()
+            call = int(self.gave_up_here.item())
+        else:
+            call = int(self.gave_up.item())
+        if call:
+            raise RuntimeError(
+                f"turbo_inductor: gemm_allreduce_fwd impl=push: rank {self.rank} of group {self.group_name!r} gave "
+                f"up waiting for rank {1 - self.rank} in its call {call} (this rank's last call: {self.last_call}); "
+                "that call's output is NaN. The peer did not make the same call: the ranks disagree on the shapes, "
+                "or the peer stopped. The group's push buffers are out of step: restart the ranks"
+            )
 
     def calls(self) -> int:
         """The calls so far (a device-to-host copy: for tests and benchmarks)."""
@@ -299,7 +378,7 @@ def peer_buffers(rows: int, cols: int, dtype: torch.dtype, device: torch.device,
         _meet(device, group_name)  # neither rank's last call still pushes into the buffers freed here
         del _BUFFERS[key]
     if key not in _BUFFERS:
-        _BUFFERS[key] = PeerBuffers(rows, cols, dtype, device, group_name)
+        _BUFFERS[key] = PeerBuffers.allocate(rows, cols, dtype, device, group_name)
     return _BUFFERS[key]
 
 
