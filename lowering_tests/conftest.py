@@ -48,7 +48,13 @@ QUICK = (
 )
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
+    # The long fuzzing run is deselected unless the -m expression names it (pytest -m fuzz).
+    if "fuzz" not in (config.option.markexpr or ""):
+        long_fuzz = [item for item in items if item.get_closest_marker("fuzz")]
+        if long_fuzz:
+            config.hook.pytest_deselected(items=long_fuzz)
+            items[:] = [item for item in items if not item.get_closest_marker("fuzz")]
     rank = {name: i for i, name in enumerate(LONG_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))
     for item in items:
