@@ -482,10 +482,7 @@ class AllReduceBlock(Block):
 
     def __init__(self, rng, s):
         super().__init__(rng, s)
-        # In place, an FP8 linear's output (the op fp8 takes the linear to) cannot be written eagerly under
-        # autograd: test_fuzz_rewrites.py's xfail. Compiled graphs are functionalized and take it.
-        spellings = ["funcol", "in place"] if s.fp8 is None else ["funcol"]
-        self.in_place = self.choose(rng, "all_reduce", spellings) == "in place"
+        self.in_place = self.choose(rng, "all_reduce", ["funcol", "in place"]) == "in place"
         self.linear = Linear(rng, s, s.hidden, s.hidden)
         self.choices["linear"] = self.linear.describe()
 

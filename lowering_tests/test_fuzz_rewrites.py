@@ -162,31 +162,22 @@ def test_a_random_model_compiled_matches_inductor():
 # ---- what the fuzzer found -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "op",
-    [
-        pytest.param(
-            op,
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=RuntimeError,
-                reason="our ops return views of their kernels' results: autograd forbids writing them in place. The "
-                "fuzzer writes no in-place all-reduce on an FP8 linear for it (fuzz.py's AllReduceBlock).",
-            ),
-        )
-        for op in ("rmsnorm", "fp8_linear")
-    ],
-)
+@pytest.mark.parametrize("op", ["rmsnorm", "fp8_linear"])
 def test_an_ops_output_can_be_written_in_place_under_autograd(op):
-    """As ``dist.all_reduce(y)`` writes a row-parallel linear's output, run eagerly."""
-    x = torch.randn(4, 32, requires_grad=True)
-    if op == "rmsnorm":
-        y = turbo_inductor.ops.rmsnorm(x, None, 1e-5, impl="reference")
-    else:
-        y = turbo_inductor.ops.fp8_linear(x, torch.randn(32, 32), None, "rowwise", impl="reference")
-    y.mul_(2)
-    y.sum().backward()
-    assert x.grad is not None
+    """As ``dist.all_reduce(y)`` writes a row-parallel linear's output, run eagerly: the gradient is that of the
+    out-of-place write."""
+    x, w = torch.randn(4, 32), torch.randn(32, 32)
+    grads = []
+    for in_place in (True, False):
+        xg = x.clone().requires_grad_()
+        if op == "rmsnorm":
+            y = turbo_inductor.ops.rmsnorm(xg, None, 1e-5, impl="reference")
+        else:
+            y = turbo_inductor.ops.fp8_linear(xg, w, None, "rowwise", impl="reference")
+        y = y.mul_(2) if in_place else y * 2
+        (y * torch.arange(32.0)).sum().backward()
+        grads.append(xg.grad)
+    assert torch.equal(grads[0], grads[1])
 
 
 class ColumnParallel(torch.nn.Module):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import inspect
 from collections.abc import Callable
 
@@ -30,7 +31,7 @@ def kernel_op(name: str, kernels: tuple[str, ...], symbolic_sizes: bool = True) 
     sizes. Why and when: ``docs/ops.md``, "Kernel ops traced into compiled graphs"."""
 
     def define(body: Callable) -> torch.library.CustomOpDef:
-        op = torch.library.custom_op(f"{NAMESPACE}::{name}", body, mutates_args=())
+        op = torch.library.custom_op(f"{NAMESPACE}::{name}", _returning_no_views(body), mutates_args=())
         signature = inspect.signature(body)
 
         def trace_into_graph(mode, func, types, args, kwargs):
@@ -56,6 +57,23 @@ def kernel_op(name: str, kernels: tuple[str, ...], symbolic_sizes: bool = True) 
         return op
 
     return define
+
+
+def _returning_no_views(body: Callable) -> Callable:
+    """``body`` whose results are never views: autograd forbids writing a custom op's view output in place
+    (``dist.all_reduce(y)`` after a linear). Kernels' results are often viewed to x's shape; detaching keeps the
+    storage and drops the view."""
+
+    def no_view(t):
+        return t.detach() if isinstance(t, torch.Tensor) and t._is_view() else t
+
+    @functools.wraps(body)
+    def run(*args, **kwargs):
+        out = body(*args, **kwargs)
+        return tuple(map(no_view, out)) if isinstance(out, (tuple, list)) else no_view(out)
+
+    run.__signature__ = inspect.signature(body, eval_str=True)  # the schema is inferred from it
+    return run
 
 
 _KEEP_WHOLE = contextvars.ContextVar("turbo_inductor_keep_whole", default=False)
