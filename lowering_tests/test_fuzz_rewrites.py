@@ -14,6 +14,8 @@ import zlib
 import fuzz
 import pytest
 import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from compare import assert_matches_inductor
 
 import turbo_inductor
@@ -182,31 +184,43 @@ def test_an_ops_output_can_be_written_in_place_under_autograd(op):
     assert torch.equal(grads[0], grads[1])
 
 
+class SumOverRanksSavingAnother(torch.autograd.Function):
+    """fuzz.SumOverRanks with a second tensor input, saved for its backward: not Megatron's copy."""
+
+    @staticmethod
+    def forward(ctx, x, another):
+        ctx.save_for_backward(another)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return funcol.all_reduce(grad, "sum", dist.group.WORLD), None
+
+
 class ColumnParallel(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, saves_another: bool = False):
         super().__init__()
         self.linear = torch.nn.Linear(32, 32)
+        self.another = torch.nn.Parameter(torch.randn(32)) if saves_another else None
 
     def forward(self, x):
-        return self.linear(fuzz.SumOverRanks.apply(x))
+        if self.another is None:
+            return self.linear(fuzz.SumOverRanks.apply(x))
+        return self.linear(SumOverRanksSavingAnother.apply(x, self.another))
 
 
-@pytest.mark.parametrize(
-    "dynamic",
-    [
-        False,
-        pytest.param(
-            True,
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=AssertionError,
-                reason="a symbolic size goes into the autograd.Function's call as one more argument: "
-                "gemm_allreduce_dgrad takes calls of three. The fuzzer draws no dynamic size with a dgrad block.",
-            ),
-        ),
-    ],
-)
-def test_a_column_parallel_linear_is_fused_with_a_symbolic_batch(fake_group, dynamic):
+def dgrad_rewrites(model: torch.nn.Module, dynamic: bool) -> int:
     setting = fuzz.Setting(torch.float32, 32, fp8=None, train=True, impl="reference", dynamic=dynamic)
-    gm, _ = fuzz.capture(ColumnParallel(), torch.randn(4, 32), setting)
-    assert fuzz.rewrite(gm, {}).counts["gemm_allreduce_dgrad"] == 1
+    gm, _ = fuzz.capture(model, torch.randn(4, 32), setting)
+    return fuzz.rewrite(gm, {}).counts["gemm_allreduce_dgrad"]
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_column_parallel_linear_is_fused_with_a_symbolic_batch(fake_group, dynamic):
+    """Dynamo passes the symbolic batch size to the autograd.Function's call as one more input."""
+    assert dgrad_rewrites(ColumnParallel(), dynamic) == 1
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_copy_that_takes_another_tensor_is_left_alone(fake_group, dynamic):
+    assert dgrad_rewrites(ColumnParallel(saves_another=True), dynamic) == 0

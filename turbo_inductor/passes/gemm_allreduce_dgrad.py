@@ -2,6 +2,7 @@
 
 Matched: one linear reading ``autograd_function_apply(fwd_body, bwd_body, x)``, Megatron's copy to the
 tensor-parallel region. fwd_body is the identity; bwd_body sum all-reduces the gradient, in either spelling.
+With dynamic shapes Dynamo passes x's symbolic sizes to the call too: x is the one tensor the call takes.
 The backward's ``dy @ W`` and that all-reduce then run as one GEMM + all-reduce (``docs/passes.md``).
 """
 
@@ -55,6 +56,26 @@ def _is_identity(body: fx.Graph) -> bool:
     )
 
 
+def _is_size(value) -> bool:
+    return isinstance(m.example_value(value), (int, torch.SymInt))
+
+
+def _identity_input(fwd: fx.Graph, inputs: tuple) -> fx.Node | None:
+    """The input the identity forward body returns, when every other input is a size.
+
+    Dynamo passes each symbolic size the body reads as one more input, in no fixed position. A placeholder's
+    position among the body's placeholders is its input's position in the call.
+    """
+    if not _is_identity(fwd):
+        return None
+    placeholders = [n for n in fwd.nodes if n.op == "placeholder"]
+    position = placeholders.index(_through_views(_returned(fwd)))
+    others = inputs[:position] + inputs[position + 1 :]
+    if len(placeholders) != len(inputs) or not all(_is_size(other) for other in others):
+        return None
+    return inputs[position] if m.fake(inputs[position]) is not None else None
+
+
 def _reduced_group(body: fx.Graph) -> str | None:
     """The group's name when the body returns the sum all-reduce of its gradient and does nothing else."""
     returned = _returned(body)
@@ -82,8 +103,9 @@ def _reduced_group(body: fx.Graph) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class GradientReduction:
-    function: fx.Node  # autograd_function_apply(fwd_body, bwd_body, x)
+    function: fx.Node  # autograd_function_apply(fwd_body, bwd_body, *sizes, x, *sizes)
     item: fx.Node  # its output, the linear's input
+    x: fx.Node  # the function's input
     group_name: str
 
 
@@ -96,16 +118,15 @@ def gradient_reduction_of(linear: m.Linear) -> GradientReduction | None:
     if (
         function.op != "call_function"
         or function.target is not torch.ops.higher_order.autograd_function_apply
-        or len(function.args) != 3
         or m.only_user(function) is not item
     ):
         return None
     graph = function.graph
     fwd, bwd = _body(graph, function.args[0]), _body(graph, function.args[1])
-    if fwd is None or bwd is None or not _is_identity(fwd):
+    if fwd is None or bwd is None:
         return None
-    group_name = _reduced_group(bwd)
-    return GradientReduction(function, item, group_name) if group_name is not None else None
+    x, group_name = _identity_input(fwd, function.args[2:]), _reduced_group(bwd)
+    return GradientReduction(function, item, x, group_name) if x is not None and group_name is not None else None
 
 
 @claims.claimant(NAME, priority=40)
@@ -134,7 +155,7 @@ class GemmAllReduceDgradPass(RewritePass):
             reduction = gradient_reduction_of(linear)
             function = reduction.function
             weight = m.weight_of(graph, linear)
-            x, weight, bias = m.cast_to(graph, node, (function.args[2], weight, linear.bias), m.linear_dtype(node))
+            x, weight, bias = m.cast_to(graph, node, (reduction.x, weight, linear.bias), m.linear_dtype(node))
             new = m.insert_view(
                 graph,
                 node,
