@@ -5,7 +5,7 @@
 #   grouped_mm: MoE expert GEMMs; gemm_ar, fsdp2: on every GPU of the host (kind nvidia-h200-x2); tests: the test
 #   suite; profile: profiler tables.
 #   TESTS="lowering_tests/test_gpu.py ..." limits the tests; MODEL_ARGS, GEMM_AR_ARGS, FSDP2_ARGS add arguments to
-#   that step; MAX_JOBS sets the native build's jobs; INSTALLED=1 skips the install.
+#   that step; TESTS_TIMEOUT bounds the tests (s); MAX_JOBS sets the native build's jobs; INSTALLED=1 skips the install.
 set -o pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/turbo_out}
 mkdir -p "$OUT"
@@ -41,7 +41,8 @@ for step in ${*:-all}; do
 done
 for step in "${steps[@]}"; do
   case $step in
-    tests) timeout 500 python3 -m pytest ${TESTS:-lowering_tests} -q -n "$test_jobs" --dist worksteal 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+    tests) timeout "${TESTS_TIMEOUT:-500}" python3 -m pytest ${TESTS:-lowering_tests} -q -n "$test_jobs" --dist worksteal \
+             --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
     rmsnorm) bench bench_rmsnorm python3 -m benchmarks.bench_rmsnorm ;;
     glu) bench bench_glu python3 -m benchmarks.bench_glu ;;
     fp8) bench bench_fp8 python3 -m benchmarks.bench_fp8 ;;
