@@ -325,11 +325,10 @@ def _decoder():
     return model, torch.randn(2, 16, config.hidden, device=DEVICE)
 
 
-@pytest.mark.parametrize("recipe", ["rowwise", "blockwise"])
 @pytest.mark.parametrize(
-    "train, save_weight_t",
-    [(True, True), (True, False), (False, True)],
-    ids=["train", "train, W^T not saved", "inference"],
+    "recipe, train, save_weight_t",
+    [("rowwise", True, True), ("rowwise", True, False), ("rowwise", False, True), ("blockwise", True, True)],
+    ids=["train-rowwise", "train, W^T not saved-rowwise", "inference-rowwise", "train-blockwise"],
 )
 def test_decoder_producers_write_fp8_for_their_linears(recipe, train, save_weight_t):
     """Both norms of each layer (the input norm, a residual norm from the second layer on, and the post-attention

@@ -366,13 +366,16 @@ def _both_layouts_block(name, M, K):
 
 
 # The tiny tiles' many programs take the interpreter long: 20 rows (or columns) still make partial blocks in both
-# layouts, with 140 the other way.
+# layouts, with 140 the other way; the blocks take the two orientations in turn.
 @pytest.mark.parametrize(
-    "M,K,two_pass",
-    [(130, 140, False), (140, 130, False), (20, 140, True), (140, 20, True)],
-    ids=["130-140-default_tiles", "140-130-default_tiles", "20-140-tiny_tiles", "140-20-tiny_tiles"],
+    "block,M,K,two_pass",
+    [
+        (block, *shape)
+        for i, block in enumerate(BLOCKS)
+        for shape in [(130, 140, False), (140, 130, False), [(20, 140, True), (140, 20, True)][i % 2]]
+    ],
+    ids=lambda v: str(v) if not isinstance(v, bool) else ("tiny_tiles" if v else "default_tiles"),
 )
-@pytest.mark.parametrize("block", list(BLOCKS))
 @pytest.mark.parametrize("impl_name", list(IMPLS))
 def test_both_layouts_from_one_call(impl_name, block, M, K, two_pass, request):
     """``both_layouts``: x in its blocks and x^T in blocks of the same shape over x^T, from one call, bit for bit what

@@ -52,8 +52,10 @@ def _interpreted_rank(rank, xs, w, w_kn, bias, recv, flags, outs, tile, gave_up)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on GPUs the tests below run the compiled kernel")
-@pytest.mark.parametrize("w_kn, with_bias", [(False, True), (True, False)])
-@pytest.mark.parametrize("M, N, tile", [(80, 80, (32, 32, 16, 1, 4)), (64, 48, (64, 16, 32, 1, 4))])
+@pytest.mark.parametrize(
+    "w_kn, with_bias, M, N, tile",
+    [(False, True, 80, 80, (32, 32, 16, 1, 4)), (True, False, 64, 48, (64, 16, 32, 1, 4))],
+)
 def test_interpreted_kernel_sums_over_two_ranks(w_kn, with_bias, M, N, tile):
     """Odd and even tile counts (rank 1 owns one tile more or as many), edge tiles clipped in rows or columns,
     three calls through one buffer: every rank gets the sum over both ranks, the same bits on both."""

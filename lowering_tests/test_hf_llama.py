@@ -46,7 +46,8 @@ def test_llama_with_fp32_parameters_trains_in_fp8_under_autocast(dynamic_checkpo
     """The Trainer's mixed precision: fp32 parameters under torch.autocast(bf16). Every linear becomes a bf16 FP8
     linear; residual adds fuse into the next norm, which writes its linears' bf16 input and its FP8 copy. With
     ``dynamic=True`` and gradient checkpointing, a layer's last residual add is its region's output: the next norm
-    cannot fuse it. The loss is Inductor's within FP8 noise; every gradient meets the FP8 backward gate."""
+    cannot fuse it. The loss is the bf16 model's within FP8 noise; every gradient meets the FP8 backward gate (the
+    reference runs uncompiled: Inductor's bf16 rounding is far below both)."""
     from conftest import DEVICE
 
     layers = 1 if dynamic_checkpointed else LAYERS  # one region boundary is enough to see
@@ -71,7 +72,7 @@ def test_llama_with_fp32_parameters_trains_in_fp8_under_autocast(dynamic_checkpo
     # on CPU the reference kernels: the Triton interpreter's FP8 stores round ~2% of values wrongly
     options = {"fp8": "rowwise", **({"impl": "reference"} if DEVICE == "cpu" else {})}
     with torch.autocast(DEVICE, torch.bfloat16):
-        inductor = run(model, [input_ids], "inductor", dynamic=dynamic)
+        bf16 = run(model, [input_ids], "eager", dynamic=dynamic)
         turbo_inductor.reset_records()
         fused = run(model, [input_ids], "primus_turbo", options=options, dynamic=dynamic)
     counts = turbo_inductor.rewrite_counts()
@@ -81,7 +82,7 @@ def test_llama_with_fp32_parameters_trains_in_fp8_under_autocast(dynamic_checkpo
         2 * layers,
         layers,
     )
-    torch.testing.assert_close(fused[0][0], inductor[0][0], rtol=1e-2, atol=0)
-    assert len(fused[1]) == len(inductor[1])
-    for got, want in zip(fused[1], inductor[1]):
+    torch.testing.assert_close(fused[0][0], bf16[0][0], rtol=1e-2, atol=0)
+    assert len(fused[1]) == len(bf16[1])
+    for got, want in zip(fused[1], bf16[1]):
         assert got.dtype == want.dtype == torch.float32 and snr_db(got, want) >= 20

@@ -233,9 +233,11 @@ def test_main_job_measures_inference_and_a_column_of_any_backend_options(capsys,
     assert "inference" in out and "dx SNR" not in out
 
 
-def test_main_job_measures_frozen_inference(tmp_path):
+def test_main_job_measures_frozen_inference(tmp_path, monkeypatch):
     import torch
 
+    monkeypatch.setattr(run_model, "TORCHAO_RECIPES", ())  # test_main_job_runs_and_reports_every_column runs them
+    monkeypatch.setattr(run_model, "TORCHAO_ON_OURS", ())
     run_model.main(
         [
             "--config",
@@ -263,7 +265,10 @@ def test_main_job_measures_frozen_inference(tmp_path):
         run_model.main(["--freezing"])
 
 
-def test_training_with_frozen_linears_under_autocast_and_dynamic_shapes(tmp_path):
+def test_training_with_frozen_linears_under_autocast_and_dynamic_shapes(tmp_path, monkeypatch):
+    """torchao's columns are left out: test_main_job_runs_and_reports_every_column runs them."""
+    monkeypatch.setattr(run_model, "TORCHAO_RECIPES", ())
+    monkeypatch.setattr(run_model, "TORCHAO_ON_OURS", ())
     run_model.main(
         [
             "--config",

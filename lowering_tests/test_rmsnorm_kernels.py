@@ -200,7 +200,7 @@ def tiny_fused_limit(monkeypatch):
 
 
 @pytest.mark.parametrize("flags", FLAGS, ids=_flag_id)
-@pytest.mark.parametrize("dtype,H", [(torch.float32, 127), (torch.bfloat16, 1000), (torch.float16, 300)], ids=str)
+@pytest.mark.parametrize("dtype,H", [(torch.float32, 127), (torch.bfloat16, 500), (torch.float16, 300)], ids=str)
 def test_triton_chunked_path(tiny_fused_limit, dtype, H, flags):
     element_size = torch.empty((), dtype=dtype).element_size()
     for tiling in (triton_rmsnorm.fwd_tiling(H, element_size), triton_rmsnorm.bwd_tiling(H, element_size)):
