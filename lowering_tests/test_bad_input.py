@@ -14,6 +14,18 @@ def randn(*shape):
     return torch.randn(*shape)
 
 
+def halves(x):
+    """Two groups' end rows over x's rows: grouped_mm's offs."""
+    rows = x.shape[0]
+    return torch.tensor([rows // 2, rows], dtype=torch.int32, device=x.device)
+
+
+def two_choices(weights):
+    """moe_permute's positions for k = 2 choices per token: token t's rows t and T + t (its own row first)."""
+    tokens = torch.arange(weights.shape[0], device=weights.device)
+    return torch.stack([tokens, tokens + weights.shape[0]], dim=1)
+
+
 # op name in messages: (call, good inputs by row count, bad inputs, the problem the message names)
 CASES = {
     "rmsnorm": (
@@ -40,6 +52,36 @@ CASES = {
         lambda rows: [randn(rows, 32), randn(16, 32)],
         [randn(4, 32), randn(16, 48)],
         "weight must be",
+    ),
+    "rmsnorm_fp8": (
+        lambda x, r, w: ops.rmsnorm_fp8(x, r, w, impl="reference")[0],
+        lambda rows: [randn(rows, 32), randn(rows, 32), randn(32)],
+        [randn(4, 32), randn(4, 16), randn(32)],
+        "residual",
+    ),
+    "glu_fp8": (
+        lambda g, u: ops.glu_fp8(g, u, impl="reference")[0],
+        lambda rows: [randn(rows, 32), randn(rows, 32)],
+        [randn(4, 32), randn(4, 16)],
+        "must match gate",
+    ),
+    "grouped_mm": (
+        lambda x, w: ops.grouped_mm(x, w, halves(x), impl="reference"),
+        lambda rows: [randn(rows, 16), randn(2, 16, 8)],
+        [randn(4, 16), randn(2, 12, 8)],
+        "must share K",
+    ),
+    "fp8_grouped_mm": (
+        lambda x, w: ops.fp8_grouped_mm(x, w, halves(x), impl="reference"),
+        lambda rows: [randn(rows, 32), randn(2, 32, 16)],
+        [randn(4, 32), randn(2, 32, 20)],
+        "multiples of",
+    ),
+    "moe_combine": (
+        lambda y, w: ops.moe_combine(y, two_choices(w), w, impl="reference"),
+        lambda rows: [randn(2 * rows, 16), randn(rows, 2)],
+        [randn(8, 16), randn(3, 2)],
+        "must be 2-D with",
     ),
 }
 
