@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from turbo_inductor.ops.fp8_linear import FP8LinearNode
-from turbo_inductor.ops.node import OpNode
+from turbo_inductor.ops.node import OpNode, view_of
 from turbo_inductor.options import Options
 from turbo_inductor.passes import PASSES, PassManager, PassOrderError, Phase, RewritePass, check_order, claims
 from turbo_inductor.passes import matcher as m
@@ -106,6 +106,9 @@ def test_every_view_names_arguments_of_its_op_and_builds_calls_by_name():
         view.call_arguments(x="x", weight="w", recipe="rowwise", scale=1)
     with pytest.raises(TypeError, match=r"\['scale'\] are not arguments"):
         type("Bad", (OpNode,), {"op": view.op, "__annotations__": {"scale": "int"}})
+    graph = torch.fx.Graph()
+    node = graph.call_function(view.op, (graph.placeholder("x"), graph.placeholder("w"), None, "rowwise"))
+    assert type(view_of(node)) is view, "a rejected view leaves the op's own in place"
 
 
 class Decoder(nn.Module):

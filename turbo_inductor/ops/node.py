@@ -29,7 +29,6 @@ class OpNode:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        _VIEWS[cls.op] = cls
         names = {a.name for a in cls.op._schema.arguments}
         unknown = [name for name in cls.__annotations__ if name not in names]
         if unknown:
@@ -37,6 +36,7 @@ class OpNode:
         returns = len(cls.op._schema.returns)
         if cls.outputs and len(cls.outputs) != returns:
             raise TypeError(f"{cls.__name__}: outputs {cls.outputs} but {cls.op} returns {returns} values")
+        _VIEWS[cls.op] = cls  # only a view that passed the checks: a rejected one must not replace the op's view
 
     def __init__(self, node: fx.Node):
         if not self.matches(node):
