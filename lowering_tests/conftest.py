@@ -75,13 +75,13 @@ def assert_close(actual, expected, dtype=None):
 def fresh_state(request):
     """Each test starts with no compile records, no kernel-call counts and no compiled frames; its random inputs come
     from a seed of its own name. On CPU graphs compiled before are reused from the FX graph and AOTAutograd caches:
-    the passes run before the lookup, so rewrites are counted on a hit too. On a GPU, and in tests marked
-    ``uncached``, kernels traced into a graph are counted when it compiles, which a hit would skip: caches off."""
+    the passes run before the lookup, so rewrites are counted on a hit too. On a GPU kernels traced into a graph are
+    counted when it compiles, which a hit would skip: caches off."""
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
     torch._dynamo.reset()
     turbo_inductor.reset_records()
     turbo_inductor.reset_kernel_calls()
-    cached = DEVICE == "cpu" and request.node.get_closest_marker("uncached") is None
+    cached = DEVICE == "cpu"
     with (
         torch._inductor.config.patch(fx_graph_cache=cached),
         torch._functorch.config.patch(enable_autograd_cache=cached),

@@ -1,8 +1,11 @@
 """Kernel-level ops in a compiled graph: traced into it where their implementation allows (so Inductor launches the
 kernels itself), one opaque call where it does not (the Triton interpreter on CPU). See ops/library.py.
 
-On CPU the reference implementation stands in for the GPU's Triton one: both trace, and the graphs and results show
-that the op's body (not a call back into the op) is what runs."""
+On CPU the reference implementation stands in for the GPU's Triton one: traced here as there (it is traced on GPUs
+only, to spare the CPU tests Inductor's C++ compiles), the graphs and results show that the op's body (not a call
+back into the op) is what runs."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -13,10 +16,24 @@ from functorch.compile import aot_function, make_boxed_func
 from torch._inductor.utils import run_and_get_code
 
 import turbo_inductor
+from turbo_inductor.kernels import registry
+from turbo_inductor.kernels.reference import traced_off_cpu
 
 pytestmark = pytest.mark.skipif(DEVICE != "cpu", reason="the GPU traces its Triton kernels: test_gpu.py")
 
 REFERENCE = "reference"
+
+
+@pytest.fixture(autouse=True)
+def traced_reference(monkeypatch):
+    """The reference implementations traced on GPUs traced on CPU too."""
+    for kernel in registry.kernels():
+        impls = registry._IMPLS[kernel]
+        if REFERENCE in impls and impls[REFERENCE].traceable is traced_off_cpu:
+            monkeypatch.setitem(impls, REFERENCE, dataclasses.replace(impls[REFERENCE], traceable=registry.always))
+    registry._candidates.cache_clear()
+    yield
+    registry._candidates.cache_clear()
 
 
 def _inputs(*shapes):

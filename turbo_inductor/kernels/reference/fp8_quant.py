@@ -10,7 +10,7 @@ import functools
 import torch
 
 from ..registry import implementation
-from . import unavailable_reason
+from . import traced_off_cpu, unavailable_reason
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -73,7 +73,9 @@ def saturating_cast(y: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
     return y.clamp(-fmax, fmax).to(fp8_dtype)
 
 
-@implementation("fp8_quantize", "reference", priority=0, unavailable_reason=unavailable_reason)
+@implementation(
+    "fp8_quantize", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=traced_off_cpu
+)
 def fp8_quantize(
     x: torch.Tensor,
     fp8_dtype: torch.dtype,

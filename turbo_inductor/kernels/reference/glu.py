@@ -10,7 +10,7 @@ import math
 import torch
 
 from ..registry import implementation
-from . import unavailable_reason
+from . import traced_off_cpu, unavailable_reason
 from .fp8_quant import fp8_quantize
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
@@ -53,7 +53,7 @@ def _keep(mask: torch.Tensor | None) -> torch.Tensor | None:
     return mask.to(torch.bool).unsqueeze(-1) if mask is not None else None
 
 
-@implementation("glu_fwd", "reference", priority=0, unavailable_reason=unavailable_reason)
+@implementation("glu_fwd", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=traced_off_cpu)
 def glu_fwd(
     gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None, mask: torch.Tensor | None, activation: str
 ) -> torch.Tensor:
@@ -68,7 +68,7 @@ def glu_fwd(
     return out.to(gate.dtype).contiguous()
 
 
-@implementation("glu_fwd_fp8", "reference", priority=0, unavailable_reason=unavailable_reason)
+@implementation("glu_fwd_fp8", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=traced_off_cpu)
 def glu_fwd_fp8(
     gate: torch.Tensor,
     up: torch.Tensor,
@@ -85,7 +85,7 @@ def glu_fwd_fp8(
     return out, *fp8_quantize(out, fp8_dtype, 1, block_cols, False, power_of_two=power_of_two)
 
 
-@implementation("glu_bwd", "reference", priority=0, unavailable_reason=unavailable_reason)
+@implementation("glu_bwd", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=traced_off_cpu)
 def glu_bwd(
     dout: torch.Tensor,
     gate: torch.Tensor,

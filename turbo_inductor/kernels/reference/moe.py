@@ -8,13 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..registry import implementation
-from . import unavailable_reason
-
-
-def traced_off_cpu(device: torch.device) -> bool:
-    """Traced into compiled graphs on GPUs only.
-    On CPU, Inductor's C++ kernels for a sort and scatters gain nothing."""
-    return device.type != "cpu"
+from . import traced_off_cpu, unavailable_reason
 
 
 @implementation("moe_route", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=traced_off_cpu)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..registry import implementation
-from . import unavailable_reason
+from . import traced_off_cpu, unavailable_reason
 from .fp8_quant import fp8_quantize
 
 
@@ -17,7 +17,7 @@ def sum_dtype(x: torch.Tensor, residual: torch.Tensor | None) -> torch.dtype:
     return x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
 
 
-@implementation("rmsnorm_fwd", "reference", priority=0, unavailable_reason=unavailable_reason)
+@implementation("rmsnorm_fwd", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=traced_off_cpu)
 def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float):
     """Returns ``(y, s_out, rstd)``. ``s_out`` is the rounded sum, None without a residual.
     ``rstd`` is fp32, one per row."""
@@ -47,7 +47,9 @@ def _rmsnorm(
     return y.to(out_dtype or s.dtype).contiguous(), s_out, rstd
 
 
-@implementation("rmsnorm_fwd_fp8", "reference", priority=0, unavailable_reason=unavailable_reason)
+@implementation(
+    "rmsnorm_fwd_fp8", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=traced_off_cpu
+)
 def rmsnorm_fwd_fp8(
     x: torch.Tensor,
     weight: torch.Tensor | None,
@@ -64,7 +66,7 @@ def rmsnorm_fwd_fp8(
     return y, s_out, rstd, *fp8_quantize(y, fp8_dtype, 1, block_cols, False, power_of_two=power_of_two)
 
 
-@implementation("rmsnorm_bwd", "reference", priority=0, unavailable_reason=unavailable_reason)
+@implementation("rmsnorm_bwd", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=traced_off_cpu)
 def rmsnorm_bwd(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor, dresidual: torch.Tensor | None
 ):
