@@ -11,7 +11,7 @@ from turbo_inductor.testing import hf
 
 pytest.importorskip("transformers")
 
-LAYERS = 2
+LAYERS = 1  # one layer holds every fusion site: the input norm, the residual norms, the GLU
 # family: (model, rewrites expected), each model as its transformers class builds it at tiny sizes. Every linear
 # becomes FP8 (q/k/v/o, gate/up/down, the head): 7 per layer + 1, Phi-3's fused qkv and gate_up 4 per layer + 1.
 # Every norm but the final one (which reads the last residual add) writes its linears' FP8 input, and so does each
