@@ -6,9 +6,10 @@ import torch
 from compare import assert_matches_inductor, assert_ran, default_counts, ops_after, run, snr_db
 
 import turbo_inductor
+from turbo_inductor.testing import hf
 from turbo_inductor.testing.hf import CausalLMLoss
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
 LAYERS = 1  # one layer holds every fusion site: the input norm, the residual norms, the GLU
 
@@ -16,19 +17,8 @@ LAYERS = 1  # one layer holds every fusion site: the input norm, the residual no
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_llama_runs_fused_ops_in_forward_and_backward(dtype):
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        rms_norm_eps=1e-6,
-        attn_implementation="sdpa",
-    )
-    model = CausalLMLoss(transformers.LlamaForCausalLM(config).to(dtype))
-    input_ids = torch.randint(0, config.vocab_size, (2, 16))
+    model = CausalLMLoss(hf.build("llama3-8b", LAYERS, tiny=True).to(dtype))
+    input_ids = torch.randint(0, hf.TINY["vocab_size"], (2, 16))
     counts = assert_matches_inductor(model, [input_ids])
     # two norms per layer and the final one; every one but the first reads a residual add
     assert counts == default_counts(rmsnorm=1, rmsnorm_residual=2 * LAYERS, glu=LAYERS)
@@ -51,23 +41,12 @@ def test_llama_with_fp32_parameters_trains_in_fp8_under_autocast(dynamic_checkpo
     from conftest import DEVICE
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        rms_norm_eps=1e-6,
-        attn_implementation="sdpa",
-    )
-    llama = transformers.LlamaForCausalLM(config)
+    llama = hf.build("llama3-8b", LAYERS, tiny=True)
     dynamic = True if dynamic_checkpointed else None
     if dynamic_checkpointed:
         llama.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = CausalLMLoss(llama).to(DEVICE)
-    input_ids = torch.randint(0, config.vocab_size, (2, 16), device=DEVICE)
+    input_ids = torch.randint(0, hf.TINY["vocab_size"], (2, 16), device=DEVICE)
     # on CPU the reference kernels: the Triton interpreter's FP8 stores round ~2% of values wrongly
     options = {"fp8": "rowwise", **({"impl": "reference"} if DEVICE == "cpu" else {})}
     with torch.autocast(DEVICE, torch.bfloat16):

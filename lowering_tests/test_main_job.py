@@ -32,22 +32,15 @@ def read_json(path):
     return rows
 
 
-def test_main_job_runs_and_reports_every_column(capsys, tmp_path):
+def tiny_main_job(out, *arguments: str) -> None:
+    """The main job on the tiny decoder (one layer, 16 tokens) against warm caches, writing into ``out``."""
     run_model.main(
-        [
-            "--config",
-            "tiny",
-            "--layers",
-            "1",
-            "--seq",
-            "16",
-            "--fp8",
-            "rowwise",
-            "--warm-compile",
-            "--out",
-            str(tmp_path),
-        ]
+        ["--config", "tiny", "--layers", "1", "--seq", "16", *arguments, "--warm-compile", "--out", str(out)]
     )
+
+
+def test_main_job_runs_and_reports_every_column(capsys, tmp_path):
+    tiny_main_job(tmp_path, "--fp8", "rowwise")
     out = capsys.readouterr().out
     written = read_json(tmp_path / "model_tiny_train_fp8-rowwise_layers-1_seq-16.json")
     assert written["benchmark"] == "model" and written["configuration"]["models"]["tiny"]["layers"] == 1
@@ -189,26 +182,16 @@ def test_transformers_models_goals_are_the_issue_targets():
 
 
 def test_main_job_measures_inference_and_a_column_of_any_backend_options(capsys, tmp_path):
-    run_model.main(
-        [
-            "--config",
-            "tiny",
-            "--layers",
-            "1",
-            "--seq",
-            "16",
-            "--fp8",
-            "",
-            "--mode",
-            "inference",
-            "--impl",
-            "reference",
-            "--column",
-            'no norms={"rmsnorm": false, "rmsnorm_residual": false}',
-            "--warm-compile",
-            "--out",
-            str(tmp_path),
-        ]
+    tiny_main_job(
+        tmp_path,
+        "--fp8",
+        "",
+        "--mode",
+        "inference",
+        "--impl",
+        "reference",
+        "--column",
+        'no norms={"rmsnorm": false, "rmsnorm_residual": false}',
     )
     (path,) = tmp_path.glob("model_tiny_inference_layers-1_seq-16_impl-reference_column-no-norms*.json")
     written = read_json(path)
@@ -238,24 +221,7 @@ def test_main_job_measures_frozen_inference(tmp_path, monkeypatch):
 
     monkeypatch.setattr(run_model, "TORCHAO_RECIPES", ())  # test_main_job_runs_and_reports_every_column runs them
     monkeypatch.setattr(run_model, "TORCHAO_ON_OURS", ())
-    run_model.main(
-        [
-            "--config",
-            "tiny",
-            "--layers",
-            "1",
-            "--seq",
-            "16",
-            "--fp8",
-            "rowwise",
-            "--mode",
-            "inference",
-            "--freezing",
-            "--warm-compile",
-            "--out",
-            str(tmp_path),
-        ]
-    )
+    tiny_main_job(tmp_path, "--fp8", "rowwise", "--mode", "inference", "--freezing")
     written = read_json(tmp_path / "model_tiny_inference_fp8-rowwise_layers-1_seq-16_freezing.json")
     assert written["configuration"]["freezing"] is True
     fp8 = next(c for c in written["rows"] if c["column"] == "primus_turbo fp8 rowwise")
@@ -269,24 +235,7 @@ def test_training_with_frozen_linears_under_autocast_and_dynamic_shapes(tmp_path
     """torchao's columns are left out: test_main_job_runs_and_reports_every_column runs them."""
     monkeypatch.setattr(run_model, "TORCHAO_RECIPES", ())
     monkeypatch.setattr(run_model, "TORCHAO_ON_OURS", ())
-    run_model.main(
-        [
-            "--config",
-            "tiny",
-            "--layers",
-            "1",
-            "--seq",
-            "16",
-            "--fp8",
-            "rowwise",
-            "--frozen-linears",
-            "--autocast",
-            "--dynamic",
-            "--warm-compile",
-            "--out",
-            str(tmp_path),
-        ]
-    )
+    tiny_main_job(tmp_path, "--fp8", "rowwise", "--frozen-linears", "--autocast", "--dynamic")
     written = read_json(tmp_path / "model_tiny_train_fp8-rowwise_layers-1_seq-16_frozen-linears_dynamic_autocast.json")
     configuration = written["configuration"]
     assert configuration["frozen_linears"] is True and configuration["autocast"] is True and configuration["dynamic"]

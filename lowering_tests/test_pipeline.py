@@ -9,6 +9,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 import torch.nn.functional as F
+from fuzz import SumOverRanks
 
 from turbo_inductor.ops.fp8_linear import FP8LinearNode
 from turbo_inductor.ops.node import OpNode, view_of
@@ -123,18 +124,6 @@ class Decoder(nn.Module):
     def forward(self, x):
         h = self.decoder(x)
         return h + self.down(F.silu(self.gate(h)) * self.up(h))
-
-
-class SumOverRanks(torch.autograd.Function):
-    """Megatron's copy to the tensor-parallel region: the identity forward, the gradient summed over the ranks."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return funcol.all_reduce(g, "sum", dist.group.WORLD)
 
 
 class TensorParallel(nn.Module):

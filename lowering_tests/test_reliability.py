@@ -18,6 +18,7 @@ from turbo_inductor import environment
 from turbo_inductor.kernels import native, registry
 from turbo_inductor.options import Options
 from turbo_inductor.passes import PASSES, PassManager, manager
+from turbo_inductor.testing import hf
 from turbo_inductor.testing.llama import CONFIGS, LlamaDecoder
 
 
@@ -314,19 +315,9 @@ def test_a_training_loop_over_eight_sequence_lengths_compiles_at_most_twice():
     """A tiny Hugging Face Llama trained on 8 sequence lengths: with ``dynamic=None`` (the default), one graph for the
     first length and one dynamic graph for the rest; with the sequence dim marked dynamic, one graph. Hitting the
     recompile limit raises here instead of falling back to eager."""
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        attn_implementation="sdpa",
-    )
+    pytest.importorskip("transformers")
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
+    model = hf.build("llama3-8b", 1, tiny=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     graphs = {}
     with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
@@ -336,7 +327,7 @@ def test_a_training_loop_over_eight_sequence_lengths_compiles_at_most_twice():
             counters.clear()
             compiled = torch.compile(model, backend="primus_turbo")
             for seq in (5, 7, 9, 12, 16, 17, 23, 31):
-                ids = torch.randint(0, config.vocab_size, (2, seq))
+                ids = torch.randint(0, hf.TINY["vocab_size"], (2, seq))
                 if mark_dynamic:
                     torch._dynamo.mark_dynamic(ids, 1)
                 compiled(input_ids=ids, labels=ids).loss.backward()

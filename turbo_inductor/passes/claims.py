@@ -3,10 +3,12 @@ A pass takes a linear only when ``owner`` names it: passes agree without asking 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+
+import torch.fx as fx
 
 from ..options import Options
-from .matcher import Linear
+from .matcher import Linear, linear_of
 
 Wants = Callable[[Linear, Options], bool]
 _CLAIMANTS: dict[str, tuple[int, Wants]] = {}
@@ -27,3 +29,11 @@ def owner(linear: Linear, options: Options) -> str | None:
     """The name of the pass that takes ``linear``, or None."""
     wanting = [(priority, name) for name, (priority, wants) in _CLAIMANTS.items() if wants(linear, options)]
     return max(wanting)[1] if wanting else None
+
+
+def claimed(graph: fx.Graph, name: str, options: Options) -> Iterator[tuple[fx.Node, Linear]]:
+    """The linears of ``graph`` that pass ``name`` takes, with their nodes; safe to rewrite while iterating."""
+    for node in list(graph.nodes):
+        linear = linear_of(node)
+        if linear is not None and owner(linear, options) == name:
+            yield node, linear

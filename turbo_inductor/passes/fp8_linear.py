@@ -66,19 +66,12 @@ class FP8LinearPass(RewritePass):
     def apply(self, graph: fx.Graph, options: Options) -> int:
         config: FP8Config = options.value(self.name)
         count = 0
-        for node in list(graph.nodes):
-            linear = m.linear_of(node)
-            if linear is None or claims.owner(linear, options) != self.name:
-                continue
-            weight = m.weight_of(graph, linear)
-            x, weight, bias = m.cast_to(graph, node, (linear.x, weight, linear.bias), m.linear_dtype(node))
-            fp8 = m.insert_view(
+        for node, linear in claims.claimed(graph, self.name, options):
+            fp8 = m.insert_linear(
                 graph,
                 node,
+                linear,
                 FP8LinearNode,
-                x=x,
-                weight=weight,
-                bias=bias,
                 recipe=config.recipe,
                 impl=options.impl,
                 save_weight_t=config.save_weight_t,

@@ -96,23 +96,11 @@ class GemmAllReducePass(RewritePass):
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
         count = 0
-        for node in list(graph.nodes):
-            linear = m.linear_of(node)
-            if linear is None or claims.owner(linear, options) != self.name:
-                continue
+        for node, linear in claims.claimed(graph, self.name, options):
             reduction = reduction_of(node)
             anchor = reduction.copy_back or reduction.wait
-            weight = m.weight_of(graph, linear)
-            x, weight, bias = m.cast_to(graph, anchor, (linear.x, weight, linear.bias), m.linear_dtype(node))
-            new = m.insert_view(
-                graph,
-                anchor,
-                GemmAllReduceNode,
-                x=x,
-                weight=weight,
-                bias=bias,
-                group_name=reduction.group_name,
-                impl=options.impl,
+            new = m.insert_linear(
+                graph, anchor, linear, GemmAllReduceNode, group_name=reduction.group_name, impl=options.impl
             ).node
             if reduction.copy_back is not None:
                 # y's readers after the copy saw the reduced value; now they read the fused op.

@@ -148,21 +148,15 @@ class GemmAllReduceDgradPass(RewritePass):
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
         count = 0
-        for node in list(graph.nodes):
-            linear = m.linear_of(node)
-            if linear is None or claims.owner(linear, options) != self.name:
-                continue
+        for node, linear in claims.claimed(graph, self.name, options):
             reduction = gradient_reduction_of(linear)
             function = reduction.function
-            weight = m.weight_of(graph, linear)
-            x, weight, bias = m.cast_to(graph, node, (reduction.x, weight, linear.bias), m.linear_dtype(node))
-            new = m.insert_view(
+            new = m.insert_linear(
                 graph,
                 node,
+                linear,
                 LinearDgradAllReduceNode,
-                x=x,
-                weight=weight,
-                bias=bias,
+                x=reduction.x,
                 group_name=reduction.group_name,
                 impl=options.impl,
             ).node

@@ -331,6 +331,17 @@ def insert_view(graph: fx.Graph, before: fx.Node, view: type[OpNode], **argument
     return new
 
 
+def insert_linear(
+    graph: fx.Graph, before: fx.Node, linear: Linear, view: type[OpNode], x: fx.Node | None = None, **arguments: Any
+) -> OpNode:
+    """Our op ``view`` in place of ``linear``, inserted before ``before``: its x (``x`` where given), W [N, K] and
+    bias cast to the linear's dtype (autocast's casts made explicit), and ``arguments``."""
+    weight = weight_of(graph, linear)
+    values = (linear.x if x is None else x, weight, linear.bias)
+    x, weight, bias = cast_to(graph, before, values, linear_dtype(linear.node))
+    return insert_view(graph, before, view, x=x, weight=weight, bias=bias, **arguments)
+
+
 def available_at(value: Any, node: fx.Node, position: dict[fx.Node, int]) -> bool:
     """Whether an op inserted before ``node`` can read ``value`` (``position`` maps nodes to indices).
     Yes if it comes earlier, or can move there: a ``get_attr``, or a symbolic float of earlier values.
