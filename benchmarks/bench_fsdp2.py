@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 import turbo_inductor
 from benchmarks import record
-from benchmarks.run_model import TORCHAO_RECIPES, snr_db
+from benchmarks.run_model import TORCHAO_RECIPES, snr_db, torchao_recipes
 from turbo_inductor.testing.llama import CONFIGS, LlamaDecoder
 
 WARMUP = 2  # steps before timing (the first compiles)
@@ -61,7 +61,7 @@ def main(argv=None):
         dist.destroy_process_group()
 
 
-def columns(recipes: list[str]) -> list[tuple[str, str, dict | None, str | None]]:
+def columns(recipes: list[str], device: str) -> list[tuple[str, str, dict | None, str | None]]:
     """(name, backend, options, torchao recipe) of every column."""
     result = [("inductor", "inductor", None, None), ("primus_turbo", "primus_turbo", None, None)]
     result += [(f"primus_turbo fp8 {recipe}", "primus_turbo", {"fp8": recipe}, None) for recipe in recipes]
@@ -78,7 +78,8 @@ def columns(recipes: list[str]) -> list[tuple[str, str, dict | None, str | None]
     ]
     if importlib.util.find_spec("torchao") is not None:
         result += [
-            (f"torchao fp8 {recipe}", "inductor", None, recipe) for recipe in recipes if recipe in TORCHAO_RECIPES
+            (f"torchao fp8 {recipe}", "inductor", None, recipe)
+            for recipe in torchao_recipes(recipes, device, TORCHAO_RECIPES)
         ]
     return result
 
@@ -111,7 +112,7 @@ def run_columns(args, device: torch.device, mesh) -> list[dict]:
     recipes = [recipe for recipe in args.fp8.split(",") if recipe]
     results = {}
     allocated_before = torch.cuda.memory_allocated() if device.type == "cuda" else 0
-    for name, backend, options, torchao in columns(recipes):
+    for name, backend, options, torchao in columns(recipes, device.type):
         torch._dynamo.reset()
         turbo_inductor.reset_records()
         # The last column's model is garbage only once its reference cycles (FSDP's hooks) are collected; whatever

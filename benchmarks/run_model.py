@@ -23,7 +23,7 @@ import torch
 
 import turbo_inductor
 from benchmarks import record, report
-from turbo_inductor.testing import hf
+from turbo_inductor.testing import hf, scaled_mm_takes_row_scales
 from turbo_inductor.testing.llama import CONFIGS as LLAMA_CONFIGS
 from turbo_inductor.testing.llama import LlamaDecoder
 from turbo_inductor.testing.moe import MOE_CONFIGS
@@ -35,6 +35,16 @@ CONFIGS = {**LLAMA_CONFIGS, **MOE_CONFIGS}
 # torchao configs primus_turbo runs on its own fp8_linear (a column of the torchao model compiled by primus_turbo).
 TORCHAO_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 TORCHAO_ON_OURS = ("tensorwise", "rowwise")
+
+
+def torchao_recipes(recipes, device: str, known) -> list[str]:
+    """Those of ``recipes`` (of ``known``) torchao runs on ``device``: none without torchao, and its rowwise ones
+    only where ``torch._scaled_mm`` takes per-row scales."""
+    if importlib.util.find_spec("torchao") is None:
+        return []
+    return [r for r in recipes if r in known and (r == "tensorwise" or scaled_mm_takes_row_scales(device))]
+
+
 # The goals for a layer's training step on a GPU: bf16 speedup over Inductor at no more peak memory, the FP8
 # recipes' speedup over Inductor in bf16, and every primus_turbo column's cold compile time over Inductor's.
 BF16_GOAL, FP8_GOAL, FP8_GOAL_RECIPES, COMPILE_GOAL = 1.05, 1.40, ("tensorwise", "rowwise"), 1.25
@@ -94,6 +104,7 @@ def main(argv=None):
         help=f"transformers' own causal LMs instead, comma-separated, from {sorted(hf.MODELS)}: published sizes "
         "(tiny on CPU), LM head and loss included",
     )
+    parser.add_argument("--tiny", action="store_true", help="with --hf: each family's tiny config, as on a CPU")
     parser.add_argument(
         "--layers", type=int, default=None, help="default: 2 with --hf, else 1 on GPU and the config's on CPU"
     )
@@ -169,8 +180,10 @@ def main(argv=None):
             parser.error(f"--column {column!r}: expected NAME=JSON-object ({error})")
     if args.hf is not None and args.config is not None:
         parser.error("--config and --hf: give one of them")
+    if args.tiny and args.hf is None:
+        parser.error("--tiny goes with --hf (the tiny decoder is --config tiny)")
     # the options this run's file is named by, before the defaults that depend on the model are filled in
-    ignore = {"config", "hf", "mode", "fp8", "out", "kernels", "warm_compile"}
+    ignore = {"config", "hf", "tiny", "mode", "fp8", "out", "kernels", "warm_compile"}
     named_options = record.changed_options(parser, args, ignore=ignore)
     if args.hf is not None:
         option, asked, choices = "--hf", args.hf, sorted(hf.MODELS)
@@ -224,8 +237,9 @@ def model_description(args, model_name: str, on_gpu: bool) -> dict:
     fields, its class, layer count and whether it is the tiny variant."""
     if not args.hf:
         return {**model_config(args, model_name, on_gpu).__dict__}
-    fields = hf.config_fields(model_name, tiny=not on_gpu)
-    return {"class": hf.MODELS[model_name].model_class, **fields, "layers": args.layers or 2, "tiny": not on_gpu}
+    tiny = args.tiny or not on_gpu
+    fields = hf.config_fields(model_name, tiny=tiny)
+    return {"class": hf.MODELS[model_name].model_class, **fields, "layers": args.layers or 2, "tiny": tiny}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,11 +278,11 @@ def decoder_workload(args, model_name: str, on_gpu: bool, device: str, dtype: to
 
 
 def hf_workload(args, model_name: str, on_gpu: bool, device: str, dtype: torch.dtype) -> Workload:
-    """transformers' causal LM ``model_name`` on random input ids (tiny on CPU): its loss in training, else its
-    logits; its gradients are the parameters'."""
-    layers, train = args.layers or 2, args.mode == "train"
+    """transformers' causal LM ``model_name`` on random input ids (tiny on CPU or with --tiny): its loss in
+    training, else its logits; its gradients are the parameters'."""
+    layers, train, tiny = args.layers or 2, args.mode == "train", args.tiny or not on_gpu
     with torch.device(device):  # random weights drawn on the GPU: a billion of them take a minute on the host
-        lm = hf.build(model_name, layers, tiny=not on_gpu)
+        lm = hf.build(model_name, layers, tiny=tiny)
     base = (hf.CausalLMLoss(lm) if train else hf.CausalLMLogits(lm)).to(device, dtype)
     config = lm.config
     input_ids = torch.randint(0, config.vocab_size, (args.batch, args.seq), device=device)
@@ -278,7 +292,7 @@ def hf_workload(args, model_name: str, on_gpu: bool, device: str, dtype: torch.d
         input_ids,
         lambda loss: loss.backward(),
         lambda model: {name: p.grad for name, p in model.named_parameters() if p.grad is not None},
-        f"{model_name} ({type(lm).__name__}{', tiny config' if not on_gpu else ''}) x{layers} layer(s) with the LM "
+        f"{model_name} ({type(lm).__name__}{', tiny config' if tiny else ''}) x{layers} layer(s) with the LM "
         f"head and {'loss' if train else 'logits'}",
         model_flops(hf.matrix_parameters(lm), layers, config.num_attention_heads, head_dim, args.batch, args.seq),
     )
@@ -323,13 +337,11 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
     elif importlib.util.find_spec("torchao") is not None:
         columns += [
             (f"torchao fp8 {recipe}", "inductor", {"torchao": recipe})
-            for recipe in recipes
-            if recipe in TORCHAO_RECIPES
+            for recipe in torchao_recipes(recipes, device, TORCHAO_RECIPES)
         ]
         columns += [
             (f"torchao fp8 {recipe} on primus_turbo", "primus_turbo", {"torchao": recipe})
-            for recipe in recipes
-            if recipe in TORCHAO_ON_OURS
+            for recipe in torchao_recipes(recipes, device, TORCHAO_ON_OURS)
         ]
     results, waiting, reference = {}, {}, None  # waiting: columns' outputs and gradients, until Inductor's are there
     from tqdm import tqdm  # comes with transformers; the progress of minutes-long compiles and measurements

@@ -25,6 +25,7 @@ import turbo_inductor
 from turbo_inductor.options import Options
 from turbo_inductor.passes import PASSES, PassManager
 from turbo_inductor.recipes import RECIPES, ROW_RECIPES
+from turbo_inductor.testing import scaled_mm_takes_row_scales
 from turbo_inductor.testing.moe import TitanMoE, hf_sparse_moe
 
 OUTPUT_GATE_DB, GRADIENT_GATE_DB = 25.0, 20.0  # FP8 gates (shared/targets.md)
@@ -34,6 +35,8 @@ IDEAL_MARGIN_DB = 3.0
 # The passes that make the FP8 GEMMs of the ``fp8`` option, and what they read (grouped_mm's canonical op).
 FP8_GEMM_PASSES = ("grouped_mm", "fp8", "fp8_experts")
 E4M3_MAX = 448.0
+# The scales hand-written and torchao FP8 may take: the examples run on the CPU, whose _scaled_mm may lack row scales.
+SCALED_MM_SCALES = ("tensorwise", "rowwise") if scaled_mm_takes_row_scales("cpu") else ("tensorwise",)
 
 # The kernels each of our ops runs (forward, backward), by kernel name.
 OP_KERNELS = {
@@ -419,7 +422,7 @@ class ScaledMMBlock(Block):
 
     def __init__(self, rng, s):
         super().__init__(rng, s)
-        self.rowwise = self.choose(rng, "scales", ["tensorwise", "rowwise"]) == "rowwise"
+        self.rowwise = self.choose(rng, "scales", SCALED_MM_SCALES) == "rowwise"
         self.w = _weight(s.hidden, s.hidden, fan_in=s.hidden, dtype=s.dtype)
 
     def expect(self):
@@ -449,7 +452,7 @@ class TorchaoBlock(Block):
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
         width = self.choose(rng, "width", [16, 32, 64])
-        recipe = self.choose(rng, "recipe", ["tensorwise", "rowwise"])
+        recipe = self.choose(rng, "recipe", SCALED_MM_SCALES)
         bias = self.choose(rng, "bias", [True, False])
         self.mlp = nn.Sequential(
             nn.Linear(s.hidden, width, bias=bias, dtype=s.dtype), nn.SiLU(), nn.Linear(width, s.hidden, dtype=s.dtype)

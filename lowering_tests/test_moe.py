@@ -306,6 +306,8 @@ class NearMiss(torch.nn.Module):
     def __init__(self, variant: str):
         super().__init__()
         self.variant = variant
+        if variant == "offsets in int64":
+            from transformers.integrations import moe  # noqa: F401  (registers their fallback op)
         self.router = torch.nn.Linear(64, E, bias=False)
         self.w = torch.nn.Parameter(torch.randn(E, 32, 64) / 8)
 
@@ -319,8 +321,6 @@ class NearMiss(torch.nn.Module):
         low = -1 if self.variant == "histogram from -1" else 0  # every id still counted, in the next bin
         offs = torch.cumsum(torch.histc(ids.float(), bins=E, min=low, max=E - 1), dim=0, dtype=torch.int32)
         if self.variant == "offsets in int64":
-            from transformers.integrations import moe  # noqa: F401  (registers their fallback op)
-
             y = torch.ops.transformers.grouped_mm_fallback(x_sorted, self.w.transpose(-2, -1), offs.long())
         else:
             y = torch._grouped_mm(x_sorted, self.w.transpose(-2, -1), offs=offs)

@@ -105,6 +105,10 @@ def test_a_warm_cache_never_serves_a_graph_calling_an_implementation_that_is_gon
     """A compile where a native implementation is available (traced in: the graph calls its op), then one where it
     is not, on the same warm cache: the second compiles afresh, runs without the op, and gives the same result."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    # the caches on, as on a user's machine (conftest turns them off on a GPU)
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", True)
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_remote_cache", False)
+    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", True)
     native_impl = registry.implementations("rmsnorm_fwd")["native"]
     built = dataclasses.replace(
         native_impl, fn=_native_rmsnorm_fwd, priority=100, unavailable_reason=lambda device: None, supports=None
