@@ -8,8 +8,11 @@ import math
 
 import torch
 from conftest import DEVICE, TOLERANCE
+from torch._inductor.compile_fx import _recursive_pre_grad_passes
 
 import turbo_inductor
+from turbo_inductor.options import Options
+from turbo_inductor.passes import PASSES, PassManager
 
 
 def snr_db(out, ref) -> float:
@@ -75,6 +78,37 @@ def assert_matches_inductor(model, inputs, train=True, options=None, dynamic=Non
     return collections.Counter(turbo_inductor.rewrite_counts())
 
 
+def rewrites_without_compiling(model, inputs, train=True, options=None) -> dict[str, int]:
+    """The rewrite counts of our passes, run strict (a pass that raises fails) in the pre-grad slot where the
+    backend runs them, on each graph Dynamo captures; nothing is compiled. The records are kept."""
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append((gm, example_inputs))
+        return gm.forward
+
+    torch._dynamo.reset()
+    turbo_inductor.reset_records()
+    inputs = [t.detach().clone().requires_grad_(train and t.is_floating_point()) for t in inputs]
+    with torch.set_grad_enabled(train):
+        torch.compile(model, backend=capture)(*inputs)
+    parsed = Options.parse({"strict": True, **(options or {})}, PASSES)
+    for gm, example_inputs in graphs:
+        with torch._inductor.config.patch(pre_grad_custom_pass=PassManager(PASSES, parsed)):
+            _recursive_pre_grad_passes(gm, example_inputs)
+    assert graphs and len(turbo_inductor.compile_records()) == len(graphs), "the passes ran on every graph"
+    return turbo_inductor.rewrite_counts()
+
+
+def assert_left_alone(model, inputs, train=True, options=None) -> None:
+    """Nothing to fuse: no rewrite, and each graph keeps the ops it had, so Inductor compiles what it compiles
+    without us (nothing is compiled here)."""
+    counts = rewrites_without_compiling(model, inputs, train, options)
+    assert not any(counts.values()), counts
+    for record in turbo_inductor.compile_records():
+        assert record.ops_before == record.ops_after, "nothing to fuse: the graph reaches Inductor unchanged"
+
+
 def assert_as_accurate_as_inductor(model, inputs, train=True, options=None):
     """For low precision, where two roundings of a long chain (several norms in a row) can drift apart by more
     than twice the gate while both are fine: primus_turbo's outputs and gradients must be no farther from the
@@ -100,8 +134,6 @@ def assert_as_accurate_as_inductor(model, inputs, train=True, options=None):
 def default_counts(**nonzero: int) -> dict[str, int]:
     """The rewrite counts a compile with the default options reports (every pass that is on by default, in the
     order they run): 0, but for ``nonzero``'s."""
-    from turbo_inductor.passes import PASSES
-
     names = [p.name for p in PASSES if p.enabled(p.parse_option(p.default))]
     assert set(nonzero) <= set(names), set(nonzero) - set(names)
     return {name: nonzero.get(name, 0) for name in names}

@@ -64,6 +64,10 @@ def pytest_collection_modifyitems(config, items):
 
 # Op tests run where the Triton kernels really run: the GPU when there is one, else the CPU interpreter.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu":
+    # Inductor's C++ without SIMD: its code generation and compile take about a fifth less, and these tests check
+    # our rewrites and numerics, not Inductor's vectorizer.
+    torch._inductor.config.cpp.simdlen = 1
 
 
 def assert_close(actual, expected, dtype=None):

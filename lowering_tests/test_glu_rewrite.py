@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from compare import assert_matches_inductor, assert_ran, ops_after
+from compare import assert_left_alone, assert_matches_inductor, assert_ran, ops_after
 
 import turbo_inductor
 
@@ -125,10 +125,7 @@ class NearMiss(nn.Module):
 
 @pytest.mark.parametrize("variant", ["sigmoid", "add", "relu", "broadcast", "activation_used_twice"])
 def test_near_misses_are_left_alone(variant):
-    counts = assert_matches_inductor(NearMiss(variant), [randn(3, H), randn(3, H)])
-    assert counts["glu"] == 0
-    record = turbo_inductor.compile_records()[-1]
-    assert record.ops_before == record.ops_after
+    assert_left_alone(NearMiss(variant), [randn(3, H), randn(3, H)])
 
 
 class MoEExpert(nn.Module):

@@ -14,10 +14,10 @@ pytest.importorskip("transformers")
 LAYERS = 1  # one layer holds every fusion site: the input norm, the residual norms, the GLU
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_llama_runs_fused_ops_in_forward_and_backward(dtype):
+def test_llama_runs_fused_ops_in_forward_and_backward():
+    """In bf16, as it trains (fp32 numerics of the same spellings: test_rmsnorm_rewrite, test_glu_rewrite)."""
     torch.manual_seed(0)
-    model = CausalLMLoss(hf.build("llama3-8b", LAYERS, tiny=True).to(dtype))
+    model = CausalLMLoss(hf.build("llama3-8b", LAYERS, tiny=True).to(torch.bfloat16))
     input_ids = torch.randint(0, hf.TINY["vocab_size"], (2, 16))
     counts = assert_matches_inductor(model, [input_ids])
     # two norms per layer and the final one; every one but the first reads a residual add

@@ -254,3 +254,16 @@ def test_a_pass_that_breaks_the_graph_and_raises_leaves_the_graph_as_it_was():
     gm.recompile()
     gm.graph.lint()
     assert [(n.op, n.target) for n in gm.graph.nodes] == ops and manager.record.failures[0][0] == "breaking"
+
+
+def test_left_alone_fails_where_a_pass_rewrites_or_raises(monkeypatch):
+    """compare.assert_left_alone, which the near-miss tests use in place of compiling, can fail: on a model with a
+    site to fuse, and on a near miss whose pass raises (strict)."""
+    from compare import assert_left_alone
+
+    with pytest.raises(AssertionError, match="rmsnorm"):
+        assert_left_alone(nn.RMSNorm(8), [torch.randn(2, 8)])
+    rmsnorm_pass = next(p for p in PASSES if p.name == "rmsnorm")
+    monkeypatch.setattr(type(rmsnorm_pass), "apply", Breaking.apply)
+    with pytest.raises(RuntimeError, match="broken on purpose"):
+        assert_left_alone(nn.Sequential(nn.Linear(8, 8), nn.ReLU()), [torch.randn(2, 8)])

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from compare import assert_matches_inductor, kernel_calls, ops_after, ops_before
+from compare import assert_left_alone, assert_matches_inductor, kernel_calls, ops_after, ops_before
 from conftest import DEVICE
 
 import turbo_inductor
@@ -243,12 +243,8 @@ class NearMiss(nn.Module):
     ],
 )
 def test_near_misses_are_left_alone(variant):
-    counts = assert_matches_inductor(NearMiss(variant), [randn(3, 4, H)])
-    assert counts["rmsnorm"] == 0
-    record = turbo_inductor.compile_records()[-1]
-    assert record.ops_before == record.ops_after, "nothing to fuse: the graph reaches Inductor unchanged"
+    assert_left_alone(NearMiss(variant), [randn(3, 4, H)])
 
 
 def test_float64_is_left_to_inductor():
-    counts = assert_matches_inductor(HFRMSNorm().double(), [randn(2, H).double()])
-    assert counts["rmsnorm"] == 0
+    assert_left_alone(HFRMSNorm().double(), [randn(2, H).double()])
