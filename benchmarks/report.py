@@ -153,7 +153,7 @@ def model_table(result: dict) -> list[str]:
             Field("logits SNR dB", "logits_snr_db", ".1f", none="exact"),
             Field("worst grad SNR dB", "worst_grad_snr_db", ".1f", none="exact"),
         )
-    )(result)
+    )({**result, "rows": [row for row in result["rows"] if row["column"] != "eager"]})  # eager's: in the JSON
     configuration = result["configuration"]
     if not configuration.get("hf"):
         return lines
@@ -279,12 +279,13 @@ def _environment(file: str, environment: dict) -> str:
 
 def render(results: dict[str, dict]) -> str:
     """The README for ``results`` (file name: its JSON), one section per benchmark in BENCHMARKS' order."""
-    lines = HEADER.splitlines()
+    lines, not_run = HEADER.splitlines(), []
     for benchmark in BENCHMARKS:
-        lines += ["", f"## {benchmark.title}: `bash benchmarks/run_gpu.sh {benchmark.step}` (`{benchmark.script}`)", ""]
         files = sorted(file for file, result in results.items() if result["benchmark"] == benchmark.name)
         if not files:
-            lines.append("Not run on a GPU yet.")
+            not_run.append(f"{benchmark.title} (`{benchmark.step}`)")
+            continue
+        lines += ["", f"## {benchmark.title}: `bash benchmarks/run_gpu.sh {benchmark.step}` (`{benchmark.script}`)", ""]
         for n, file in enumerate(files):
             result = results[file]
             about = f"{benchmark.note} " * (n == 0) + _environment(file, result["environment"])
@@ -292,6 +293,8 @@ def render(results: dict[str, dict]) -> str:
             lines += (
                 [""] * (n > 0) + _wrap(about.strip()) + ["", *benchmark.render(result), *[""] * bool(extra), *extra]
             )
+    if not_run:
+        lines += ["", "## Not run on a GPU yet", "", *_wrap(", ".join(not_run) + ": `bash benchmarks/run_gpu.sh STEP`.")]
     unknown = sorted(set(result["benchmark"] for result in results.values()) - {b.name for b in BENCHMARKS})
     if unknown:
         raise ValueError(f"results of benchmarks the report does not know: {unknown}")

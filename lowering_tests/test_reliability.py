@@ -1,5 +1,6 @@
 """Reliability across the backend: the compile caches, run-to-run reproducibility, dynamic shapes for every rewrite."""
 
+import contextlib
 import dataclasses
 import shutil
 from typing import Optional
@@ -106,9 +107,9 @@ def test_a_warm_cache_never_serves_a_graph_calling_an_implementation_that_is_gon
     is not, on the same warm cache: the second compiles afresh, runs without the op, and gives the same result."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     # the caches on, as on a user's machine (conftest turns them off on a GPU)
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", True)
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_remote_cache", False)
-    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", True)
+    caches = contextlib.ExitStack()
+    caches.enter_context(torch._inductor.config.patch(fx_graph_cache=True, fx_graph_remote_cache=False))
+    caches.enter_context(torch._functorch.config.patch(enable_autograd_cache=True))
     native_impl = registry.implementations("rmsnorm_fwd")["native"]
     built = dataclasses.replace(
         native_impl, fn=_native_rmsnorm_fwd, priority=100, unavailable_reason=lambda device: None, supports=None
@@ -135,6 +136,7 @@ def test_a_warm_cache_never_serves_a_graph_calling_an_implementation_that_is_gon
         assert counters["inductor"]["fxgraph_cache_miss"] > 0
     finally:
         registry._candidates.cache_clear()
+        caches.close()
     for a, b in zip([results[0][0], results[0][1], *results[0][2]], [results[1][0], results[1][1], *results[1][2]]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
