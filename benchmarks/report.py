@@ -294,7 +294,8 @@ def render(results: dict[str, dict]) -> str:
                 [""] * (n > 0) + _wrap(about.strip()) + ["", *benchmark.render(result), *[""] * bool(extra), *extra]
             )
     if not_run:
-        lines += ["", "## Not run on a GPU yet", "", *_wrap(", ".join(not_run) + ": `bash benchmarks/run_gpu.sh STEP`.")]
+        steps = ", ".join(not_run) + ": `bash benchmarks/run_gpu.sh STEP`."
+        lines += ["", "## Not run on a GPU yet", "", *_wrap(steps)]
     unknown = sorted(set(result["benchmark"] for result in results.values()) - {b.name for b in BENCHMARKS})
     if unknown:
         raise ValueError(f"results of benchmarks the report does not know: {unknown}")
