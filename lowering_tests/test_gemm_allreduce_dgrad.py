@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
+from compare import assert_left_alone
 from test_gemm_allreduce import _init, _run, _spawn, autocast_matches_inductor
 
 import turbo_inductor
@@ -104,9 +105,7 @@ def test_under_autocast_the_op_computes_in_the_autocast_dtype(fake_group):
 
 @pytest.mark.parametrize("spelling, readers", [("scaled", 1), ("not_identity", 1), ("funcol", 2)])
 def test_near_misses_are_left_alone(fake_group, spelling, readers):
-    torch.manual_seed(0)
-    matches_inductor(ColumnParallel(spelling, readers), torch.randn(2, 5, 32))
-    assert turbo_inductor.rewrite_counts()["gemm_allreduce_dgrad"] == 0
+    assert_left_alone(ColumnParallel(spelling, readers), [torch.randn(2, 5, 32)])
 
 
 def test_fp8_keeps_its_linear_and_the_gradients_all_reduce(fake_group):
