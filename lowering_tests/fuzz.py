@@ -30,8 +30,9 @@ from turbo_inductor.testing.moe import TitanMoE, hf_sparse_moe
 
 OUTPUT_GATE_DB, GRADIENT_GATE_DB = 25.0, 20.0  # FP8 gates (shared/targets.md)
 # The same GEMMs' FP8 noise on inputs rounded elsewhere is another draw of it. Over the few values of a small
-# gradient (a router's, from a few tokens) draws differ by up to 2 dB.
-IDEAL_MARGIN_DB = 3.0
+# gradient (a router's or an expert's, from 3 tokens) draws differ by up to 4.2 dB: seed 658358223, whose model
+# on six other inputs puts the fused and the FP8-GEMMs-alone runs within 1.1 dB either way.
+IDEAL_MARGIN_DB = 4.5
 # The passes that make the FP8 GEMMs of the ``fp8`` option, and what they read (grouped_mm's canonical op).
 FP8_GEMM_PASSES = ("grouped_mm", "fp8", "fp8_experts")
 E4M3_MAX = 448.0
