@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
-import importlib.util
 import os
 import statistics
 import time
@@ -76,11 +75,10 @@ def columns(recipes: list[str], device: str) -> list[tuple[str, str, dict | None
         )
         for recipe in recipes
     ]
-    if importlib.util.find_spec("torchao") is not None:
-        result += [
-            (f"torchao fp8 {recipe}", "inductor", None, recipe)
-            for recipe in torchao_recipes(recipes, device, TORCHAO_RECIPES)
-        ]
+    result += [
+        (f"torchao fp8 {recipe}", "inductor", None, recipe)
+        for recipe in torchao_recipes(recipes, device, TORCHAO_RECIPES)
+    ]
     return result
 
 

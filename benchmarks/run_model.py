@@ -182,6 +182,7 @@ def main(argv=None):
         parser.error("--config and --hf: give one of them")
     if args.tiny and args.hf is None:
         parser.error("--tiny goes with --hf (the tiny decoder is --config tiny)")
+    args.tiny = args.tiny or not on_gpu  # a CPU runs the tiny configs
     # the options this run's file is named by, before the defaults that depend on the model are filled in
     ignore = {"config", "hf", "tiny", "mode", "fp8", "out", "kernels", "warm_compile"}
     named_options = record.changed_options(parser, args, ignore=ignore)
@@ -237,9 +238,8 @@ def model_description(args, model_name: str, on_gpu: bool) -> dict:
     fields, its class, layer count and whether it is the tiny variant."""
     if not args.hf:
         return {**model_config(args, model_name, on_gpu).__dict__}
-    tiny = args.tiny or not on_gpu
-    fields = hf.config_fields(model_name, tiny=tiny)
-    return {"class": hf.MODELS[model_name].model_class, **fields, "layers": args.layers or 2, "tiny": tiny}
+    fields = hf.config_fields(model_name, tiny=args.tiny)
+    return {"class": hf.MODELS[model_name].model_class, **fields, "layers": args.layers or 2, "tiny": args.tiny}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,9 +280,9 @@ def decoder_workload(args, model_name: str, on_gpu: bool, device: str, dtype: to
 def hf_workload(args, model_name: str, on_gpu: bool, device: str, dtype: torch.dtype) -> Workload:
     """transformers' causal LM ``model_name`` on random input ids (tiny on CPU or with --tiny): its loss in
     training, else its logits; its gradients are the parameters'."""
-    layers, train, tiny = args.layers or 2, args.mode == "train", args.tiny or not on_gpu
+    layers, train = args.layers or 2, args.mode == "train"
     with torch.device(device):  # random weights drawn on the GPU: a billion of them take a minute on the host
-        lm = hf.build(model_name, layers, tiny=tiny)
+        lm = hf.build(model_name, layers, tiny=args.tiny)
     base = (hf.CausalLMLoss(lm) if train else hf.CausalLMLogits(lm)).to(device, dtype)
     config = lm.config
     input_ids = torch.randint(0, config.vocab_size, (args.batch, args.seq), device=device)
@@ -292,7 +292,7 @@ def hf_workload(args, model_name: str, on_gpu: bool, device: str, dtype: torch.d
         input_ids,
         lambda loss: loss.backward(),
         lambda model: {name: p.grad for name, p in model.named_parameters() if p.grad is not None},
-        f"{model_name} ({type(lm).__name__}{', tiny config' if tiny else ''}) x{layers} layer(s) with the LM "
+        f"{model_name} ({type(lm).__name__}{', tiny config' if args.tiny else ''}) x{layers} layer(s) with the LM "
         f"head and {'loss' if train else 'logits'}",
         model_flops(hf.matrix_parameters(lm), layers, config.num_attention_heads, head_dim, args.batch, args.seq),
     )
@@ -334,7 +334,7 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
     if importlib.util.find_spec("torchao") is not None and moe:
         # torchao's MoE training: its FP8 rowwise grouped GEMMs on the experts (the other linears stay bf16)
         columns.append(("torchao moe fp8 rowwise", "inductor", {"torchao_moe": "rowwise"}))
-    elif importlib.util.find_spec("torchao") is not None:
+    elif not moe:
         columns += [
             (f"torchao fp8 {recipe}", "inductor", {"torchao": recipe})
             for recipe in torchao_recipes(recipes, device, TORCHAO_RECIPES)
