@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -46,6 +47,13 @@ class Recipe:
 
         Tensorwise cannot: its scale needs the whole tensor's amax first."""
         return self.activation_block[0] == 1
+
+    def concatenates_exactly(self, rows: Sequence[int]) -> bool:
+        """Whether FP8 linears of W_i [N_i, K] on one x compute what one linear of the W_i concatenated does.
+        True where no scale of W spans rows of two W_i: the forward and dW are then the same. Tensorwise's one
+        scale would. dx differs: it quantizes dy and W^T along the concatenated N (rowwise: across all N_i)."""
+        block = self.weight_block[0]
+        return block > 0 and all(n % block == 0 for n in rows)
 
     def formats(self, device: torch.device) -> tuple[torch.dtype, torch.dtype]:
         """(operand format, gradient format) on ``device``: e4m3fn/e5m2, or the fnuz pair on MI300."""

@@ -1,5 +1,6 @@
 """Rewrite passes, in the order they run. A new fusion is a new module here and one line in PASSES."""
 
+from .fp8_concat import FP8ConcatPass
 from .fp8_experts import FP8ExpertsPass
 from .fp8_linear import FP8LinearPass
 from .fp8_scaled_mm import FP8ScaledMMPass
@@ -38,6 +39,7 @@ PASSES: list[RewritePass] = check_order(
         FP8ScaledMMPass(),  # hand-written FP8 quantization + torch._scaled_mm
         TorchaoFloat8Pass(),  # torchao's float8 linears
         FP8LinearPass(),  # options={"fp8": ...}: every other linear
+        FP8ConcatPass(),  # FP8 linears reading one x (q/k/v, gate/up): one GEMM. Before the producers hand them x.
         FP8ExpertsPass(),  # options={"fp8": ...}: the MoE experts' grouped GEMMs
         # fuse: element-wise building blocks onto our ops
         RMSNormPass(),

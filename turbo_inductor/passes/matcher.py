@@ -305,8 +305,9 @@ def insert_op(
     """Insert ``op(*args, **kwargs)`` before ``before``, with Dynamo's example value filled in.
     Returns the node, or for ``n_outputs`` > 0 one ``getitem`` node per output."""
     kwargs = kwargs or {}
-    values = [*args, *kwargs.values()]
-    fake_mode = next(fake(a).fake_mode for a in values if fake(a) is not None)  # the mode Dynamo traced with
+    nodes: list[fx.Node] = []  # the arguments' nodes, in lists too (``aten.cat``)
+    fx.map_arg((args, kwargs), nodes.append)
+    fake_mode = next(fake(n).fake_mode for n in nodes if fake(n) is not None)  # the mode Dynamo traced with
     with graph.inserting_before(before):
         node = graph.call_function(op, args, kwargs)
         with fake_mode:

@@ -1,0 +1,169 @@
+"""FP8 linears reading one x (q/k/v, gate/up) -> one ``turbo_inductor.fp8_linear`` over their weights concatenated.
+
+x and x^T are quantized once and one GEMM runs; each linear's output is a slice ``y[..., a:b]`` of its result.
+The weights stay separate parameters: ``aten.cat`` joins them in the graph, and its backward splits dW.
+Taken where the forward and dW are exact (``Recipe.concatenates_exactly``): no scale of W spans two weights' rows.
+``tensorwise`` is declined: one scale over the concatenated W differs from each linear's own. So is ``blockwise``
+unless each N is a multiple of 128, and ``save_weight_t=False``, whose backward would keep the concatenated W.
+Under autocast the linears' casts of one x count as one x. Why and how: ``docs/passes.md``.
+"""
+
+from __future__ import annotations
+
+import collections
+import operator
+
+import torch
+import torch.fx as fx
+
+from ..ops.fp8_linear import FP8LinearNode
+from ..options import Options
+from ..recipes import FP8Config, Recipe
+from . import matcher as m
+from .fp8_linear import NAME as FP8_OPTION
+from .manager import Phase, RewritePass, declined
+
+# Tensor methods returning a view of their input; ``view`` itself fails on a slice where it would merge the last dim.
+_VIEW_METHODS = {"view", "view_as", "transpose", "permute", "unsqueeze", "squeeze", "t", "expand", "unflatten"}
+
+
+def _source(x: fx.Node) -> tuple[fx.Node, torch.dtype | None]:
+    """What ``x`` reads: the value under a dtype cast and the cast's dtype, or x itself.
+    Under autocast each linear reads its own cast of x (``matcher.insert_linear``)."""
+    c = m.call(x)
+    return (c.args[0], c.kwargs["dtype"]) if c is not None and c.op == "cast" else (x, None)
+
+
+def _agreeing(linear: FP8LinearNode) -> tuple:
+    """What linears concatenated share: every argument but x and the weights, and whether they have a bias.
+    K is x's width for each."""
+    arguments = linear.arguments()
+    rest = tuple((name, value) for name, value in arguments.items() if name not in ("x", "weight", "bias"))
+    return (*rest, arguments["bias"] is None)
+
+
+def _movable_before(value, node: fx.Node, position: dict, moving: set) -> bool:
+    """Whether ``value`` is available before ``node`` once the pure nodes it needs move there (added to ``moving``).
+    A later linear's weight cast or transpose comes just before it. FP8 linears, ``node`` first, do not move."""
+    if not isinstance(value, fx.Node) or position[value] < position[node] or value in moving:
+        return True
+    if (
+        value.op not in ("get_attr", "call_function", "call_method")
+        or value.is_impure()
+        or FP8LinearNode.matches(value)
+    ):
+        return False
+    moving.add(value)
+    return all(_movable_before(v, node, position, moving) for v in value.all_input_nodes)
+
+
+def _written_in_place(value) -> bool:
+    """Whether an in-place op (``w.mul_(2)``, ``aten.copy_``) writes ``value``: read earlier, it may differ."""
+    for user in value.users if isinstance(value, fx.Node) else ():
+        name = user.target if user.op == "call_method" else getattr(user.target, "__name__", "")
+        schema = getattr(user.target, "_schema", None)
+        if (isinstance(name, str) and name.endswith("_") and not name.endswith("__")) or (schema and schema.is_mutable):
+            return True
+    return False
+
+
+def _views_hold(node: fx.Node, value: torch.Tensor) -> bool:
+    """Whether the chains of views reading ``node`` still run where it holds ``value``, a strided slice.
+    ``y.view(-1)`` runs on a linear's own output, not on a slice of a wider one."""
+    for user in node.users:
+        if user.op == "call_method" and user.target in _VIEW_METHODS and user.args[0] is node:
+            function = getattr(torch.Tensor, user.target)
+        elif user.op == "call_function" and user.target is operator.getitem and user.args[0] is node:
+            function = operator.getitem
+        else:
+            continue
+        args, kwargs = fx.map_arg((user.args[1:], user.kwargs), m.example_value)
+        try:
+            with value.fake_mode:
+                out = function(value, *args, **kwargs)
+        except (RuntimeError, ValueError):  # as the view would raise when AOTAutograd traces it
+            return False
+        if isinstance(out, torch.Tensor) and not _views_hold(user, out):
+            return False
+    return True
+
+
+class FP8ConcatPass(RewritePass):
+    """FP8 linears reading one x (q/k/v, gate/up) as one over their weights concatenated."""
+
+    name = "fp8_concat"
+    phase = Phase.CLAIM
+    after = (FP8_OPTION,)
+    option_doc = (
+        "FP8 linears reading one x (q/k/v, gate/up) as one FP8 linear over their weights concatenated: x "
+        "quantized once, one GEMM. Where that is exact: every recipe but `tensorwise`; `blockwise` where each N is "
+        "a multiple of 128. Runs with the `fp8` option. Details: `docs/fp8.md`."
+    )
+
+    def apply(self, graph: fx.Graph, options: Options) -> int:
+        config: FP8Config = options.value(FP8_OPTION)
+        if not config.enabled:
+            return 0
+        readers = collections.defaultdict(list)
+        for node in graph.nodes:
+            linear = FP8LinearNode.of(node)
+            if linear is not None and linear.x_q is None:
+                readers[_source(linear.x)].append(linear)
+        count = 0
+        for linears in readers.values():
+            groups = collections.defaultdict(list)
+            for linear in linears:
+                groups[_agreeing(linear)].append(linear)
+            for group in groups.values():
+                if len(group) < 2:
+                    if len(linears) > 1:
+                        declined(self.name, group[0].node, "no other FP8 linear of x has its recipe and bias")
+                    continue
+                count += self._concatenate(graph, group)
+        return count
+
+    def _concatenate(self, graph: fx.Graph, group: list[FP8LinearNode]) -> int:
+        first = group[0]
+        rows = [m.fake(linear.weight).shape[0] for linear in group]
+        if not Recipe.from_name(first.recipe).concatenates_exactly(rows):
+            declined(self.name, first.node, f"{first.recipe} weights of N {rows}: a scale would span two weights")
+            return 0
+        if not first.save_weight_t:
+            declined(self.name, first.node, "save_weight_t=False: the backward would hold the concatenated W")
+            return 0
+        position = {node: i for i, node in enumerate(graph.nodes)}
+        moving: set = set()
+        operands = [v for linear in group for v in (linear.weight, linear.bias)]
+        if not all(_movable_before(v, first.node, position, moving) for v in operands):
+            declined(self.name, first.node, "a later linear's weight is computed after the first linear")
+            return 0
+        read = [
+            _source(first.x)[0],
+            *(lin.x for lin in group),
+            *operands,
+            *(v for n in moving for v in n.all_input_nodes),
+        ]
+        if any(map(_written_in_place, read)):
+            declined(self.name, first.node, "x or a weight is written in place: read earlier, it would differ")
+            return 0
+        out = m.fake(first.node)
+        starts = [sum(rows[:i]) for i in range(len(rows))]
+        with out.fake_mode:
+            wide = out.new_empty((*out.shape[:-1], sum(rows)))
+            slices = [wide[..., a : a + n] for a, n in zip(starts, rows, strict=True)]
+        if not all(_views_hold(linear.node, piece) for linear, piece in zip(group, slices, strict=True)):
+            declined(self.name, first.node, "a view of an output would not hold on a slice of the wider output")
+            return 0
+        for node in sorted(moving, key=position.__getitem__):
+            first.node.prepend(node)
+        concatenated = {
+            name: m.insert_op(graph, first.node, torch.ops.aten.cat.default, ([getattr(v, name) for v in group], 0))
+            for name in ("weight", "bias")
+            if first.bias is not None or name == "weight"
+        }
+        fused = m.insert_view(graph, first.node, FP8LinearNode, **(first.arguments() | concatenated))
+        for linear, a, n in zip(group, starts, rows, strict=True):
+            piece = m.insert_op(graph, first.node, operator.getitem, (fused.node, (Ellipsis, slice(a, a + n))))
+            linear.node.replace_all_uses_with(piece)
+        m.erase_unused(dict.fromkeys([v for linear in group for v in (linear.x, linear.node)]))
+        return 1
