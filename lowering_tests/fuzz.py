@@ -34,7 +34,9 @@ OUTPUT_GATE_DB, GRADIENT_GATE_DB = 25.0, 20.0  # FP8 gates (shared/targets.md)
 # on six other inputs puts the fused and the FP8-GEMMs-alone runs within 1.1 dB either way.
 IDEAL_MARGIN_DB = 4.5
 # The passes that make the FP8 GEMMs of the ``fp8`` option, and what they read (grouped_mm's canonical op).
-FP8_GEMM_PASSES = ("grouped_mm", "fp8", "fp8_experts")
+FP8_GEMM_PASSES = ("grouped_mm", "fp8", "fp8_concat", "fp8_experts")
+# The recipes that concatenate the weights of FP8 linears reading one x at every width drawn (fp8_concat).
+CONCAT_RECIPES = tuple(name for name, recipe in RECIPES.items() if recipe.concatenates_exactly([16]))
 E4M3_MAX = 448.0
 # The scales hand-written and torchao FP8 may take: the examples run on the CPU, whose _scaled_mm may lack row scales.
 SCALED_MM_SCALES = ("tensorwise", "rowwise") if scaled_mm_takes_row_scales("cpu") else ("tensorwise",)
@@ -142,9 +144,12 @@ class Linear(nn.Module):
     def direct(self) -> bool:
         return self.spelling in DIRECT
 
+    @property
+    def has_bias(self) -> bool:
+        return (self.b if self.spelling != "nn.Linear" else self.linear.bias) is not None
+
     def describe(self) -> str:
-        bias = self.b if self.spelling != "nn.Linear" else self.linear.bias
-        return self.spelling + (" + bias" if bias is not None else "")
+        return self.spelling + (" + bias" * self.has_bias)
 
     def expect(self) -> Expect:
         return Expect().fired(fp8=1).left(fp8_linear=1) if self.fp8 else Expect()
@@ -168,6 +173,17 @@ class Linear(nn.Module):
     def rows(self, rows):
         """torch.mm or addmm of 2-D ``rows``."""
         return torch.mm(rows, self.w.t()) if self.spelling == "torch.mm" else torch.addmm(self.b, rows, self.w.t())
+
+
+def concatenations(s: Setting, linears: list[Linear]) -> Expect:
+    """What fp8_concat does to ``linears``, all reading one x: those spelled on x directly, grouped by bias, become one
+    FP8 linear per group of two or more, where the recipe concatenates their weights exactly."""
+    expect = Expect()
+    for bias in (False, True):
+        group = [linear for linear in linears if linear.direct and linear.has_bias == bias]
+        if s.fp8 is not None and len(group) > 1 and RECIPES[s.fp8].concatenates_exactly([lin.n for lin in group]):
+            expect.fired(fp8_concat=1).left(fp8_linear=1 - len(group))
+    return expect
 
 
 # ---- blocks ------------------------------------------------------------------------------------------------------
@@ -306,11 +322,15 @@ class NormLinearsBlock(Block):
 
     kind = "norm_linears"
 
-    def __init__(self, rng, s, plain: bool = False):
+    def __init__(self, rng, s, plain: bool = False, concatenated: bool = False):
+        """``concatenated``: two or three linears spelled without a bias on the norm's output (fp8_concat fires)."""
         super().__init__(rng, s)
         self.norm = Norm(self, rng, s, plain=plain)
-        count = rng.randint(1, 3)
-        spellings = [rng.choice(DIRECT)] + [rng.choice(SPELLINGS) for _ in range(count - 1)]
+        if concatenated:
+            spellings = [rng.choice(DIRECT[2:]) for _ in range(rng.randint(2, 3))]
+        else:
+            count = rng.randint(1, 3)
+            spellings = [rng.choice(DIRECT)] + [rng.choice(SPELLINGS) for _ in range(count - 1)]
         self.linears = nn.ModuleList(Linear(rng, s, s.hidden, s.hidden, sp) for sp in spellings)
         self.choices["linears"] = [lin.describe() for lin in self.linears]
         self.setting = s
@@ -319,6 +339,7 @@ class NormLinearsBlock(Block):
         expect = Expect().fired(rmsnorm=1)
         for linear in self.linears:
             expect.add(linear.expect())
+        expect.add(concatenations(self.setting, list(self.linears)))
         if self.setting.fp8_producers and self.norm.fused_whole:
             return expect.fired(rmsnorm_fp8=1).left(rmsnorm_fp8=1)
         return expect.left(rmsnorm=1)
@@ -367,10 +388,13 @@ class GLUBlock(Block):
         expect = Expect().fired(glu=1)
         for linear in [*projections, self.down]:
             expect.add(linear.expect())
+        concatenated = concatenations(self.setting, projections)
+        expect.add(concatenated)
         if self.setting.fp8_producers and self.down.direct:
             return expect.fired(glu_fp8=1).left(glu_fp8=1)
-        # relaid out, gate and up are no longer halves of one tensor
-        return expect.left(**{"glu" if self.halves == "separate" or self.strided else "glu_fused": 1})
+        # gate and up concatenated are the halves of one output; relaid out, no longer halves of one tensor
+        halves = self.halves != "separate" or concatenated.counts["fp8_concat"]
+        return expect.left(**{"glu_fused" if halves and not self.strided else "glu": 1})
 
     def split(self, x):
         h, width = self.gate_up(x), self.width
@@ -564,9 +588,13 @@ class TitanMoEBlock(Block):
         if s.fp8 is None:
             return expect.left(grouped_mm=3, glu=1 + shared)
         expect.fired(fp8=3 * shared, fp8_experts=3).left(fp8_linear=3 * shared, fp8_grouped_mm=3)
+        # the shared expert's w1 and w3 read one x: concatenated, their outputs are the halves of one
+        width = self.layer.shared.w1.out_features if self.shared else 0
+        concatenated = int(self.shared and RECIPES[s.fp8].concatenates_exactly([width, width]))
+        expect.fired(fp8_concat=concatenated).left(fp8_linear=-concatenated)
         if s.fp8_producers:
             return expect.fired(glu_fp8=1 + shared).left(glu_fp8=1 + shared)
-        return expect.left(glu=1 + shared)
+        return expect.left(glu=1 + shared - concatenated, glu_fused=concatenated)
 
     def forward(self, x):
         return self.layer(x)
@@ -652,14 +680,14 @@ KINDS: dict[str, type[Block]] = {
     )
 }
 # Example i leads with LEADS[i % len(LEADS)]: (block kind, the fp8 option, its arguments). The fp8 option: "row"
-# a recipe whose producers fuse, "any" any recipe, "off" none, None drawn. Any len(LEADS) consecutive seeds take
-# every block kind and fire every pass.
+# a recipe whose producers fuse, "concat" one that also concatenates linears reading one x, "any" any recipe, "off"
+# none, None drawn. Any len(LEADS) consecutive seeds take every block kind and fire every pass.
 LEADS = (
     ("norm", None, {}),
     ("residual_norm", None, {"residual": True}),
     ("glu", None, {}),
     ("glu", "row", {"down": "direct"}),  # glu_fp8
-    ("norm_linears", "row", {"plain": True}),  # rmsnorm_fp8
+    ("norm_linears", "concat", {"plain": True, "concatenated": True}),  # rmsnorm_fp8, fp8_concat
     ("linears", "any", {}),
     ("scaled_mm", None, {}),
     ("torchao", None, {}),
@@ -745,6 +773,8 @@ def generate(seed: int, lead: tuple | None = None, kinds=None, count: int | None
     kinds = {k for k, _ in plan}
     if fp8 == "row":
         recipe = rng.choice(ROW_RECIPES)
+    elif fp8 == "concat":
+        recipe = rng.choice(CONCAT_RECIPES)
     elif fp8 == "any" or (fp8 is None and rng.random() < 0.4):
         recipe = rng.choice(sorted(RECIPES))
     else:

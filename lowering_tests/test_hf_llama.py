@@ -34,10 +34,11 @@ def test_llama_runs_fused_ops_in_forward_and_backward():
 @pytest.mark.parametrize("dynamic_checkpointed", [False, True], ids=["static", "dynamic-checkpointed"])
 def test_llama_with_fp32_parameters_trains_in_fp8_under_autocast(dynamic_checkpointed):
     """The Trainer's mixed precision: fp32 parameters under torch.autocast(bf16). Every linear becomes a bf16 FP8
-    linear; residual adds fuse into the next norm, which writes its linears' bf16 input and its FP8 copy. With
-    ``dynamic=True`` and gradient checkpointing, a layer's last residual add is its region's output: the next norm
-    cannot fuse it. The loss is the bf16 model's within FP8 noise; every gradient meets the FP8 backward gate (the
-    reference runs uncompiled: Inductor's bf16 rounding is far below both)."""
+    linear, q/k/v and gate/up one each over their weights concatenated; residual adds fuse into the next norm, which
+    writes its linears' bf16 input and its FP8 copy. With ``dynamic=True`` and gradient checkpointing, a layer's last
+    residual add is its region's output: the next norm cannot fuse it. The loss is the bf16 model's within FP8
+    noise; every gradient meets the FP8 backward gate (the reference runs uncompiled: Inductor's bf16 rounding is
+    far below both)."""
     from conftest import DEVICE
 
     torch.manual_seed(0)
@@ -54,12 +55,13 @@ def test_llama_with_fp32_parameters_trains_in_fp8_under_autocast(dynamic_checkpo
         turbo_inductor.reset_records()
         fused = run(model, [input_ids], "primus_turbo", options=options, dynamic=dynamic)
     counts = turbo_inductor.rewrite_counts()
-    assert (counts["fp8"], counts["rmsnorm_residual"], counts["rmsnorm_fp8"], counts["glu_fp8"]) == (
-        7 * LAYERS + 1,
-        0 if dynamic_checkpointed else 1,  # the final norm's: every other norm writes FP8 (rmsnorm_fp8)
-        2 * LAYERS,
-        LAYERS,
-    )
+    assert {name: counts[name] for name in ("fp8", "fp8_concat", "rmsnorm_residual", "rmsnorm_fp8", "glu_fp8")} == {
+        "fp8": 2 * LAYERS + 1,  # o_proj, down_proj, the head
+        "fp8_concat": 2 * LAYERS,  # q/k/v and gate/up: each one FP8 linear over their weights concatenated
+        "rmsnorm_residual": 0 if dynamic_checkpointed else 1,  # the final norm's: every other norm writes FP8
+        "rmsnorm_fp8": 2 * LAYERS,
+        "glu_fp8": LAYERS,
+    }
     torch.testing.assert_close(fused[0][0], bf16[0][0], rtol=1e-2, atol=0)
     assert len(fused[1]) == len(bf16[1])
     for got, want in zip(fused[1], bf16[1]):

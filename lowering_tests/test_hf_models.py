@@ -13,20 +13,21 @@ pytest.importorskip("transformers")
 
 LAYERS = 1  # one layer holds every fusion site: the input norm, the residual norms, the GLU
 # family: (model, rewrites expected), each model as its transformers class builds it at tiny sizes. Every linear
-# becomes FP8 (q/k/v/o, gate/up/down, the head): 7 per layer + 1, Phi-3's fused qkv and gate_up 4 per layer + 1.
-# Every norm but the final one (which reads the last residual add) writes its linears' FP8 input, and so does each
-# GLU. Gemma normalizes with (1 + weight) and multiplies after the norm: its residual adds and its norms' casts stay;
-# its GeGLU writes down_proj's FP8 input.
+# becomes FP8 (q/k/v/o, gate/up/down, the head). q/k/v and gate/up, each reading one x, run as one FP8 linear over
+# their weights concatenated (fp8_concat): o, down and the head stay single, 2 per layer + 1. Phi-3's qkv and
+# gate_up are fused already: 4 per layer + 1. Every norm but the final one (which reads the last residual add)
+# writes its linears' FP8 input, and so does each GLU. Gemma normalizes with (1 + weight) and multiplies after the
+# norm: its residual adds and its norms' casts stay; its GeGLU writes down_proj's FP8 input.
 FAMILIES = {
     "qwen2": (  # q/k/v with biases
         "qwen2.5-7b",
-        dict(rmsnorm_residual=1, fp8=7 * LAYERS + 1, rmsnorm_fp8=2 * LAYERS, glu_fp8=LAYERS),
+        dict(rmsnorm_residual=1, fp8=2 * LAYERS + 1, fp8_concat=2 * LAYERS, rmsnorm_fp8=2 * LAYERS, glu_fp8=LAYERS),
     ),
     "phi3": (
         "phi3-mini",
         dict(rmsnorm_residual=1, fp8=4 * LAYERS + 1, rmsnorm_fp8=2 * LAYERS, glu_fp8=LAYERS),
     ),
-    "gemma": ("gemma-7b", dict(rmsnorm=2 * LAYERS + 1, fp8=7 * LAYERS + 1, glu_fp8=LAYERS)),
+    "gemma": ("gemma-7b", dict(rmsnorm=2 * LAYERS + 1, fp8=2 * LAYERS + 1, fp8_concat=2 * LAYERS, glu_fp8=LAYERS)),
 }
 
 
