@@ -236,14 +236,14 @@ def test_main_job_measures_frozen_inference(tmp_path, monkeypatch):
         run_model.main(["--freezing"])
 
 
-def test_training_with_frozen_linears_under_autocast_and_dynamic_shapes(tmp_path, monkeypatch):
+def test_training_with_frozen_linears_under_autocast(tmp_path, monkeypatch):
     """torchao's columns are left out: test_main_job_runs_and_reports_every_column runs them."""
     monkeypatch.setattr(run_model, "TORCHAO_RECIPES", ())
     monkeypatch.setattr(run_model, "TORCHAO_ON_OURS", ())
-    tiny_main_job(tmp_path, "--fp8", "rowwise", "--frozen-linears", "--autocast", "--dynamic")
-    written = read_json(tmp_path / "model_tiny_train_fp8-rowwise_layers-1_seq-16_frozen-linears_dynamic_autocast.json")
+    tiny_main_job(tmp_path, "--fp8", "rowwise", "--frozen-linears", "--autocast")
+    written = read_json(tmp_path / "model_tiny_train_fp8-rowwise_layers-1_seq-16_frozen-linears_autocast.json")
     configuration = written["configuration"]
-    assert configuration["frozen_linears"] is True and configuration["autocast"] is True and configuration["dynamic"]
+    assert configuration["frozen_linears"] is True and configuration["autocast"] is True
     fp8 = next(c for c in written["rows"] if c["column"] == "primus_turbo fp8 rowwise")
     # autocast: every linear computes in bf16 and converts (fp32 parameters)
     assert fp8["rewrites"]["fp8"] == 4 and fp8["out_snr_db"] > 25 and fp8["dx_snr_db"] > 20
@@ -252,16 +252,19 @@ def test_training_with_frozen_linears_under_autocast_and_dynamic_shapes(tmp_path
 
 
 def test_several_models_get_their_rows_and_one_chart_of_speedups_per_model(capsys, tmp_path):
+    """Also with ``--dynamic``: every column compiled with symbolic sizes from the start."""
     arguments = ["--config", "tiny,tiny-mha", "--layers", "1", "--seq", "16", "--fp8", "", "--mode", "inference"]
-    run_model.main(arguments + ["--warm-compile", "--out", str(tmp_path)])
-    written = read_json(tmp_path / "model_tiny-tiny-mha_inference_layers-1_seq-16.json")
+    run_model.main(arguments + ["--dynamic", "--warm-compile", "--out", str(tmp_path)])
+    path = tmp_path / "model_tiny-tiny-mha_inference_layers-1_seq-16_dynamic.json"
+    written = read_json(path)
+    assert written["configuration"]["dynamic"] is True
     assert [(row["model"], row["column"]) for row in written["rows"]] == [
         (model, column) for model in ("tiny", "tiny-mha") for column in ("eager", "inductor", "primus_turbo")
     ]
     for row in written["rows"][2::3]:
         assert (row["rewrites"]["rmsnorm"], row["rewrites"]["rmsnorm_residual"]) == (1, 2) and row["out_snr_db"] > 30
     assert written["configuration"]["models"]["tiny-mha"]["hidden"] == 192
-    assert (tmp_path / "model_tiny-tiny-mha_inference_layers-1_seq-16.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "tiny-mha x1 layer(s)" in capsys.readouterr().out
 
 
@@ -308,8 +311,9 @@ def _fsdp2_benchmark(rank, port, out):
 
 
 def test_fsdp2_benchmark_runs_every_column_on_two_processes(tmp_path):
-    """The FSDP2 benchmark (torchtitan's composition) as a smoke run on gloo: every column, the rewrites inside the
-    compiled layers, and the numbers it reports (the gradients' FP8 accuracy is the interpreter's here: platform.md)."""
+    """The FSDP2 benchmark (torchtitan's composition: each layer compiled, then sharded) on gloo: every column, the
+    linears FP8 inside the parameters' all-gather and the gradients' reduce-scatter, outputs and reduced gradients
+    against Inductor's bf16, and the same numbers with W^T quantized again in the backward."""
     from test_gemm_allreduce import _spawn
 
     _spawn(_fsdp2_benchmark, str(tmp_path))
@@ -328,4 +332,4 @@ def test_fsdp2_benchmark_runs_every_column_on_two_processes(tmp_path):
     # the same numbers with W^T quantized again in the backward
     for key in ("out_snr_db", "worst_grad_snr_db"):
         assert columns["primus_turbo fp8 rowwise, W^T not saved"][key] == columns["primus_turbo fp8 rowwise"][key]
-    assert all(c["out_snr_db"] >= 25 and c["step_ms"] > 0 for c in columns.values())
+    assert all(c["out_snr_db"] >= 25 and c["worst_grad_snr_db"] >= 20 and c["step_ms"] > 0 for c in columns.values())
