@@ -658,7 +658,9 @@ class NearMissBlock(Block):
             return F.silu(gate) * up.mean(-1, keepdim=True)
         h = x.float()
         if v == "norm over dim -2":
-            return (h * torch.rsqrt(h.pow(2).mean(-2, keepdim=True) + 1e-5)).to(x.dtype) * self.a
+            # Dim -2 may hold one row: then this is h / sqrt(h^2 + eps), whose slope near 0 (up to eps^-1/2) moves
+            # with each rounding of h, and both graphs' gradients with it. At eps = 1 the slopes are at most 1.
+            return (h * torch.rsqrt(h.pow(2).mean(-2, keepdim=True) + 1.0)).to(x.dtype) * self.a
         return (h * torch.rsqrt(h.abs().pow(3).mean(-1, keepdim=True) + 1e-5)).to(x.dtype) * self.a
 
 
