@@ -835,7 +835,7 @@ def evaluate(gm: torch.fx.GraphModule, inputs: list, train: bool) -> tuple[list,
     if not train:
         return [o.detach() for o in outs], [], collections.Counter()
     generator = torch.Generator().manual_seed(1)
-    cotangents = [torch.randn(o.shape, generator=generator).to(o.dtype) for o in outs]
+    cotangents = [torch.randn(o.shape, generator=generator).to(o.device, o.dtype) for o in outs]
     leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
     before = collections.Counter(turbo_inductor.kernel_calls())
     grads = torch.autograd.grad(outs, leaves, cotangents, allow_unused=True)

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from compare import assert_ran, frozen_and_not, ops_after, rewrites_without_compiling, run, snr_db
+from compare import assert_ran, frozen_and_not, kernel_calls, ops_after, rewrites_without_compiling, run, snr_db
 from conftest import DEVICE
 from fuzz import Setting, capture, evaluate, rewrite
 
@@ -73,10 +73,11 @@ def test_qkv_and_gate_up_each_run_one_gemm_as_the_separate_linears_compute():
     model, x = _block()
     compiled = torch.compile(copy.deepcopy(model), backend="primus_turbo", options=ROWWISE)
     out = compiled(x.clone().requires_grad_())
-    assert_ran("fp8_gemm", 4)  # q/k/v, o, gate/up, down
-    turbo_inductor.reset_kernel_calls()
+    forward = kernel_calls("fp8_gemm")
     out.backward(torch.randn_like(out))
-    assert_ran("fp8_gemm", 8)  # dgrad and wgrad of each
+    assert_ran("fp8_gemm", 4 + 8)  # q/k/v, o, gate/up, down; dgrad and wgrad of each
+    if DEVICE == "cpu":  # a GPU counts kernels when their graph compiles (compare.assert_ran)
+        assert forward == 4
     assert {k: v for k, v in turbo_inductor.rewrite_counts().items() if v} == {
         "fp8": 2,  # o, down
         "fp8_concat": 2,
