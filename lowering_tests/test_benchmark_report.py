@@ -142,12 +142,13 @@ def test_the_report_renders_a_result():
     )
     assert (
         "## RMSNorm: `bash benchmarks/run_gpu.sh rmsnorm` (`bench_rmsnorm.py`)\n\n"
-        "`rmsnorm.json`: 1x NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, Python 3.12.3, 2026-12-01.\n\n"
+        "`rmsnorm.json`: 2026-12-01.\n\n"
         "| shape | mode (GPU ms) | inductor | primus_turbo |\n"
         "|---|---|---|---|\n"
         "| rmsnorm 8192x4096 | fwd | 0.4000 | 0.2857 (1.40x) |\n"
         "| rmsnorm 8192x4096 | fwd+bwd | 0.4000 | 0.2857 (1.40x) |\n"
     ) in text
+    assert "Every run: 1x NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0." in " ".join(text.splitlines()[:6])
     # what the run did not measure (GPU time, memory on CPU) is no column; an SNR of null: identical outputs; eager's
     # row only in the JSON
     assert (
@@ -218,8 +219,11 @@ def test_a_run_of_transformers_models_says_what_ran():
     results = {"model_hf_llama3-8b-gemma-7b_train.json": {**result("model", rows), "configuration": configuration}}
     text = report.render(results)
     assert (
-        "transformers' LlamaForCausalLM, GemmaForCausalLM: 2 layers, training step with the LM head and loss, batch 2 "
-        "x seq 2048;\nloss and worst parameter gradient against Inductor's.\n\n"
+        "`model_hf_llama3-8b-gemma-7b_train.json`: 2026-12-01. transformers' LlamaForCausalLM, GemmaForCausalLM, 2 "
+        "layers, train step with the LM head and loss, batch 2 x 2048; SNR of loss, worst gradient."
+    ) in " ".join(text.splitlines())
+    assert (
+        "worst gradient.\n\n"
         "| model | column | step ms | vs Inductor | GPU ms | peak GiB | compile s | loss SNR dB | worst grad SNR dB |\n"
     ) in text
     assert "| gemma-7b | inductor | 18.182 | 1.10x | 18.000 | 2.92 | 30.0 | exact | exact |\n" in text
