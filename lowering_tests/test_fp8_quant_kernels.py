@@ -30,7 +30,8 @@ FNUZ = [torch.float8_e4m3fnuz, torch.float8_e5m2fnuz]
 MANTISSA_BITS = {torch.float8_e4m3fn: 3, torch.float8_e5m2: 2, torch.float8_e4m3fnuz: 3, torch.float8_e5m2fnuz: 2}
 INPUT_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # Shapes covering each size in both dimensions: one element, one row or column, whole and partial 128-blocks.
-SHAPES = [(1, 1), (1, 300), (17, 128), (128, 17), (300, 1), (300, 300)]
+# 140 x 140 still takes the two-pass path for whole-tensor and column blocks.
+SHAPES = [(1, 1), (1, 300), (17, 128), (128, 17), (300, 1), (140, 140)]
 # name -> (block_rows, block_cols, power_of_two); None stands for the whole dim.
 BLOCKS = {
     "tensorwise": (None, None, False),
@@ -293,7 +294,7 @@ def test_amax_floor_on_zero_block(impl_name, block, power_of_two):
 @pytest.mark.parametrize("impl_name", list(IMPLS))
 def test_round_trip_snr(impl_name, fp8_dtype, block):
     # SNR of x against dequant(quant(x)) on normal data: >= 25 dB for e4m3, >= 20 dB for e5m2.
-    M, K = 256, 256
+    M, K = 136, 256  # whole-tensor blocks still take two passes (256 x 256 padded)
     x = _rand(M, K, torch.float32, seed=13, outliers=False)
     br, bc, pow2 = _block(block, M, K)
     _, _, deq = _check(impl_name, x, fp8_dtype, br, bc, transpose=False, power_of_two=pow2)
@@ -341,12 +342,27 @@ def tiny_tiles(monkeypatch):
     monkeypatch.setattr(triton_fp8, "AMAX_PROGRAMS", 2)  # blocks spanning all rows: the amax pass loops
 
 
+# 10 rows: partial row tiles in both layouts. 140 columns: a partial 128-block, and more partial maxima per row than
+# a scale-kernel step takes. Column and MX blocks need fewer: 40 columns give side-by-side scales in several
+# programs, 70 a partial 32-block.
+TWO_PASS_SHAPES = {
+    "tensorwise": (10, 140),
+    "rowwise": (10, 140),
+    "column": (10, 40),
+    "act_1x128": (10, 140),
+    "weight_128x128": (130, 140),
+    "mx_1x32": (10, 70),
+}
+
+
 @pytest.mark.parametrize("transpose", [False, True], ids=["rowmajor", "transposed"])
 @pytest.mark.parametrize("block", list(BLOCKS))
-def test_triton_two_pass_path(tiny_tiles, block, transpose):
-    # Two block rows of 128x128 (the second partial); fewer rows for the other blocks (the interpreter runs each of
-    # their many programs in turn).
-    M, K = (130 if block == "weight_128x128" else 20), 140
+def test_triton_two_pass_path(tiny_tiles, monkeypatch, block, transpose):
+    M, K = TWO_PASS_SHAPES[block]
+    if block == "weight_128x128":
+        # Two block rows and columns, the second partial, in 512-element tiles: still many sub-tiles per block,
+        # in a third of the programs (the interpreter runs them in turn).
+        monkeypatch.setattr(triton_fp8, "TILE_ELEMENTS", 512)
     br, bc, pow2 = _block(block, M, K)
     tiling = triton_fp8.fp8_tiling(M, K, br, bc, transpose)
     assert not tiling.fused
@@ -365,14 +381,24 @@ def _both_layouts_block(name, M, K):
     return br or max(M, K), bc or max(M, K), pow2
 
 
-# The tiny tiles' many programs take the interpreter long: 20 rows (or columns) still make partial blocks in both
-# layouts, with 140 the other way; the blocks take the two orientations in turn.
+# The tiny tiles' many programs take the interpreter long: 18 rows (or columns) still make partial tiles in both
+# layouts, with 42 the other way (140 for a partial 128-block); three blocks take each orientation.
+TINY_TILES_SHAPES = {
+    "tensorwise": (18, 42),
+    "rowwise": (42, 18),
+    "column": (18, 42),
+    "act_1x128": (18, 140),
+    "weight_128x128": (140, 18),
+    "mx_1x32": (42, 18),
+}
+
+
 @pytest.mark.parametrize(
     "block,M,K,two_pass",
     [
         (block, *shape)
-        for i, block in enumerate(BLOCKS)
-        for shape in [(130, 140, False), (140, 130, False), [(20, 140, True), (140, 20, True)][i % 2]]
+        for block in BLOCKS
+        for shape in [(130, 140, False), (140, 130, False), (*TINY_TILES_SHAPES[block], True)]
     ],
     ids=lambda v: str(v) if not isinstance(v, bool) else ("tiny_tiles" if v else "default_tiles"),
 )

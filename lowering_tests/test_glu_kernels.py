@@ -173,15 +173,20 @@ def _check(impl, activation, dtype, F, rows, layout, has_probs, has_mask, seed=0
 # ---------------------------------------------------------------------------------------------------------------
 # Tests
 # ---------------------------------------------------------------------------------------------------------------
+# Widths: one column; short rows packed 16 per tile; 3000, rows cut into 1024-column chunks two rows per tile, so
+# that 5 rows end in a partial row block and every row in a partial chunk.
+WIDTHS = [1, 127, 3000]
+
+
 @pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("rows", [0, 1, 5])
-@pytest.mark.parametrize("F", [1, 127, 4097])
+@pytest.mark.parametrize("F", WIDTHS)
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("impl_name", list(IMPLS))
 def test_glu_fwd_bwd(impl_name, activation, F, rows, layout, form):
     # The dtype rotates over sizes and forms, so that each meets every activation, form and layout.
-    dtype = DTYPES[([1, 127, 4097].index(F) + [0, 1, 5].index(rows) + list(FORMS).index(form)) % len(DTYPES)]
+    dtype = DTYPES[(WIDTHS.index(F) + [0, 1, 5].index(rows) + list(FORMS).index(form)) % len(DTYPES)]
     _check(IMPLS[impl_name], activation, dtype, F, rows, layout, *FORMS[form])
 
 
@@ -217,15 +222,6 @@ def test_extreme_gate_values(impl_name, activation):
         _assert_close(actual, expected, 1e-4)
 
 
-def test_triton_dprobs_is_bitwise_deterministic():
-    gate, up, dout, probs, mask = _inputs(9, 4097, torch.bfloat16, "halves", True, True, seed=21)
-    results = []
-    for _ in range(2):
-        results.append(triton_glu.glu_bwd(dout, gate, up, probs, mask, "silu", True))
-    (dx, no_dup, dprobs), again = results
-    assert no_dup is None and torch.equal(dx, again[0]) and torch.equal(dprobs, again[2])
-
-
 @pytest.fixture
 def tiny_tiles(monkeypatch):
     """Shrink the tiles so that rows span several chunks (the backward's loop over a row with probs) and short rows
@@ -235,12 +231,24 @@ def tiny_tiles(monkeypatch):
     monkeypatch.setattr(triton_glu, "MIN_BLOCK_F", 16)
 
 
+# F = 40: three 16-column chunks (the last partial) in tiles of 4 rows; F = 7: tiles of 8 rows. 9 rows end in a
+# partial row block.
 @pytest.mark.parametrize("form", list(FORMS))
-@pytest.mark.parametrize("dtype,F", [(torch.float32, 100), (torch.bfloat16, 7)], ids=str)
+@pytest.mark.parametrize("dtype,F", [(torch.float32, 40), (torch.bfloat16, 7)], ids=str)
 def test_triton_multi_chunk_and_multi_row_tiles(tiny_tiles, dtype, F, form):
     tiling = triton_glu.glu_tiling(F)
     assert (tiling.block_f < F) if F > 32 else (tiling.block_rows > 1)
-    _check(triton_glu, "gelu_tanh", dtype, F, 37, "halves", *FORMS[form], seed=9)
+    _check(triton_glu, "gelu_tanh", dtype, F, 9, "halves", *FORMS[form], seed=9)
+
+
+def test_triton_dprobs_is_bitwise_deterministic(tiny_tiles):
+    # Each row's dprobs sums over 3 chunks, in row blocks of 4 (the last partial).
+    gate, up, dout, probs, mask = _inputs(9, 40, torch.bfloat16, "halves", True, True, seed=21)
+    results = []
+    for _ in range(2):
+        results.append(triton_glu.glu_bwd(dout, gate, up, probs, mask, "silu", True))
+    (dx, no_dup, dprobs), again = results
+    assert no_dup is None and torch.equal(dx, again[0]) and torch.equal(dprobs, again[2])
 
 
 def test_tiling_heuristics():
