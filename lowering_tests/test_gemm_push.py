@@ -28,64 +28,90 @@ TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < WORLD, reason="symmetr
 # after another, so a program waiting on a later one of its own grid would never return) -----------------------
 
 
-def _interpreted_rank(rank, xs, w, w_kn, bias, recv, flags, outs, tile, gave_up):
-    torch.set_num_threads(1)
-    counter = torch.zeros(1, dtype=torch.int32)
-    for call in range(outs.shape[0]):  # one buffer for every call, the counter advanced before each, as PeerBuffers
-        counter += 1
-        outs[call, rank] = gemm_push.launch(
-            xs[call, rank],
-            w.t().contiguous() if w_kn else w,
+@dataclasses.dataclass
+class InterpretedCase:
+    """One shape for both ranks: inputs, the buffers the ranks share, and each call's output on each rank."""
+
+    w_kn: bool
+    M: int
+    N: int
+    tile: tuple
+    xs: torch.Tensor  # [calls, rank, M, K]
+    w: torch.Tensor
+    bias: torch.Tensor | None
+    recv: torch.Tensor
+    flags: torch.Tensor
+    outs: torch.Tensor
+    gave_up: torch.Tensor
+
+    @classmethod
+    def make(cls, w_kn, with_bias, M, N, tile, K=48, calls=3):
+        tiles = triton.cdiv(M, tile[0]) * triton.cdiv(N, tile[1])
+        return cls(
             w_kn,
-            bias,
-            torch.empty_like(outs[0, 0]),
-            recv[rank],
-            flags[rank],
-            recv[1 - rank],
-            flags[1 - rank],
-            counter,
-            gave_up[rank],
-            rank,
-            1,
+            M,
+            N,
             tile,
+            torch.randn(calls, 2, M, K),
+            torch.randn(N, K),
+            torch.randn(N) if with_bias else None,
+            torch.full((2, M, N), float("nan")).share_memory_(),  # a read before a push lands shows as NaN
+            torch.zeros(2, tiles, dtype=torch.int32).share_memory_(),
+            torch.zeros(calls, 2, M, N).share_memory_(),
+            torch.zeros(2, 1, dtype=torch.int32).share_memory_(),
         )
 
 
+def _interpreted_rank(rank, cases):
+    torch.set_num_threads(1)
+    for case in cases:
+        counter = torch.zeros(1, dtype=torch.int32)
+        for call in range(case.outs.shape[0]):  # one buffer for every call, the counter advanced before each
+            counter += 1
+            case.outs[call, rank] = gemm_push.launch(
+                case.xs[call, rank],
+                case.w.t().contiguous() if case.w_kn else case.w,
+                case.w_kn,
+                case.bias,
+                torch.empty_like(case.outs[0, 0]),
+                case.recv[rank],
+                case.flags[rank],
+                case.recv[1 - rank],
+                case.flags[1 - rank],
+                counter,
+                case.gave_up[rank],
+                rank,
+                1,
+                case.tile,
+            )
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on GPUs the tests below run the compiled kernel")
-@pytest.mark.parametrize(
-    "w_kn, with_bias, M, N, tile",
-    [(False, True, 80, 80, (32, 32, 16, 1, 4)), (True, False, 64, 48, (64, 16, 32, 1, 4))],
-)
-def test_interpreted_kernel_sums_over_two_ranks(w_kn, with_bias, M, N, tile):
-    """Odd and even tile counts (rank 1 owns one tile more or as many), edge tiles clipped in rows or columns,
-    three calls through one buffer: every rank gets the sum over both ranks, the same bits on both."""
+def test_interpreted_kernel_sums_over_two_ranks():
+    """Even and odd tile counts (the ranks own as many tiles, or rank 0 one more), edge tiles clipped in rows and
+    columns or none, a partial K step, three calls through one buffer: every rank gets the sum over both ranks, the
+    same bits on both. One pair of processes takes the cases in turn: each process spends seconds importing."""
     torch.manual_seed(0)
-    K, calls = 48, 3
-    xs, w = torch.randn(calls, 2, M, K), torch.randn(N, K)
-    bias = torch.randn(N) if with_bias else None
-    tiles = triton.cdiv(M, tile[0]) * triton.cdiv(N, tile[1])
-    recv = torch.full((2, M, N), float("nan")).share_memory_()  # a read before a push lands shows as NaN
-    flags = torch.zeros(2, tiles, dtype=torch.int32).share_memory_()
-    outs = torch.zeros(calls, 2, M, N).share_memory_()
-    gave_up = torch.zeros(2, 1, dtype=torch.int32).share_memory_()
-    context = mp.start_processes(
-        _interpreted_rank,
-        args=(xs, w, w_kn, bias, recv, flags, outs, tile, gave_up),
-        nprocs=2,
-        join=False,
-        start_method="spawn",
-    )
+    cases = [
+        # 6 tiles, the last row and column clipped; 3 tiles, none clipped, K = 48 in steps of 32
+        InterpretedCase.make(w_kn=False, with_bias=True, M=80, N=48, tile=(32, 32, 16, 1, 4)),
+        InterpretedCase.make(w_kn=True, with_bias=False, M=64, N=48, tile=(64, 16, 32, 1, 4)),
+    ]
+    context = mp.start_processes(_interpreted_rank, args=(cases,), nprocs=2, join=False, start_method="spawn")
     deadline = time.monotonic() + 240
     while not context.join(timeout=1):
         if time.monotonic() > deadline:
             for process in context.processes:
                 process.kill()
-            raise AssertionError(f"the pushing kernel hung at {M}x{N} with tiles {tile[:2]}")
-    want = (xs.double() @ w.double().t() + (0 if bias is None else bias.double())).sum(1)
-    torch.testing.assert_close(outs[:, 0].double(), want, rtol=1e-4, atol=1e-4)
-    assert torch.equal(outs[:, 0], outs[:, 1])
-    assert (flags == calls).all()  # every tile's flag raised by the last call
-    assert (gave_up == 0).all()  # no wait gave up on the peer
+            raise AssertionError("the pushing kernel hung")
+    for case in cases:
+        bias = 0 if case.bias is None else case.bias.double()
+        want = (case.xs.double() @ case.w.double().t() + bias).sum(1)
+        shape = f"{case.M}x{case.N} in tiles {case.tile[:2]}"
+        torch.testing.assert_close(case.outs[:, 0].double(), want, rtol=1e-4, atol=1e-4, msg=lambda m: f"{shape}: {m}")
+        assert torch.equal(case.outs[:, 0], case.outs[:, 1]), shape
+        assert (case.flags == case.outs.shape[0]).all(), shape  # every tile's flag raised by the last call
+        assert (case.gave_up == 0).all(), shape  # no wait gave up on the peer
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter: a GPU waits minutes before it gives up")
@@ -113,7 +139,8 @@ def test_interpreted_kernel_gives_up_on_a_peer_that_never_comes_and_the_next_cal
             buffers(x, w, False, None, torch.empty(M, N))
 
 
-# Compiles the kernel to sm_90 machine code with Triton's own ptxas: (with_bias, w_kn) from argv, shared bytes out.
+# Compiles the kernel to sm_90 machine code with Triton's own ptxas: one variant per argv word, its HAS_BIAS and
+# W_KN as two digits; prints each variant with its shared bytes.
 COMPILE_FOR_HOPPER = """
 import sys
 import triton
@@ -121,56 +148,62 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from turbo_inductor.kernels.symm_mem import gemm_push
 
-with_bias, w_kn = (arg == "1" for arg in sys.argv[1:])
 block_m, block_n, block_k, stages, warps = gemm_push.TILE
 desc = lambda rows, cols: f"tensordesc<bf16[{rows}, {cols}]>"
-signature = {
-    "x_desc": desc(block_m, block_k),
-    "w_desc": desc(block_k, block_n) if w_kn else desc(block_n, block_k),
-    "bias_ptr": "*bf16",
-    "out_desc": desc(block_m, block_n),
-    "recv_desc": desc(block_m, block_n),
-    "flags_ptr": "*i32",
-    "peer_recv_desc": desc(block_m, block_n),
-    "peer_flags_ptr": "*i32",
-    "call_ptr": "*i32",
-    "gave_up_ptr": "*i32",
-    **dict.fromkeys(("max_reads", "rank", "M", "N", "K"), "i32"),
-}
-constants = dict(HAS_BIAS=with_bias, W_KN=w_kn, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                 GROUP=gemm_push.GROUP_M, STAGES=stages, PROGRAMS=128)
-names = gemm_push.gemm_push_kernel.arg_names
-assert names == [*signature, *constants], names
-source = ASTSource(
-    fn=gemm_push.gemm_push_kernel,
-    signature={**signature, **dict.fromkeys(constants, "constexpr")},
-    constexprs={(names.index(name),): value for name, value in constants.items()},
-)
-compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
-assert compiled.asm["cubin"]
-print(compiled.metadata.shared)
+for variant in sys.argv[1:]:
+    with_bias, w_kn = (digit == "1" for digit in variant)
+    signature = {
+        "x_desc": desc(block_m, block_k),
+        "w_desc": desc(block_k, block_n) if w_kn else desc(block_n, block_k),
+        "bias_ptr": "*bf16",
+        "out_desc": desc(block_m, block_n),
+        "recv_desc": desc(block_m, block_n),
+        "flags_ptr": "*i32",
+        "peer_recv_desc": desc(block_m, block_n),
+        "peer_flags_ptr": "*i32",
+        "call_ptr": "*i32",
+        "gave_up_ptr": "*i32",
+        **dict.fromkeys(("max_reads", "rank", "M", "N", "K"), "i32"),
+    }
+    constants = dict(HAS_BIAS=with_bias, W_KN=w_kn, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                     GROUP=gemm_push.GROUP_M, STAGES=stages, PROGRAMS=128)
+    names = gemm_push.gemm_push_kernel.arg_names
+    assert names == [*signature, *constants], names
+    source = ASTSource(
+        fn=gemm_push.gemm_push_kernel,
+        signature={**signature, **dict.fromkeys(constants, "constexpr")},
+        constexprs={(names.index(name),): value for name, value in constants.items()},
+    )
+    options = {"num_warps": warps, "num_stages": stages}
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    assert compiled.asm["cubin"]
+    print(variant, compiled.metadata.shared)
 """
 
 
-@pytest.mark.parametrize("with_bias, w_kn", [(True, False), (False, True)])
-def test_the_kernel_compiles_for_hopper(with_bias, w_kn):
+def test_the_kernel_compiles_for_hopper():
     """The kernel as the GPU runs it, not as the interpreter does: Triton compiles it to sm_90 machine code with its
-    own ptxas, no GPU needed, in the shared memory the design budgets (docs/kernels.md). A process of its own:
-    under TRITON_INTERPRET=1 nothing compiles."""
+    own ptxas, no GPU needed, in the shared memory the design budgets (docs/kernels.md). With bias and the [N, K]
+    weight, and without bias and the [K, N] weight, in one process of its own: under TRITON_INTERPRET=1 nothing
+    compiles."""
     import os
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    variants = ["10", "01"]  # HAS_BIAS, W_KN
     done = subprocess.run(
-        [sys.executable, "-c", COMPILE_FOR_HOPPER, str(int(with_bias)), str(int(w_kn))],
+        [sys.executable, "-c", COMPILE_FOR_HOPPER, *variants],
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert int(done.stdout.split()[-1]) <= 227 * 1024
+    shared = dict(line.split() for line in done.stdout.splitlines()[-len(variants) :])
+    assert list(shared) == variants, done.stdout
+    for variant, size in shared.items():
+        assert int(size) <= 227 * 1024, variant
 
 
 # ---- launch heuristics and the choice between the kernel and GEMM then all-reduce -----------------------------
