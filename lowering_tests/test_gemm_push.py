@@ -88,9 +88,9 @@ def _interpreted_rank(rank, cases):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on GPUs the tests below run the compiled kernel")
 def test_interpreted_kernel_sums_over_two_ranks():
-    """Even and odd tile counts (rank 1 owns as many tiles or one more), edge tiles clipped in rows and columns or
-    none, a partial K step, three calls through one buffer: every rank gets the sum over both ranks, the same bits
-    on both. One pair of processes takes the cases in turn (each process first imports torch)."""
+    """Even and odd tile counts (the ranks own as many tiles, or rank 0 one more), edge tiles clipped in rows and
+    columns or none, a partial K step, three calls through one buffer: every rank gets the sum over both ranks, the
+    same bits on both. One pair of processes takes the cases in turn: each process spends seconds importing."""
     torch.manual_seed(0)
     cases = [
         # 6 tiles, the last row and column clipped; 3 tiles, none clipped, K = 48 in steps of 32
@@ -108,7 +108,7 @@ def test_interpreted_kernel_sums_over_two_ranks():
         bias = 0 if case.bias is None else case.bias.double()
         want = (case.xs.double() @ case.w.double().t() + bias).sum(1)
         shape = f"{case.M}x{case.N} in tiles {case.tile[:2]}"
-        torch.testing.assert_close(case.outs[:, 0].double(), want, rtol=1e-4, atol=1e-4, msg=shape)
+        torch.testing.assert_close(case.outs[:, 0].double(), want, rtol=1e-4, atol=1e-4, msg=lambda m: f"{shape}: {m}")
         assert torch.equal(case.outs[:, 0], case.outs[:, 1]), shape
         assert (case.flags == case.outs.shape[0]).all(), shape  # every tile's flag raised by the last call
         assert (case.gave_up == 0).all(), shape  # no wait gave up on the peer
@@ -229,8 +229,8 @@ def test_what_the_kernel_declines_is_named(fake_group):
     assert "at least 8 MiB" in gemm_push.declines(x[:16], w, None, group)
 
 
-@pytest.mark.parametrize("dtype, dynamics", [(torch.float32, (False, True)), (torch.bfloat16, (True,))])
-def test_where_the_kernel_declines_the_graph_is_gemm_then_all_reduce(fake_group, monkeypatch, dtype, dynamics):
+@pytest.mark.parametrize("dtype, dynamic", [(torch.float32, False), (torch.float32, True), (torch.bfloat16, True)])
+def test_where_the_kernel_declines_the_graph_is_gemm_then_all_reduce(fake_group, monkeypatch, dtype, dynamic):
     """Declined when traced (fp32; bf16 under 8 MiB), impl=push traces GEMM then the functional all-reduce, as the
     reference does, forward and backward, with the row count symbolic too. (The implementation is made available
     on CPU for the trace: what it declines never reaches the GPU kernel.)"""
@@ -243,17 +243,16 @@ def test_where_the_kernel_declines_the_graph_is_gemm_then_all_reduce(fake_group,
         torch.manual_seed(0)
         model = RowParallel("funcol", fake_group).to(dtype)
         x = torch.randn(3, 5, 32, dtype=dtype)
-        want = _run(model, x, "inductor")  # one reference for static and symbolic rows: the same numbers
-        for dynamic in dynamics:
-            model.zero_grad(set_to_none=True)
-            turbo_inductor.reset_records()
-            got, codes = run_and_get_code(_run, model, x, "primus_turbo", PUSH, dynamic)
-            assert turbo_inductor.rewrite_counts()["gemm_allreduce"] == 1, dynamic
-            for code in codes:  # forward and backward: an all-reduce each (of y, of dy), no pushing kernel
-                assert "turbo_inductor" not in code
-                assert len(re.findall(r"_c10d_functional\.all_reduce_?\.default\(", code)) == 1, code
-            for g, w in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
-                torch.testing.assert_close(g, w)  # the same program as Inductor's: equal to the dtype's rounding
+        want = _run(model, x, "inductor")
+        model.zero_grad(set_to_none=True)
+        turbo_inductor.reset_records()
+        got, codes = run_and_get_code(_run, model, x, "primus_turbo", PUSH, dynamic)
+        assert turbo_inductor.rewrite_counts()["gemm_allreduce"] == 1
+        for code in codes:  # forward and backward: an all-reduce each (of y, of dy), no pushing kernel
+            assert "turbo_inductor" not in code
+            assert len(re.findall(r"_c10d_functional\.all_reduce_?\.default\(", code)) == 1, code
+        for g, w in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
+            torch.testing.assert_close(g, w)  # the same program as Inductor's: equal to the dtype's rounding
     finally:
         registry._candidates.cache_clear()
 
