@@ -104,6 +104,22 @@ def rewrites_without_compiling(model, inputs, train=True, options=None, dynamic=
     return turbo_inductor.rewrite_counts()
 
 
+def rewritten(model, inputs, options=None):
+    """(outputs of Dynamo's one graph of ``model`` run eagerly after our passes, strict; its compile record), in
+    inference: a rewrite's wiring checked without Inductor, where its op's numerics are checked compiled."""
+
+    def backend(gm, example_inputs):
+        PassManager(PASSES, Options.parse({"strict": True, **(options or {})}, PASSES))(gm.graph)
+        gm.recompile()
+        return gm.forward
+
+    torch._dynamo.reset()
+    turbo_inductor.reset_records()
+    with torch.no_grad():
+        out = torch.compile(model, backend=backend, fullgraph=True)(*inputs)
+    return out, turbo_inductor.compile_records()[-1]
+
+
 def assert_left_alone(model, inputs, train=True, options=None) -> None:
     """Nothing to fuse: no rewrite, and each graph keeps the ops it had, so Inductor compiles what it compiles
     without us (nothing is compiled here)."""

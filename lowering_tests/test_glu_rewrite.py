@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from compare import assert_left_alone, assert_matches_inductor, assert_ran, ops_after, rewrites_without_compiling
+from compare import assert_left_alone, assert_matches_inductor, assert_ran, ops_after, rewritten
+from conftest import assert_close
 
 import turbo_inductor
 
@@ -65,12 +66,14 @@ def check(counts, op, n, train):
     assert_ran("glu_bwd", n if train else 0)
 
 
-def check_counted(counts, op, n=1):
-    """``n`` sites rewritten onto ``op``, counted without compiling: for spellings whose op computes what a compiled
-    test's does."""
-    assert counts["glu"] == n
-    assert ops_after(op) == n
-    assert ops_after("silu") == 0 and ops_after("gelu") == 0
+def check_wiring(model, inputs, op, muls=0):
+    """One site on ``op``, for spellings whose op computes what a compiled test's does: nothing compiled, the
+    rewritten graph run eagerly computes the model (the op gets the right operands)."""
+    out, record = rewritten(model, inputs)
+    assert record.counts["glu"] == 1 and ops_after(op) == 1
+    assert ops_after("silu") == 0 and ops_after("gelu") == 0 and ops_after("mul") == muls
+    with torch.no_grad():
+        assert_close(out, model(*inputs))
 
 
 # every activation in training (forward and backward); inference, whose forward is the same op, once
@@ -81,8 +84,8 @@ def test_separate_projections(style, train):
 
 
 def test_separate_projections_with_the_operands_swapped():
-    """torchtitan's up * silu(gate) is hf's op on the same operands: counted (numerics: [hf-True] above)."""
-    check_counted(rewrites_without_compiling(SeparateMLP("titan"), [randn(2, 5, H)]), "turbo_inductor.glu")
+    """torchtitan's up * silu(gate): hf's op on the same operands (numerics: test_separate_projections[hf-True])."""
+    check_wiring(SeparateMLP("titan"), [randn(2, 5, H)], "turbo_inductor.glu")
 
 
 def test_fused_projection_is_read_in_place():
@@ -92,17 +95,17 @@ def test_fused_projection_is_read_in_place():
     assert not any(record.ops_after[op] for op in ("Tensor.chunk", "Tensor.split", "split", "getitem"))
 
 
-# the op reads the whole projection as chunk's does: counted (numerics: test_fused_projection_is_read_in_place)
+# the op reads the whole projection as for chunk (numerics: test_fused_projection_is_read_in_place)
 @pytest.mark.parametrize("split", ["split", "split_list", "slice"])
 def test_every_split_of_the_fused_projection_is_read_in_place(split):
-    check_counted(rewrites_without_compiling(FusedMLP(split), [randn(2, 5, H)]), "turbo_inductor.glu_fused")
+    check_wiring(FusedMLP(split), [randn(2, 5, H)], "turbo_inductor.glu_fused")
     record = turbo_inductor.compile_records()[-1]
     assert not any(record.ops_after[op] for op in ("Tensor.chunk", "Tensor.split", "split", "getitem"))
 
 
 def test_halves_in_the_other_order_use_the_two_tensor_op():
-    """The two-tensor op on the halves, as test_separate_projections[hf-True] computes it: counted."""
-    check_counted(rewrites_without_compiling(FusedMLP("up_first"), [randn(2, 5, H)]), "turbo_inductor.glu")
+    """The two-tensor op on the halves, gate second (numerics: test_separate_projections[hf-True])."""
+    check_wiring(FusedMLP("up_first"), [randn(2, 5, H)], "turbo_inductor.glu")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -177,19 +180,16 @@ def test_router_weight_goes_into_the_op(fused):
     assert ops_after("mul") == 0
 
 
-# the op takes the same weights whatever the spelling: counted (numerics: test_router_weight_goes_into_the_op)
+# the op takes the same weights whatever the spelling (numerics: test_router_weight_goes_into_the_op)
 @pytest.mark.parametrize("spelling", ["unsqueeze", "view"])
 @pytest.mark.parametrize("fused", [True, False])
 def test_every_spelling_of_the_router_weight_goes_into_the_op(fused, spelling):
-    counts = rewrites_without_compiling(MoEExpert(fused, spelling), [randn(2, 5, H), torch.rand(2, 5)])
-    check_counted(counts, "turbo_inductor.glu_fused" if fused else "turbo_inductor.glu")
-    assert ops_after("mul") == 0
+    op = "turbo_inductor.glu_fused" if fused else "turbo_inductor.glu"
+    check_wiring(MoEExpert(fused, spelling), [randn(2, 5, H), torch.rand(2, 5)], op)
 
 
 def test_router_weight_in_low_precision_is_left_as_a_multiply():
-    """bf16 probs are not the op's fp32 router weights: the GLU is fused, the multiply stays. Counted: the fused
-    op in bf16 is test_low_precision[dtype0]'s, and the multiply is Inductor's either way."""
+    """bf16 probs are not the op's fp32 router weights: the GLU is fused, the multiply stays (numerics: the fused op
+    in bf16 is test_low_precision[dtype0]'s, and the multiply Inductor's either way)."""
     x, probs = randn(2, 5, H, dtype=torch.bfloat16), torch.rand(2, 5, dtype=torch.bfloat16)
-    counts = rewrites_without_compiling(MoEExpert(True, "none").to(torch.bfloat16), [x, probs])
-    check_counted(counts, "turbo_inductor.glu_fused")
-    assert ops_after("mul") == 1
+    check_wiring(MoEExpert(True, "none").to(torch.bfloat16), [x, probs], "turbo_inductor.glu_fused", muls=1)
