@@ -53,11 +53,14 @@ def run(model, inputs, backend, train=True, options=None, dynamic=None, cotangen
     return [o.detach() for o in outs], grads
 
 
-def assert_matches_inductor(model, inputs, train=True, options=None, dynamic=None, precision=None):
+def assert_matches_inductor(
+    model, inputs, train=True, options=None, dynamic=None, precision=None, static_inductor=False
+):
     """Compile with both backends; assert equal outputs and gradients; return primus_turbo's rewrite counts.
 
-    ``precision``: the dtype whose gate applies, when results carry less precision than their dtype says."""
-    expected = run(model, inputs, "inductor", train, dynamic=dynamic)
+    ``precision``: the dtype whose gate applies, when results carry less precision than their dtype says.
+    ``static_inductor``: Inductor compiles without ``dynamic``, the same math (a graph other tests compile too)."""
+    expected = run(model, inputs, "inductor", train, dynamic=None if static_inductor else dynamic)
     turbo_inductor.reset_records()
     turbo_inductor.reset_kernel_calls()
     actual = run(model, inputs, "primus_turbo", train, options=options, dynamic=dynamic)
@@ -78,9 +81,10 @@ def assert_matches_inductor(model, inputs, train=True, options=None, dynamic=Non
     return collections.Counter(turbo_inductor.rewrite_counts())
 
 
-def rewrites_without_compiling(model, inputs, train=True, options=None) -> dict[str, int]:
+def rewrites_without_compiling(model, inputs, train=True, options=None, dynamic=None) -> dict[str, int]:
     """The rewrite counts of our passes, run strict (a pass that raises fails) in the pre-grad slot where the
-    backend runs them, on each graph Dynamo captures; nothing is compiled. The records are kept."""
+    backend runs them, on each graph Dynamo captures (with ``dynamic`` as torch.compile takes it); nothing is
+    compiled. The records are kept."""
     graphs = []
 
     def capture(gm, example_inputs):
@@ -91,13 +95,29 @@ def rewrites_without_compiling(model, inputs, train=True, options=None) -> dict[
     turbo_inductor.reset_records()
     inputs = [t.detach().clone().requires_grad_(train and t.is_floating_point()) for t in inputs]
     with torch.set_grad_enabled(train):
-        torch.compile(model, backend=capture)(*inputs)
+        torch.compile(model, backend=capture, dynamic=dynamic)(*inputs)
     parsed = Options.parse({"strict": True, **(options or {})}, PASSES)
     for gm, example_inputs in graphs:
         with torch._inductor.config.patch(pre_grad_custom_pass=PassManager(PASSES, parsed)):
             _recursive_pre_grad_passes(gm, example_inputs)
     assert graphs and len(turbo_inductor.compile_records()) == len(graphs), "the passes ran on every graph"
     return turbo_inductor.rewrite_counts()
+
+
+def rewritten(model, inputs, options=None):
+    """(outputs of Dynamo's one graph of ``model`` run eagerly after our passes, strict; its compile record), in
+    inference: a rewrite's wiring checked without Inductor, where its op's numerics are checked compiled."""
+
+    def backend(gm, example_inputs):
+        PassManager(PASSES, Options.parse({"strict": True, **(options or {})}, PASSES))(gm.graph)
+        gm.recompile()
+        return gm.forward
+
+    torch._dynamo.reset()
+    turbo_inductor.reset_records()
+    with torch.no_grad():
+        out = torch.compile(model, backend=backend, fullgraph=True)(*inputs)
+    return out, turbo_inductor.compile_records()[-1]
 
 
 def assert_left_alone(model, inputs, train=True, options=None) -> None:

@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from compare import assert_left_alone, assert_matches_inductor, assert_ran, ops_after
+from compare import assert_left_alone, assert_matches_inductor, assert_ran, ops_after, rewritten
+from conftest import assert_close
 
 import turbo_inductor
 
@@ -65,26 +66,46 @@ def check(counts, op, n, train):
     assert_ran("glu_bwd", n if train else 0)
 
 
+def check_wiring(model, inputs, op, muls=0):
+    """One site on ``op``, for spellings whose op computes what a compiled test's does: nothing compiled, the
+    rewritten graph run eagerly computes the model (the op gets the right operands)."""
+    out, record = rewritten(model, inputs)
+    assert record.counts["glu"] == 1 and ops_after(op) == 1
+    assert ops_after("silu") == 0 and ops_after("gelu") == 0 and ops_after("mul") == muls
+    with torch.no_grad():
+        assert_close(out, model(*inputs))
+
+
 # every activation in training (forward and backward); inference, whose forward is the same op, once
-@pytest.mark.parametrize(
-    "style, train", [(style, True) for style in ("hf", "titan", "gelu", "gelu_tanh")] + [("hf", False)]
-)
+@pytest.mark.parametrize("style, train", [(style, True) for style in ("hf", "gelu", "gelu_tanh")] + [("hf", False)])
 def test_separate_projections(style, train):
     counts = assert_matches_inductor(SeparateMLP(style), [randn(2, 5, H)], train=train)
     check(counts, "turbo_inductor.glu", 1, train)
 
 
-@pytest.mark.parametrize("split", ["chunk", "split", "split_list", "slice"])
-def test_fused_projection_is_read_in_place(split):
-    counts = assert_matches_inductor(FusedMLP(split), [randn(2, 5, H)])
+def test_separate_projections_with_the_operands_swapped():
+    """torchtitan's up * silu(gate): hf's op on the same operands (numerics: test_separate_projections[hf-True])."""
+    check_wiring(SeparateMLP("titan"), [randn(2, 5, H)], "turbo_inductor.glu")
+
+
+def test_fused_projection_is_read_in_place():
+    counts = assert_matches_inductor(FusedMLP("chunk"), [randn(2, 5, H)])
     check(counts, "turbo_inductor.glu_fused", 1, True)
     record = turbo_inductor.compile_records()[-1]
     assert not any(record.ops_after[op] for op in ("Tensor.chunk", "Tensor.split", "split", "getitem"))
 
 
+# the op reads the whole projection as for chunk (numerics: test_fused_projection_is_read_in_place)
+@pytest.mark.parametrize("split", ["split", "split_list", "slice"])
+def test_every_split_of_the_fused_projection_is_read_in_place(split):
+    check_wiring(FusedMLP(split), [randn(2, 5, H)], "turbo_inductor.glu_fused")
+    record = turbo_inductor.compile_records()[-1]
+    assert not any(record.ops_after[op] for op in ("Tensor.chunk", "Tensor.split", "split", "getitem"))
+
+
 def test_halves_in_the_other_order_use_the_two_tensor_op():
-    counts = assert_matches_inductor(FusedMLP("up_first"), [randn(2, 5, H)])
-    check(counts, "turbo_inductor.glu", 1, True)
+    """The two-tensor op on the halves, gate second (numerics: test_separate_projections[hf-True])."""
+    check_wiring(FusedMLP("up_first"), [randn(2, 5, H)], "turbo_inductor.glu")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -150,19 +171,25 @@ class MoEExpert(nn.Module):
         return self.down(weight * (F.silu(g) * u))
 
 
-@pytest.mark.parametrize("spelling", ["none", "unsqueeze", "view"])
 @pytest.mark.parametrize("fused", [True, False])
-def test_router_weight_goes_into_the_op(fused, spelling):
+def test_router_weight_goes_into_the_op(fused):
     x, probs = randn(2, 5, H), torch.rand(2, 5)
-    counts = assert_matches_inductor(MoEExpert(fused, spelling), [x, probs])
+    counts = assert_matches_inductor(MoEExpert(fused, "none"), [x, probs])
     check(counts, "turbo_inductor.glu_fused" if fused else "turbo_inductor.glu", 1, True)
     # the weighting multiply is gone, and probs' gradient still matched inductor's: the op took the weight
     assert ops_after("mul") == 0
 
 
+# the op takes the same weights whatever the spelling (numerics: test_router_weight_goes_into_the_op)
+@pytest.mark.parametrize("spelling", ["unsqueeze", "view"])
+@pytest.mark.parametrize("fused", [True, False])
+def test_every_spelling_of_the_router_weight_goes_into_the_op(fused, spelling):
+    op = "turbo_inductor.glu_fused" if fused else "turbo_inductor.glu"
+    check_wiring(MoEExpert(fused, spelling), [randn(2, 5, H), torch.rand(2, 5)], op)
+
+
 def test_router_weight_in_low_precision_is_left_as_a_multiply():
-    """bf16 probs are not the op's fp32 router weights: the GLU is fused, the multiply stays."""
+    """bf16 probs are not the op's fp32 router weights: the GLU is fused, the multiply stays (numerics: the fused op
+    in bf16 is test_low_precision[dtype0]'s, and the multiply Inductor's either way)."""
     x, probs = randn(2, 5, H, dtype=torch.bfloat16), torch.rand(2, 5, dtype=torch.bfloat16)
-    model = MoEExpert(True, "none").to(torch.bfloat16)
-    counts = assert_matches_inductor(model, [x, probs])
-    assert counts["glu"] == 1 and ops_after("mul") == 1
+    check_wiring(MoEExpert(True, "none").to(torch.bfloat16), [x, probs], "turbo_inductor.glu_fused", muls=1)

@@ -10,13 +10,11 @@ import logging
 
 import pytest
 import torch
-from compare import assert_matches_inductor, assert_ran, ops_after, run, snr_db
+from compare import assert_matches_inductor, assert_ran, ops_after, rewritten, run, snr_db
 from conftest import DEVICE, TOLERANCE
 
 import turbo_inductor
 from turbo_inductor.ops.library import OpInputError
-from turbo_inductor.options import Options
-from turbo_inductor.passes import PASSES, PassManager
 from turbo_inductor.testing.moe import TitanMoE, hf_sparse_moe
 
 ops = turbo_inductor.ops
@@ -285,21 +283,6 @@ def test_the_experts_filter_leaves_experts_in_bf16():
 # ---- near misses: the passes alone on Dynamo's graph, run eagerly ------------------------------------------------
 
 
-def rewritten(model, inputs, options=None):
-    """(output of the rewritten graph run eagerly, its compile record): the passes without Inductor."""
-
-    def backend(gm, example_inputs):
-        PassManager(PASSES, Options.parse(options, PASSES))(gm.graph)
-        gm.recompile()
-        return gm.forward
-
-    torch._dynamo.reset()
-    turbo_inductor.reset_records()
-    with torch.no_grad():
-        out = torch.compile(model, backend=backend, fullgraph=True)(*inputs)
-    return out, turbo_inductor.compile_records()[-1]
-
-
 class NearMiss(torch.nn.Module):
     """transformers' routing glue around one grouped GEMM, with one thing that the fused ops do not compute."""
 
@@ -353,7 +336,7 @@ def test_near_misses_are_left_alone_and_said_why(variant, fused, said, caplog):
     model = NearMiss(variant).to(DEVICE, torch.bfloat16)
     inputs = [torch.randn(10, 64, device=DEVICE, dtype=torch.bfloat16), torch.randint(0, E, (10, 2), device=DEVICE)]
     with caplog.at_level(logging.DEBUG, logger="turbo_inductor"):
-        out, record = rewritten(model, inputs, {"strict": True})
+        out, record = rewritten(model, inputs)
     fused = {"grouped_mm": 1, "moe_permute": 0, "moe_combine": 0} | fused
     assert {name: record.counts[name] for name in fused} == fused
     assert said in caplog.text
@@ -387,7 +370,7 @@ def test_torchtitan_scores_before_the_experts():
     """torchtitan's default: the scores scale the experts' input (a multiply left to Inductor), and the combine sums
     the rows unweighted onto the shared expert's output."""
     model, (x,) = _titan(score_before_experts=True, score_func="sigmoid")
-    out, record = rewritten(model, [x], {"strict": True})
+    out, record = rewritten(model, [x])
     assert record.counts["moe_permute"] == record.counts["moe_combine"] == 1 and record.ops_after["mul"] == 1
     with torch.no_grad():
         torch.testing.assert_close(out, model(x), rtol=2e-2, atol=2e-2)
@@ -398,7 +381,7 @@ def test_router_weights_on_the_glu_output_go_into_the_glu():
     torch.manual_seed(0)
     model = WeightedGLU().to(DEVICE, torch.bfloat16)
     x = torch.randn(10, 64, device=DEVICE, dtype=torch.bfloat16)
-    out, record = rewritten(model, [x], {"strict": True})
+    out, record = rewritten(model, [x])
     assert {name: record.counts[name] for name in ("moe_permute", "moe_combine", "glu")} == dict.fromkeys(
         ("moe_permute", "moe_combine", "glu"), 1
     )
