@@ -142,7 +142,7 @@ def test_the_report_renders_a_result():
     )
     assert (
         "## RMSNorm: `bash benchmarks/run_gpu.sh rmsnorm` (`bench_rmsnorm.py`)\n\n"
-        "`rmsnorm.json`: 2026-12-01.\n\n"
+        "`python3 -m benchmarks.x`: 2026-12-01.\n\n"
         "| shape | mode (GPU ms) | inductor | primus_turbo |\n"
         "|---|---|---|---|\n"
         "| rmsnorm 8192x4096 | fwd | 0.4000 | 0.2857 (1.40x) |\n"
@@ -219,11 +219,11 @@ def test_a_run_of_transformers_models_says_what_ran():
     results = {"model_hf_llama3-8b-gemma-7b_train.json": {**result("model", rows), "configuration": configuration}}
     text = report.render(results)
     assert (
-        "`model_hf_llama3-8b-gemma-7b_train.json`: 2026-12-01. transformers' LlamaForCausalLM, GemmaForCausalLM, 2 "
-        "layers, train step with the LM head and loss, batch 2 x 2048; SNR of loss, worst gradient."
+        "`python3 -m benchmarks.x`: 2026-12-01. transformers LlamaForCausalLM, GemmaForCausalLM, 2 layers, training, "
+        "LM head, loss, 2 x 2048; SNR: loss, worst grad."
     ) in " ".join(text.splitlines())
     assert (
-        "worst gradient.\n\n"
+        "worst grad.\n\n"
         "| model | column | step ms | vs Inductor | GPU ms | peak GiB | compile s | loss SNR dB | worst grad SNR dB |\n"
     ) in text
     assert "| gemma-7b | inductor | 18.182 | 1.10x | 18.000 | 2.92 | 30.0 | exact | exact |\n" in text
