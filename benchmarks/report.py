@@ -284,15 +284,18 @@ def _wrap(text: str) -> list[str]:
 
 
 def _machine(environment: dict) -> str:
-    """The machine and the versions a run had."""
-    versions = (f"{name} {environment[name]}" for name in ("torch", "triton", "torchao") if environment.get(name))
+    """The machine, torch and Triton a run had."""
+    versions = (f"{name} {environment[name]}" for name in ("torch", "triton") if environment.get(name))
     return ", ".join([environment["machine"], *versions])
 
 
 def _environment(file: str, environment: dict, shared: str) -> str:
-    """A run's command (which names its file; the file where no command was recorded) and date, and its machine
-    where the runs differ in theirs (``shared``: the one all had). The command without ``--out DIR``."""
+    """A run's command (which names its file; the file where no command was recorded) and date, its machine where
+    the runs differ in theirs (``shared``: the one all had), and torchao's version where it ran. The command
+    without ``--out DIR``."""
     machine = "" if _machine(environment) == shared else f"{_machine(environment)}, "
+    if environment.get("torchao"):
+        machine += f"torchao {environment['torchao']}, "
     words = environment.get("command", [])
     command = [w for i, w in enumerate(words) if w != "--out" and (i == 0 or words[i - 1] != "--out")]
     return f"`{' '.join(command) if command else file}`: {machine}{environment['date'][:10]}."

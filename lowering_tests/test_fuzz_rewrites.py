@@ -60,7 +60,9 @@ def test_every_run_takes_every_block_kind_and_fires_every_pass():
     examples = [fuzz.generate(seed) for seed in range(BASE, BASE + len(fuzz.LEADS))]
     assert {block.kind for example in examples for block in example.blocks} == set(fuzz.KINDS)
     fired = {name for example in examples for name, n in example.expect().counts.items() if n}
-    assert fired == {p.name for p in PASSES}
+    # The embedding and the loss take token ids and give a loss: they sit at a model's ends, not in a chain of
+    # hidden -> hidden blocks. test_embedding and test_cross_entropy check them against Inductor.
+    assert fired == {p.name for p in PASSES} - {"embedding", "cross_entropy"}
 
 
 # ---- the fuzzer fails on a broken pass ---------------------------------------------------------------------------

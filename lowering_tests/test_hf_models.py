@@ -17,17 +17,29 @@ LAYERS = 1  # one layer holds every fusion site: the input norm, the residual no
 # their weights concatenated (fp8_concat): o, down and the head stay single, 2 per layer + 1. Phi-3's qkv and
 # gate_up are fused already: 4 per layer + 1. Every norm but the final one (which reads the last residual add)
 # writes its linears' FP8 input, and so does each GLU. Gemma normalizes with (1 + weight) and multiplies after the
-# norm: its residual adds and its norms' casts stay; its GeGLU writes down_proj's FP8 input.
+# norm: its residual adds and its norms' casts stay; its GeGLU writes down_proj's FP8 input. Each model's token
+# embedding and loss become ours.
+ENDS = dict(embedding=1, cross_entropy=1)
 FAMILIES = {
     "qwen2": (  # q/k/v with biases
         "qwen2.5-7b",
-        dict(rmsnorm_residual=1, fp8=2 * LAYERS + 1, fp8_concat=2 * LAYERS, rmsnorm_fp8=2 * LAYERS, glu_fp8=LAYERS),
+        dict(
+            rmsnorm_residual=1,
+            fp8=2 * LAYERS + 1,
+            fp8_concat=2 * LAYERS,
+            rmsnorm_fp8=2 * LAYERS,
+            glu_fp8=LAYERS,
+            **ENDS,
+        ),
     ),
     "phi3": (
         "phi3-mini",
-        dict(rmsnorm_residual=1, fp8=4 * LAYERS + 1, rmsnorm_fp8=2 * LAYERS, glu_fp8=LAYERS),
+        dict(rmsnorm_residual=1, fp8=4 * LAYERS + 1, rmsnorm_fp8=2 * LAYERS, glu_fp8=LAYERS, **ENDS),
     ),
-    "gemma": ("gemma-7b", dict(rmsnorm=2 * LAYERS + 1, fp8=2 * LAYERS + 1, fp8_concat=2 * LAYERS, glu_fp8=LAYERS)),
+    "gemma": (
+        "gemma-7b",
+        dict(rmsnorm=2 * LAYERS + 1, fp8=2 * LAYERS + 1, fp8_concat=2 * LAYERS, glu_fp8=LAYERS, **ENDS),
+    ),
 }
 
 

@@ -101,10 +101,11 @@ def test_main_job_trains_transformers_models_with_their_loss(capsys, tmp_path, m
     assert [row["column"] for row in written["rows"]] == columns
     rows = {row["column"]: row for row in written["rows"]}
     # The norms but the first read a residual add; in FP8 every norm but the final one writes its linears' FP8 input,
-    # and the GLU down_proj's. Fused sites, each counted once, for the op the graph keeps.
-    assert rows["primus_turbo"]["rewrites"] == default_counts(rmsnorm=1, rmsnorm_residual=2, glu=1)
+    # and the GLU down_proj's. Fused sites, each counted once, for the op the graph keeps; the embedding; the loss.
+    ends = {"embedding": 1, "cross_entropy": 1}
+    assert rows["primus_turbo"]["rewrites"] == default_counts(rmsnorm=1, rmsnorm_residual=2, glu=1, **ends)
     # fp8: o, down, the LM head; fp8_concat: q/k/v and gate/up, each one FP8 linear over their weights concatenated
-    fp8 = {"fp8": 3, "fp8_concat": 2, "rmsnorm_residual": 1, "rmsnorm_fp8": 2, "glu_fp8": 1}
+    fp8 = {"fp8": 3, "fp8_concat": 2, "rmsnorm_residual": 1, "rmsnorm_fp8": 2, "glu_fp8": 1, **ends}
     assert rows["primus_turbo fp8 rowwise"]["rewrites"] == {**default_counts(), **fp8}
     assert rows["inductor"]["loss_snr_db"] == rows["inductor"]["worst_grad_snr_db"] == math.inf
     bf16, fp8_row = rows["primus_turbo"], rows["primus_turbo fp8 rowwise"]

@@ -113,17 +113,21 @@ def test_every_view_names_arguments_of_its_op_and_builds_calls_by_name():
 
 
 class Decoder(nn.Module):
-    """The tiny Llama-style decoder (fused gate/up: glu_fused) and a separate-projection SwiGLU (glu)."""
+    """The tiny Llama-style decoder (fused gate/up: glu_fused) and a separate-projection SwiGLU (glu), between a
+    token embedding and an LM head with its loss."""
 
     def __init__(self):
         super().__init__()
+        self.embed = nn.Embedding(100, 64)
         self.decoder = LlamaDecoder(LlamaConfig(hidden=64, intermediate=96, heads=4, kv_heads=2, layers=2))
         self.gate, self.up = nn.Linear(64, 96, bias=False), nn.Linear(64, 96, bias=False)
         self.down = nn.Linear(96, 64, bias=False)
+        self.head = nn.Linear(64, 100, bias=False)
 
-    def forward(self, x):
-        h = self.decoder(x)
-        return h + self.down(F.silu(self.gate(h)) * self.up(h))
+    def forward(self, ids, labels):
+        h = self.decoder(self.embed(ids))
+        logits = self.head(h + self.down(F.silu(self.gate(h)) * self.up(h)))
+        return F.cross_entropy(logits.float().view(-1, 100), labels.view(-1))
 
 
 class TensorParallel(nn.Module):
@@ -141,7 +145,7 @@ def graphs() -> dict:
     moe = TitanMoE(64, 32, experts=4, top_k=2, expert_dtype=torch.bfloat16).to(torch.bfloat16)
     fp8 = {"fp8": "rowwise"}
     return {
-        "decoder": (lambda: dynamo_graph(Decoder(), torch.randn(2, 8, 64)), fp8),
+        "decoder": (lambda: dynamo_graph(Decoder(), torch.randint(0, 100, (2, 8)), torch.randint(0, 100, (2, 8))), fp8),
         "tensor parallel": (lambda: dynamo_graph(TensorParallel(), torch.randn(4, 64, requires_grad=True)), {}),
         "moe": (lambda: dynamo_graph(moe, torch.randn(2, 8, 64, dtype=torch.bfloat16)), fp8),
     }

@@ -11,7 +11,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import fp8 as _fp8  # noqa: F401  (defines the ops)
+from . import cross_entropy as _cross_entropy  # noqa: F401  (defines the ops)
+from . import embedding as _embedding  # noqa: F401
+from . import fp8 as _fp8  # noqa: F401
 from . import fp8_linear as _fp8_linear  # noqa: F401
 from . import gemm_allreduce as _gemm_allreduce  # noqa: F401
 from . import glu as _glu  # noqa: F401
@@ -96,6 +98,20 @@ def _gelu(approximate: str) -> str:
     if approximate not in ("none", "tanh"):
         raise ValueError(f"turbo_inductor.geglu: approximate must be 'none' or 'tanh', got {approximate!r}")
     return "gelu" if approximate == "none" else "gelu_tanh"
+
+
+def cross_entropy(
+    logits: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean", *, impl: str = "auto"
+) -> Tensor:
+    """``F.cross_entropy(logits.float(), target, ignore_index=ignore_index, reduction=reduction)`` for logits
+    [N, V] and class indices [N], in fp32 without an fp32 copy of the logits. The gradient is in logits' dtype."""
+    return torch.ops.turbo_inductor.cross_entropy(logits, target, ignore_index, reduction, impl)
+
+
+def embedding(weight: Tensor, indices: Tensor, padding_idx: Optional[int] = None, *, impl: str = "auto") -> Tensor:
+    """``F.embedding(indices, weight, padding_idx)``; the weight gradient is summed in fp32 and written in one pass."""
+    padding = -1 if padding_idx is None else padding_idx % weight.shape[0]
+    return torch.ops.turbo_inductor.embedding(weight, indices, padding, impl)
 
 
 def fp8_linear(

@@ -1,5 +1,7 @@
 """Rewrite passes, in the order they run. A new fusion is a new module here and one line in PASSES."""
 
+from .cross_entropy import CrossEntropyPass
+from .embedding import EmbeddingPass
 from .fp8_concat import FP8ConcatPass
 from .fp8_experts import FP8ExpertsPass
 from .fp8_linear import FP8LinearPass
@@ -47,6 +49,8 @@ PASSES: list[RewritePass] = check_order(
         MoEPermutePass(),  # MoE routing: sort by expert, gathers, offsets
         MoECombinePass(),  # on the permutes MoEPermutePass made: unpermute and top-k sum
         GLUPass(),  # also the experts' GLU on the grouped GEMM's output
+        CrossEntropyPass(),  # the loss over the LM head's logits, read in their own dtype
+        EmbeddingPass(),  # the token embedding: its weight gradient in one pass
         # producers: norms and GLUs write the FP8 input of the linears and grouped GEMMs they feed
         RMSNormFP8Pass(),
         GLUFP8Pass(),

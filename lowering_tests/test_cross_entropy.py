@@ -1,0 +1,154 @@
+"""Cross-entropy: the op against float64 (forward and gradient), its bad input, and the rewrite of
+``F.cross_entropy`` (counts, the kernel running, results equal to backend="inductor", near misses left alone)."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from compare import assert_left_alone, assert_matches_inductor, assert_ran, ops_after, rewrites_without_compiling
+from conftest import DEVICE, assert_close
+
+import turbo_inductor
+from turbo_inductor.ops.library import OpInputError
+
+IMPLS = ["triton", "reference"]
+IGNORE = -100
+
+
+def logits_and_target(rows, vocab, dtype=torch.float32, target_dtype=torch.int64):
+    logits = (3 * torch.randn(rows, vocab, device=DEVICE)).to(dtype).requires_grad_()
+    target = torch.randint(0, vocab, (rows,), device=DEVICE, dtype=target_dtype)
+    target[::3] = IGNORE  # some rows are padding
+    return logits, target
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_opcheck(impl):
+    logits, target = logits_and_target(5, 37)
+    ops = torch.ops.turbo_inductor
+    torch.library.opcheck(ops.cross_entropy_fwd, (logits, target, IGNORE, impl))
+    torch.library.opcheck(ops.cross_entropy, (logits, target, IGNORE, "mean", impl))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("vocab", [1, 300, 5000])  # one class; one chunk with a tail; two chunks (4096 + tail)
+def test_against_float64(impl, dtype, vocab):
+    logits, target = logits_and_target(7, vocab, dtype)
+    for reduction in ("mean", "sum", "none"):
+        logits.grad = None
+        loss = turbo_inductor.ops.cross_entropy(logits, target, IGNORE, reduction, impl=impl)
+        dloss = torch.randn_like(loss)
+        loss.backward(dloss)
+        x64 = logits.detach().double().requires_grad_()
+        expected = F.cross_entropy(x64, target.long(), ignore_index=IGNORE, reduction=reduction)
+        expected.backward(dloss.double())
+        assert loss.dtype == torch.float32 and loss.shape == expected.shape
+        assert_close(loss, expected, torch.float32)
+        assert logits.grad.dtype == dtype
+        assert_close(logits.grad, x64.grad, dtype)
+        assert (logits.grad[target == IGNORE] == 0).all()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_int32_targets_and_a_target_out_of_range(impl):
+    logits, target = logits_and_target(6, 50, target_dtype=torch.int32)
+    loss = turbo_inductor.ops.cross_entropy(logits, target, IGNORE, "none", impl=impl)
+    assert_close(loss, F.cross_entropy(logits.double(), target.long(), ignore_index=IGNORE, reduction="none"))
+    target[1], target[2] = 50, -3  # neither a class nor ignored: NaN, never another row's or column's logit
+    loss = turbo_inductor.ops.cross_entropy(logits, target, IGNORE, "none", impl=impl)
+    assert loss[1:3].isnan().all() and not loss[3:].isnan().any() and loss[0] == 0
+
+
+def test_bad_input_names_the_problem():
+    logits, target = logits_and_target(4, 10)
+    cases = [
+        ((logits[None], target), "logits must be 2-D"),
+        ((logits, target.float()), "target must be an int64 or int32"),
+        ((logits, target[:3]), "target must be 1-D with logits' 4 rows"),
+        ((logits[:, :0], target), "at least one class"),
+    ]
+    for args, message in cases:
+        with pytest.raises(OpInputError, match=message):
+            turbo_inductor.ops.cross_entropy(*args)
+    with pytest.raises(OpInputError, match="reduction must be one of"):
+        turbo_inductor.ops.cross_entropy(logits, target, reduction="max")
+
+
+class LMHeadLoss(nn.Module):
+    """A causal LM's head and loss as transformers writes them (ForCausalLMLoss): the bf16 logits upcast, viewed
+    as rows, cross-entropy over the shifted labels; ``num_items`` gives the sum divided by the count."""
+
+    def __init__(self, hidden=32, vocab=300, dtype=torch.bfloat16, style="hf"):
+        super().__init__()
+        self.lm_head = nn.Linear(hidden, vocab, bias=False, dtype=dtype)
+        self.vocab, self.style = vocab, style
+
+    def forward(self, h, labels):
+        logits = self.lm_head(h)
+        shifted = F.pad(labels, (0, 1), value=IGNORE)[..., 1:]
+        if self.style == "hf":
+            rows = logits.float().view(-1, self.vocab)
+            return F.cross_entropy(rows, shifted.reshape(-1), ignore_index=IGNORE), logits
+        if self.style == "hf_num_items":
+            rows = logits.float().view(-1, self.vocab)
+            total = F.cross_entropy(rows, shifted.reshape(-1), ignore_index=IGNORE, reduction="sum")
+            return total / (shifted != IGNORE).sum()
+        if self.style == "module":  # nn.CrossEntropyLoss on logits already in fp32
+            return nn.CrossEntropyLoss()(logits.reshape(-1, self.vocab), shifted.reshape(-1))
+        if self.style == "smoothing":
+            return F.cross_entropy(logits.float().view(-1, self.vocab), shifted.reshape(-1), label_smoothing=0.1)
+        if self.style == "bf16":  # no upcast: cross_entropy computes in bf16, which the op does not
+            return F.cross_entropy(logits.view(-1, self.vocab), shifted.reshape(-1))
+        raise AssertionError(self.style)
+
+
+def lm_inputs(dtype=torch.bfloat16, vocab=300):
+    h = torch.randn(2, 8, 32, device=DEVICE, dtype=dtype)
+    labels = torch.randint(0, vocab, (2, 8), device=DEVICE)
+    labels[:, :2] = IGNORE
+    return h, labels
+
+
+def test_hugging_face_loss_reads_the_bf16_logits_in_training():
+    model, inputs = LMHeadLoss().to(DEVICE), lm_inputs()
+    counts = assert_matches_inductor(model, inputs, precision=torch.float32)
+    assert counts["cross_entropy"] == 1
+    assert ops_after("turbo_inductor.cross_entropy") == 1
+    assert ops_after("Tensor.float") == 0, "no fp32 copy of the logits"
+    assert_ran("cross_entropy_fwd", 1)
+
+
+@pytest.mark.parametrize("style", ["hf_num_items", "module"])
+def test_other_spellings_are_rewritten(style):
+    dtype = torch.float32 if style == "module" else torch.bfloat16
+    model, inputs = LMHeadLoss(dtype=dtype, style=style).to(DEVICE), lm_inputs(dtype)
+    assert rewrites_without_compiling(model, inputs)["cross_entropy"] == 1
+    assert_matches_inductor(model, inputs, precision=torch.float32)
+
+
+@pytest.mark.parametrize("style", ["smoothing", "bf16"])
+def test_near_misses_are_left_alone(style):
+    assert_left_alone(LMHeadLoss(style=style).to(DEVICE), lm_inputs())
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="compiled code launches Triton kernels on a GPU only")
+def test_compiled_loss_launches_the_kernel_at_a_real_vocabulary():
+    from torch._inductor.utils import run_and_get_code
+
+    model = LMHeadLoss(hidden=256, vocab=32064).to(DEVICE)
+    h = torch.randn(4, 256, 256, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, 32064, (4, 256), device=DEVICE)
+    compiled = torch.compile(model, backend="primus_turbo")
+
+    def step():
+        loss, logits = compiled(h, labels)
+        loss.backward()
+        return loss, logits
+
+    (loss, logits), codes = run_and_get_code(step)
+    code = "\n".join(codes)
+    assert "_cross_entropy_fwd_kernel" in code and "torch.ops.turbo_inductor" not in code
+    rows = logits.detach().double().view(-1, 32064).requires_grad_()
+    expected = F.cross_entropy(rows, F.pad(labels, (0, 1), value=IGNORE)[..., 1:].reshape(-1), ignore_index=IGNORE)
+    assert_close(loss, expected, torch.float32)

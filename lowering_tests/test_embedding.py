@@ -1,0 +1,109 @@
+"""Embedding: the op's weight gradient against float64, its bad input, and the rewrite of ``F.embedding`` (counts,
+the kernel running, results equal to backend="inductor", near misses left alone)."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from compare import assert_left_alone, assert_matches_inductor, assert_ran, rewrites_without_compiling
+from conftest import DEVICE, assert_close
+
+import turbo_inductor
+from turbo_inductor.ops.library import OpInputError
+
+IMPLS = ["triton", "reference"]
+
+
+def table_and_indices(vocab=50, hidden=40, tokens=(3, 37), dtype=torch.float32):
+    weight = torch.randn(vocab, hidden, device=DEVICE, dtype=dtype, requires_grad=True)
+    indices = torch.randint(0, vocab, tokens, device=DEVICE)
+    indices[0, :20] = 7  # one frequent token: its rows take more than one step of the kernel's loop
+    return weight, indices
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_opcheck(impl):
+    weight, indices = table_and_indices()
+    ops = torch.ops.turbo_inductor
+    torch.library.opcheck(ops.embedding, (weight, indices, 3, impl))
+    grad = torch.randn(*indices.shape, 40, device=DEVICE)
+    torch.library.opcheck(ops.embedding_bwd, (grad, indices, 50, -1, impl))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("padding_idx", [None, 7, -2])
+@pytest.mark.parametrize("hidden", [40, 1100])  # one column block; two, the second partial
+def test_against_float64(impl, dtype, padding_idx, hidden):
+    weight, indices = table_and_indices(hidden=hidden, dtype=dtype)
+    out = turbo_inductor.ops.embedding(weight, indices, padding_idx, impl=impl)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    w64 = weight.detach().double().requires_grad_()
+    expected = F.embedding(indices, w64, padding_idx)
+    expected.backward(dout.double())
+    assert torch.equal(out, F.embedding(indices, weight.detach()))
+    assert weight.grad.dtype == dtype
+    assert_close(weight.grad, w64.grad, dtype)
+    untouched = torch.ones(50, dtype=torch.bool, device=DEVICE)
+    untouched[indices.flatten()] = False
+    if padding_idx is not None:
+        untouched[padding_idx] = True
+    assert (weight.grad[untouched] == 0).all()
+
+
+def test_bad_input_names_the_problem():
+    weight, indices = table_and_indices()
+    cases = [
+        ((weight[0], indices, -1), "weight must be 2-D"),
+        ((weight, indices.float(), -1), "indices must be an int64 or int32"),
+        ((weight, indices, 50), r"padding_idx must be -1 \(none\) or a row in \[0, 50\)"),
+    ]
+    for args, message in cases:
+        with pytest.raises(OpInputError, match=message):
+            torch.ops.turbo_inductor.embedding(*args)
+
+
+class Embedder(nn.Module):
+    """A token embedding and what a decoder does next with it, as transformers writes it."""
+
+    def __init__(self, style="hf", dtype=torch.bfloat16):
+        super().__init__()
+        padding = 0 if style == "padding" else None
+        self.embed = nn.Embedding(300, 32, padding_idx=padding, dtype=dtype, scale_grad_by_freq=style == "by_freq")
+        self.proj = nn.Linear(32, 32, bias=False, dtype=dtype)
+
+    def forward(self, ids):
+        return self.proj(self.embed(ids).relu())
+
+
+def ids():
+    tokens = torch.randint(0, 300, (2, 16), device=DEVICE)
+    tokens[:, :3] = 0
+    return tokens
+
+
+@pytest.mark.parametrize("style", ["hf", "padding"])
+def test_lookup_is_rewritten_and_its_gradient_matches_inductor(style):
+    model = Embedder(style).to(DEVICE)
+    counts = assert_matches_inductor(model, [ids()])
+    assert counts["embedding"] == 1
+    assert_ran("embedding_bwd", 1)
+
+
+def test_the_rewrite_keeps_padding_idx():
+    model = Embedder("padding").to(DEVICE)
+    assert rewrites_without_compiling(model, [ids()])["embedding"] == 1
+    record = turbo_inductor.compile_records()[-1]
+    assert record.ops_after["turbo_inductor.embedding"] == 1
+
+
+def test_near_miss_is_left_alone():
+    assert_left_alone(Embedder("by_freq").to(DEVICE), [ids()])
+
+
+def test_the_triton_lookup_gives_nan_for_an_index_out_of_range():
+    weight, indices = table_and_indices()
+    indices[1, 2] = 50
+    out = torch.ops.turbo_inductor.embedding(weight, indices, -1, "triton")
+    assert out[1, 2].isnan().all() and not out[0].isnan().any()

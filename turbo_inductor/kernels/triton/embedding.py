@@ -1,0 +1,80 @@
+"""An embedding's lookup and weight gradient in Triton. Semantics: ``..reference.embedding``.
+The lookup copies one row block per program (an index outside [0, V) gives NaN). For the gradient, the indices are
+sorted once; one program per weight row and column block sums that row's gradient rows in fp32, in the sorted order
+(deterministic, no atomics), and writes the row once, zeros included. See docs/kernels.md, Embedding.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..registry import implementation
+from . import launch, on_device, traceable, unavailable_reason
+
+# Columns per program, and gradient rows summed per step: a frequent index's rows load ROWS at a time.
+BLOCK_H = 1024
+ROWS = 16
+
+
+@triton.jit
+def _embedding_fwd_kernel(WEIGHT, INDICES, OUT, V, H, BLOCK_H: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    row = tl.load(INDICES + token).to(tl.int64)
+    # An index outside [0, V) reads nothing and gives a row of NaN.
+    values = tl.load(WEIGHT + row * H + cols, mask=(cols < H) & (row >= 0) & (row < V), other=float("nan"))
+    tl.store(OUT + token * H + cols, values, mask=cols < H)
+
+
+@triton.jit
+def _embedding_bwd_kernel(
+    GRAD, ORDER, STARTS, OUT, H, stride_grad, padding_idx, BLOCK_H: tl.constexpr, ROWS: tl.constexpr
+):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    in_row = cols < H
+    start = tl.load(STARTS + row)
+    count = tl.where(row == padding_idx, 0, tl.load(STARTS + row + 1) - start)
+    acc = tl.zeros([BLOCK_H], tl.float32)
+    for j in range(0, count, ROWS):
+        take = j + tl.arange(0, ROWS) < count
+        token = tl.load(ORDER + start + j + tl.arange(0, ROWS), mask=take, other=0).to(tl.int64)
+        rows = tl.load(
+            GRAD + token[:, None] * stride_grad + cols[None, :], mask=take[:, None] & in_row[None, :], other=0.0
+        )
+        acc += tl.sum(rows.to(tl.float32), 0)
+    tl.store(OUT + row.to(tl.int64) * H + cols, acc.to(OUT.dtype.element_ty), mask=in_row)
+
+
+# Below the reference: traced, Inductor's gather is as fast and checks the indices. This one serves impl="triton".
+@implementation("embedding_fwd", "triton", priority=-10, unavailable_reason=unavailable_reason, traceable=traceable)
+def embedding_fwd(weight: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """``weight[indices]``; see ``..reference.embedding.embedding_fwd``. weight is contiguous."""
+    H = weight.shape[1]
+    flat = indices.reshape(-1)
+    out = weight.new_empty((flat.shape[0], H))
+    block = min(BLOCK_H, triton.next_power_of_2(H))
+    if flat.shape[0] > 0:
+        with on_device(weight.device):
+            launch(_embedding_fwd_kernel)[(flat.shape[0], triton.cdiv(H, block))](
+                weight, flat, out, weight.shape[0], H, BLOCK_H=block, num_warps=4
+            )
+    return out.view(*indices.shape, H)
+
+
+@implementation("embedding_bwd", "triton", priority=20, unavailable_reason=unavailable_reason, traceable=traceable)
+def embedding_bwd(grad: torch.Tensor, indices: torch.Tensor, num_weights: int, padding_idx: int) -> torch.Tensor:
+    """``dweight`` [num_weights, H]; see ``..reference.embedding.embedding_bwd``. grad's rows are contiguous."""
+    H = grad.shape[1]
+    out = grad.new_empty((num_weights, H))
+    # Row v's gradient rows are order[starts[v]:starts[v + 1]]; indices outside [0, V) fall before or after all.
+    sorted_indices, order = torch.sort(indices.long(), stable=True)
+    starts = torch.searchsorted(sorted_indices, torch.arange(num_weights + 1, device=grad.device))
+    block = min(BLOCK_H, triton.next_power_of_2(H))
+    with on_device(grad.device):
+        launch(_embedding_bwd_kernel)[(num_weights, triton.cdiv(H, block))](
+            grad, order, starts, out, H, grad.stride(0), padding_idx, BLOCK_H=block, ROWS=ROWS, num_warps=4
+        )
+    return out

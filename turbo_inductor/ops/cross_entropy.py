@@ -1,0 +1,124 @@
+"""Cross-entropy of logits [N, V] against class targets [N], computed in fp32: ``F.cross_entropy(logits.float(),
+target, ignore_index=..., reduction=...)`` without the fp32 copy of the logits.
+
+Ops in ``torch.ops.turbo_inductor``:
+  cross_entropy(logits, target, ignore_index, reduction, impl) -> loss       public (composite over the forward)
+  cross_entropy_fwd(logits, target, ignore_index, impl) -> (loss, lse)       custom op, per row, fp32 [N] each
+
+A row whose target is ``ignore_index`` has loss 0 and counts in no mean; a target outside [0, V) gives NaN.
+The gradient, ``(softmax - onehot) * dloss`` in fp32 returned in the logits' dtype, is plain tensor math: Inductor
+fuses it into one pass that also feeds the LM head's backward (its FP8 quantization, for one). ``docs/ops.md``,
+"Cross-entropy".
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+from torch import Tensor
+
+from ..kernels import registry
+from .library import check, check_float, check_same_device, define_composite, kernel_op
+from .node import OpNode
+
+FWD_KERNEL = "cross_entropy_fwd"
+REDUCTIONS = ("mean", "sum", "none")
+TARGET_DTYPES = (torch.int64, torch.int32)
+
+
+def _check_inputs(op: str, logits: Tensor, target: Tensor) -> None:
+    check_float(op, "logits", logits)
+    check(logits.dim() == 2, op, lambda: f"logits must be 2-D [N, V], got shape {list(logits.shape)}")
+    check(
+        isinstance(target, Tensor) and target.dtype in TARGET_DTYPES,
+        op,
+        lambda: f"target must be an int64 or int32 tensor of class indices, got {getattr(target, 'dtype', target)}",
+    )
+    check(
+        target.dim() == 1 and target.shape[0] == logits.shape[0],
+        op,
+        lambda: f"target must be 1-D with logits' {logits.shape[0]} rows, got shape {list(target.shape)}",
+    )
+    check(logits.shape[1] > 0, op, lambda: "logits must have at least one class")
+    check_same_device(op, logits=logits, target=target)
+
+
+@kernel_op("cross_entropy_fwd", (FWD_KERNEL,))
+def cross_entropy_fwd(
+    logits: Tensor, target: Tensor, ignore_index: int = -100, impl: str = "auto"
+) -> tuple[Tensor, Tensor]:
+    _check_inputs("cross_entropy", logits, target)
+    if logits.shape[0] == 0:
+        empty = logits.new_empty((0,), dtype=torch.float32)
+        return empty, torch.empty_like(empty)
+    return registry.select(FWD_KERNEL, logits.device, impl)(logits.contiguous(), target.contiguous(), ignore_index)
+
+
+@cross_entropy_fwd.register_fake
+def _(logits, target, ignore_index=-100, impl="auto"):
+    _check_inputs("cross_entropy", logits, target)
+    rows = logits.new_empty((logits.shape[0],), dtype=torch.float32)
+    return rows, torch.empty_like(rows)
+
+
+def logits_grad(logits: Tensor, target: Tensor, lse: Tensor, dloss: Tensor, ignore_index: int) -> Tensor:
+    """``(softmax(logits) - onehot(target)) * dloss`` per row, zero on ignored rows, in the logits' dtype."""
+    classes = torch.arange(logits.shape[1], device=logits.device)
+    softmax = torch.exp(logits.float() - lse.unsqueeze(1))
+    grad = (softmax - (classes == target.unsqueeze(1)).float()) * dloss.unsqueeze(1)
+    # A select, not a multiply: an ignored row's inf or NaN logits must not reach the gradient.
+    return torch.where((target != ignore_index).unsqueeze(1), grad, 0.0).to(logits.dtype)
+
+
+def _setup_fwd(ctx, inputs, output):
+    logits, target, ignore_index, _impl = inputs
+    ctx.save_for_backward(logits, target, output[1])
+    ctx.ignore_index = ignore_index
+    ctx.mark_non_differentiable(output[1])
+
+
+def _backward_fwd(ctx, dloss, _dlse):
+    logits, target, lse = ctx.saved_tensors
+    return logits_grad(logits, target, lse, dloss, ctx.ignore_index), None, None, None
+
+
+cross_entropy_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
+
+
+def _cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean", impl="auto"):
+    check(reduction in REDUCTIONS, "cross_entropy", lambda: f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    loss, _ = cross_entropy_fwd(logits, target, ignore_index, impl)
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / (target != ignore_index).sum()  # NaN where every row is ignored, as torch's
+
+
+cross_entropy = define_composite(
+    "cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, str reduction='mean', str impl='auto') "
+    "-> Tensor",
+    _cross_entropy,
+)
+
+
+def can_rewrite(logits: Tensor, target: Tensor) -> bool:
+    """Whether our ops can run this cross-entropy (fake tensors), forward and backward."""
+    return (
+        logits.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        and logits.dim() == 2
+        and target.dtype in TARGET_DTYPES
+        and target.dim() == 1
+        and target.device == logits.device
+        and registry.available_on(FWD_KERNEL, logits.device)
+    )
+
+
+class CrossEntropyNode(OpNode):
+    op = cross_entropy
+    kernels = (FWD_KERNEL,)
+    logits: fx.Node
+    target: fx.Node
+    ignore_index: int
+    reduction: str
+    impl: str

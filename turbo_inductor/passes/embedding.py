@@ -1,0 +1,63 @@
+"""Embedding lookups -> ``turbo_inductor.embedding``.
+
+Spellings matched: ``F.embedding`` (``nn.Embedding`` calls it) of a 2-D float weight, any ``padding_idx``; no
+``max_norm`` (it renormalizes the weight in place), no ``scale_grad_by_freq``, no sparse gradient. The lookup stays
+Inductor's; the weight gradient is one write of the table instead of Inductor's fp32 table, scatter and cast
+(``docs/ops.md``, "Embedding").
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch.fx as fx
+import torch.nn.functional as F
+
+from ..ops.embedding import EmbeddingNode, can_rewrite
+from ..options import Options
+from . import matcher as m
+from .manager import Phase, RewritePass, declined
+
+_SIGNATURE = inspect.signature(F.embedding)
+
+
+class EmbeddingPass(RewritePass):
+    """`F.embedding` to `turbo_inductor.embedding`: its weight gradient written in one pass."""
+
+    name = "embedding"
+    phase = Phase.FUSE
+
+    def apply(self, graph: fx.Graph, options: Options) -> int:
+        count = 0
+        for node in list(graph.nodes):
+            if node.op != "call_function" or node.target is not F.embedding:
+                continue
+            try:
+                bound = _SIGNATURE.bind(*node.args, **node.kwargs)
+            except TypeError:
+                continue
+            bound.apply_defaults()
+            arguments = bound.arguments
+            weight, indices = m.fake(arguments["weight"]), m.fake(arguments["input"])
+            if weight is None or indices is None or not can_rewrite(weight, indices):
+                declined(self.name, node, "not a 2-D float weight and integer indices on one device")
+                continue
+            if arguments["max_norm"] is not None or arguments["scale_grad_by_freq"] or arguments["sparse"]:
+                declined(self.name, node, "max_norm, scale_grad_by_freq or a sparse gradient")
+                continue
+            padding_idx = arguments["padding_idx"]
+            if padding_idx is None:
+                padding_idx = -1
+            elif padding_idx < 0:  # as F.embedding counts it
+                padding_idx += weight.shape[0]
+            m.replace_with_view(
+                graph,
+                node,
+                EmbeddingNode,
+                weight=arguments["weight"],
+                indices=arguments["input"],
+                padding_idx=padding_idx,
+                impl=options.impl,
+            )
+            count += 1
+        return count
