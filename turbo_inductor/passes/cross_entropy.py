@@ -9,8 +9,6 @@ computes in fp32 as the upcast did, with no fp32 copy. Why the loss is worth a k
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
@@ -20,7 +18,6 @@ from ..options import Options
 from . import matcher as m
 from .manager import Phase, RewritePass, declined
 
-_SIGNATURE = inspect.signature(F.cross_entropy)
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
@@ -56,15 +53,7 @@ class CrossEntropyPass(RewritePass):
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
         count = 0
-        for node in list(graph.nodes):
-            if node.op != "call_function" or node.target is not F.cross_entropy:
-                continue
-            try:
-                bound = _SIGNATURE.bind(*node.args, **node.kwargs)
-            except TypeError:
-                continue
-            bound.apply_defaults()
-            arguments = bound.arguments
+        for node, arguments in m.calls_of(graph, F.cross_entropy):
             reason = self._declines(arguments)
             if reason is not None:
                 declined(self.name, node, reason)

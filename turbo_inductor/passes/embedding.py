@@ -8,8 +8,6 @@ Inductor's; the weight gradient is one write of the table instead of Inductor's 
 
 from __future__ import annotations
 
-import inspect
-
 import torch.fx as fx
 import torch.nn.functional as F
 
@@ -17,8 +15,6 @@ from ..ops.embedding import EmbeddingNode, can_rewrite
 from ..options import Options
 from . import matcher as m
 from .manager import Phase, RewritePass, declined
-
-_SIGNATURE = inspect.signature(F.embedding)
 
 
 class EmbeddingPass(RewritePass):
@@ -29,15 +25,7 @@ class EmbeddingPass(RewritePass):
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
         count = 0
-        for node in list(graph.nodes):
-            if node.op != "call_function" or node.target is not F.embedding:
-                continue
-            try:
-                bound = _SIGNATURE.bind(*node.args, **node.kwargs)
-            except TypeError:
-                continue
-            bound.apply_defaults()
-            arguments = bound.arguments
+        for node, arguments in m.calls_of(graph, F.embedding):
             weight, indices = m.fake(arguments["weight"]), m.fake(arguments["input"])
             if weight is None or indices is None or not can_rewrite(weight, indices):
                 declined(self.name, node, "not a 2-D float weight and integer indices on one device")

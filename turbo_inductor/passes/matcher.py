@@ -7,8 +7,9 @@ Torch IR is not normalized: ``x.pow(2)``, ``torch.pow(x, 2)`` and ``x ** 2`` are
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import operator
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -168,6 +169,20 @@ def _cast(node: fx.Node) -> Call | None:
     if source is None or out is None or source.shape != out.shape or source.device != out.device:
         return None
     return Call("cast", (node.args[0],), {"dtype": out.dtype})
+
+
+def calls_of(graph: fx.Graph, function: Callable) -> Iterator[tuple[fx.Node, dict[str, Any]]]:
+    """Each node calling ``function`` as written, with its arguments by name, defaults filled in."""
+    signature = inspect.signature(function)
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not function:
+            continue
+        try:
+            bound = signature.bind(*node.args, **node.kwargs)
+        except TypeError:
+            continue
+        bound.apply_defaults()
+        yield node, bound.arguments
 
 
 def calls(node: Any, method: str = "", functions: tuple = ()) -> bool:
