@@ -27,11 +27,12 @@ gpus=$(nvidia-smi -L | wc -l)
 # pytest workers: 8 (16 cores, one H200) left the suite at 380 s; on the two-GPU kind (32 cores) 8 took over 480 s
 test_jobs=${TEST_JOBS:-$(( $(nproc) >= 32 ? 12 : 8 ))}
 
-# bench LOG COMMAND...: runs a benchmark (its JSON goes to $OUT), logs it to $OUT/LOG.log, prints its wall time.
+# bench LOG COMMAND...: runs a benchmark (its JSON goes to $OUT), appends its log to $OUT/LOG.log (a second run of
+# the same step in one call keeps the first's), prints its wall time.
 bench() {
   local log=$1 start=$SECONDS
   shift
-  "$@" 2>&1 | tee "$OUT/$log.log" | grep -v -i "warn"
+  "$@" 2>&1 | tee -a "$OUT/$log.log" | grep -v -i "warn"
   echo "== $log: $(( SECONDS - start )) s"
 }
 
