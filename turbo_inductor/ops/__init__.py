@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from . import cross_entropy as _cross_entropy  # noqa: F401  (defines the ops)
-from . import embedding as _embedding  # noqa: F401
+from . import embedding as _embedding
 from . import fp8 as _fp8  # noqa: F401
 from . import fp8_linear as _fp8_linear  # noqa: F401
 from . import gemm_allreduce as _gemm_allreduce  # noqa: F401
@@ -110,7 +110,7 @@ def cross_entropy(
 
 def embedding(weight: Tensor, indices: Tensor, padding_idx: Optional[int] = None, *, impl: str = "auto") -> Tensor:
     """``F.embedding(indices, weight, padding_idx)``; the weight gradient is summed in fp32 and written in one pass."""
-    padding = -1 if padding_idx is None else padding_idx % weight.shape[0]
+    padding = _embedding.padding_row(padding_idx, weight.shape[0])
     return torch.ops.turbo_inductor.embedding(weight, indices, padding, impl)
 
 

@@ -18,7 +18,7 @@ import torch.fx as fx
 from torch import Tensor
 
 from ..kernels import registry
-from .library import check, check_float, check_same_device, define_composite, kernel_op
+from .library import SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, define_composite, kernel_op
 from .node import OpNode
 
 FWD_KERNEL = "cross_entropy_fwd"
@@ -105,7 +105,7 @@ cross_entropy = define_composite(
 def can_rewrite(logits: Tensor, target: Tensor) -> bool:
     """Whether our ops can run this cross-entropy (fake tensors), forward and backward."""
     return (
-        logits.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        logits.dtype in SUPPORTED_FLOAT_DTYPES
         and logits.dim() == 2
         and target.dtype in TARGET_DTYPES
         and target.dim() == 1

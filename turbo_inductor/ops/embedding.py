@@ -24,6 +24,13 @@ FWD_KERNEL, BWD_KERNEL = "embedding_fwd", "embedding_bwd"
 INDEX_DTYPES = (torch.int64, torch.int32)
 
 
+def padding_row(padding_idx: int | None, num_weights: int) -> int:
+    """F.embedding's ``padding_idx`` as the ops take it: -1 for None, a negative index counted from the end."""
+    if padding_idx is None:
+        return -1
+    return padding_idx + num_weights if padding_idx < 0 else padding_idx
+
+
 def _check_indices(op: str, indices: Tensor, num_weights: int, padding_idx: int) -> None:
     check(
         isinstance(indices, Tensor) and indices.dtype in INDEX_DTYPES,

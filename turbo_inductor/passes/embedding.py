@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch.fx as fx
 import torch.nn.functional as F
 
-from ..ops.embedding import EmbeddingNode, can_rewrite
+from ..ops.embedding import EmbeddingNode, can_rewrite, padding_row
 from ..options import Options
 from . import matcher as m
 from .manager import Phase, RewritePass, declined
@@ -33,18 +33,13 @@ class EmbeddingPass(RewritePass):
             if arguments["max_norm"] is not None or arguments["scale_grad_by_freq"] or arguments["sparse"]:
                 declined(self.name, node, "max_norm, scale_grad_by_freq or a sparse gradient")
                 continue
-            padding_idx = arguments["padding_idx"]
-            if padding_idx is None:
-                padding_idx = -1
-            elif padding_idx < 0:  # as F.embedding counts it
-                padding_idx += weight.shape[0]
             m.replace_with_view(
                 graph,
                 node,
                 EmbeddingNode,
                 weight=arguments["weight"],
                 indices=arguments["input"],
-                padding_idx=padding_idx,
+                padding_idx=padding_row(arguments["padding_idx"], weight.shape[0]),
                 impl=options.impl,
             )
             count += 1
