@@ -231,3 +231,21 @@ def test_a_run_of_transformers_models_says_what_ran():
     assert "| gemma-7b (transformers, 2 layers, LM head) | 18.18 | 1.20x | 1.30x | - | 1.40x | - |" in report.summary(
         results
     )
+
+
+def test_an_older_run_of_a_model_is_named_and_its_goals_and_row_are_the_newest_runs():
+    def run(date, command, speedup):
+        configuration = {"models": {"llama3-8b": {}}, "mode": "train", "autocast": False, "batch": 2, "seq": 16}
+        rows = [{**row, "speedup_vs_inductor": speedup} for row in model_rows("llama3-8b", ["inductor"])]
+        goal = {"model": "llama3-8b", "goal": f"goal of {command}", "measured": "1.00x", "met": False}
+        environment = {**ENVIRONMENT, "date": date, "command": ["python3", command]}
+        return {"benchmark": "model", "configuration": configuration, "rows": rows, "goals": [goal]} | {
+            "environment": environment
+        }
+
+    results = {"a.json": run("2026-12-01T10:00:00", "old", 1.11), "b.json": run("2026-12-02T10:00:00", "new", 1.22)}
+    text = report.render(results)
+    assert "Older runs of these models, their tables in their JSON: `python3 old`: 2026-12-01." in text
+    assert "goal of new" in text and "goal of old" not in text and "`python3 new`: 2026-12-02." in text
+    summary = report.summary(results)
+    assert "| llama3-8b |" in summary and summary.count("| llama3-8b |") == 1
