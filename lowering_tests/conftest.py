@@ -98,6 +98,17 @@ def fresh_state(request):
     torch._dynamo.reset()
 
 
+@pytest.fixture(autouse=True)
+def reference_kernels_on_cpu(request, monkeypatch):
+    """Tests marked ``reference_kernels`` check whole models: what the passes fuse and how it is wired. On CPU they
+    run every kernel's reference implementation: interpreted, a Triton kernel runs a program per row, seconds per
+    step of a tiny model. The kernel, op and rewrite tests run the Triton kernels interpreted; a GPU runs them all."""
+    if DEVICE == "cpu" and request.node.get_closest_marker("reference_kernels"):
+        from turbo_inductor.kernels import registry
+
+        monkeypatch.setenv(registry.IMPL_ENV, "reference")
+
+
 class TakingSome:
     """An implementation that takes only some of a kernel's arguments (its ``supports``), as a module of kernel
     functions for the kernel tests: a call it does not take skips the test, naming why."""

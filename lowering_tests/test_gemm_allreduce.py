@@ -266,14 +266,27 @@ def _init(rank: int, port: int):
     return dist.group.WORLD, device
 
 
-def _compiled_matches_unfused(rank, port, spelling, impl, chunked):
+def _cases_on_one_group(rank, port, cases):
+    """Each ``(case, args)`` in turn, as ``case(group, device, *args)``, on one process group: a process spends
+    seconds importing, more than most cases take."""
     group, device = _init(rank, port)
     try:
-        if chunked:  # small thresholds: row chunks (overlap, symm_mem) on small tensors
-            overlap.CHUNK_MIN_ROWS, overlap.CHUNK_MIN_BYTES = 2, 0
+        for case, args in cases:
+            torch._dynamo.reset()
+            turbo_inductor.reset_records()
+            case(group, device, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def _compiled_matches_unfused(group, device, spelling, impl, chunked):
+    thresholds = overlap.CHUNK_MIN_ROWS, overlap.CHUNK_MIN_BYTES
+    if chunked:  # small thresholds: row chunks (overlap, symm_mem) on small tensors
+        overlap.CHUNK_MIN_ROWS, overlap.CHUNK_MIN_BYTES = 2, 0
+    try:
         torch.manual_seed(0)  # the same weights on both ranks
         model = RowParallel(spelling, group).to(device)
-        torch.manual_seed(1 + rank)  # each rank its own shard of the input
+        torch.manual_seed(1 + dist.get_rank())  # each rank its own shard of the input
         x = torch.randn(4, 5, 32).to(device)
         want = _run(model, x, "inductor")
         model.zero_grad(set_to_none=True)
@@ -288,18 +301,20 @@ def _compiled_matches_unfused(rank, port, spelling, impl, chunked):
         partial = torch.relu(model.proj(x)) * 2
         assert not torch.allclose(got[0], partial)
     finally:
-        dist.destroy_process_group()
+        overlap.CHUNK_MIN_ROWS, overlap.CHUNK_MIN_BYTES = thresholds
 
 
-@pytest.mark.parametrize("spelling, impl, chunked", [("funcol", "auto", False), ("in_place", "overlap", True)])
-def test_two_ranks_on_gloo_match_the_unfused_model(spelling, impl, chunked):
-    _spawn(_compiled_matches_unfused, spelling, impl, chunked)
+def test_two_ranks_on_gloo_match_the_unfused_model():
+    """The functional spelling whole, and the in-place one in row chunks (the overlap implementation)."""
+    cases = [("funcol", "auto", False), ("in_place", "overlap", True)]
+    _spawn(_cases_on_one_group, [(_compiled_matches_unfused, case) for case in cases])
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < WORLD, reason="symmetric memory: one GPU per rank")
-@pytest.mark.parametrize("chunked", [False, True])
-def test_two_ranks_through_symmetric_memory_match_the_unfused_model(chunked):
-    _spawn(_compiled_matches_unfused, "funcol", "symm_mem", chunked)
+def test_two_ranks_through_symmetric_memory_match_the_unfused_model():
+    """Whole and in row chunks."""
+    cases = [("funcol", "symm_mem", chunked) for chunked in (False, True)]
+    _spawn(_cases_on_one_group, [(_compiled_matches_unfused, case) for case in cases])
 
 
 def test_symmetric_memory_is_a_gpu_implementation_and_autotune_leaves_collectives_alone(fake_group, monkeypatch):
@@ -321,22 +336,15 @@ def test_symmetric_memory_is_a_gpu_implementation_and_autotune_leaves_collective
     assert registry._resolve("rmsnorm_fwd", torch.device("cpu"), "autotune")[0] == "autotune"
 
 
-def _disagreeing_shapes(rank, port):
-    group, device = _init(rank, port)
-    try:
-        x = torch.randn(4 + 2 * rank, 32, device=device)  # rank 1 has two more rows
-        with pytest.raises(ValueError, match=rf"disagree on the shapes: this rank \(rank {rank}\)"):
-            torch.ops.turbo_inductor.gemm_allreduce(x, torch.randn(24, 32, device=device), None, group.group_name)
-    finally:
-        dist.destroy_process_group()
+def _disagreeing_shapes(group, device):
+    rank = dist.get_rank()
+    x = torch.randn(4 + 2 * rank, 32, device=device)  # rank 1 has two more rows
+    with pytest.raises(ValueError, match=rf"disagree on the shapes: this rank \(rank {rank}\)"):
+        torch.ops.turbo_inductor.gemm_allreduce(x, torch.randn(24, 32, device=device), None, group.group_name)
 
 
-def test_ranks_that_disagree_on_shapes_all_get_an_error_not_a_hang():
-    _spawn(_disagreeing_shapes)
-
-
-def _disagreeing_shapes_compiled(rank, port, spelling):
-    group, device = _init(rank, port)
+def _disagreeing_shapes_compiled(group, device, spelling):
+    rank = dist.get_rank()
     checks = []
     gather = dist.all_gather_object
     dist.all_gather_object = lambda *args, **kwargs: checks.append(1) or gather(*args, **kwargs)
@@ -356,14 +364,15 @@ def _disagreeing_shapes_compiled(rank, port, spelling):
             ):
                 torch.compile(model, backend="primus_turbo")(x)
     finally:
-        dist.destroy_process_group()
+        dist.all_gather_object = gather
 
 
-def test_compiled_ranks_that_disagree_on_shapes_all_get_an_error_naming_them_not_a_hang():
-    """Compiled code checks the shapes it all-reduces once per graph, at its first call (per call, it would cost a
-    host round trip): every rank raises, naming each rank's shapes. Both spellings become this one op
-    (test_both_spellings_are_rewritten_in_training)."""
-    _spawn(_disagreeing_shapes_compiled, "funcol", timeout=300)
+def test_ranks_that_disagree_on_shapes_all_get_an_error_naming_them_not_a_hang():
+    """The op called eagerly, then compiled code, which checks the shapes it all-reduces once per graph, at its first
+    call (per call, it would cost a host round trip): every rank raises, naming each rank's shapes. Both spellings
+    become this one op (test_both_spellings_are_rewritten_in_training)."""
+    cases = [(_disagreeing_shapes, ()), (_disagreeing_shapes_compiled, ("funcol",))]
+    _spawn(_cases_on_one_group, cases, timeout=300)
 
 
 class TensorParallelBlock(nn.Module):

@@ -14,6 +14,7 @@ pytest.importorskip("transformers")
 LAYERS = 1  # one layer holds every fusion site: the input norm, the residual norms, the GLU
 
 
+@pytest.mark.reference_kernels
 def test_llama_runs_fused_ops_in_forward_and_backward():
     """In bf16, as it trains (fp32 numerics of the same spellings: test_rmsnorm_rewrite, test_glu_rewrite)."""
     torch.manual_seed(0)

@@ -9,17 +9,10 @@ import torch
 from compare import default_counts
 
 from benchmarks import convergence, run_model
-from turbo_inductor.kernels import registry
 from turbo_inductor.testing import hf
 
-
-@pytest.fixture(autouse=True)
-def reference_fp8_quantize(monkeypatch):
-    """The benchmark's harness is what these tests check: on CPU its FP8 quantization runs as the reference
-    implementation, which takes an FP8 step of the tiny layer from 10 s to 0.04 s (interpreted, the Triton kernel
-    runs a program per row of each weight; test_fp8_quant_kernels tests it)."""
-    if not torch.cuda.is_available():
-        monkeypatch.setenv(registry.IMPL_ENV, "fp8_quantize=reference")
+# the benchmark's harness is what these tests check (kernels: conftest.reference_kernels_on_cpu)
+pytestmark = pytest.mark.reference_kernels
 
 
 def read_json(path):

@@ -147,11 +147,13 @@ def native_ops():
         pytest.importorskip("ninja")
         from torch.utils.cpp_extension import load
 
-        # -O0: the meta kernels only compute shapes, and torch's headers build in half the time unoptimized
+        # -O0: the meta kernels only compute shapes, and torch's headers build in half the time unoptimized. A
+        # library, not a Python module: loading it registers the ops.
         load(
             name="turbo_inductor_native_meta",
             sources=[str(CSRC / "registration.cpp")],
             extra_cflags=["-O0"],
+            is_python_module=False,
             verbose=False,
         )
     return torch.ops.turbo_inductor_native

@@ -317,6 +317,7 @@ def test_info_prints_what_a_bug_report_needs(capsys, monkeypatch):
         assert f"\n  {kernel}: auto {registry.candidates(kernel, device)[0]}" in text
 
 
+@pytest.mark.reference_kernels
 def test_a_training_loop_over_eight_sequence_lengths_compiles_at_most_twice():
     """A tiny Hugging Face Llama trained on 8 sequence lengths with ``dynamic=None`` (the default): one graph for the
     first length and one dynamic graph that serves the other seven, each with its fusions. Hitting the recompile
