@@ -1,7 +1,7 @@
 // FP8 quantization with dynamic scaling in blocks of the whole tensor, of rows or of columns.
 // e4m3 or e5m2, into x's layout, x^T's, or both. Semantics: turbo_inductor/kernels/reference/fp8_quant.py.
 //   row blocks:    fp8_row_kernel reduces a row and writes its q from registers;
-//   tensor blocks: amax_tensor_kernel, then scale_kernel;
+//   tensor blocks: amax_tensor_kernel (a maximum per thread block), then scale_kernel over those;
 //   column blocks: amax_column_kernel (maxima per row split), then scale_kernel over the splits;
 //   both layouts of a rowwise operand: amax_column_kernel also takes the row maxima, in the same read.
 // fp8_cast_kernel then writes 64 x 64 tiles, transposing through shared memory for x^T.
@@ -104,8 +104,9 @@ __global__ void __launch_bounds__(1024) fp8_row_kernel(const T* __restrict__ x, 
   }
 }
 
+// Each thread block writes its maximum (bits) to partial[blockIdx.x]: no zeroed accumulator, no atomics.
 template <typename T, int V>
-__global__ void amax_tensor_kernel(const T* __restrict__ x, int64_t n_vec, int* __restrict__ amax_bits) {
+__global__ void amax_tensor_kernel(const T* __restrict__ x, int64_t n_vec, int* __restrict__ partial) {
   __shared__ float shared[kMaxWarps];
   uint32_t amax = 0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n_vec; i += int64_t{gridDim.x} * blockDim.x) {
@@ -114,7 +115,7 @@ __global__ void amax_tensor_kernel(const T* __restrict__ x, int64_t n_vec, int* 
     for (int j = 0; j < V; ++j) amax = max(amax, abs_bits(v.v[j]));
   }
   const float block_amax = block_reduce(__uint_as_float(amax), MaxOp(), shared);
-  if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_int(block_amax));
+  if (threadIdx.x == 0) partial[blockIdx.x] = __float_as_int(block_amax);
 }
 
 // The maximum over 32 lanes. On AMD that is half a wavefront, and the shuffles stay in that half.
@@ -418,14 +419,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fp8_quantize(
         } else {
           const auto int_options = x.options().dtype(at::kInt);
           if (blocks == Blocks::kTensor) {
-            at::Tensor amax_bits = at::zeros({1}, int_options);
             const int64_t n_vec = rows * cols / V;
             const int64_t n_blocks = std::min<int64_t>((n_vec + kThreads - 1) / kThreads, int64_t{sm_count()} * 8);
+            at::Tensor partial = at::empty({n_blocks}, int_options);
             amax_tensor_kernel<scalar_t, V><<<static_cast<unsigned>(n_blocks), kThreads, 0, stream>>>(
-                x_ptr, n_vec, amax_bits.data_ptr<int>());
+                x_ptr, n_vec, partial.data_ptr<int>());
             check_launch("amax_tensor_kernel");
-            launch_scales(amax_bits.data_ptr<int>(), 1, scale.data_ptr<float>(), recip.data_ptr<float>(), 1, format,
-                          power_of_two, stream);
+            launch_scales(partial.data_ptr<int>(), n_blocks, scale.data_ptr<float>(), recip.data_ptr<float>(), 1,
+                          format, power_of_two, stream);
           } else {
             // Column maxima, and row maxima for both layouts, as partials per row split and column block.
             // About 4 thread blocks per SM.
