@@ -336,8 +336,10 @@ def render(results: dict[str, dict]) -> str:
         for n, file in enumerate(f for f in files if f not in older):
             runs = _runs_of(results[file])
             goals = results[file].get("goals", [])
+            # a model with a newer run elsewhere: its rows and goals are that run's
+            shown = [r for r in results[file]["rows"] if "model" not in r or newest[(r["model"], *runs[0][1:])] == file]
             goals = [g for g in goals if not runs or newest[(g["model"], *runs[0][1:])] == file]
-            result = {**results[file], "goals": goals}
+            result = {**results[file], "rows": shown, "goals": goals}
             about = f"{benchmark.note} " * (n == 0) + _environment(file, result["environment"], shared)
             about += f" {benchmark.about(result)}"
             extra = benchmark.extra(result)
