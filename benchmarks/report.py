@@ -319,6 +319,11 @@ def _newest(results: dict[str, dict], files: list[str]) -> dict[tuple, str]:
     return newest
 
 
+def _shows(newest: dict[tuple, str], runs: list[tuple], file: str, model: str | None) -> bool:
+    """Whether ``file``'s table shows ``model``: its newest run (any row where the run names no models)."""
+    return not runs or model is None or newest[(model, *runs[0][1:])] == file
+
+
 def render(results: dict[str, dict]) -> str:
     """The README for ``results`` (file name: its JSON), one section per benchmark in BENCHMARKS' order."""
     machines = {_machine(result["environment"]) for result in results.values()}
@@ -337,8 +342,8 @@ def render(results: dict[str, dict]) -> str:
             runs = _runs_of(results[file])
             goals = results[file].get("goals", [])
             # a model with a newer run elsewhere: its rows and goals are that run's
-            shown = [r for r in results[file]["rows"] if "model" not in r or newest[(r["model"], *runs[0][1:])] == file]
-            goals = [g for g in goals if not runs or newest[(g["model"], *runs[0][1:])] == file]
+            shown = [row for row in results[file]["rows"] if _shows(newest, runs, file, row.get("model"))]
+            goals = [g for g in goals if _shows(newest, runs, file, g["model"])]
             result = {**results[file], "rows": shown, "goals": goals}
             about = f"{benchmark.note} " * (n == 0) + _environment(file, result["environment"], shared)
             about += f" {benchmark.about(result)}"

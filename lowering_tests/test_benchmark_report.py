@@ -234,10 +234,10 @@ def test_a_run_of_transformers_models_says_what_ran():
 
 
 def test_an_older_run_of_a_model_is_named_and_its_goals_and_row_are_the_newest_runs():
-    def run(date, command, speedup):
-        configuration = {"models": {"llama3-8b": {}}, "mode": "train", "autocast": False, "batch": 2, "seq": 16}
-        rows = [{**row, "speedup_vs_inductor": speedup} for row in model_rows("llama3-8b", ["inductor"])]
-        goal = {"model": "llama3-8b", "goal": f"goal of {command}", "measured": "1.00x", "met": False}
+    def run(date, command, speedup, models=("llama3-8b",)):
+        configuration = {"models": dict.fromkeys(models, {}), "mode": "train", "autocast": False, "batch": 2, "seq": 16}
+        rows = [{**row, "speedup_vs_inductor": speedup} for model in models for row in model_rows(model, ["inductor"])]
+        goal = {"model": models[0], "goal": f"goal of {command}", "measured": "1.00x", "met": False}
         environment = {**ENVIRONMENT, "date": date, "command": ["python3", command]}
         return {"benchmark": "model", "configuration": configuration, "rows": rows, "goals": [goal]} | {
             "environment": environment
@@ -249,3 +249,9 @@ def test_an_older_run_of_a_model_is_named_and_its_goals_and_row_are_the_newest_r
     assert "goal of new" in text and "goal of old" not in text and "`python3 new`: 2026-12-02." in text
     summary = report.summary(results)
     assert "| llama3-8b |" in summary and summary.count("| llama3-8b |") == 1
+    # a run of two models, one of them run again later: that model's rows and goals are the later run's only
+    results["c.json"] = run("2026-12-01T12:00:00", "both", 1.33, models=("gemma-7b", "llama3-8b"))
+    text = report.render(results)
+    both = text.split("`python3 both`")[1].split("\n\n", 2)[1]
+    assert both.splitlines()[2:3] == ["| inductor | 20.000 | 1.33x | 18.000 | 2.92 | 30.0 | 38.0 |"], "gemma's row only"
+    assert "goal of both" in text and "| inductor | 20.000 | 1.22x |" in text, "llama3-8b's, in its newest run"
