@@ -321,7 +321,7 @@ def _newest(results: dict[str, dict], files: list[str]) -> dict[tuple, str]:
 
 def _shows(newest: dict[tuple, str], runs: list[tuple], file: str, model: str | None) -> bool:
     """Whether ``file``'s table shows ``model``: its newest run (any row where the run names no models)."""
-    return not runs or model is None or newest[(model, *runs[0][1:])] == file
+    return not runs or model is None or newest.get((model, *runs[0][1:]), file) == file
 
 
 def render(results: dict[str, dict]) -> str:
@@ -340,10 +340,9 @@ def render(results: dict[str, dict]) -> str:
         older = [f for f in files if _runs_of(results[f]) and all(newest[k] != f for k in _runs_of(results[f]))]
         for n, file in enumerate(f for f in files if f not in older):
             runs = _runs_of(results[file])
-            goals = results[file].get("goals", [])
             # a model with a newer run elsewhere: its rows and goals are that run's
             shown = [row for row in results[file]["rows"] if _shows(newest, runs, file, row.get("model"))]
-            goals = [g for g in goals if _shows(newest, runs, file, g["model"])]
+            goals = [g for g in results[file].get("goals", []) if _shows(newest, runs, file, g["model"])]
             result = {**results[file], "rows": shown, "goals": goals}
             about = f"{benchmark.note} " * (n == 0) + _environment(file, result["environment"], shared)
             about += f" {benchmark.about(result)}"
@@ -382,14 +381,13 @@ def summary(results: dict[str, dict]) -> str:
     if not files:
         return "Not run on a GPU yet."
     newest = _newest(results, files)
-    runs = [results[file] for file in files]
     lines = _table(["model, 1 layer, training", "Inductor ms", *SUMMARY_COLUMNS], [])
     machines = set()
-    for file, run in zip(files, runs):
+    for file in files:
+        run = results[file]
         machines.add(f"{run['environment']['machine']}, torch {run['environment']['torch']}")
-        kind = (bool(run["configuration"].get("hf")), "train")
         for model in dict.fromkeys(row["model"] for row in run["rows"]):
-            if newest.get((model, *kind), file) != file:
+            if not _shows(newest, _runs_of(run), file, model):
                 continue
             rows = {row["column"]: row for row in run["rows"] if row["model"] == model}
             inductor = rows.get("inductor", {}).get("step_ms")
@@ -401,7 +399,7 @@ def summary(results: dict[str, dict]) -> str:
                 layers = run["configuration"]["models"][model]["layers"]
                 model = f"{model} (transformers, {_layers(layers)}, LM head)"
             lines.append(f"| {model} | {_number(inductor, '.2f')} | " + " | ".join(cells) + " |")
-    size = {(r["configuration"]["batch"], r["configuration"]["seq"]) for r in runs}
+    size = {(results[f]["configuration"]["batch"], results[f]["configuration"]["seq"]) for f in files}
     note = f"Batch x seq {', '.join(f'{b} x {q}' for b, q in sorted(size))}; {'; '.join(sorted(machines))}."
     return "\n".join([*lines, "", *_wrap(note)])
 
