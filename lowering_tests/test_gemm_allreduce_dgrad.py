@@ -11,7 +11,6 @@ from compare import assert_left_alone
 from test_gemm_allreduce import _init, _run, _spawn, autocast_matches_inductor
 
 import turbo_inductor
-from turbo_inductor.kernels import registry
 
 
 def autograd_function(name: str, forward, backward) -> type:
@@ -70,7 +69,6 @@ def matches_inductor(model, x, options=None):
     want = _run(model, x, "inductor")
     model.zero_grad(set_to_none=True)
     turbo_inductor.reset_records()
-    registry.reset_kernel_calls()
     got = _run(model, x, "primus_turbo", options)
     for g, w in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
@@ -89,8 +87,8 @@ def test_the_input_gradients_all_reduce_joins_the_linear(fake_group, spelling, b
     assert record.ops_before["autograd_function_apply"] == 1
     assert record.ops_after["autograd_function_apply"] == 0
     assert record.ops_after["turbo_inductor.linear_dgrad_allreduce"] == 1 and record.ops_after["linear"] == 0
-    # the backward's GEMM + all-reduce ran our kernel
-    assert registry.kernel_calls().get(("gemm_allreduce_fwd", "reference"), 0) >= 1
+    # the backward's GEMM + all-reduce runs our kernel (recorded on a cache hit too, where no kernel is traced)
+    assert record.implementations["gemm_allreduce_fwd"] == ["reference"]
 
 
 def test_under_autocast_the_op_computes_in_the_autocast_dtype(fake_group):
