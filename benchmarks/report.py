@@ -384,10 +384,10 @@ def summary(results: dict[str, dict]) -> str:
     lines = _table(["model, 1 layer, training", "Inductor ms", *SUMMARY_COLUMNS], [])
     machines = set()
     for file in files:
-        run = results[file]
+        run, runs = results[file], _runs_of(results[file])
         machines.add(f"{run['environment']['machine']}, torch {run['environment']['torch']}")
         for model in dict.fromkeys(row["model"] for row in run["rows"]):
-            if not _shows(newest, _runs_of(run), file, model):
+            if not _shows(newest, runs, file, model):
                 continue
             rows = {row["column"]: row for row in run["rows"] if row["model"] == model}
             inductor = rows.get("inductor", {}).get("step_ms")

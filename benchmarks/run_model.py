@@ -81,8 +81,8 @@ def time_ms(step, device: str) -> float:
     if device == "cuda":
         from triton.testing import do_bench
 
-        # The median of 1.5 s of steps: 25 or more of a 2-layer model at published sizes. 0.2 s took 5, and one
-        # tree's ratios moved by 1% between runs.
+        # The median of 1.5 s of steps: 25 or more of a 2-layer model at published sizes. Over 5 steps one tree's
+        # ratios moved by 1% between runs.
         return do_bench(step, warmup=25, rep=1500, return_mode="median")
     times = []
     for _ in range(5):
