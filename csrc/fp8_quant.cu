@@ -1,7 +1,7 @@
 // FP8 quantization with dynamic scaling in blocks of the whole tensor, of rows or of columns.
 // e4m3 or e5m2, into x's layout, x^T's, or both. Semantics: turbo_inductor/kernels/reference/fp8_quant.py.
 //   row blocks:    fp8_row_kernel reduces a row and writes its q from registers;
-//   tensor blocks: amax_tensor_kernel (a maximum per thread block), then scale_kernel over those;
+//   tensor blocks: amax_tensor_kernel (a maximum per thread block), then scale_one_kernel over those;
 //   column blocks: amax_column_kernel (maxima per row split), then scale_kernel over the splits;
 //   both layouts of a rowwise operand: amax_column_kernel also takes the row maxima, in the same read.
 // fp8_cast_kernel then writes 64 x 64 tiles, transposing through shared memory for x^T.
@@ -222,6 +222,24 @@ __global__ void scale_kernel(const int* __restrict__ amax_bits, int64_t n_partia
   recip[i] = 1.f / s;
 }
 
+// The scale of one block (a whole tensor): every thread strides over the partials, then the warps meet in shared
+// memory. scale_kernel's layout leaves 31 lanes of each warp idle: 189 us a step over Qwen2.5's 30 tensorwise
+// quantizations in inference on the H200, against 60 us for this kernel.
+__global__ void scale_one_kernel(const int* __restrict__ amax_bits, int64_t n_partials, float* __restrict__ scale,
+                                 float* __restrict__ recip, float fmax, bool power_of_two) {
+  __shared__ uint32_t warp_max[kThreads / 32];
+  uint32_t bits = 0;
+  for (int64_t p = threadIdx.x; p < n_partials; p += blockDim.x) bits = max(bits, static_cast<uint32_t>(amax_bits[p]));
+  bits = max_over_32_lanes(bits);
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = bits;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int w = 1; w < kThreads / 32; ++w) bits = max(bits, warp_max[w]);
+  const float s = block_scale(__uint_as_float(bits), fmax, power_of_two);
+  scale[0] = s;
+  recip[0] = 1.f / s;
+}
+
 // One 64 x 64 tile of x per thread block: q in x's layout and/or qt in x^T's, both in whole rows.
 // qt takes q's values, or its own with recip_t (the reciprocal scales of x's columns).
 // A thread converts V columns of kRowsPerThread adjacent rows, two values per conversion.
@@ -348,6 +366,11 @@ std::optional<Blocks> blocks_of(int64_t rows, int64_t cols, int64_t block_rows, 
 
 void launch_scales(const int* amax_bits, int64_t n_partials, float* scale, float* recip, int64_t n,
                    const Fp8Format& format, bool power_of_two, cudaStream_t stream) {
+  if (n == 1) {
+    scale_one_kernel<<<1, kThreads, 0, stream>>>(amax_bits, n_partials, scale, recip, format.fmax, power_of_two);
+    check_launch("scale_one_kernel");
+    return;
+  }
   scale_kernel<<<static_cast<unsigned>((n + kScaleLanes - 1) / kScaleLanes), kScaleLanes * kScalePartialLanes, 0,
                  stream>>>(amax_bits, n_partials, scale, recip, n, format.fmax, power_of_two);
   check_launch("scale_kernel");

@@ -9,6 +9,7 @@ from compare import assert_left_alone, assert_matches_inductor, assert_ran, ops_
 from conftest import DEVICE, assert_close
 
 import turbo_inductor
+from turbo_inductor.kernels.triton import interpreting as triton_interpreting
 from turbo_inductor.ops.library import OpInputError
 
 IMPLS = ["triton", "reference"]
@@ -28,6 +29,8 @@ def test_opcheck(impl):
     ops = torch.ops.turbo_inductor
     torch.library.opcheck(ops.cross_entropy_fwd, (logits, target, IGNORE, impl))
     torch.library.opcheck(ops.cross_entropy, (logits, target, IGNORE, "mean", impl))
+    lse, dloss = torch.randn(5, device=DEVICE), torch.randn(5, device=DEVICE)
+    torch.library.opcheck(ops.cross_entropy_bwd, (logits.detach(), target, lse, dloss, IGNORE, impl))
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -73,6 +76,11 @@ def test_bad_input_names_the_problem():
             turbo_inductor.ops.cross_entropy(*args)
     with pytest.raises(OpInputError, match="reduction must be one of"):
         turbo_inductor.ops.cross_entropy(logits, target, reduction="max")
+    rows = torch.randn(4, device=DEVICE)
+    bad_rows = ((rows[:3], rows, r"lse must be fp32 \[4\]"), (rows, rows.double(), "dloss must be fp32"))
+    for lse, dloss, message in bad_rows:
+        with pytest.raises(OpInputError, match=message):
+            torch.ops.turbo_inductor.cross_entropy_bwd(logits.detach(), target, lse, dloss)
 
 
 class LMHeadLoss(nn.Module):
@@ -112,11 +120,24 @@ def lm_inputs(dtype=torch.bfloat16, vocab=300):
 
 def test_hugging_face_loss_reads_the_bf16_logits_in_training():
     model, inputs = LMHeadLoss().to(DEVICE), lm_inputs()
-    counts = assert_matches_inductor(model, inputs, precision=torch.float32)
+    counts = assert_matches_inductor(model, inputs)
     assert counts["cross_entropy"] == 1
     assert ops_after("turbo_inductor.cross_entropy") == 1
     assert ops_after("Tensor.float") == 0, "no fp32 copy of the logits"
     assert_ran("cross_entropy_fwd", 1)
+    assert_ran("cross_entropy_bwd", 1)
+    assert turbo_inductor.compile_records()[-1].implementations["cross_entropy_bwd"][0] == (
+        "triton" if DEVICE == "cuda" or triton_interpreting() else "reference"
+    )
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_logits_of_an_fp8_lm_head_take_the_gradient_inductor_fuses(recipe):
+    """The reference gradient is tensor math: Inductor fuses it into the FP8 LM head's quantization of dy."""
+    model, inputs = LMHeadLoss(vocab=320).to(DEVICE), lm_inputs(vocab=320)
+    counts = rewrites_without_compiling(model, inputs, options={"fp8": recipe})
+    assert counts["fp8"] == 1 and counts["cross_entropy"] == 1
+    assert turbo_inductor.compile_records()[-1].implementations["cross_entropy_bwd"] == ["reference"]
 
 
 @pytest.mark.parametrize("style", ["hf_num_items", "module"])
@@ -124,7 +145,7 @@ def test_other_spellings_are_rewritten(style):
     dtype = torch.float32 if style == "module" else torch.bfloat16
     model, inputs = LMHeadLoss(dtype=dtype, style=style).to(DEVICE), lm_inputs(dtype)
     assert rewrites_without_compiling(model, inputs)["cross_entropy"] == 1
-    assert_matches_inductor(model, inputs, precision=torch.float32)
+    assert_matches_inductor(model, inputs)
 
 
 @pytest.mark.parametrize("style", ["smoothing", "bf16"])
@@ -148,7 +169,10 @@ def test_compiled_loss_launches_the_kernel_at_a_real_vocabulary():
 
     (loss, logits), codes = run_and_get_code(step)
     code = "\n".join(codes)
-    assert "_cross_entropy_fwd_kernel" in code and "torch.ops.turbo_inductor" not in code
+    assert "_cross_entropy_fwd_kernel" in code and "_cross_entropy_bwd_kernel" in code
+    assert "torch.ops.turbo_inductor" not in code
     rows = logits.detach().double().view(-1, 32064).requires_grad_()
     expected = F.cross_entropy(rows, F.pad(labels, (0, 1), value=IGNORE)[..., 1:].reshape(-1), ignore_index=IGNORE)
     assert_close(loss, expected, torch.float32)
+    expected.backward()
+    assert_close(h.grad, (rows.grad @ model.lm_head.weight.double()).view_as(h), torch.bfloat16)

@@ -107,3 +107,15 @@ def test_the_triton_lookup_gives_nan_for_an_index_out_of_range():
     indices[1, 2] = 50
     out = torch.ops.turbo_inductor.embedding(weight, indices, -1, "triton")
     assert out[1, 2].isnan().all() and not out[0].isnan().any()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_indices_out_of_range_add_nothing_to_the_gradient(impl):
+    weight, indices = table_and_indices()
+    indices[1, :4] = torch.tensor([-5, -1, 50, 63])  # before and after every row once sorted
+    grad = torch.randn(*indices.shape, 40, device=DEVICE)
+    dweight = torch.ops.turbo_inductor.embedding_bwd(grad, indices, 50, -1, impl)
+    keep = (indices >= 0) & (indices < 50)
+    expected = torch.zeros(50, 40, dtype=torch.float64, device=DEVICE)
+    expected.index_add_(0, indices[keep], grad[keep].double())
+    assert_close(dweight, expected, torch.float32)

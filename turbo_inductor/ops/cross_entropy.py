@@ -2,13 +2,14 @@
 target, ignore_index=..., reduction=...)`` without the fp32 copy of the logits.
 
 Ops in ``torch.ops.turbo_inductor``:
-  cross_entropy(logits, target, ignore_index, reduction, impl) -> loss       public (composite over the forward)
-  cross_entropy_fwd(logits, target, ignore_index, impl) -> (loss, lse)       custom op, per row, fp32 [N] each
+  cross_entropy(logits, target, ignore_index, reduction, impl) -> loss          public (composite over the forward)
+  cross_entropy_fwd(logits, target, ignore_index, impl) -> (loss, lse)          custom op, per row, fp32 [N] each
+  cross_entropy_bwd(logits, target, lse, dloss, ignore_index, impl) -> dlogits  custom op (not differentiable)
 
 A row whose target is ``ignore_index`` has loss 0 and counts in no mean; a target outside [0, V) gives NaN.
-The gradient, ``(softmax - onehot) * dloss`` in fp32 returned in the logits' dtype, is plain tensor math: Inductor
-fuses it into one pass that also feeds the LM head's backward (its FP8 quantization, for one). ``docs/ops.md``,
-"Cross-entropy".
+The gradient, ``(softmax - onehot) * dloss`` in fp32 returned in the logits' dtype, is ``cross_entropy_bwd``. Its
+reference is plain tensor math, which Inductor fuses into the gradient's consumer (an FP8 LM head's quantization
+of dy); its Triton kernel is faster where nothing would fuse. ``docs/ops.md``, "Cross-entropy".
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..kernels import registry
 from .library import SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, define_composite, kernel_op
 from .node import OpNode
 
-FWD_KERNEL = "cross_entropy_fwd"
+FWD_KERNEL, BWD_KERNEL = "cross_entropy_fwd", "cross_entropy_bwd"
 REDUCTIONS = ("mean", "sum", "none")
 TARGET_DTYPES = (torch.int64, torch.int32)
 
@@ -61,25 +62,42 @@ def _(logits, target, ignore_index=-100, impl="auto"):
     return rows, torch.empty_like(rows)
 
 
-def logits_grad(logits: Tensor, target: Tensor, lse: Tensor, dloss: Tensor, ignore_index: int) -> Tensor:
-    """``(softmax(logits) - onehot(target)) * dloss`` per row, zero on ignored rows, in the logits' dtype."""
-    classes = torch.arange(logits.shape[1], device=logits.device)
-    softmax = torch.exp(logits.float() - lse.unsqueeze(1))
-    grad = (softmax - (classes == target.unsqueeze(1)).float()) * dloss.unsqueeze(1)
-    # A select, not a multiply: an ignored row's inf or NaN logits must not reach the gradient.
-    return torch.where((target != ignore_index).unsqueeze(1), grad, 0.0).to(logits.dtype)
+@kernel_op("cross_entropy_bwd", (BWD_KERNEL,))
+def cross_entropy_bwd(
+    logits: Tensor, target: Tensor, lse: Tensor, dloss: Tensor, ignore_index: int = -100, impl: str = "auto"
+) -> Tensor:
+    _check_inputs("cross_entropy_bwd", logits, target)
+    for name, rows in (("lse", lse), ("dloss", dloss)):
+        check(
+            rows.dtype == torch.float32 and rows.shape == (logits.shape[0],),
+            "cross_entropy_bwd",
+            lambda name=name, rows=rows: (
+                f"{name} must be fp32 [{logits.shape[0]}], got {rows.dtype} {list(rows.shape)}"
+            ),
+        )
+    if logits.shape[0] == 0:
+        return torch.empty_like(logits)
+    return registry.select(BWD_KERNEL, logits.device, impl)(
+        logits.contiguous(), target.contiguous(), lse.contiguous(), dloss.contiguous(), ignore_index
+    )
+
+
+@cross_entropy_bwd.register_fake
+def _(logits, target, lse, dloss, ignore_index=-100, impl="auto"):
+    _check_inputs("cross_entropy_bwd", logits, target)
+    return torch.empty_like(logits, memory_format=torch.contiguous_format)
 
 
 def _setup_fwd(ctx, inputs, output):
-    logits, target, ignore_index, _impl = inputs
+    logits, target, ignore_index, impl = inputs
     ctx.save_for_backward(logits, target, output[1])
-    ctx.ignore_index = ignore_index
+    ctx.ignore_index, ctx.impl = ignore_index, impl
     ctx.mark_non_differentiable(output[1])
 
 
 def _backward_fwd(ctx, dloss, _dlse):
     logits, target, lse = ctx.saved_tensors
-    return logits_grad(logits, target, lse, dloss, ctx.ignore_index), None, None, None
+    return cross_entropy_bwd(logits, target, lse, dloss.float(), ctx.ignore_index, ctx.impl), None, None, None
 
 
 cross_entropy_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
@@ -111,12 +129,13 @@ def can_rewrite(logits: Tensor, target: Tensor) -> bool:
         and target.dim() == 1
         and target.device == logits.device
         and registry.available_on(FWD_KERNEL, logits.device)
+        and registry.available_on(BWD_KERNEL, logits.device)
     )
 
 
 class CrossEntropyNode(OpNode):
     op = cross_entropy
-    kernels = (FWD_KERNEL,)
+    kernels = (FWD_KERNEL, BWD_KERNEL)
     logits: fx.Node
     target: fx.Node
     ignore_index: int

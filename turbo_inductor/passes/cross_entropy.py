@@ -3,8 +3,9 @@
 Spellings matched: ``F.cross_entropy`` (``nn.CrossEntropyLoss`` calls it) on fp32 logits [N, V] and targets [N],
 any ``ignore_index``, reduction mean, sum or none; no class weights, no label smoothing.
 Hugging Face's causal-LM loss upcasts first, ``logits.float().view(-1, V)``: the op then reads the bf16 logits and
-computes in fp32 as the upcast did, with no fp32 copy. Why the loss is worth a kernel: ``docs/ops.md``,
-"Cross-entropy".
+computes in fp32 as the upcast did, with no fp32 copy. Logits from an FP8 linear (the LM head) take the gradient's
+reference, tensor math that Inductor fuses into that linear's quantization of dy, unless ``impl`` names another.
+Why the loss is worth a kernel: ``docs/ops.md``, "Cross-entropy".
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from ..ops.cross_entropy import REDUCTIONS, CrossEntropyNode, can_rewrite
+from ..kernels import registry
+from ..ops.cross_entropy import BWD_KERNEL, REDUCTIONS, CrossEntropyNode, can_rewrite
+from ..ops.fp8_linear import FP8LinearNode
 from ..options import Options
 from . import matcher as m
 from .manager import Phase, RewritePass, declined
@@ -45,6 +48,17 @@ def _without_upcast(logits: fx.Node) -> fx.Node:
     return logits
 
 
+def _from_fp8_linear(logits: fx.Node) -> bool:
+    """Whether ``logits`` is an FP8 linear's output, directly or under views."""
+    while isinstance(logits, fx.Node):
+        if FP8LinearNode.matches(logits):
+            return True
+        if not (m.calls(logits, "view", (torch.reshape,)) or m.calls(logits, "reshape")):
+            return False
+        logits = logits.args[0]
+    return False
+
+
 class CrossEntropyPass(RewritePass):
     """`F.cross_entropy` to `turbo_inductor.cross_entropy`: the logits read in their own dtype."""
 
@@ -68,13 +82,18 @@ class CrossEntropyPass(RewritePass):
                 target=arguments["target"],
                 ignore_index=arguments["ignore_index"],
                 reduction=arguments["reduction"],
-                impl=options.impl,
+                impl=self._impl(logits, options.impl),
             )
             node.replace_all_uses_with(ce.node)
             graph.erase_node(node)
             m.erase_unused([upcast] if upcast is not logits else [])
             count += 1
         return count
+
+    @staticmethod
+    def _impl(logits: fx.Node, impl: str) -> str:
+        """``impl``; under auto, the gradient's reference where the logits come from an FP8 linear."""
+        return f"{BWD_KERNEL}=reference" if impl == registry.AUTO and _from_fp8_linear(logits) else impl
 
     @staticmethod
     def _declines(arguments: dict) -> str | None:

@@ -1,6 +1,7 @@
-"""Cross-entropy's forward in plain PyTorch. It defines the semantics.
+"""Cross-entropy's forward and logits gradient in plain PyTorch. They define the semantics.
 Per row of logits [N, V], in fp32: ``lse = logsumexp(row)`` and ``loss = lse - row[target]``; a row whose target
-is ``ignore_index`` has loss 0, and a target outside [0, V) otherwise gives NaN. See docs/kernels.md, Cross-entropy.
+is ``ignore_index`` has loss 0, and a target outside [0, V) otherwise gives NaN. The gradient is
+``(exp(row - lse) - onehot(target)) * dloss``, zero on ignored rows. See docs/kernels.md, Cross-entropy.
 """
 
 from __future__ import annotations
@@ -30,3 +31,17 @@ def cross_entropy_fwd(
     lse = torch.logsumexp(logits.float(), dim=1)
     picked, valid = target_logits(logits, target, ignore_index)
     return torch.where(valid, lse - picked, 0.0), lse
+
+
+@implementation(
+    "cross_entropy_bwd", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=traced_off_cpu
+)
+def cross_entropy_bwd(
+    logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor, ignore_index: int
+) -> torch.Tensor:
+    """dlogits [N, V] in the logits' dtype, from the forward's lse and dloss (fp32 [N] each)."""
+    classes = torch.arange(logits.shape[1], device=logits.device)
+    softmax = torch.exp(logits.float() - lse.unsqueeze(1))
+    grad = (softmax - (classes == target.unsqueeze(1)).float()) * dloss.unsqueeze(1)
+    # A select, not a multiply: an ignored row's inf or NaN logits must not reach the gradient.
+    return torch.where((target != ignore_index).unsqueeze(1), grad, 0.0).to(logits.dtype)
