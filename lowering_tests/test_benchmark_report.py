@@ -101,7 +101,12 @@ def every_benchmark() -> dict[str, dict]:
                 {"shape": shape, "mode": mode, "column": column, "ms": 1.0, "speedup_vs_torch_grouped_mm": 1.0}
                 for shape in ("mixtral-8x7b gate_up 16384x4096->28672", "qwen3-30b-a3b down 65536x768->2048")
                 for mode in ("fwd", "fwd+bwd")
-                for column in ("bf16 torch._grouped_mm", "grouped_mm", "fp8_grouped_mm rowwise")
+                for column in (
+                    "bf16 torch._grouped_mm",
+                    "grouped_mm",
+                    "fp8_grouped_mm rowwise",
+                    "grouped_mm impl=triton",
+                )
             ],
         ),
         "convergence.json": result(
@@ -128,6 +133,11 @@ def test_a_readme_of_every_benchmark_fits_two_pages():
         assert len(lines) <= report.MAX_LINES
         assert max(map(len, lines)) <= report.MAX_WIDTH, max(lines, key=len)
     assert "Not run on a GPU yet" not in report.render(every_benchmark())
+
+
+def test_grouped_gemms_forced_onto_one_implementation_stay_in_the_json():
+    text = report.render(every_benchmark())
+    assert "| fp8_grouped_mm rowwise |" in text and "impl=triton" not in text
 
 
 def test_the_report_renders_a_result():
