@@ -66,15 +66,7 @@ def _(logits, target, ignore_index=-100, impl="auto"):
 def cross_entropy_bwd(
     logits: Tensor, target: Tensor, lse: Tensor, dloss: Tensor, ignore_index: int = -100, impl: str = "auto"
 ) -> Tensor:
-    _check_inputs("cross_entropy_bwd", logits, target)
-    for name, rows in (("lse", lse), ("dloss", dloss)):
-        check(
-            rows.dtype == torch.float32 and rows.shape == (logits.shape[0],),
-            "cross_entropy_bwd",
-            lambda name=name, rows=rows: (
-                f"{name} must be fp32 [{logits.shape[0]}], got {rows.dtype} {list(rows.shape)}"
-            ),
-        )
+    _check_backward(logits, target, lse, dloss)
     if logits.shape[0] == 0:
         return torch.empty_like(logits)
     return registry.select(BWD_KERNEL, logits.device, impl)(
@@ -84,8 +76,20 @@ def cross_entropy_bwd(
 
 @cross_entropy_bwd.register_fake
 def _(logits, target, lse, dloss, ignore_index=-100, impl="auto"):
-    _check_inputs("cross_entropy_bwd", logits, target)
+    _check_backward(logits, target, lse, dloss)
     return torch.empty_like(logits, memory_format=torch.contiguous_format)
+
+
+def _check_backward(logits: Tensor, target: Tensor, lse: Tensor, dloss: Tensor) -> None:
+    _check_inputs("cross_entropy_bwd", logits, target)
+    for name, rows in (("lse", lse), ("dloss", dloss)):
+        check(
+            rows.dtype == torch.float32 and rows.shape == (logits.shape[0],),
+            "cross_entropy_bwd",
+            lambda name=name, rows=rows: (
+                f"{name} must be fp32 [{logits.shape[0]}], got {rows.dtype} {list(rows.shape)}"
+            ),
+        )
 
 
 def _setup_fwd(ctx, inputs, output):
