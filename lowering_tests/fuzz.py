@@ -50,6 +50,7 @@ OP_KERNELS = {
     "glu_fused": ({"glu_fwd"}, {"glu_bwd"}),
     "glu_fp8": ({"glu_fwd_fp8"}, {"glu_bwd"}),
     "fp8_linear": ({"fp8_quantize", "fp8_gemm"}, {"fp8_quantize", "fp8_gemm"}),
+    "fp8_shared_input": ({"fp8_quantize"}, set()),
     "gemm_allreduce": ({"gemm_allreduce_fwd"}, {"gemm_allreduce_bwd"}),
     "linear_dgrad_allreduce": (set(), {"gemm_allreduce_fwd"}),  # the forward is a plain GEMM
     "grouped_mm": ({"grouped_gemm"}, {"grouped_gemm", "grouped_gemm_wgrad"}),
@@ -175,15 +176,19 @@ class Linear(nn.Module):
         return torch.mm(rows, self.w.t()) if self.spelling == "torch.mm" else torch.addmm(self.b, rows, self.w.t())
 
 
-def concatenations(s: Setting, linears: list[Linear]) -> Expect:
-    """What fp8_concat does to ``linears``, all reading one x: those spelled on x directly, grouped by bias, become one
-    FP8 linear per group of two or more, where the recipe concatenates their weights exactly."""
+def concatenations(s: Setting, linears: list[Linear], producer: bool = False) -> Expect:
+    """What fp8_concat and fp8_shared_input do to ``linears``, all reading one x: those spelled on x directly, grouped
+    by bias, become one FP8 linear per group of two or more, where the recipe concatenates their weights exactly.
+    Two or more FP8 linears then left on x share one quantization of it, unless its ``producer`` writes x in FP8.
+    (torch.mm and addmm each read their own reshape of x.)"""
     expect = Expect()
+    direct = [linear for linear in linears if linear.direct]
     for bias in (False, True):
-        group = [linear for linear in linears if linear.direct and linear.has_bias == bias]
+        group = [linear for linear in direct if linear.has_bias == bias]
         if s.fp8 is not None and len(group) > 1 and RECIPES[s.fp8].concatenates_exactly([lin.n for lin in group]):
             expect.fired(fp8_concat=1).left(fp8_linear=1 - len(group))
-    return expect
+    shared = int(s.fp8 is not None and not producer and len(direct) + expect.ops["fp8_linear"] > 1)
+    return expect.fired(fp8_shared_input=shared).left(fp8_shared_input=shared)
 
 
 # ---- blocks ------------------------------------------------------------------------------------------------------
@@ -339,8 +344,9 @@ class NormLinearsBlock(Block):
         expect = Expect().fired(rmsnorm=1)
         for linear in self.linears:
             expect.add(linear.expect())
-        expect.add(concatenations(self.setting, list(self.linears)))
-        if self.setting.fp8_producers and self.norm.fused_whole:
+        producer = self.setting.fp8_producers and self.norm.fused_whole
+        expect.add(concatenations(self.setting, list(self.linears), producer))
+        if producer:
             return expect.fired(rmsnorm_fp8=1).left(rmsnorm_fp8=1)
         return expect.left(rmsnorm=1)
 
@@ -592,6 +598,8 @@ class TitanMoEBlock(Block):
         width = self.layer.shared.w1.out_features if self.shared else 0
         concatenated = int(self.shared and RECIPES[s.fp8].concatenates_exactly([width, width]))
         expect.fired(fp8_concat=concatenated).left(fp8_linear=-concatenated)
+        shared_x = int(self.shared and not concatenated)  # w1 and w3 share x's quantization
+        expect.fired(fp8_shared_input=shared_x).left(fp8_shared_input=shared_x)
         if s.fp8_producers:
             return expect.fired(glu_fp8=1 + shared).left(glu_fp8=1 + shared)
         return expect.left(glu=1 + shared - concatenated, glu_fused=concatenated)
@@ -682,14 +690,16 @@ KINDS: dict[str, type[Block]] = {
     )
 }
 # Example i leads with LEADS[i % len(LEADS)]: (block kind, the fp8 option, its arguments). The fp8 option: "row"
-# a recipe whose producers fuse, "concat" one that also concatenates linears reading one x, "any" any recipe, "off"
-# none, None drawn. Any len(LEADS) consecutive seeds take every block kind and fire every pass.
+# a recipe whose producers fuse, "concat" one that also concatenates linears reading one x, "shared" one whose
+# linears on one x stay separate (they share its quantization), "any" any recipe, "off" none, None drawn. Any
+# len(LEADS) consecutive seeds take every block kind and fire every pass.
 LEADS = (
     ("norm", None, {}),
     ("residual_norm", None, {"residual": True}),
     ("glu", None, {}),
     ("glu", "row", {"down": "direct"}),  # glu_fp8
     ("norm_linears", "concat", {"plain": True, "concatenated": True}),  # rmsnorm_fp8, fp8_concat
+    ("norm_linears", "shared", {"concatenated": True}),  # fp8_shared_input
     ("linears", "any", {}),
     ("scaled_mm", None, {}),
     ("torchao", None, {}),
@@ -777,6 +787,8 @@ def generate(seed: int, lead: tuple | None = None, kinds=None, count: int | None
         recipe = rng.choice(ROW_RECIPES)
     elif fp8 == "concat":
         recipe = rng.choice(CONCAT_RECIPES)
+    elif fp8 == "shared":
+        recipe = "tensorwise"
     elif fp8 == "any" or (fp8 is None and rng.random() < 0.4):
         recipe = rng.choice(sorted(RECIPES))
     else:

@@ -144,8 +144,13 @@ def graphs() -> dict:
     """(capture, options) of graphs on which every pass fires: FP8 where it takes no linear the others want."""
     moe = TitanMoE(64, 32, experts=4, top_k=2, expert_dtype=torch.bfloat16).to(torch.bfloat16)
     fp8 = {"fp8": "rowwise"}
+
+    def decoder():
+        return dynamo_graph(Decoder(), torch.randint(0, 100, (2, 8)), torch.randint(0, 100, (2, 8)))
+
     return {
-        "decoder": (lambda: dynamo_graph(Decoder(), torch.randint(0, 100, (2, 8)), torch.randint(0, 100, (2, 8))), fp8),
+        "decoder": (decoder, fp8),
+        "decoder tensorwise": (decoder, {"fp8": "tensorwise"}),  # separate q/k/v and gate/up share x
         "tensor parallel": (lambda: dynamo_graph(TensorParallel(), torch.randn(4, 64, requires_grad=True)), {}),
         "moe": (lambda: dynamo_graph(moe, torch.randn(2, 8, 64, dtype=torch.bfloat16)), fp8),
     }

@@ -15,6 +15,7 @@ from . import cross_entropy as _cross_entropy  # noqa: F401  (defines the ops)
 from . import embedding as _embedding
 from . import fp8 as _fp8  # noqa: F401
 from . import fp8_linear as _fp8_linear  # noqa: F401
+from . import fp8_shared_input as _fp8_shared_input  # noqa: F401
 from . import gemm_allreduce as _gemm_allreduce  # noqa: F401
 from . import glu as _glu  # noqa: F401
 from . import glu_fp8 as _glu_fp8  # noqa: F401
@@ -124,12 +125,27 @@ def fp8_linear(
     x_q: Optional[Tensor] = None,
     x_scale: Optional[Tensor] = None,
     save_weight_t: bool = True,
+    x_t: Optional[Tensor] = None,
+    x_t_scale: Optional[Tensor] = None,
 ) -> Tensor:
     """``F.linear`` with x and weight quantized to FP8 by ``recipe`` (``turbo_inductor.recipes.RECIPES``).
 
-    ``x_q``, ``x_scale``: x already quantized for the forward, as :func:`rmsnorm_fp8` gives them.
+    ``x_q``, ``x_scale``: x already quantized for the forward, as :func:`rmsnorm_fp8` gives them; ``x_t``,
+    ``x_t_scale``: x^T for the wgrad too, as :func:`fp8_shared_input` gives them.
     ``save_weight_t=False``: the backward quantizes W^T again; less memory, one more read of W."""
-    return torch.ops.turbo_inductor.fp8_linear(x, weight, bias, recipe, impl, x_q, x_scale, save_weight_t)
+    return torch.ops.turbo_inductor.fp8_linear(
+        x, weight, bias, recipe, impl, x_q, x_scale, save_weight_t, x_t, x_t_scale
+    )
+
+
+def fp8_shared_input(
+    x: Tensor, weights: list[Tensor], recipe: str = "tensorwise", *, impl: str = "auto"
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(q, scale, q_t, scale_t)``: x quantized once for the FP8 linears of ``weights`` that read it.
+
+    x^T (q_t, scale_t) where one of those weights wants a gradient, else empty. Each :func:`fp8_linear` takes them
+    as ``x_q``, ``x_scale``, ``x_t``, ``x_t_scale``."""
+    return torch.ops.turbo_inductor.fp8_shared_input(x, weights, recipe, impl)
 
 
 def grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, *, impl: str = "auto") -> Tensor:

@@ -1,12 +1,12 @@
 """FP8 linear: ``y = x W^T (+ bias)`` with x and W quantized by a recipe, forward and backward.
 
 Ops in ``torch.ops.turbo_inductor``:
-  fp8_linear(x, weight, bias, recipe, impl, x_q, x_scale, save_weight_t) -> y
+  fp8_linear(x, weight, bias, recipe, impl, x_q, x_scale, save_weight_t, x_t, x_t_scale) -> y
                                                                  public op: fp8_linear_fwd(...)[0] where a
                                                                  gradient is wanted, else fp8_linear_inference
   fp8_linear_inference(x, weight, bias, recipe, impl, x_q, x_scale, w_q, w_scale) -> y
                                                                  the forward alone; W as weight or quantized
-  fp8_linear_fwd(x, weight, bias, recipe, impl, x_q, x_scale, weight_grad, save_weight_t)
+  fp8_linear_fwd(x, weight, bias, recipe, impl, x_q, x_scale, weight_grad, save_weight_t, x_t, x_t_scale)
                                                                  -> (y, x_t, x_t_scale, w_t, w_t_scale)
                                                                  custom op; backward: fp8_linear_bwd (+ dbias)
   fp8_linear_bwd(dy, x, weight, x_t, x_t_scale, w_t, w_t_scale, recipe, impl) -> (dx, dweight)
@@ -15,7 +15,9 @@ Each GEMM operand is quantized with dynamic scaling, in blocks set by the recipe
 The forward saves x^T and W^T quantized; the backward reads neither x nor W again.
 A weight that wants no gradient (``weight_grad`` False) gets no wgrad: dweight is empty.
 ``save_weight_t=False``: the backward quantizes W^T from W instead of saving it (FSDP2).
-``x_q``, ``x_scale``: x already quantized by its producer (``rmsnorm_fp8``, ``glu_fp8``).
+``x_q``, ``x_scale``: x already quantized by its producer (``rmsnorm_fp8``, ``glu_fp8``, ``fp8_shared_input``).
+``x_t``, ``x_t_scale``: x^T quantized too (``fp8_shared_input``). The backward reads them; the forward then saves
+no x^T of its own and returns it empty.
 Under Inductor's ``freezing``, W is quantized once, at compile time.
 Why: ``docs/ops.md``, "FP8 linear".
 """
@@ -46,7 +48,7 @@ from .library import (
 from .node import OpNode
 
 
-def _operand(
+def quantize_operand(
     t: Tensor, block: tuple[int, int], dtype: torch.dtype, recipe: Recipe, impl: str, transposed: bool = False
 ) -> tuple[Tensor, Tensor]:
     """(q, scale): the GEMM operand ``t`` [R, C] quantized in ``block``-shaped blocks.
@@ -60,7 +62,7 @@ def _operand(
     return q_t, scale.t().contiguous()
 
 
-def _operand_both(
+def quantize_operand_both(
     t: Tensor, block: tuple[int, int], dtype: torch.dtype, recipe: Recipe, impl: str
 ) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
     """``t`` [R, C] and ``t^T`` [C, R] quantized in ``block``-shaped blocks, by one call."""
@@ -87,10 +89,14 @@ def _check(
     x_scale: Optional[Tensor] = None,
     w_q: Optional[Tensor] = None,
     w_scale: Optional[Tensor] = None,
+    x_t: Optional[Tensor] = None,
+    x_t_scale: Optional[Tensor] = None,
 ) -> None:
     """Takes ``weight`` or, for inference, W quantized as ``w_q``, ``w_scale``: exactly one of them."""
     check(recipe in RECIPES, op, lambda: f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}")
     check((x_q is None) == (x_scale is None), op, lambda: "x_q and x_scale must be given together")
+    check((x_t is None) == (x_t_scale is None), op, lambda: "x_t and x_t_scale must be given together")
+    check(x_t is None or x_q is not None, op, lambda: "x_t is x^T quantized beside x_q: give x_q too")
     check((w_q is None) == (w_scale is None), op, lambda: "w_q and w_scale must be given together")
     check(
         (weight is None) != (w_q is None),
@@ -114,6 +120,9 @@ def _check(
     )
     if x_q is not None:
         check_quantized(op, "x", x_q, x_scale, math.prod(x.shape[:-1]), k, x.device, r.activation_block, recipe)
+    if _handed(x_t):
+        rows = math.prod(x.shape[:-1])
+        check_quantized(op, "x_t", x_t, x_t_scale, k, rows, x.device, r.activation_block, recipe)
 
 
 def check_quantized(
@@ -162,11 +171,16 @@ def _keeps_x(recipe: str) -> bool:
     return RECIPES[recipe].high_precision_wgrad
 
 
-def _saves_x_t(recipe: str, weight_grad: bool) -> bool:
+def saves_x_t(recipe: str, weight_grad: bool) -> bool:
     """Whether the forward saves x^T quantized, for the wgrad.
 
     Not for a weight wanting no gradient, nor for a wgrad taking x itself."""
     return weight_grad and not _keeps_x(recipe)
+
+
+def _handed(x_t: Optional[Tensor]) -> bool:
+    """Whether x^T came quantized from x's producer. Empty where it wrote none (its readers wanted no wgrad)."""
+    return x_t is not None and x_t.dim() == 2
 
 
 def _forward(
@@ -182,32 +196,40 @@ def _forward(
     w_scale: Optional[Tensor] = None,
     weight_grad: bool = True,
     save_weight_t: bool = True,
+    x_t: Optional[Tensor] = None,
+    x_t_scale: Optional[Tensor] = None,
 ) -> tuple[Tensor, ...]:
     """(y,), or with ``for_backward`` (y, *what the backward takes).
 
-    ``x_q``, ``x_scale``: x quantized by its producer, or None.
+    ``x_q``, ``x_scale``: x quantized by its producer, or None; ``x_t``, ``x_t_scale`` x^T with them, or None.
+    A handed x^T is returned empty: the backward reads the input (``_saves``).
     ``w_q``, ``w_scale``: W already quantized (inference, weight None)."""
-    _check("fp8_linear", x, weight, bias, recipe, x_q, x_scale, w_q, w_scale)
+    _check("fp8_linear", x, weight, bias, recipe, x_q, x_scale, w_q, w_scale, x_t, x_t_scale)
     r, (e4m3, _) = RECIPES[recipe], fp8_formats(x.device)
     x2 = x.reshape(-1, x.shape[-1])
+    quantizes_x_t = for_backward and saves_x_t(recipe, weight_grad) and not _handed(x_t)
     if x2.shape[0] == 0:
         y = x.new_zeros(x.shape[:-1] + ((weight if weight is not None else w_q).shape[0],))
         y = y + (0 if bias is None else bias)
-        return (y, *_saved_transposes(x2, weight, recipe, weight_grad, save_weight_t)) if for_backward else (y,)
-    saves_x_t = for_backward and _saves_x_t(recipe, weight_grad)
+        saved = _saved_transposes(x2, weight, recipe, weight_grad and not _handed(x_t), save_weight_t)
+        return (y, *saved) if for_backward else (y,)
     if x_q is not None:
-        x_t = _operand(x2, r.activation_block, e4m3, r, impl, transposed=True) if saves_x_t else _unsaved(x, e4m3)
+        x_t = (
+            quantize_operand(x2, r.activation_block, e4m3, r, impl, transposed=True)
+            if quantizes_x_t
+            else unsaved_operand(x, e4m3)
+        )
         x_q = (x_q, x_scale)
-    elif saves_x_t:
-        x_q, x_t = _operand_both(x2, r.activation_block, e4m3, r, impl)
+    elif quantizes_x_t:
+        x_q, x_t = quantize_operand_both(x2, r.activation_block, e4m3, r, impl)
     else:
-        x_q, x_t = _operand(x2, r.activation_block, e4m3, r, impl), _unsaved(x, e4m3)
+        x_q, x_t = quantize_operand(x2, r.activation_block, e4m3, r, impl), unsaved_operand(x, e4m3)
     if w_q is not None:
-        w_q, w_t = (w_q, w_scale), _unsaved(x, e4m3)
+        w_q, w_t = (w_q, w_scale), unsaved_operand(x, e4m3)
     elif for_backward and save_weight_t:
-        w_q, w_t = _operand_both(weight, r.weight_block, e4m3, r, impl)
+        w_q, w_t = quantize_operand_both(weight, r.weight_block, e4m3, r, impl)
     else:
-        w_q, w_t = _operand(weight, r.weight_block, e4m3, r, impl), _unsaved(x, e4m3)
+        w_q, w_t = quantize_operand(weight, r.weight_block, e4m3, r, impl), unsaved_operand(x, e4m3)
     y = _gemm(x_q, w_q, x.dtype, impl, fast_accum=r.fast_accum_forward)
     if bias is not None:
         y = y + bias
@@ -215,7 +237,7 @@ def _forward(
     return (y, *x_t, *w_t) if for_backward else (y,)
 
 
-def _unsaved(t: Tensor, fp8_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+def unsaved_operand(t: Tensor, fp8_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """Empty (q^T, scale): what the forward returns for a transpose it does not save."""
     return t.new_empty(0, dtype=fp8_dtype), t.new_empty(0, dtype=torch.float32)
 
@@ -227,7 +249,7 @@ def _saved_transposes(
     r, e4m3 = RECIPES[recipe], fp8_formats(x2.device)[0]
     saved = []
     for save, t, block in (
-        (_saves_x_t(recipe, weight_grad), x2, r.activation_block),
+        (saves_x_t(recipe, weight_grad), x2, r.activation_block),
         (save_weight_t, weight, r.weight_block),
     ):
         rows, cols = t.shape
@@ -238,7 +260,7 @@ def _saved_transposes(
                 t.new_empty(scale_shape(cols, rows, block_rows, block_cols), dtype=torch.float32),
             )
             if save
-            else _unsaved(t, e4m3)
+            else unsaved_operand(t, e4m3)
         )
     return tuple(saved)
 
@@ -254,17 +276,52 @@ def fp8_linear_fwd(
     x_scale: Optional[Tensor] = None,
     weight_grad: bool = True,
     save_weight_t: bool = True,
+    x_t: Optional[Tensor] = None,
+    x_t_scale: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     return _forward(
-        x, weight, bias, recipe, impl, True, x_q, x_scale, weight_grad=weight_grad, save_weight_t=save_weight_t
+        x,
+        weight,
+        bias,
+        recipe,
+        impl,
+        True,
+        x_q,
+        x_scale,
+        weight_grad=weight_grad,
+        save_weight_t=save_weight_t,
+        x_t=x_t,
+        x_t_scale=x_t_scale,
     )
 
 
 @fp8_linear_fwd.register_fake
-def _(x, weight, bias, recipe, impl="auto", x_q=None, x_scale=None, weight_grad=True, save_weight_t=True):
-    _check("fp8_linear", x, weight, bias, recipe, x_q, x_scale)
+def _(
+    x,
+    weight,
+    bias,
+    recipe,
+    impl="auto",
+    x_q=None,
+    x_scale=None,
+    weight_grad=True,
+    save_weight_t=True,
+    x_t=None,
+    x_t_scale=None,
+):
+    _check("fp8_linear", x, weight, bias, recipe, x_q, x_scale, x_t=x_t, x_t_scale=x_t_scale)
     y = x.new_empty(x.shape[:-1] + (weight.shape[0],))
-    return y, *_saved_transposes(x.reshape(-1, x.shape[-1]), weight, recipe, weight_grad, save_weight_t)
+    x2 = x.reshape(-1, x.shape[-1])
+    return y, *_saved_transposes(x2, weight, recipe, weight_grad and not _handed(x_t), save_weight_t)
+
+
+def _saves(inputs: tuple, saved: tuple) -> tuple:
+    """What the backward reads: the forward's saved transposes, with x^T the input where it was handed one."""
+    arguments = dict(zip((a.name for a in torch.ops.turbo_inductor.fp8_linear_fwd.default._schema.arguments), inputs))
+    x_t = arguments["x_t"]
+    if saves_x_t(arguments["recipe"], arguments["weight_grad"]) and _handed(x_t):
+        return (x_t, arguments["x_t_scale"], *saved[2:])
+    return saved
 
 
 @kernel_op("fp8_linear_inference", (QUANTIZE_KERNEL, GEMM_KERNEL), symbolic_sizes=False)
@@ -330,11 +387,11 @@ def fp8_linear_bwd(
         return dy.new_zeros(dx_shape), torch.zeros_like(weight) if wgrad else weight.new_empty(0)
     # dy^T only for an FP8 wgrad. A weight wanting no gradient gets an empty one.
     if wgrad and not r.high_precision_wgrad:
-        dy_q, dy_t = _operand_both(dy2, r.activation_block, grad_dtype, r, impl)
+        dy_q, dy_t = quantize_operand_both(dy2, r.activation_block, grad_dtype, r, impl)
     else:
-        dy_q = _operand(dy2, r.activation_block, grad_dtype, r, impl)
+        dy_q = quantize_operand(dy2, r.activation_block, grad_dtype, r, impl)
     if w_t.dim() != 2:  # no W^T saved (save_weight_t=False): quantize it from W
-        w_t, w_t_scale = _operand(weight, r.weight_block, e4m3, r, impl, transposed=True)
+        w_t, w_t_scale = quantize_operand(weight, r.weight_block, e4m3, r, impl, transposed=True)
     dx = _gemm(dy_q, (w_t, w_t_scale), dy.dtype, impl)
     if not wgrad:
         dweight = weight.new_empty(0)
@@ -377,7 +434,10 @@ def _(dy, x, weight, x_t, x_t_scale, w_t, w_t_scale, recipe, impl="auto"):
 
 
 register_linear_autograd(
-    fp8_linear_fwd, fp8_linear_bwd, keeps_x=lambda recipe, weight: _keeps_x(recipe) and weight.requires_grad
+    fp8_linear_fwd,
+    fp8_linear_bwd,
+    keeps_x=lambda recipe, weight: _keeps_x(recipe) and weight.requires_grad,
+    saves=_saves,
 )
 
 
@@ -390,11 +450,16 @@ def _fp8_linear(
     x_q: Optional[Tensor] = None,
     x_scale: Optional[Tensor] = None,
     save_weight_t: bool = True,
+    x_t: Optional[Tensor] = None,
+    x_t_scale: Optional[Tensor] = None,
 ) -> Tensor:
     # Decided at decomposition, under autograd: AOTAutograd traces training and inference graphs apart.
     wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
     if wants_grad:
-        return fp8_linear_fwd(x, weight, bias, recipe, impl, x_q, x_scale, weight.requires_grad, save_weight_t)[0]
+        weight_grad = weight.requires_grad
+        return fp8_linear_fwd(x, weight, bias, recipe, impl, x_q, x_scale, weight_grad, save_weight_t, x_t, x_t_scale)[
+            0
+        ]
     if inductor_config.freezing:
         # W's quantization as a node of its own: constant folding runs it once (docs/ops.md, "Freezing").
         _check("fp8_linear", x, weight, bias, recipe, x_q, x_scale)
@@ -405,7 +470,7 @@ def _fp8_linear(
 
 fp8_linear = define_composite(
     "fp8_linear(Tensor x, Tensor weight, Tensor? bias, str recipe, str impl='auto', Tensor? x_q=None, "
-    "Tensor? x_scale=None, bool save_weight_t=True) -> Tensor",
+    "Tensor? x_scale=None, bool save_weight_t=True, Tensor? x_t=None, Tensor? x_t_scale=None) -> Tensor",
     _fp8_linear,
 )
 
@@ -439,3 +504,5 @@ class FP8LinearNode(OpNode):
     x_q: fx.Node | None  # x already quantized by its producer
     x_scale: fx.Node | None
     save_weight_t: bool
+    x_t: fx.Node | None  # x^T quantized by x's producer
+    x_t_scale: fx.Node | None

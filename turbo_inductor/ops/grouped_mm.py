@@ -34,7 +34,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from ..kernels import registry
 from ..recipes import ALIGNMENT, RECIPES, kernel_block
 from .fp8 import QUANTIZE_KERNEL, _quantize_outputs, fp8_formats
-from .fp8_linear import check_quantized
+from .fp8_linear import check_quantized, unsaved_operand
 from .library import SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, define_composite, kernel_op
 from .node import OpNode
 
@@ -288,11 +288,6 @@ def _keeps_x(recipe: str) -> bool:
     return RECIPES[recipe].high_precision_wgrad
 
 
-def _unsaved(t: Tensor, fp8_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """The (q, scale) the forward returns for an operand it does not save: empty."""
-    return t.new_empty(0, dtype=fp8_dtype), t.new_empty(0, dtype=torch.float32)
-
-
 def _forward(
     x: Tensor,
     weight: Tensor,
@@ -322,7 +317,7 @@ def _forward(
         y = gemm(*x_q, *w_q, offs, x.dtype, fast_accum=r.fast_accum_forward)
     if not for_backward:
         return (y,)
-    return y, *(x_t or _unsaved(x, e4m3)), *w_t
+    return y, *(x_t or unsaved_operand(x, e4m3)), *w_t
 
 
 @kernel_op("fp8_grouped_mm_fwd", (QUANTIZE_KERNEL, FP8_GROUPED_KERNEL), symbolic_sizes=False)

@@ -167,18 +167,22 @@ def check_linear(
 
 
 def register_linear_autograd(
-    op, backward_op, keeps_x: Callable[[object, torch.Tensor], bool] = lambda arg, weight: True
+    op,
+    backward_op,
+    keeps_x: Callable[[object, torch.Tensor], bool] = lambda arg, weight: True,
+    saves: Callable[[tuple, tuple], tuple] = lambda inputs, saved: saved,
 ) -> None:
     """Autograd of ``op(x, weight, bias, arg, impl, *rest)``, which returns y or ``(y, *saved)``.
 
     ``backward_op(dy, x, weight, *saved, arg, impl)`` returns ``(dx, dweight[, dbias])``; dbias defaults to dy's
     row sum. It gets x None where ``keeps_x(arg, weight)`` is False. ``arg`` is a recipe or group name.
-    ``saved`` and ``rest`` get no gradient. A gradient no input wants is None."""
+    ``saves(inputs, saved)`` may put inputs in place of saved outputs. ``saved`` and ``rest`` get no gradient.
+    A gradient no input wants is None."""
 
     def setup(ctx, inputs, output):
         x, weight, bias, arg, impl, *rest = inputs
         ctx.n_rest = len(rest)
-        saved = output[1:] if isinstance(output, (tuple, list)) else ()
+        saved = saves(inputs, tuple(output[1:])) if isinstance(output, (tuple, list)) else ()
         ctx.save_for_backward(x if keeps_x(arg, weight) else None, weight, *saved)
         ctx.mark_non_differentiable(*saved)
         ctx.arg, ctx.impl, ctx.has_bias = arg, impl, bias is not None

@@ -6,6 +6,7 @@ from .fp8_concat import FP8ConcatPass
 from .fp8_experts import FP8ExpertsPass
 from .fp8_linear import FP8LinearPass
 from .fp8_scaled_mm import FP8ScaledMMPass
+from .fp8_shared_input import FP8SharedInputPass
 from .gemm_allreduce import GemmAllReducePass
 from .gemm_allreduce_dgrad import GemmAllReduceDgradPass
 from .glu import GLUPass
@@ -54,6 +55,7 @@ PASSES: list[RewritePass] = check_order(
         # producers: norms and GLUs write the FP8 input of the linears and grouped GEMMs they feed
         RMSNormFP8Pass(),
         GLUFP8Pass(),
+        FP8SharedInputPass(),  # FP8 linears reading one x no producer quantized: x and x^T quantized once for all
     ]
 )
 

@@ -27,44 +27,12 @@ from .manager import Phase, RewritePass, declined
 _VIEW_METHODS = {"view", "view_as", "transpose", "permute", "unsqueeze", "squeeze", "t", "expand", "unflatten"}
 
 
-def _source(x: fx.Node) -> tuple[fx.Node, torch.dtype | None]:
-    """What ``x`` reads: the value under a dtype cast and the cast's dtype, or x itself.
-    Under autocast each linear reads its own cast of x (``matcher.insert_linear``)."""
-    c = m.call(x)
-    return (c.args[0], c.kwargs["dtype"]) if c is not None and c.op == "cast" else (x, None)
-
-
 def _agreeing(linear: FP8LinearNode) -> tuple:
     """What linears concatenated share: every argument but x and the weights, and whether they have a bias.
     K is x's width for each."""
     arguments = linear.arguments()
     rest = tuple((name, value) for name, value in arguments.items() if name not in ("x", "weight", "bias"))
     return (*rest, arguments["bias"] is None)
-
-
-def _movable_before(value, node: fx.Node, position: dict, moving: set) -> bool:
-    """Whether ``value`` is available before ``node`` once the pure nodes it needs move there (added to ``moving``).
-    A later linear's weight cast or transpose comes just before it. FP8 linears, ``node`` first, do not move."""
-    if not isinstance(value, fx.Node) or position[value] < position[node] or value in moving:
-        return True
-    if (
-        value.op not in ("get_attr", "call_function", "call_method")
-        or value.is_impure()
-        or FP8LinearNode.matches(value)
-    ):
-        return False
-    moving.add(value)
-    return all(_movable_before(v, node, position, moving) for v in value.all_input_nodes)
-
-
-def _written_in_place(value) -> bool:
-    """Whether an in-place op (``w.mul_(2)``, ``aten.copy_``) writes ``value``: read earlier, it may differ."""
-    for user in value.users if isinstance(value, fx.Node) else ():
-        name = user.target if user.op == "call_method" else getattr(user.target, "__name__", "")
-        schema = getattr(user.target, "_schema", None)
-        if (isinstance(name, str) and name.endswith("_") and not name.endswith("__")) or (schema and schema.is_mutable):
-            return True
-    return False
 
 
 def _views_hold(node: fx.Node, value: torch.Tensor) -> bool:
@@ -108,7 +76,7 @@ class FP8ConcatPass(RewritePass):
         for node in graph.nodes:
             linear = FP8LinearNode.of(node)
             if linear is not None and linear.x_q is None:
-                readers[_source(linear.x)].append(linear)
+                readers[m.under_cast(linear.x)].append(linear)
         count = 0
         for linears in readers.values():
             groups = collections.defaultdict(list)
@@ -131,21 +99,6 @@ class FP8ConcatPass(RewritePass):
         if not first.save_weight_t:
             declined(self.name, first.node, "save_weight_t=False: the backward would hold the concatenated W")
             return 0
-        position = {node: i for i, node in enumerate(graph.nodes)}
-        moving: set = set()
-        operands = [v for linear in group for v in (linear.weight, linear.bias)]
-        if not all(_movable_before(v, first.node, position, moving) for v in operands):
-            declined(self.name, first.node, "a later linear's weight is computed after the first linear")
-            return 0
-        read = [
-            _source(first.x)[0],
-            *(lin.x for lin in group),
-            *operands,
-            *(v for n in moving for v in n.all_input_nodes),
-        ]
-        if any(map(_written_in_place, read)):
-            declined(self.name, first.node, "x or a weight is written in place: read earlier, it would differ")
-            return 0
         out = m.fake(first.node)
         starts = [sum(rows[:i]) for i in range(len(rows))]
         with out.fake_mode:
@@ -154,8 +107,11 @@ class FP8ConcatPass(RewritePass):
         if not all(_views_hold(linear.node, piece) for linear, piece in zip(group, slices, strict=True)):
             declined(self.name, first.node, "a view of an output would not hold on a slice of the wider output")
             return 0
-        for node in sorted(moving, key=position.__getitem__):
-            first.node.prepend(node)
+        operands = [v for linear in group for v in (linear.weight, linear.bias)]
+        cannot = m.gather_before(first.node, operands, [m.under_cast(first.x)[0], *(lin.x for lin in group)])
+        if cannot:
+            declined(self.name, first.node, cannot)
+            return 0
         concatenated = {
             name: m.insert_op(graph, first.node, torch.ops.aten.cat.default, ([getattr(v, name) for v in group], 0))
             for name in ("weight", "bias")

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ..ops.node import OpNode
+from ..ops.node import OpNode, view_of
 
 SITE = "turbo_inductor_site"  # meta key of the nodes insert_view makes: the pass that made them
 
@@ -372,6 +372,49 @@ def available_at(value: Any, node: fx.Node, position: dict[fx.Node, int]) -> boo
     node.prepend(value)
     position[value] = position[node] - 0.5
     return True
+
+
+def under_cast(x: fx.Node) -> tuple[fx.Node, torch.dtype | None]:
+    """What ``x`` reads: the value under a dtype cast and the cast's dtype, or x itself.
+    Under autocast each linear reads its own cast of x (``matcher.insert_linear``)."""
+    c = call(x)
+    return (c.args[0], c.kwargs["dtype"]) if c is not None and c.op == "cast" else (x, None)
+
+
+def _movable_before(value, node: fx.Node, position: dict, moving: set) -> bool:
+    """Whether ``value`` is available before ``node`` once the pure nodes it needs move there (added to ``moving``).
+    A later linear's weight cast or transpose comes just before it. Our ops' nodes, ``node`` first, do not move."""
+    if not isinstance(value, fx.Node) or position[value] < position[node] or value in moving:
+        return True
+    if value.op not in ("get_attr", "call_function", "call_method") or value.is_impure() or view_of(value) is not None:
+        return False
+    moving.add(value)
+    return all(_movable_before(v, node, position, moving) for v in value.all_input_nodes)
+
+
+def _written_in_place(value) -> bool:
+    """Whether an in-place op (``w.mul_(2)``, ``aten.copy_``) writes ``value``: read earlier, it may differ."""
+    for user in value.users if isinstance(value, fx.Node) else ():
+        name = user.target if user.op == "call_method" else getattr(user.target, "__name__", "")
+        schema = getattr(user.target, "_schema", None)
+        if (isinstance(name, str) and name.endswith("_") and not name.endswith("__")) or (schema and schema.is_mutable):
+            return True
+    return False
+
+
+def gather_before(node: fx.Node, operands: list, reads: list) -> str | None:
+    """Move the pure producers of ``operands`` that come after ``node`` (a later linear's weight cast) to just
+    before it, so that one op inserted there reads them all. Returns why it cannot, having moved nothing: an operand
+    computed from what cannot move, or one of ``reads``, ``operands`` or the moved nodes' inputs written in place."""
+    position = {n: i for i, n in enumerate(node.graph.nodes)}
+    moving: set = set()
+    if not all(_movable_before(v, node, position, moving) for v in operands):
+        return "a later linear's weight is computed after the first linear"
+    if any(map(_written_in_place, [*reads, *operands, *(v for n in moving for v in n.all_input_nodes)])):
+        return "x or a weight is written in place: read earlier, it would differ"
+    for moved in sorted(moving, key=position.__getitem__):
+        node.prepend(moved)
+    return None
 
 
 def replace_with_view(graph: fx.Graph, node: fx.Node, view: type[OpNode], **arguments: Any) -> OpNode:

@@ -48,8 +48,9 @@ def _embedding_bwd_kernel(
     tl.store(OUT + row.to(tl.int64) * H + cols, acc.to(OUT.dtype.element_ty), mask=in_row)
 
 
-# Below the reference: traced, Inductor's gather is as fast and checks the indices. This one serves impl="triton".
-@implementation("embedding_fwd", "triton", priority=-10, unavailable_reason=unavailable_reason, traceable=traceable)
+# Above the reference: our norm reads the lookup, so Inductor's gather cannot fuse into it and writes it too.
+# Llama-3-8B's 4096 tokens on an H200: 17.5 us here, 69 us Inductor's (docs/kernels.md, Embedding).
+@implementation("embedding_fwd", "triton", priority=20, unavailable_reason=unavailable_reason, traceable=traceable)
 def embedding_fwd(weight: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     """``weight[indices]``; see ``..reference.embedding.embedding_fwd``. weight is contiguous."""
     H = weight.shape[1]
