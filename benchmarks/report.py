@@ -376,7 +376,8 @@ SUMMARY_COLUMNS = {
 
 
 def summary(results: dict[str, dict]) -> str:
-    """The README's table: each model's training step against Inductor bf16, from the main job's newest run of it."""
+    """The README's table: each model's training step against Inductor bf16, from the main job's newest run of it.
+    A column that run did not measure comes from the newest run of the model that did (each ratio is of its run)."""
     files = [
         file
         for file, result in sorted(results.items())
@@ -398,7 +399,7 @@ def summary(results: dict[str, dict]) -> str:
             rows = {row["column"]: row for row in run["rows"] if row["model"] == model}
             inductor = rows.get("inductor", {}).get("step_ms")
             cells = [
-                _number(rows.get(column, {}).get("speedup_vs_inductor"), ".2f", "x")
+                _number(_newest_speedup(results, files, runs[0][1:], model, column), ".2f", "x")
                 for column in SUMMARY_COLUMNS.values()
             ]
             if run["configuration"].get("hf"):  # transformers' model: its layers, the LM head and loss
@@ -406,8 +407,23 @@ def summary(results: dict[str, dict]) -> str:
                 model = f"{model} (transformers, {_layers(layers)}, LM head)"
             lines.append(f"| {model} | {_number(inductor, '.2f')} | " + " | ".join(cells) + " |")
     size = {(results[f]["configuration"]["batch"], results[f]["configuration"]["seq"]) for f in files}
-    note = f"Batch x seq {', '.join(f'{b} x {q}' for b, q in sorted(size))}; {'; '.join(sorted(machines))}."
+    note = (
+        f"Batch x seq {', '.join(f'{b} x {q}' for b, q in sorted(size))}; {'; '.join(sorted(machines))}. Each model's "
+        "newest run; a column it did not measure, from the newest run that did."
+    )
     return "\n".join([*lines, "", *_wrap(note)])
+
+
+def _newest_speedup(results: dict[str, dict], files: list[str], kind: tuple, model: str, column: str) -> float | None:
+    """``column``'s ratio for ``model`` in the newest of ``files`` of that kind (transformers' or not, mode) with it."""
+    found = [
+        (results[file]["environment"]["date"], row.get("speedup_vs_inductor"))
+        for file in files
+        if (model, *kind) in _runs_of(results[file])
+        for row in results[file]["rows"]
+        if row.get("model") == model and row["column"] == column
+    ]
+    return max(found, key=lambda dated: dated[0])[1] if found else None
 
 
 def load(folder: pathlib.Path = RESULTS) -> dict[str, dict]:

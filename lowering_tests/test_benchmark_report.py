@@ -259,6 +259,10 @@ def test_an_older_run_of_a_model_is_named_and_its_goals_and_row_are_the_newest_r
     assert "goal of new" in text and "goal of old" not in text and "`python3 new`: 2026-12-02." in text
     summary = report.summary(results)
     assert "| llama3-8b |" in summary and summary.count("| llama3-8b |") == 1
+    # a column the newest run did not measure: the newest run's that did
+    older = run("2026-12-01T11:00:00", "older", 1.44)
+    older["rows"].append({**older["rows"][0], "column": "primus_turbo fp8 rowwise", "speedup_vs_inductor": 1.55})
+    assert "| 1.55x | - | - |" in report.summary({**results, "o.json": older})
     # a run of two models, one of them run again later: that model's rows and goals are the later run's only
     results["c.json"] = run("2026-12-01T12:00:00", "both", 1.33, models=("gemma-7b", "llama3-8b"))
     text = report.render(results)

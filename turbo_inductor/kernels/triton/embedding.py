@@ -1,7 +1,7 @@
 """An embedding's lookup and weight gradient in Triton. Semantics: ``..reference.embedding``.
 The lookup copies one row block per program (an index outside [0, V) gives NaN). For the gradient, the indices are
-sorted once; one program per weight row and column block sums that row's gradient rows in fp32, in the sorted order
-(deterministic, no atomics), and writes the row once, zeros included. See docs/kernels.md, Embedding.
+sorted once; one program per TABLE_ROWS weight rows and column block sums each row's gradient rows in fp32, in the
+sorted order (deterministic, no atomics), and writes the row once, zeros included. See docs/kernels.md, Embedding.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from . import launch, on_device, traceable, unavailable_reason
 # Columns per program, and gradient rows summed per step: a frequent index's rows load ROWS at a time.
 BLOCK_H = 1024
 ROWS = 16
+# Table rows per gradient program. Most rows of a large vocabulary are named by no index, and their programs only
+# write zeros. Qwen2.5's table alone on the H200: 445 us at 1 row, 384 at 2, 360 at 4, 355 at 8; a fill 321.
+TABLE_ROWS = 4
 
 
 @triton.jit
@@ -30,22 +33,34 @@ def _embedding_fwd_kernel(WEIGHT, INDICES, OUT, V, H, BLOCK_H: tl.constexpr):
 
 @triton.jit
 def _embedding_bwd_kernel(
-    GRAD, ORDER, STARTS, OUT, H, stride_grad, padding_idx, BLOCK_H: tl.constexpr, ROWS: tl.constexpr
+    GRAD,
+    ORDER,
+    STARTS,
+    OUT,
+    V,
+    H,
+    stride_grad,
+    padding_idx,
+    BLOCK_H: tl.constexpr,
+    ROWS: tl.constexpr,
+    TABLE_ROWS: tl.constexpr,
 ):
-    row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     in_row = cols < H
-    start = tl.load(STARTS + row)
-    count = tl.where(row == padding_idx, 0, tl.load(STARTS + row + 1) - start)
-    acc = tl.zeros([BLOCK_H], tl.float32)
-    for j in range(0, count, ROWS):
-        take = j + tl.arange(0, ROWS) < count
-        token = tl.load(ORDER + start + j + tl.arange(0, ROWS), mask=take, other=0).to(tl.int64)
-        rows = tl.load(
-            GRAD + token[:, None] * stride_grad + cols[None, :], mask=take[:, None] & in_row[None, :], other=0.0
-        )
-        acc += tl.sum(rows.to(tl.float32), 0)
-    tl.store(OUT + row.to(tl.int64) * H + cols, acc.to(OUT.dtype.element_ty), mask=in_row)
+    for t in range(TABLE_ROWS):
+        row = tl.program_id(0) * TABLE_ROWS + t
+        if row < V:
+            start = tl.load(STARTS + row)
+            count = tl.where(row == padding_idx, 0, tl.load(STARTS + row + 1) - start)
+            acc = tl.zeros([BLOCK_H], tl.float32)
+            for j in range(0, count, ROWS):
+                take = j + tl.arange(0, ROWS) < count
+                token = tl.load(ORDER + start + j + tl.arange(0, ROWS), mask=take, other=0).to(tl.int64)
+                rows = tl.load(
+                    GRAD + token[:, None] * stride_grad + cols[None, :], mask=take[:, None] & in_row[None, :], other=0.0
+                )
+                acc += tl.sum(rows.to(tl.float32), 0)
+            tl.store(OUT + row.to(tl.int64) * H + cols, acc.to(OUT.dtype.element_ty), mask=in_row)
 
 
 # Above the reference: our norm reads the lookup, so Inductor's gather cannot fuse into it and writes it too.
@@ -75,7 +90,18 @@ def embedding_bwd(grad: torch.Tensor, indices: torch.Tensor, num_weights: int, p
     starts = torch.searchsorted(sorted_indices, torch.arange(num_weights + 1, device=grad.device))
     block = min(BLOCK_H, triton.next_power_of_2(H))
     with on_device(grad.device):
-        launch(_embedding_bwd_kernel)[(num_weights, triton.cdiv(H, block))](
-            grad, order, starts, out, H, grad.stride(0), padding_idx, BLOCK_H=block, ROWS=ROWS, num_warps=4
+        launch(_embedding_bwd_kernel)[(triton.cdiv(num_weights, TABLE_ROWS), triton.cdiv(H, block))](
+            grad,
+            order,
+            starts,
+            out,
+            num_weights,
+            H,
+            grad.stride(0),
+            padding_idx,
+            BLOCK_H=block,
+            ROWS=ROWS,
+            TABLE_ROWS=TABLE_ROWS,
+            num_warps=4,
         )
     return out
