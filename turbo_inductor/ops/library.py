@@ -182,9 +182,10 @@ def register_linear_autograd(
     def setup(ctx, inputs, output):
         x, weight, bias, arg, impl, *rest = inputs
         ctx.n_rest = len(rest)
-        saved = saves(inputs, tuple(output[1:])) if isinstance(output, (tuple, list)) else ()
+        returned = tuple(output[1:]) if isinstance(output, (tuple, list)) else ()
+        saved = saves(inputs, returned)
         ctx.save_for_backward(x if keeps_x(arg, weight) else None, weight, *saved)
-        ctx.mark_non_differentiable(*saved)
+        ctx.mark_non_differentiable(*returned)
         ctx.arg, ctx.impl, ctx.has_bias = arg, impl, bias is not None
 
     def backward(ctx, dy, *_saved_grads):
