@@ -1,3 +1,4 @@
+import logging
 import os
 import zlib
 
@@ -9,6 +10,11 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import turbo_inductor  # noqa: E402
+
+# pytest hands its log capture to every logger that does not propagate, torch's structured trace log too. torch then
+# builds each compile's trace records (graphs, fake tensors) for it: a quarter of a compiling test's time. Made to
+# propagate, the log keeps no handler of its own and torch builds none.
+logging.getLogger("torch.__trace").propagate = True
 
 # Gates from shared/targets.md (against a float64 reference).
 TOLERANCE = {torch.float64: 1e-7, torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
