@@ -154,14 +154,15 @@ def run_columns(args, device: torch.device, mesh) -> list[dict]:
     table = []
     for name, r in results.items():
         # compiled layers' parameters are named through the compiled module (_orig_mod); match by position
-        worst = min((snr_db(g, w) for g, w in zip(r["grads"].values(), ref["grads"].values())), default=float("inf"))
+        pairs = zip(r["grads"].values(), ref["grads"].values())
+        worst = min((snr_db([g], [w]) for g, w in pairs), default=float("inf"))
         table.append(
             {
                 "column": name,
                 "step_ms": r["step_ms"],
                 "speedup_vs_inductor": ref["step_ms"] / r["step_ms"],
                 "peak_gib": r["peak_gib"],
-                "out_snr_db": snr_db(r["out"], ref["out"]),
+                "out_snr_db": snr_db([r["out"]], [ref["out"]]),
                 "worst_grad_snr_db": worst,
                 "rewrites": {k: v for k, v in r["rewrites"].items() if v},
             }

@@ -185,8 +185,13 @@ def model_about(result: dict) -> str:
     return (
         f"transformers {', '.join(model['class'] for model in models)}, {_layers(*layers)}, "
         f"{'training' if train else 'prefill'}, LM head{', loss' if train else ''}, "
-        f"{configuration['batch']} x {configuration['seq']}; SNR: {'loss, worst grad' if train else 'logits'}."
+        f"{configuration['batch']} x {configuration['seq']}; SNR: {'loss, worst grad' if train else 'logits'}"
+        f"{_over_inputs(configuration.get('snr_inputs', 1))}."
     )
+
+
+def _over_inputs(inputs: int) -> str:
+    return f", over {inputs} inputs" if inputs > 1 else ""
 
 
 BENCHMARKS = (

@@ -77,6 +77,12 @@ CASES = {
         [randn(4, 32), randn(2, 32, 20)],
         "multiples of",
     ),
+    "rotary": (
+        lambda x, c, s: ops.rotary(x, c, s),
+        lambda rows: [randn(rows, 4, 6, 8), randn(1, 1, 6, 8), randn(1, 1, 6, 8)],
+        [randn(4, 4, 6, 8), randn(1, 1, 6, 8), randn(1, 1, 5, 8)],
+        "must be one shape",
+    ),
     "moe_combine": (
         lambda y, w: ops.moe_combine(y, two_choices(w), w, impl="reference"),
         lambda rows: [randn(2 * rows, 16), randn(rows, 2)],

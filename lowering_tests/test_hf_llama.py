@@ -21,8 +21,11 @@ def test_llama_runs_fused_ops_in_forward_and_backward():
     model = CausalLMLoss(hf.build("llama3-8b", LAYERS, tiny=True).to(torch.bfloat16))
     input_ids = torch.randint(0, hf.TINY["vocab_size"], (2, 16))
     counts = assert_matches_inductor(model, [input_ids])
-    # two norms per layer and the final one; every one but the first reads a residual add; the embedding, the loss
-    assert counts == default_counts(rmsnorm=1, rmsnorm_residual=2 * LAYERS, glu=LAYERS, embedding=1, cross_entropy=1)
+    # two norms per layer and the final one; every one but the first reads a residual add; the embedding, the loss;
+    # q's and k's rotary embedding per layer
+    ends = {"embedding": 1, "cross_entropy": 1, "rotary": 2 * LAYERS}
+    assert counts == default_counts(rmsnorm=1, rmsnorm_residual=2 * LAYERS, glu=LAYERS, **ends)
+    assert_ran("rotary", 4 * LAYERS)  # forward and backward
     assert_ran("cross_entropy_fwd", 1)
     assert_ran("embedding_bwd", 1)
     assert ops_after("turbo_inductor.rmsnorm_residual") == 2 * LAYERS and ops_after("turbo_inductor.rmsnorm") == 1

@@ -16,6 +16,7 @@ from .reference import glu as _reference_glu  # noqa: F401
 from .reference import grouped_mm as _reference_grouped_mm  # noqa: F401
 from .reference import moe as _reference_moe  # noqa: F401
 from .reference import rmsnorm as _reference_rmsnorm  # noqa: F401
+from .reference import rotary as _reference_rotary  # noqa: F401
 from .symm_mem import gemm_allreduce as _symm_mem_gemm_allreduce  # noqa: F401
 from .symm_mem import gemm_push as _symm_mem_gemm_push  # noqa: F401
 from .triton import cross_entropy as _triton_cross_entropy  # noqa: F401
@@ -26,5 +27,6 @@ from .triton import glu as _triton_glu  # noqa: F401
 from .triton import grouped_mm as _triton_grouped_mm  # noqa: F401
 from .triton import moe as _triton_moe  # noqa: F401
 from .triton import rmsnorm as _triton_rmsnorm  # noqa: F401
+from .triton import rotary as _triton_rotary  # noqa: F401
 from .vendor import fp8_gemm as _vendor_fp8_gemm  # noqa: F401
 from .vendor import grouped_mm as _vendor_grouped_mm  # noqa: F401

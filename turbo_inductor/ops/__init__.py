@@ -23,6 +23,7 @@ from . import grouped_mm as _grouped_mm  # noqa: F401
 from . import moe as _moe  # noqa: F401
 from . import rmsnorm as _rmsnorm  # noqa: F401
 from . import rmsnorm_fp8 as _rmsnorm_fp8  # noqa: F401
+from . import rotary as _rotary  # noqa: F401
 
 
 def rmsnorm(x: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6, *, impl: str = "auto") -> Tensor:
@@ -113,6 +114,12 @@ def embedding(weight: Tensor, indices: Tensor, padding_idx: Optional[int] = None
     """``F.embedding(indices, weight, padding_idx)``; the weight gradient is summed in fp32 and written in one pass."""
     padding = _embedding.padding_row(padding_idx, weight.shape[0])
     return torch.ops.turbo_inductor.embedding(weight, indices, padding, impl)
+
+
+def rotary(x: Tensor, cos: Tensor, sin: Tensor, *, impl: str = "auto") -> Tensor:
+    """``x * cos + rotate_half(x) * sin`` (Hugging Face's ``apply_rotary_pos_emb`` of one tensor) for x [B, H, S, D]
+    and cos, sin [B or 1, H or 1, S, D], in fp32, returned in x's dtype and layout."""
+    return torch.ops.turbo_inductor.rotary(x, cos, sin, False, impl)
 
 
 def fp8_linear(

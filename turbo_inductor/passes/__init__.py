@@ -29,6 +29,7 @@ from .moe_permute import MoEPermutePass
 from .rmsnorm import RMSNormPass
 from .rmsnorm_fp8 import RMSNormFP8Pass
 from .rmsnorm_residual import RMSNormResidualPass
+from .rotary import RotaryPass
 from .torchao_float8 import TorchaoFloat8Pass
 
 # check_order runs at import: each pass in its phase's turn, after the passes whose output it reads.
@@ -52,6 +53,7 @@ PASSES: list[RewritePass] = check_order(
         GLUPass(),  # also the experts' GLU on the grouped GEMM's output
         CrossEntropyPass(),  # the loss over the LM head's logits, read in their own dtype
         EmbeddingPass(),  # the token embedding: its weight gradient in one pass
+        RotaryPass(),  # rotary position embedding: the cos/sin table read per row, not recomputed per element
         # producers: norms and GLUs write the FP8 input of the linears and grouped GEMMs they feed
         RMSNormFP8Pass(),
         GLUFP8Pass(),

@@ -53,7 +53,7 @@ def halves_of(gate, up) -> tuple[fx.Node, list[fx.Node]] | None:
     if xt is None or not isinstance(xt.shape[-1], int) or xt.shape[-1] % 2:
         return None
     half = xt.shape[-1] // 2
-    if _last_dim_slice(gate_index, xt) == (0, half) and _last_dim_slice(up_index, xt) == (half, 2 * half):
+    if m.last_dim_slice(gate_index, xt) == (0, half) and m.last_dim_slice(up_index, xt) == (half, 2 * half):
         return source, []
     return None
 
@@ -67,22 +67,6 @@ def _splits_in_halves(c: m.Call, xt) -> bool:
     size = m.arg(c, 1, "split_size_or_sections", c.kwargs.get("split_size"))
     halves = size == width // 2 or (isinstance(size, (list, tuple)) and list(size) == [width // 2] * 2)
     return halves and m.last_dim_only(m.arg(c, 2, "dim", 0), xt.dim())
-
-
-def _last_dim_slice(index, xt) -> tuple[int, int] | None:
-    """(start, stop) when ``x[index]`` slices only the last dimension with step 1."""
-    if not isinstance(index, tuple) or not index or not isinstance(index[-1], slice):
-        return None
-    leading = index[:-1]
-    if leading and leading[0] is Ellipsis:
-        leading = leading[1:]
-    elif len(index) != xt.dim():
-        return None
-    if any(s != slice(None) for s in leading) or index[-1].step not in (None, 1):
-        return None
-    start, stop = index[-1].start or 0, index[-1].stop
-    stop = xt.shape[-1] if stop is None else stop
-    return (start, stop) if isinstance(start, int) and isinstance(stop, int) else None
 
 
 def row_weight_of(scale, out) -> fx.Node | None:

@@ -56,6 +56,12 @@ _FUNCTIONS: dict[Callable, str] = {
     torch.split: "split",
     torch.Tensor.split: "split",
     operator.getitem: "getitem",
+    operator.neg: "neg",
+    torch.neg: "neg",
+    torch.Tensor.neg: "neg",
+    torch.cat: "cat",
+    torch.concat: "cat",
+    torch.concatenate: "cat",
 }
 # method names -> canonical op name
 _METHODS: dict[str, str] = {
@@ -78,6 +84,7 @@ _METHODS: dict[str, str] = {
     "split": "split",
     "int": "cast",
     "long": "cast",
+    "neg": "neg",
 }
 # Keyword arguments that change what an op computes: a node using one has no canonical view.
 _MEANINGFUL_KWARGS = {"alpha", "rounding_mode", "out", "memory_format"}
@@ -307,6 +314,22 @@ def last_dim_only(dim: Any, ndim: int) -> bool:
             return False
         dim = dim[0]
     return isinstance(dim, int) and not isinstance(dim, bool) and dim in (-1, ndim - 1)
+
+
+def last_dim_slice(index, xt) -> tuple[int, int] | None:
+    """(start, stop) when ``x[index]`` slices only the last dimension with step 1."""
+    if not isinstance(index, tuple) or not index or not isinstance(index[-1], slice):
+        return None
+    leading = index[:-1]
+    if leading and leading[0] is Ellipsis:
+        leading = leading[1:]
+    elif len(index) != xt.dim():
+        return None
+    if any(s != slice(None) for s in leading) or index[-1].step not in (None, 1):
+        return None
+    start, stop = index[-1].start or 0, index[-1].stop
+    stop = xt.shape[-1] if stop is None else stop
+    return (start, stop) if isinstance(start, int) and isinstance(stop, int) else None
 
 
 def insert_op(

@@ -1,0 +1,91 @@
+"""``x * cos + rotate_half(x) * sin`` -> ``turbo_inductor.rotary``.
+
+Spelling matched (Hugging Face's ``apply_rotary_pos_emb``, either order of each product and of the sum):
+  ``x * cos + torch.cat((-x[..., D/2:], x[..., :D/2]), dim=-1) * sin`` for x [B, H, S, D] and cos, sin
+  [B or 1, H or 1, S, D] (the model's table, unsqueezed at the heads), with no dtype promotion.
+The table then stays one tensor that our kernel reads per row; Inductor would compute cos and sin again for every
+element of every head (``docs/ops.md``, "Rotary embedding"). Left alone: other rotations (interleaved pairs,
+complex multiplies), a table that broadcasts along positions or D.
+"""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+from ..ops.rotary import RotaryNode, can_rewrite
+from ..options import Options
+from . import matcher as m
+from .manager import Phase, RewritePass
+
+
+def rotated_half_of(node) -> tuple[fx.Node, list[fx.Node]] | None:
+    """(x, the nodes from x to ``node``) when ``node`` is ``torch.cat((-x[..., D/2:], x[..., :D/2]), dim=-1)``."""
+    c = m.call(node)
+    if c is None or c.op != "cat":
+        return None
+    parts, dim = m.arg(c, 0, "tensors"), m.arg(c, 1, "dim", 0)
+    if not isinstance(parts, (list, tuple)) or len(parts) != 2 or not m.is_op(parts[0], "neg"):
+        return None
+    second, first = m.call(parts[0]).args[0], parts[1]
+    sc, fc = m.call(second), m.call(first)
+    if sc is None or fc is None or sc.op != "getitem" or fc.op != "getitem" or sc.args[0] is not fc.args[0]:
+        return None
+    x = sc.args[0]
+    xt = m.fake(x)
+    if xt is None or not m.last_dim_only(dim, xt.dim()) or not isinstance(xt.shape[-1], int) or xt.shape[-1] % 2:
+        return None
+    half = xt.shape[-1] // 2
+    if m.last_dim_slice(fc.args[1], xt) != (0, half) or m.last_dim_slice(sc.args[1], xt) != (half, 2 * half):
+        return None
+    return x, [second, first, parts[0], node]
+
+
+def _products(node) -> tuple | None:
+    """(a, b) of a multiply ``a * b``."""
+    c = m.call(node)
+    return m.binary_operands(c) if c is not None and c.op == "mul" else None
+
+
+def rotation_of(node) -> tuple[fx.Node, fx.Node, fx.Node, list[fx.Node]] | None:
+    """(x, cos, sin, the matched nodes, producers first) when ``node`` is ``x * cos + rotate_half(x) * sin``."""
+    c = m.call(node)
+    terms = m.binary_operands(c) if c is not None and c.op == "add" else None
+    if terms is None:
+        return None
+    for plain, rotated in (terms, terms[::-1]):
+        plain_ops, rotated_ops = _products(plain), _products(rotated)
+        if plain_ops is None or rotated_ops is None:
+            continue
+        for half, sin in (rotated_ops, rotated_ops[::-1]):
+            found = rotated_half_of(half)
+            if found is None:
+                continue
+            x, matched = found
+            cos = m.other_operand(m.call(plain), x)
+            if not m.is_missing(cos) and isinstance(cos, fx.Node) and isinstance(sin, fx.Node):
+                return x, cos, sin, [*matched, plain, rotated]
+    return None
+
+
+class RotaryPass(RewritePass):
+    """``x * cos + rotate_half(x) * sin`` (rotary position embedding) to ``turbo_inductor.rotary``."""
+
+    name = "rotary"
+    phase = Phase.FUSE
+
+    def apply(self, graph: fx.Graph, options: Options) -> int:
+        count = 0
+        for node in list(graph.nodes):
+            found = rotation_of(node)
+            if found is None:
+                continue
+            x, cos, sin, matched = found
+            xt, ct, st, out = m.fake(x), m.fake(cos), m.fake(sin), m.fake(node)
+            if any(t is None for t in (xt, ct, st, out)) or not can_rewrite(xt, ct, st):
+                continue
+            if out.shape != xt.shape or out.dtype != xt.dtype:  # a table in another dtype promotes the sum
+                continue
+            m.replace_with_view(graph, node, RotaryNode, x=x, cos=cos, sin=sin, impl=options.impl)
+            m.erase_unused(matched)
+            count += 1
+        return count
