@@ -10,6 +10,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 import torch.nn.functional as F
 from fuzz import SumOverRanks
+from test_rotary import Attention
 
 from turbo_inductor.ops.fp8_linear import FP8LinearNode
 from turbo_inductor.ops.node import OpNode, view_of
@@ -153,6 +154,7 @@ def graphs() -> dict:
         "decoder tensorwise": (decoder, {"fp8": "tensorwise"}),  # separate q/k/v and gate/up share x
         "tensor parallel": (lambda: dynamo_graph(TensorParallel(), torch.randn(4, 64, requires_grad=True)), {}),
         "moe": (lambda: dynamo_graph(moe, torch.randn(2, 8, 64, dtype=torch.bfloat16)), fp8),
+        "attention": (lambda: dynamo_graph(Attention(), torch.randn(2, 6, 48, dtype=torch.bfloat16)), {}),
     }
 
 

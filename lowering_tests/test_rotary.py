@@ -119,9 +119,10 @@ def hidden(dtype=torch.bfloat16):
 
 @pytest.mark.parametrize("swapped", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_rotation_is_rewritten_and_matches_inductor(swapped, dtype):
+@pytest.mark.parametrize("dynamic", [None, True])  # on a GPU, the kernel traced in with symbolic sizes
+def test_rotation_is_rewritten_and_matches_inductor(swapped, dtype, dynamic):
     model = Attention(dtype, swapped=swapped).to(DEVICE)
-    counts = assert_matches_inductor(model, [hidden(dtype)])
+    counts = assert_matches_inductor(model, [hidden(dtype)], dynamic=dynamic)
     assert counts["rotary"] == 2
     assert_ran("rotary", 4)  # q and k, forward and backward
 
