@@ -438,7 +438,7 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
         for k in range(1, args.snr_inputs):  # more inputs for the SNRs, then the timed one back for the next column
             work.draw(k)
             waiting[name]["out"].append(step().detach())
-            waiting[name]["grads"].append({name: g.detach() for name, g in gradients().items() if g is not None})
+            waiting[name]["grads"].append({p: g.detach() for p, g in gradients().items() if g is not None})
         work.draw(0)
         if name == "inductor":
             reference = waiting[name]

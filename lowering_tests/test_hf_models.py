@@ -18,7 +18,8 @@ LAYERS = 1  # one layer holds every fusion site: the input norm, the residual no
 # gate_up are fused already: 4 per layer + 1. Every norm but the final one (which reads the last residual add)
 # writes its linears' FP8 input, and so does each GLU. Gemma normalizes with (1 + weight) and multiplies after the
 # norm: its residual adds and its norms' casts stay; its GeGLU writes down_proj's FP8 input. Each model's token
-# embedding and loss become ours.
+# embedding and loss become ours. The rotary embedding stays: with fp32 parameters its table is fp32, and
+# ``q * cos`` promotes bf16 q (test_rotary: a promoting table is left alone).
 ENDS = dict(embedding=1, cross_entropy=1)
 FAMILIES = {
     "qwen2": (  # q/k/v with biases

@@ -5,7 +5,9 @@ Spelling matched (Hugging Face's ``apply_rotary_pos_emb``, either order of each 
   [B or 1, H or 1, S, D] (the model's table, unsqueezed at the heads), with no dtype promotion.
 The table then stays one tensor that our kernel reads per row; Inductor would compute cos and sin again for every
 element of every head (``docs/ops.md``, "Rotary embedding"). Left alone: other rotations (interleaved pairs,
-complex multiplies), a table that broadcasts along positions or D.
+complex multiplies), a table that broadcasts along positions or D, and a table in a wider dtype than x (fp32
+parameters under autocast): the sum promotes, and an fp32 result then cast for attention is unmeasured against
+Inductor's one kernel.
 """
 
 from __future__ import annotations
