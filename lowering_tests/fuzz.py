@@ -652,6 +652,7 @@ class RotaryBlock(Block):
         super().__init__(rng, s)
         self.heads = self.choose(rng, "heads", [h for h in (1, 2, 4) if s.hidden % (2 * h) == 0])
         self.swapped = self.choose(rng, "order", [False, True])
+        self.heads_first = self.choose(rng, "layout", ["heads first", "positions first"]) == "heads first"
         self.scale = _norm_weight(s.hidden, s.dtype)  # a parameter before it: the gradient reaches one
         dim = s.hidden // self.heads
         self.register_buffer("inv_freq", 1.0 / 10000.0 ** (torch.arange(0, dim, 2).float() / dim), persistent=False)
@@ -660,14 +661,17 @@ class RotaryBlock(Block):
         return Expect().fired(rotary=1).left(rotary=1)
 
     def forward(self, x):
-        q = (x * self.scale).reshape(1, -1, self.heads, x.shape[-1] // self.heads).transpose(1, 2)
-        freqs = torch.arange(q.shape[2], device=x.device).float()[:, None] * self.inv_freq
+        # [1, positions, heads, D], heads first as attention takes it or as is (transformers' unsqueeze_dim=2)
+        q = (x * self.scale).reshape(1, -1, self.heads, x.shape[-1] // self.heads)
+        q = q.transpose(1, 2) if self.heads_first else q
+        freqs = torch.arange(x.numel() // x.shape[-1], device=x.device).float()[:, None] * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)[None]
-        cos, sin = emb.cos().to(x.dtype).unsqueeze(1), emb.sin().to(x.dtype).unsqueeze(1)
+        at = 1 if self.heads_first else 2
+        cos, sin = emb.cos().to(x.dtype).unsqueeze(at), emb.sin().to(x.dtype).unsqueeze(at)
         half = q.shape[-1] // 2
         rotated = torch.cat((-q[..., half:], q[..., :half]), dim=-1)
         out = sin * rotated + cos * q if self.swapped else (q * cos) + (rotated * sin)
-        return out.transpose(1, 2).reshape(x.shape)
+        return (out.transpose(1, 2) if self.heads_first else out).reshape(x.shape)
 
 
 class NearMissBlock(Block):

@@ -81,7 +81,7 @@ CASES = {
         lambda x, c, s: ops.rotary(x, c, s),
         lambda rows: [randn(rows, 4, 6, 8), randn(1, 1, 6, 8), randn(1, 1, 6, 8)],
         [randn(4, 4, 6, 8), randn(1, 1, 6, 8), randn(1, 1, 5, 8)],
-        "must be one shape",
+        "must be one 4-D shape",
     ),
     "moe_combine": (
         lambda y, w: ops.moe_combine(y, two_choices(w), w, impl="reference"),

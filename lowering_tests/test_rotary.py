@@ -61,6 +61,15 @@ def test_against_float64(impl, dtype, dim):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+def test_positions_before_heads(impl):
+    """transformers' ``unsqueeze_dim=2``: x [B, S, H, D], the table [B, S, 1, D]."""
+    x = torch.randn(2, 5, 3, 12, device=DEVICE)
+    cos, sin = (t.unsqueeze(2) for t in tables(2, 5, 12, torch.float32))
+    out = turbo_inductor.ops.rotary(x, cos, sin, impl=impl)
+    assert_close(out, x.double() * cos.double() + rotate_half(x.double()) * sin.double(), torch.float32)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_a_table_that_wants_a_gradient_gets_it(impl):
     x = heads_first().requires_grad_()
     cos, sin = (torch.randn(1, 1, 5, 12, device=DEVICE, requires_grad=True) for _ in range(2))
@@ -79,8 +88,8 @@ def test_bad_input_names_the_problem():
     cases = [
         ((x[0], cos, sin), "x must be 4-D"),
         ((x[..., :11], cos[..., :11], sin[..., :11]), "last dimension must be even"),
-        ((x, cos[:, :, :4], sin[:, :, :4]), r"cos \[2, 1, 4, 12\] and sin \[2, 1, 4, 12\] must be one shape"),
-        ((x, cos, sin[:1]), "must be one shape"),
+        ((x, cos[:, :, :4], sin[:, :, :4]), r"cos \[2, 1, 4, 12\] and sin \[2, 1, 4, 12\] must be one 4-D shape"),
+        ((x, cos, sin[:1]), "must be one 4-D shape"),
         ((x, cos.long(), sin), "cos has dtype torch.int64"),
     ]
     for args, message in cases:
@@ -135,5 +144,26 @@ def test_the_rewrite_leaves_no_rotation_behind():
     assert record.ops_before["torch.cat"] - record.ops_after["torch.cat"] == 2 and "neg" not in record.ops_after
 
 
-def test_a_promoting_table_is_left_alone():
-    assert_left_alone(Attention(table_dtype=torch.float32).to(DEVICE), [hidden()])
+class NearMiss(Attention):
+    """Rotations like transformers' that compute something else, or that our op does not take."""
+
+    def __init__(self, variant):
+        super().__init__(table_dtype=torch.float32 if variant == "promoting table" else None)
+        self.variant = variant
+
+    def rotate(self, x, cos, sin):
+        half = x.shape[-1] // 2
+        if self.variant == "negated first half":  # the transposed rotation, spelled by hand
+            return x * cos + torch.cat((x[..., half:], -x[..., :half]), dim=-1) * sin
+        if self.variant == "halves of another tensor":
+            return x * cos + rotate_half(x * 2) * sin
+        if self.variant == "table per position only":  # [S, D]: broadcasts along heads and batch, not 4-D
+            return x * cos[0, 0] + rotate_half(x) * sin[0, 0]
+        return super().rotate(x, cos, sin)
+
+
+@pytest.mark.parametrize(
+    "variant", ["negated first half", "halves of another tensor", "table per position only", "promoting table"]
+)
+def test_near_misses_are_left_alone(variant):
+    assert_left_alone(NearMiss(variant).to(DEVICE), [hidden()])

@@ -117,8 +117,9 @@ def embedding(weight: Tensor, indices: Tensor, padding_idx: Optional[int] = None
 
 
 def rotary(x: Tensor, cos: Tensor, sin: Tensor, *, impl: str = "auto") -> Tensor:
-    """``x * cos + rotate_half(x) * sin`` (Hugging Face's ``apply_rotary_pos_emb`` of one tensor) for x [B, H, S, D]
-    and cos, sin [B or 1, H or 1, S, D], in fp32, returned in x's dtype and layout."""
+    """``x * cos + rotate_half(x) * sin`` (Hugging Face's ``apply_rotary_pos_emb`` of one tensor) for a 4-D x (e.g.
+    [B, H, S, D]) and cos, sin of one shape broadcasting to it (e.g. [B or 1, 1, S, D]), in fp32, returned in x's
+    dtype and layout."""
     return torch.ops.turbo_inductor.rotary(x, cos, sin, False, impl)
 
 

@@ -3,9 +3,10 @@
 Ops in ``torch.ops.turbo_inductor``:
   rotary(x, cos, sin, transposed, impl) -> x rotated     custom op; backward: rotary of the gradient, transposed
 
-x is [B, H, S, D] (heads before positions, as attention takes it), any strides; cos and sin broadcast to it:
-[B or 1, H or 1, S, D]. The result has x's layout, computed in fp32 and rounded once. Why a kernel: ``docs/ops.md``,
-"Rotary embedding".
+x is 4-D with its rotated dimension last, any strides: [B, H, S, D] as attention takes it (transformers'
+``unsqueeze_dim=1``) or [B, S, H, D] (``unsqueeze_dim=2``). cos and sin are one shape that broadcasts to x along its
+first three dimensions (each 1 or x's). The result has x's layout, computed in fp32 and rounded once. Why a kernel:
+``docs/ops.md``, "Rotary embedding".
 """
 
 from __future__ import annotations
@@ -24,22 +25,22 @@ KERNEL = "rotary"
 def _check_inputs(x: Tensor, cos: Tensor, sin: Tensor) -> None:
     for name, t in (("x", x), ("cos", cos), ("sin", sin)):
         check_float("rotary", name, t)
-    check(x.dim() == 4, "rotary", lambda: f"x must be 4-D [B, H, S, D], got shape {list(x.shape)}")
+    check(x.dim() == 4, "rotary", lambda: f"x must be 4-D (e.g. [B, H, S, D]), got shape {list(x.shape)}")
     check(x.shape[-1] % 2 == 0, "rotary", lambda: f"x's last dimension must be even, got {x.shape[-1]}")
     check(
         cos.shape == sin.shape and broadcasts_to(cos.shape, x.shape),
         "rotary",
         lambda: (
-            f"cos {list(cos.shape)} and sin {list(sin.shape)} must be one shape [B or 1, H or 1, S, D] "
-            f"for x {list(x.shape)}"
+            f"cos {list(cos.shape)} and sin {list(sin.shape)} must be one 4-D shape that broadcasts to x "
+            f"{list(x.shape)} along its first three dimensions"
         ),
     )
     check_same_device("rotary", x=x, cos=cos, sin=sin)
 
 
 def broadcasts_to(table: torch.Size, shape: torch.Size) -> bool:
-    """Whether a cos/sin table of shape ``table`` broadcasts to x's ``shape`` along batch and heads only."""
-    return len(table) == 4 and table[2:] == shape[2:] and all(t in (1, n) for t, n in zip(table[:2], shape[:2]))
+    """Whether a cos/sin table of shape ``table`` broadcasts to x's ``shape``, its last dimension x's."""
+    return len(table) == 4 and table[3] == shape[3] and all(t in (1, n) for t, n in zip(table[:3], shape[:3]))
 
 
 @kernel_op("rotary", (KERNEL,))

@@ -1,11 +1,11 @@
 """``x * cos + rotate_half(x) * sin`` -> ``turbo_inductor.rotary``.
 
 Spelling matched (Hugging Face's ``apply_rotary_pos_emb``, either order of each product and of the sum):
-  ``x * cos + torch.cat((-x[..., D/2:], x[..., :D/2]), dim=-1) * sin`` for x [B, H, S, D] and cos, sin
-  [B or 1, H or 1, S, D] (the model's table, unsqueezed at the heads), with no dtype promotion.
+  ``x * cos + torch.cat((-x[..., D/2:], x[..., :D/2]), dim=-1) * sin`` for a 4-D x ([B, H, S, D], or [B, S, H, D])
+  and cos, sin of one 4-D shape broadcasting to it (the model's table unsqueezed at the heads), no dtype promotion.
 The table then stays one tensor that our kernel reads per row; Inductor would compute cos and sin again for every
 element of every head (``docs/ops.md``, "Rotary embedding"). Left alone: other rotations (interleaved pairs,
-complex multiplies), a table that broadcasts along positions or D, and a table in a wider dtype than x (fp32
+complex multiplies), a table of fewer dimensions or broadcast along D, and a table in a wider dtype than x (fp32
 parameters under autocast): the sum promotes, and an fp32 result then cast for attention is unmeasured against
 Inductor's one kernel.
 """

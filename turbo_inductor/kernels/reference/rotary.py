@@ -15,7 +15,7 @@ from . import traced_off_cpu, unavailable_reason
 
 @implementation("rotary", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=traced_off_cpu)
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, transposed: bool) -> torch.Tensor:
-    """x [B, H, S, D] rotated by cos, sin [B or 1, H or 1, S, D]; out has x's layout."""
+    """4-D x rotated along its last dimension by cos, sin, which broadcast to it; out has x's layout."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half].float(), x[..., half:].float()
     c1, c2 = cos[..., :half].float(), cos[..., half:].float()
