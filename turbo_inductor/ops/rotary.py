@@ -16,7 +16,7 @@ import torch.fx as fx
 from torch import Tensor
 
 from ..kernels import registry
-from .library import SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, kernel_op
+from .library import OpInputError, check, check_float, check_same_device, kernel_op
 from .node import OpNode
 
 KERNEL = "rotary"
@@ -78,16 +78,12 @@ rotary.register_autograd(_backward, setup_context=_setup)
 
 
 def can_rewrite(x: Tensor, cos: Tensor, sin: Tensor) -> bool:
-    """Whether our op can run this rotation (fake tensors), forward and backward."""
-    return (
-        all(t.dtype in SUPPORTED_FLOAT_DTYPES for t in (x, cos, sin))
-        and x.dim() == 4
-        and x.shape[-1] % 2 == 0
-        and cos.shape == sin.shape
-        and broadcasts_to(cos.shape, x.shape)
-        and x.device == cos.device == sin.device
-        and registry.available_on(KERNEL, x.device)
-    )
+    """Whether our op can run this rotation (fake tensors), forward and backward: the op's own checks pass."""
+    try:
+        _check_inputs(x, cos, sin)
+    except OpInputError:
+        return False
+    return registry.available_on(KERNEL, x.device)
 
 
 class RotaryNode(OpNode):
