@@ -373,6 +373,7 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
     results, waiting, reference = {}, {}, None  # waiting: columns' outputs and gradients, until Inductor's are there
     from tqdm import tqdm  # comes with transformers; the progress of minutes-long compiles and measurements
 
+    warm_up_compiler(device)
     progress = tqdm(columns, desc="columns", unit="column")
     allocated_before = torch.cuda.memory_allocated() if on_gpu else 0
     for name, backend, options in progress:
@@ -466,6 +467,7 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
                 "speedup_vs_inductor": ref["ms"] / r["ms"],
                 **({"peak_gib": r["peak_gib"]} if on_gpu else {}),
                 "compile_s": r["compile_s"],
+                "compile_phases": r["compile_phases"],
                 **r["accuracy"],
                 "rewrites": r.get("rewrites", {}),
             }
@@ -565,12 +567,24 @@ def standard_error(row: dict) -> float:
     return statistics.stdev(per_input) / math.sqrt(len(per_input)) if len(per_input) > 1 else 0.0
 
 
+def warm_up_compiler(device: str) -> None:
+    """One small Inductor compile: what a process pays once (Inductor's compile workers starting, imports) is then
+    in no column's compile time. Before it, the first compiled column took 3-5 s more than the same compile later."""
+    from torch._inductor.utils import fresh_inductor_cache
+
+    x = torch.randn(64, 64, device=device)
+    with fresh_inductor_cache():
+        torch.compile(lambda a: torch.softmax(a @ a, dim=-1), backend="inductor")(x)
+    torch._dynamo.reset()
+
+
 def measure(step, gradients, device: str, kernels: int = 0, left_over: int = 0, cold: bool = True) -> dict:
     """A compile (the first step; ``cold``: with an empty Inductor cache), then the step's time (on a GPU also its
     kernel time and peak memory, less ``left_over`` bytes of earlier columns), its output and ``gradients()`` (on
     the device); prints ``kernels`` kernels."""
     from torch._inductor.utils import fresh_inductor_cache
 
+    timers = compile_timers()
     start = time.perf_counter()
     with fresh_inductor_cache() if cold else contextlib.nullcontext():
         out = step().detach()
@@ -579,7 +593,10 @@ def measure(step, gradients, device: str, kernels: int = 0, left_over: int = 0, 
     compile_s = time.perf_counter() - start
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    result = {"ms": time_ms(step, device), "compile_s": compile_s, "out": out}
+    phases = compile_phases(timers, compile_s)
+    if any(s for phase, s in phases.items() if phase != "other"):  # a compile: not the eager column
+        print("    compile", ", ".join(f"{phase} {s:.1f} s" for phase, s in phases.items()))
+    result = {"ms": time_ms(step, device), "compile_s": compile_s, "compile_phases": phases, "out": out}
     if device == "cuda":
         from benchmarks.common import kernel_us
 
@@ -590,6 +607,31 @@ def measure(step, gradients, device: str, kernels: int = 0, left_over: int = 0, 
             print(f"    {us:9.1f} us  {kernel[:110]}")
     result["grads"] = {name: grad.detach() for name, grad in gradients().items() if grad is not None}
     return result
+
+
+# A compile's phases: torch's own timers, and ours for the passes. What none of them covers (AOTAutograd's tracing,
+# the scheduler, guards, the first run) is "other".
+COMPILE_TIMERS = {
+    "dynamo": "bytecode_tracing",
+    "lowering": "GraphLowering.run",
+    "codegen": "GraphLowering.codegen",
+    "triton wait": "async_compile.wait",  # Triton kernels compiling in Inductor's worker processes
+}
+
+
+def compile_timers() -> dict[str, float]:
+    """Seconds so far per timer of COMPILE_TIMERS (torch sums them over the process), and in our passes."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    timers = {phase: sum(compilation_time_metrics.get(name, ())) for phase, name in COMPILE_TIMERS.items()}
+    timers["passes"] = sum(sum(record.seconds.values()) for record in turbo_inductor.compile_records())
+    return timers
+
+
+def compile_phases(before: dict[str, float], compile_s: float) -> dict[str, float]:
+    """Seconds per phase since ``before`` (:func:`compile_timers`), of a compile that took ``compile_s``."""
+    phases = {phase: s - before[phase] for phase, s in compile_timers().items()}
+    return {**phases, "other": compile_s - sum(phases.values())}
 
 
 def accuracy(measured: dict, reference: dict, hf_model: bool, train: bool) -> dict:

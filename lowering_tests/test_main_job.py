@@ -51,6 +51,12 @@ def test_main_job_runs_and_reports_every_column(capsys, tmp_path):
     if peer:  # primus_turbo runs the torchao model's four linears on its fp8_linear
         assert columns[5]["rewrites"]["torchao_float8"] == 4
     assert columns[2]["rewrites"] == default_counts(rmsnorm=1, rmsnorm_residual=2, glu=1)
+    for column in columns[1:]:  # where each compile's time went: the phases add up to it
+        phases = column["compile_phases"]
+        assert set(phases) == {*run_model.COMPILE_TIMERS, "passes", "other"}
+        assert math.isclose(sum(phases.values()), column["compile_s"]) and phases["dynamo"] > 0
+        assert (phases["passes"] > 0) == ("primus_turbo" in column["column"])
+    assert out.count("    compile dynamo ") == len(columns) - 1
     assert (tmp_path / "model_tiny_train_fp8-rowwise_layers-1_seq-16.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"primus_turbo fused: {default_counts(rmsnorm=1, rmsnorm_residual=2, glu=1)}" in out
     assert "'fp8': 4" in out

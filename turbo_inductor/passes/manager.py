@@ -13,6 +13,7 @@ import functools
 import hashlib
 import logging
 import pathlib
+import time
 import warnings
 from typing import Any
 
@@ -105,7 +106,7 @@ class CompileRecord:
     ``counts``: fused sites per pass in the graph as compiled (see :func:`rewrite_counts`). ``replaced``: what
     each pass replaced, a site a later pass rewrote again counted for both.
     ``implementations``: per kernel of our ops in the graph, the implementations it uses, in the order tried.
-    It is filled when the graph is loaded from the cache too."""
+    It is filled when the graph is loaded from the cache too. ``seconds``: wall time per pass."""
 
     counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     replaced: collections.Counter = dataclasses.field(default_factory=collections.Counter)
@@ -115,6 +116,7 @@ class CompileRecord:
     graph_before: str = ""  # filled with option record_graphs
     graph_after: str = ""
     failures: list = dataclasses.field(default_factory=list)  # (pass name, error text)
+    seconds: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
 
 _RECORDS: collections.deque = collections.deque(maxlen=64)
@@ -204,6 +206,7 @@ class PassManager(CustomGraphPass):
             record.ops_after.update(record.ops_before)
             return
         for rewrite in self.passes:
+            start = time.perf_counter()
             snapshot = _snapshot(graph)
             before = set(graph.nodes)
             try:
@@ -213,6 +216,7 @@ class PassManager(CustomGraphPass):
                 if self.options.strict:
                     raise
                 _restore(graph, snapshot)
+                record.seconds[rewrite.name] += time.perf_counter() - start
                 record.failures.append((rewrite.name, repr(error)))
                 warnings.warn(
                     f"primus_turbo: pass {rewrite.name} failed and was skipped for this graph "
@@ -223,7 +227,8 @@ class PassManager(CustomGraphPass):
             record.counts[rewrite.name] += count
             record.replaced[rewrite.name] += count
             _count_sites(record, graph, before, rewrite.name)
-            log.info("primus_turbo: replaced %d %s", count, rewrite.name)
+            record.seconds[rewrite.name] += time.perf_counter() - start
+            log.info("primus_turbo: replaced %d %s in %.3f s", count, rewrite.name, record.seconds[rewrite.name])
         record.ops_after.update(op_name(n) for n in graph.nodes)
         _record_implementations(record, graph)
         if self.options.record_graphs:
