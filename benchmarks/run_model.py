@@ -170,6 +170,13 @@ def main(argv=None):
         "--kernels", type=int, default=0, help="GPU: print the N kernels taking most GPU time per column"
     )
     parser.add_argument(
+        "--compile-kernels",
+        type=int,
+        default=0,
+        help="GPU: compile each column's Triton kernels in this process, one at a time, and print the N slowest to "
+        "compile (the compile times are then serial ones: no compile-time goal)",
+    )
+    parser.add_argument(
         "--warm-compile",
         action="store_true",
         help="compile against the warm compile caches (quicker; the compile times are then no cold compiles)",
@@ -178,6 +185,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.freezing and args.mode != "inference":
         parser.error("--freezing needs --mode inference (Inductor freezes only graphs compiled without grad)")
+    if args.compile_kernels and not hasattr(getattr(triton_knobs(), "compilation", None), "listener"):
+        parser.error("--compile-kernels needs Triton >= 3.4 (triton.knobs.compilation.listener)")
     if args.snr_inputs < 1:
         parser.error(f"--snr-inputs must be >= 1, got {args.snr_inputs}")
     if args.frozen_linears and args.mode != "train":
@@ -225,9 +234,10 @@ def main(argv=None):
             rows += table
             if on_gpu and args.hf:
                 targets = HF_TRAIN_TARGETS[name] if args.mode == "train" else HF_INFERENCE_TARGETS
-                goal_lines += [{"model": name, **line} for line in goals(table, targets) + hf_goals(table)]
+                lines = goals(table, targets, compile_goal=not args.compile_kernels) + hf_goals(table)
+                goal_lines += [{"model": name, **line} for line in lines]
             elif on_gpu:
-                goal_lines += [{"model": name, **line} for line in goals(table)]
+                goal_lines += [{"model": name, **line} for line in goals(table, compile_goal=not args.compile_kernels)]
             # written after each model: a run stopped by a time limit keeps the models it finished
             extra = {"goals": goal_lines} if on_gpu else {}
             path = record.write("model", parts, configuration, rows, args.out, **extra)
@@ -421,13 +431,17 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
 
         try:
             try:
-                results[name] = measure(step, gradients, device, args.kernels, left_over, not args.warm_compile)
+                results[name] = measure(
+                    step, gradients, device, args.kernels, left_over, not args.warm_compile, args.compile_kernels
+                )
             except Exception:
                 if not (options and "torchao_moe" in options):
                     raise
                 # torchao's compiled MoE training fails on Hopper (ao#4048): measured eagerly, as the column says
                 run, name = model, f"{name} (eager: compile failed)"
-                results[name] = measure(step, gradients, device, args.kernels, left_over, not args.warm_compile)
+                results[name] = measure(
+                    step, gradients, device, args.kernels, left_over, not args.warm_compile, args.compile_kernels
+                )
         except Exception as error:  # a column that fails is reported, the others still run
             cause = getattr(error, "inner_exception", None) or error  # Dynamo wraps backend errors
             results[name] = {"error": f"{type(cause).__name__}: {str(cause).strip()[:160]}"}
@@ -468,6 +482,7 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
                 **({"peak_gib": r["peak_gib"]} if on_gpu else {}),
                 "compile_s": r["compile_s"],
                 "compile_phases": r["compile_phases"],
+                **({"triton_compiles": r["triton_compiles"]} if "triton_compiles" in r else {}),
                 **r["accuracy"],
                 "rewrites": r.get("rewrites", {}),
             }
@@ -476,9 +491,9 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
     return table
 
 
-def goals(table: list[dict], targets: Targets = LAYER_TARGETS) -> list[dict]:
-    """A GPU run's values against ``targets``, for the columns present; a speedup goal carries its
-    ``target_speedup`` (the chart draws it)."""
+def goals(table: list[dict], targets: Targets = LAYER_TARGETS, compile_goal: bool = True) -> list[dict]:
+    """A GPU run's values against ``targets``, for the columns present (``compile_goal``: the compile time's too); a
+    speedup goal carries its ``target_speedup`` (the chart draws it)."""
     rows = {row["column"]: row for row in table if "error" not in row}
     inductor, report = rows["inductor"], []
     if "primus_turbo" in rows:
@@ -505,7 +520,7 @@ def goals(table: list[dict], targets: Targets = LAYER_TARGETS) -> list[dict]:
                 }
             )
     ours = [row for name, row in rows.items() if "primus_turbo" in name]
-    if ours:
+    if ours and compile_goal:
         slowest = max(ours, key=lambda row: row["compile_s"])
         ratio = slowest["compile_s"] / inductor["compile_s"]
         report.append(
@@ -578,15 +593,20 @@ def warm_up_compiler(device: str) -> None:
     torch._dynamo.reset()
 
 
-def measure(step, gradients, device: str, kernels: int = 0, left_over: int = 0, cold: bool = True) -> dict:
+def measure(
+    step, gradients, device: str, kernels: int = 0, left_over: int = 0, cold: bool = True, compile_kernels: int = 0
+) -> dict:
     """A compile (the first step; ``cold``: with an empty Inductor cache), then the step's time (on a GPU also its
     kernel time and peak memory, less ``left_over`` bytes of earlier columns), its output and ``gradients()`` (on
-    the device); prints ``kernels`` kernels."""
+    the device); prints ``kernels`` kernels, and with ``compile_kernels`` the Triton kernels slowest to compile."""
     from torch._inductor.utils import fresh_inductor_cache
 
-    timers = compile_timers()
+    timers, compiles = compile_timers(), []
     start = time.perf_counter()
-    with fresh_inductor_cache() if cold else contextlib.nullcontext():
+    with (
+        fresh_inductor_cache() if cold else contextlib.nullcontext(),
+        triton_compiles(compiles) if compile_kernels else contextlib.nullcontext(),
+    ):
         out = step().detach()
     if device == "cuda":
         torch.cuda.synchronize()
@@ -594,9 +614,16 @@ def measure(step, gradients, device: str, kernels: int = 0, left_over: int = 0, 
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     phases = compile_phases(timers, compile_s)
-    if any(s for phase, s in phases.items() if phase != "other"):  # a compile: not the eager column
+    compiled = any(s for phase, s in phases.items() if phase != "other")  # not the eager column
+    if compiled:
         print("    compile", ", ".join(f"{phase} {s:.1f} s" for phase, s in phases.items()))
     result = {"ms": time_ms(step, device), "compile_s": compile_s, "compile_phases": phases, "out": out}
+    if compile_kernels and compiled:
+        compiles.sort(key=lambda kernel: -kernel[1])
+        result["triton_compiles"] = {"kernels": len(compiles), "seconds": sum(s for _, s in compiles)}
+        print(f"    Triton compiles: {len(compiles)} kernels, {result['triton_compiles']['seconds']:.1f} s")
+        for name, s in compiles[:compile_kernels]:
+            print(f"    {s:7.2f} s  {name[:110]}")
     if device == "cuda":
         from benchmarks.common import kernel_us
 
@@ -626,6 +653,34 @@ def compile_timers() -> dict[str, float]:
     timers = {phase: sum(compilation_time_metrics.get(name, ())) for phase, name in COMPILE_TIMERS.items()}
     timers["passes"] = sum(sum(record.seconds.values()) for record in turbo_inductor.compile_records())
     return timers
+
+
+def triton_knobs():
+    """Triton's knobs module, or None (Triton < 3.4)."""
+    try:
+        import triton.knobs
+    except ImportError:
+        return None
+    return triton.knobs
+
+
+@contextlib.contextmanager
+def triton_compiles(compiles: list):
+    """Appends (kernel, seconds) to ``compiles`` for each Triton kernel compiled in this process; Inductor compiles
+    its kernels here too (compile_threads=1), one at a time, so that each is seen."""
+    compilation = triton_knobs().compilation
+
+    def listener(src, metadata, metadata_group, times, cache_hit):
+        if not cache_hit:
+            name = getattr(src, "name", None) or getattr(getattr(src, "fn", None), "__name__", "?")
+            compiles.append((name, times.total / 1e6))  # microseconds
+
+    previous, compilation.listener = compilation.listener, listener
+    try:
+        with torch._inductor.config.patch(compile_threads=1):
+            yield
+    finally:
+        compilation.listener = previous
 
 
 def compile_phases(before: dict[str, float], compile_s: float) -> dict[str, float]:

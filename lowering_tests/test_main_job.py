@@ -154,6 +154,23 @@ def test_goals_are_reported_met_or_missed_from_the_table():
     assert [g.get("target_speedup") for g in run_model.goals(table[:2])] == [1.05, None]
     table[1]["peak_gib"] = 2.0
     assert run_model.goals(table)[0]["met"]
+    # serial compiles (--compile-kernels) are no cold compile to hold against Inductor's
+    assert not any(g["goal"].startswith("compile") for g in run_model.goals(table, compile_goal=False))
+
+
+def test_main_job_lists_each_columns_triton_compiles_on_request(capsys, tmp_path):
+    arguments = ["--config", "tiny", "--layers", "1", "--seq", "16", "--fp8=", "--compile-kernels", "3"]
+    # on a GPU cold, so that Triton compiles each kernel rather than load it from its cache
+    run_model.main([*arguments, "--out", str(tmp_path), *([] if torch.cuda.is_available() else ["--warm-compile"])])
+    out = capsys.readouterr().out
+    written = read_json(tmp_path / "model_tiny_train_layers-1_seq-16_compile-kernels-3.json")
+    inductor, ours = (row["triton_compiles"] for row in written["rows"][1:])
+    assert out.count("    Triton compiles: ") == 2 and "triton_compiles" not in written["rows"][0]
+    if torch.cuda.is_available():  # the kernels compiled in this process, one at a time
+        assert inductor["kernels"] > 0 and ours["kernels"] > 0 and ours["seconds"] > 0
+        assert not any(g["goal"].startswith("compile") for g in written["goals"])
+    else:  # CPU code is C++, and Triton's interpreter compiles nothing
+        assert inductor == ours == {"kernels": 0, "seconds": 0}
 
 
 def test_transformers_models_goals_are_the_issue_targets():
