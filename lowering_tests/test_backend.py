@@ -58,6 +58,7 @@ def test_impl_option_reaches_forward_and_backward():
 
 def test_inductor_options_pass_through():
     run({"max_autotune": False, "triton.cudagraphs": False})
+    assert turbo_inductor.rewrite_counts()["rmsnorm"] == 1
 
 
 def test_pass_seconds_are_recorded(caplog):
@@ -67,7 +68,6 @@ def test_pass_seconds_are_recorded(caplog):
     assert set(record.seconds) == {p.name for p in PassManager(PASSES, Options.parse(None, PASSES)).passes}
     assert 0 < record.seconds["rmsnorm"] < 60
     assert f"replaced 1 rmsnorm in {record.seconds['rmsnorm']:.3f} s" in caplog.text
-    assert turbo_inductor.rewrite_counts()["rmsnorm"] == 1
 
 
 def test_freezing_as_an_option_is_named_as_freezing_nothing():
