@@ -232,12 +232,13 @@ def main(argv=None):
         for name in names:
             table = run_config(args, name, on_gpu)
             rows += table
+            compile_goal = not args.compile_kernels  # serial compiles are no cold compile
             if on_gpu and args.hf:
                 targets = HF_TRAIN_TARGETS[name] if args.mode == "train" else HF_INFERENCE_TARGETS
-                lines = goals(table, targets, compile_goal=not args.compile_kernels) + hf_goals(table)
+                lines = goals(table, targets, compile_goal) + hf_goals(table)
                 goal_lines += [{"model": name, **line} for line in lines]
             elif on_gpu:
-                goal_lines += [{"model": name, **line} for line in goals(table, compile_goal=not args.compile_kernels)]
+                goal_lines += [{"model": name, **line} for line in goals(table, compile_goal=compile_goal)]
             # written after each model: a run stopped by a time limit keeps the models it finished
             extra = {"goals": goal_lines} if on_gpu else {}
             path = record.write("model", parts, configuration, rows, args.out, **extra)
@@ -430,19 +431,20 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
         def gradients():
             return work.gradients(model)
 
+        def measured():
+            return measure(
+                step, gradients, device, args.kernels, left_over, not args.warm_compile, args.compile_kernels
+            )
+
         try:
             try:
-                results[name] = measure(
-                    step, gradients, device, args.kernels, left_over, not args.warm_compile, args.compile_kernels
-                )
+                results[name] = measured()
             except Exception:
                 if not (options and "torchao_moe" in options):
                     raise
                 # torchao's compiled MoE training fails on Hopper (ao#4048): measured eagerly, as the column says
                 run, name = model, f"{name} (eager: compile failed)"
-                results[name] = measure(
-                    step, gradients, device, args.kernels, left_over, not args.warm_compile, args.compile_kernels
-                )
+                results[name] = measured()
         except Exception as error:  # a column that fails is reported, the others still run
             cause = getattr(error, "inner_exception", None) or error  # Dynamo wraps backend errors
             results[name] = {"error": f"{type(cause).__name__}: {str(cause).strip()[:160]}"}
