@@ -183,15 +183,13 @@ def model_about(result: dict) -> str:
     layers = sorted({model["layers"] for model in models})
     train = configuration["mode"] == "train"
     return (
-        f"transformers {', '.join(model['class'] for model in models)}, {_layers(*layers)}, "
-        f"{'training' if train else 'prefill'}, LM head{', loss' if train else ''}, "
-        f"{configuration['batch']} x {configuration['seq']}; SNR: {'loss, worst grad' if train else 'logits'}"
-        f"{_over_inputs(configuration.get('snr_inputs', 1))}."
+        f"{', '.join(model['class'] for model in models)}, {_layers(*layers)}, {'training' if train else 'prefill'}, "
+        f"{configuration['batch']} x {configuration['seq']}{_over_inputs(configuration.get('snr_inputs', 1))}."
     )
 
 
 def _over_inputs(inputs: int) -> str:
-    return f", over {inputs} inputs" if inputs > 1 else ""
+    return f", SNR over {inputs} inputs" if inputs > 1 else ""
 
 
 BENCHMARKS = (
@@ -201,7 +199,8 @@ BENCHMARKS = (
         "run_model.py",
         "model",
         model_table,
-        "GPU ms: kernels only; compile: cold; SNR against Inductor.",
+        "GPU ms: kernels only; compile: cold; SNR against Inductor. transformers' models run with their LM head, and "
+        "in training their loss; each row is against the Inductor of its own run.",
         goals_lines,
         model_about,
     ),
@@ -335,6 +334,36 @@ def _shows(newest: dict[tuple, str], runs: list[tuple], file: str, model: str | 
     return not runs or model is None or newest.get((model, *runs[0][1:]), file) == file
 
 
+def _together(results: dict[str, dict], files: list[str]) -> list[list[str]]:
+    """The runs shown in one table: transformers' models measured alike (mode, batch, sequence, layers, SNR inputs),
+    each against the Inductor of its own run; every other run alone."""
+    groups: dict = {}
+    for file in files:
+        configuration = results[file].get("configuration", {})
+        key = file
+        if configuration.get("hf"):
+            layers = tuple(sorted({model.get("layers") for model in configuration["models"].values()}))
+            key = tuple(configuration.get(k) for k in ("mode", "batch", "seq", "snr_inputs")) + layers
+        groups.setdefault(key, []).append(file)
+    return list(groups.values())
+
+
+def _shown(results: dict[str, dict], group: list[str], newest: dict[tuple, str]) -> dict:
+    """One result of ``group``'s runs: the rows and goals of each model's newest run, the models they measured."""
+    rows, goals, models = [], [], {}
+    for file in group:
+        result, runs = results[file], _runs_of(results[file])
+        rows += [row for row in result["rows"] if _shows(newest, runs, file, row.get("model"))]
+        goals += [g for g in result.get("goals", []) if _shows(newest, runs, file, g["model"])]
+        models.update(result.get("configuration", {}).get("models", {}))
+    first = results[group[0]]
+    shown_models = {row.get("model") for row in rows}
+    configuration = {**first.get("configuration", {})}
+    if "models" in configuration:
+        configuration["models"] = {name: m for name, m in models.items() if name in shown_models}
+    return {**first, "rows": rows, "goals": goals, "configuration": configuration}
+
+
 def render(results: dict[str, dict]) -> str:
     """The README for ``results`` (file name: its JSON), one section per benchmark in BENCHMARKS' order."""
     machines = {_machine(result["environment"]) for result in results.values()}
@@ -349,13 +378,10 @@ def render(results: dict[str, dict]) -> str:
         newest = _newest(results, files)
         # A run whose every model has a newer run keeps its table in its JSON; the README names it in a line.
         older = [f for f in files if _runs_of(results[f]) and all(newest[k] != f for k in _runs_of(results[f]))]
-        for n, file in enumerate(f for f in files if f not in older):
-            runs = _runs_of(results[file])
-            # a model with a newer run elsewhere: its rows and goals are that run's
-            shown = [row for row in results[file]["rows"] if _shows(newest, runs, file, row.get("model"))]
-            goals = [g for g in results[file].get("goals", []) if _shows(newest, runs, file, g["model"])]
-            result = {**results[file], "rows": shown, "goals": goals}
-            about = f"{benchmark.note} " * (n == 0) + _environment(file, result["environment"], shared)
+        for n, group in enumerate(_together(results, [f for f in files if f not in older])):
+            result = _shown(results, group, newest)
+            about = f"{benchmark.note} " * (n == 0)
+            about += " ".join(_environment(file, results[file]["environment"], shared) for file in group)
             about += f" {benchmark.about(result)}"
             extra = benchmark.extra(result)
             lines += [""] * (n > 0) + _wrap(about.strip()) + ["", *benchmark.render(result), *extra]

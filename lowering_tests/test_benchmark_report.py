@@ -1,6 +1,7 @@
 """The benchmarks' results as data: the JSON each run writes, and the README generated from it (no compiles)."""
 
 import argparse
+import copy
 import json
 import re
 
@@ -207,38 +208,47 @@ def test_a_run_is_written_as_json_named_by_its_configuration(tmp_path, monkeypat
 
 
 def test_a_run_of_transformers_models_says_what_ran():
-    """--hf: the section says which classes ran and what the SNRs compare; the README's table names the models."""
+    """--hf: the section says which classes ran; the README's table names the models. Runs of transformers' models
+    measured alike share one table, each row against its own run's Inductor; another mode gets its own."""
     columns = ["eager", "inductor", "primus_turbo", "primus_turbo fp8 tensorwise", "torchao fp8 tensorwise"]
-    rows = []
-    for model in ("llama3-8b", "gemma-7b"):
+    results = {}
+    for n, (model, model_class) in enumerate((("llama3-8b", "LlamaForCausalLM"), ("gemma-7b", "GemmaForCausalLM"))):
+        rows = []
         for row in model_rows(model, columns):
             del row["out_snr_db"], row["dx_snr_db"]
             snr = None if row["column"] == "inductor" else 41.0
-            rows.append({**row, "loss_snr_db": snr, "worst_grad_snr_db": snr})
-    configuration = {
-        "hf": "llama3-8b,gemma-7b",
-        "mode": "train",
-        "autocast": False,
-        "batch": 2,
-        "seq": 2048,
-        "models": {
-            "llama3-8b": {"class": "LlamaForCausalLM", "layers": 2},
-            "gemma-7b": {"class": "GemmaForCausalLM", "layers": 2},
-        },
-    }
-    results = {"model_hf_llama3-8b-gemma-7b_train.json": {**result("model", rows), "configuration": configuration}}
+            rows.append({**row, "loss_snr_db": snr, "worst_grad_snr_db": snr, "step_ms": row["step_ms"] * (1 + n)})
+        configuration = {
+            "hf": model,
+            "mode": "train",
+            "autocast": False,
+            "batch": 2,
+            "seq": 2048,
+            "snr_inputs": 4,
+            "models": {model: {"class": model_class, "layers": 2}},
+        }
+        environment = {**ENVIRONMENT, "command": ["python3", "-m", "benchmarks.run_model", "--hf", model]}
+        results[f"model_hf_{model}_train.json"] = {
+            **result("model", rows),
+            "configuration": configuration,
+            "environment": environment,
+        }
     text = report.render(results)
     assert (
-        "`python3 -m benchmarks.x`: 2026-12-01. transformers LlamaForCausalLM, GemmaForCausalLM, 2 layers, training, "
-        "LM head, loss, 2 x 2048; SNR: loss, worst grad."
+        "`python3 -m benchmarks.run_model --hf gemma-7b`: 2026-12-01. `python3 -m benchmarks.run_model --hf "
+        "llama3-8b`: 2026-12-01. GemmaForCausalLM, LlamaForCausalLM, 2 layers, training, 2 x 2048, SNR over 4 inputs."
     ) in " ".join(text.splitlines())
-    assert (
-        "worst grad.\n\n"
-        "| model | column | step ms | vs Inductor | GPU ms | peak GiB | compile s | loss SNR dB | worst grad SNR dB |\n"
-    ) in text
-    assert "| gemma-7b | inductor | 18.182 | 1.10x | 18.000 | 2.92 | 30.0 | exact | exact |\n" in text
+    header = "| model | column | step ms | vs Inductor | GPU ms | peak GiB | compile s | loss SNR dB |"
+    header += " worst grad SNR dB |"
+    assert "4 inputs.\n\n" + header + "\n" in text and text.count(header) == 1
+    assert "| gemma-7b | inductor | 36.364 | 1.10x | 18.000 | 2.92 | 30.0 | exact | exact |\n" in text
+    assert "| llama3-8b | inductor | 18.182 | 1.10x | 18.000 | 2.92 | 30.0 | exact | exact |\n" in text
     assert max(map(len, text.splitlines())) <= report.MAX_WIDTH
-    assert "| gemma-7b (transformers, 2 layers, LM head) | 18.18 | 1.20x | 1.30x | - | 1.40x | - |" in report.summary(
+    prefill = copy.deepcopy(results["model_hf_gemma-7b_train.json"])
+    prefill["configuration"]["mode"] = "inference"
+    both_modes = report.render({**results, "model_hf_gemma-7b_inference.json": prefill})
+    assert both_modes.count("| step ms | vs Inductor |") == 2
+    assert "| gemma-7b (transformers, 2 layers, LM head) | 36.36 | 1.20x | 1.30x | - | 1.40x | - |" in report.summary(
         results
     )
 

@@ -1,5 +1,6 @@
 """Rewrite passes, in the order they run. A new fusion is a new module here and one line in PASSES."""
 
+from .causal_mask import CausalMaskPass
 from .cross_entropy import CrossEntropyPass
 from .embedding import EmbeddingPass
 from .fp8_concat import FP8ConcatPass
@@ -37,6 +38,7 @@ PASSES: list[RewritePass] = check_order(
     [
         # canonicalize: one spelling per operation
         GroupedMMPass(),  # torch._grouped_mm, transformers' fallback: our grouped_mm
+        CausalMaskPass(),  # attention under a causal mask built in the graph: SDPA's is_causal
         # claim: linears taken whole. passes/claims.py decides who takes one, whatever the order here.
         GemmAllReducePass(),  # row-parallel linear + sum all-reduce
         GemmAllReduceDgradPass(),  # column-parallel linear whose input gradient is all-reduced

@@ -1,0 +1,132 @@
+"""Attention under a materialized causal mask -> ``F.scaled_dot_product_attention(..., is_causal=True)``.
+
+Matched: ``F.scaled_dot_product_attention(q, k, v, attn_mask=M)`` where M is computed in the graph from no graph
+input (transformers builds it from ``arange``s and ``<=`` when it cannot skip it under torch.compile), and M's value
+is the causal mask SDPA's ``is_causal`` means: ``kv_idx <= q_idx`` for every batch and head, as a bool mask, or as
+an additive one of 0 and -inf (or the dtype's lowest, which softmax turns into the same zero). The rewrite is
+exact. SDPA then runs a causal kernel (Flash, cuDNN) that skips the masked half instead of reading a mask over all
+of it (``docs/passes.md``, "Causal masks"). Left alone: masks that read a graph input (padding, sizes that are
+symbolic), any other mask (sliding windows, a query offset), and masks over ``MAX_ELEMENTS`` elements.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from ..options import Options
+from . import matcher as m
+from .manager import Phase, RewritePass, declined
+
+# The mask is computed once at compile time, on its own device: a 16k x 16k mask is 256 MiB as bool.
+MAX_ELEMENTS = 1 << 28
+
+# What a constant mask may be computed with: pure functions of their arguments.
+_PURE_FUNCTIONS = {
+    torch.arange, torch.ones, torch.zeros, torch.full, torch.tril, torch.triu, torch.where, torch.logical_and,
+    torch.logical_or, torch.logical_not, torch.bitwise_and, torch.bitwise_or, torch.eq, torch.ne, torch.le,
+    torch.lt, torch.ge, torch.gt, torch.add, torch.sub, torch.mul, torch.remainder, torch.scalar_tensor,
+    operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod, operator.neg, operator.invert,
+    operator.and_, operator.or_, operator.xor, operator.eq, operator.ne, operator.le, operator.lt, operator.ge,
+    operator.gt, operator.getitem,
+}  # fmt: skip
+_PURE_METHODS = {
+    "expand", "expand_as", "view", "reshape", "unsqueeze", "squeeze", "to", "bool", "float", "type_as",
+    "masked_fill", "logical_and", "logical_or", "logical_not", "eq", "ne", "le", "lt", "ge", "gt", "add", "sub",
+    "mul", "tril", "triu", "__and__", "__or__", "__invert__", "__getitem__", "contiguous", "clone", "long", "int",
+}  # fmt: skip
+_SDPA_PARAMETERS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+class CausalMaskPass(RewritePass):
+    """Attention under a causal mask built in the graph to SDPA's `is_causal`."""
+
+    name = "causal_mask"
+    phase = Phase.CANONICALIZE
+
+    def apply(self, graph: fx.Graph, options: Options) -> int:
+        count, values, masks = 0, {}, []
+        for node in list(graph.nodes):
+            if node.op != "call_function" or node.target is not F.scaled_dot_product_attention:
+                continue
+            arguments = dict(zip(_SDPA_PARAMETERS, node.args)) | dict(node.kwargs)
+            mask = arguments.get("attn_mask")
+            if not isinstance(mask, fx.Node) or arguments.get("is_causal", False):
+                continue
+            if mask not in values:
+                values[mask] = constant_value(mask)
+            reason = (
+                values[mask]
+                if isinstance(values[mask], str)
+                else why_not_causal(values[mask], m.fake(arguments["query"]), m.fake(arguments["key"]))
+            )
+            if reason:
+                declined(self.name, node, reason)
+                continue
+            query, key, value = (arguments.pop(name) for name in _SDPA_PARAMETERS[:3])
+            del arguments["attn_mask"]
+            node.args, node.kwargs = (query, key, value), arguments | {"is_causal": True}
+            masks.append(mask)
+            count += 1
+        if masks:
+            m.erase_unused(m.producers(masks, set()))
+        return count
+
+
+def constant_value(mask: fx.Node) -> torch.Tensor | str:
+    """The value of ``mask``, computed now, when the graph computes it from no input; else why not."""
+    nodes = m.producers([mask], set())
+    inside = set(nodes)
+    if any(not _pure(n) or any(a not in inside for a in n.all_input_nodes) for n in nodes):
+        return "the mask reads a graph input or an op not known to be pure"
+    fakes = [t for t in map(m.fake, nodes) if t is not None]
+    if m.fake(mask) is None:
+        return "the mask carries no shape"
+    if any(not all(isinstance(d, int) for d in t.shape) for t in fakes):
+        return "the mask's sizes are symbolic"
+    # An expanded mask's broadcast dims take no memory.
+    if max((t.numel() for t in fakes if 0 not in t.stride()), default=0) > MAX_ELEMENTS:
+        return f"the mask has over {MAX_ELEMENTS} elements"
+    values: dict[fx.Node, object] = {}
+    with unset_fake_temporarily(), torch.no_grad():
+        for node in nodes:
+            args, kwargs = fx.map_arg((node.args, node.kwargs), values.__getitem__)
+            if node.op == "call_method":
+                values[node] = getattr(args[0], node.target)(*args[1:], **kwargs)
+            else:
+                values[node] = node.target(*args, **kwargs)
+    return values[mask]
+
+
+def why_not_causal(mask: torch.Tensor, query: torch.Tensor | None, key: torch.Tensor | None) -> str:
+    """Why ``mask`` is not SDPA's causal mask for ``query`` and ``key``, or "" when it is."""
+    if query is None or key is None:
+        return "no shapes on the query or key"
+    q_len, kv_len = query.shape[-2], key.shape[-2]
+    if not isinstance(q_len, int) or not isinstance(kv_len, int):
+        return "the query or key length is symbolic"
+    if mask.dim() < 2 or tuple(mask.shape[-2:]) != (q_len, kv_len):
+        return "the mask does not span the query and key lengths"
+    # SDPA raises on a mask that does not broadcast over the batch and heads; so must the graph still.
+    leading = zip(reversed(mask.shape[:-2]), reversed(query.shape[:-2]))
+    if mask.dim() > query.dim() or any(m_dim not in (1, q_dim) for m_dim, q_dim in leading if isinstance(q_dim, int)):
+        return "the mask does not broadcast over the query's batch and heads"
+    causal = torch.ones(q_len, kv_len, dtype=torch.bool, device=mask.device).tril()
+    if mask.dtype == torch.bool:
+        same = torch.equal(mask, causal.expand_as(mask))
+    elif mask.is_floating_point() and mask.dtype == query.dtype:
+        allowed = (mask == 0) == causal
+        same = bool(allowed.all()) and bool((mask[..., ~causal] <= torch.finfo(mask.dtype).min).all())
+    else:
+        return f"a {mask.dtype} mask for a {query.dtype} query"
+    return "" if same else "the mask is not the causal one"
+
+
+def _pure(node: fx.Node) -> bool:
+    if node.op == "call_function":
+        return node.target in _PURE_FUNCTIONS
+    return node.op == "call_method" and node.target in _PURE_METHODS
