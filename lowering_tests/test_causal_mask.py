@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from compare import assert_matches_inductor, rewrites_without_compiling
+from compare import assert_matches_inductor, rewrites_without_compiling, rewritten
 from conftest import DEVICE
 
 import turbo_inductor
@@ -78,22 +78,12 @@ def test_a_causal_mask_becomes_is_causal_and_matches_inductor(mask):
 
 
 def test_the_rewritten_attention_is_causal_without_a_mask():
-    graphs = []
-
-    def capture(gm, example_inputs):
-        from turbo_inductor.options import Options
-        from turbo_inductor.passes import PASSES, PassManager
-
-        PassManager(PASSES, Options.parse({"strict": True}, PASSES))(gm.graph)
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(Attention("bool, by index").to(DEVICE), backend=capture)(*inputs())
-    attention = [n for n in graphs[0].graph.nodes if n.target is F.scaled_dot_product_attention]
-    assert len(attention) == 2
-    for node in attention:
-        assert node.kwargs["is_causal"] is True and "attn_mask" not in node.kwargs and len(node.args) == 3
+    model, x = Attention("bool, by index").to(DEVICE), inputs()
+    out, record = rewritten(model, x, {"record_graphs": True})
+    calls = [line for line in record.graph_after.splitlines() if "scaled_dot_product_attention(" in line]
+    assert len(calls) == 2 and all("is_causal = True" in c and "attn_mask" not in c for c in calls), calls
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(*x))
 
 
 @pytest.mark.parametrize("mask", ["sliding window", "one step ahead", "random", "additive, large finite"])
