@@ -49,7 +49,7 @@ class CausalMaskPass(RewritePass):
     phase = Phase.CANONICALIZE
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
-        count, values, masks = 0, {}, []
+        count, verdicts, masks = 0, {}, []
         for node in list(graph.nodes):
             if node.op != "call_function" or node.target is not F.scaled_dot_product_attention:
                 continue
@@ -57,13 +57,9 @@ class CausalMaskPass(RewritePass):
             mask = arguments.get("attn_mask")
             if not isinstance(mask, fx.Node) or arguments.get("is_causal", False):
                 continue
-            if mask not in values:
-                values[mask] = constant_value(mask)
-            reason = (
-                values[mask]
-                if isinstance(values[mask], str)
-                else why_not_causal(values[mask], m.fake(arguments["query"]), m.fake(arguments["key"]))
-            )
+            if mask not in verdicts:  # one mask serves every layer: its value is computed and compared once
+                verdicts[mask] = why_not_causal(mask)
+            reason = verdicts[mask] or why_not_for(m.fake(mask), m.fake(arguments["query"]), m.fake(arguments["key"]))
             if reason:
                 declined(self.name, node, reason)
                 continue
@@ -77,15 +73,16 @@ class CausalMaskPass(RewritePass):
         return count
 
 
-def constant_value(mask: fx.Node) -> torch.Tensor | str:
-    """The value of ``mask``, computed now, when the graph computes it from no input; else why not."""
+def why_not_causal(mask: fx.Node) -> str:
+    """Why ``mask`` is not SDPA's causal mask over its last two dims (computed now, when the graph computes it
+    from no input), or "" when it is."""
     nodes = m.producers([mask], set())
     inside = set(nodes)
     if any(not _pure(n) or any(a not in inside for a in n.all_input_nodes) for n in nodes):
         return "the mask reads a graph input or an op not known to be pure"
     fakes = [t for t in map(m.fake, nodes) if t is not None]
-    if m.fake(mask) is None:
-        return "the mask carries no shape"
+    if m.fake(mask) is None or m.fake(mask).dim() < 2:
+        return "the mask carries no shape of two or more dims"
     if any(not all(isinstance(d, int) for d in t.shape) for t in fakes):
         return "the mask's sizes are symbolic"
     # An expanded mask's broadcast dims take no memory.
@@ -99,31 +96,34 @@ def constant_value(mask: fx.Node) -> torch.Tensor | str:
                 values[node] = getattr(args[0], node.target)(*args[1:], **kwargs)
             else:
                 values[node] = node.target(*args, **kwargs)
-    return values[mask]
+        value = values[mask]
+        causal = torch.ones(value.shape[-2:], dtype=torch.bool, device=value.device).tril()
+        if value.dtype == torch.bool:
+            same = torch.equal(value, causal.expand_as(value))
+        elif value.is_floating_point():
+            allowed = (value == 0) == causal
+            same = bool(allowed.all()) and bool((value[..., ~causal] <= torch.finfo(value.dtype).min).all())
+        else:
+            return f"a {value.dtype} mask"
+    return "" if same else "the mask is not the causal one"
 
 
-def why_not_causal(mask: torch.Tensor, query: torch.Tensor | None, key: torch.Tensor | None) -> str:
-    """Why ``mask`` is not SDPA's causal mask for ``query`` and ``key``, or "" when it is."""
+def why_not_for(mask: torch.Tensor, query: torch.Tensor | None, key: torch.Tensor | None) -> str:
+    """Why causal ``mask`` (fake) is not SDPA's causal mask for this ``query`` and ``key``, or "" when it is."""
     if query is None or key is None:
         return "no shapes on the query or key"
     q_len, kv_len = query.shape[-2], key.shape[-2]
     if not isinstance(q_len, int) or not isinstance(kv_len, int):
         return "the query or key length is symbolic"
-    if mask.dim() < 2 or tuple(mask.shape[-2:]) != (q_len, kv_len):
+    if tuple(mask.shape[-2:]) != (q_len, kv_len):
         return "the mask does not span the query and key lengths"
     # SDPA raises on a mask that does not broadcast over the batch and heads; so must the graph still.
     leading = zip(reversed(mask.shape[:-2]), reversed(query.shape[:-2]))
     if mask.dim() > query.dim() or any(m_dim not in (1, q_dim) for m_dim, q_dim in leading if isinstance(q_dim, int)):
         return "the mask does not broadcast over the query's batch and heads"
-    causal = torch.ones(q_len, kv_len, dtype=torch.bool, device=mask.device).tril()
-    if mask.dtype == torch.bool:
-        same = torch.equal(mask, causal.expand_as(mask))
-    elif mask.is_floating_point() and mask.dtype == query.dtype:
-        allowed = (mask == 0) == causal
-        same = bool(allowed.all()) and bool((mask[..., ~causal] <= torch.finfo(mask.dtype).min).all())
-    else:
+    if mask.dtype != torch.bool and mask.dtype != query.dtype:
         return f"a {mask.dtype} mask for a {query.dtype} query"
-    return "" if same else "the mask is not the causal one"
+    return ""
 
 
 def _pure(node: fx.Node) -> bool:
