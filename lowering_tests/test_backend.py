@@ -2,6 +2,7 @@
 
 import importlib.metadata
 import logging
+import os
 import warnings
 
 import pytest
@@ -59,6 +60,37 @@ def test_impl_option_reaches_forward_and_backward():
 def test_inductor_options_pass_through():
     run({"max_autotune": False, "triton.cudagraphs": False})
     assert turbo_inductor.rewrite_counts()["rmsnorm"] == 1
+
+
+@pytest.mark.parametrize("hip", [None, "6.4"])
+@pytest.mark.parametrize("options", [None, {"static_launch_user_defined_triton_kernels": False}])
+def test_our_kernels_launch_statically_unless_told_or_on_rocm(monkeypatch, hip, options):
+    """Inductor's static launcher spares a host-compiler build per kernel signature (backend.py); the user's own
+    setting wins, and ROCm keeps Triton's launcher."""
+    seen = []
+
+    def compile_fx(gm, example_inputs, config_patches):
+        seen.append(config_patches)
+        return gm.forward
+
+    monkeypatch.setattr(turbo_inductor.backend, "compile_fx", compile_fx)
+    monkeypatch.setattr(torch.version, "hip", hip)
+    run(options)
+    (patches,) = seen
+    expected = False if options else hip is None
+    assert patches.get("static_launch_user_defined_triton_kernels", False) is expected
+
+
+@pytest.mark.parametrize("hip, preset, expected", [(None, None, "1"), (None, "0", "0"), ("6.4", None, None)])
+def test_compile_workers_launch_our_kernels_statically_unless_told_or_on_rocm(monkeypatch, hip, preset, expected):
+    """Inductor's compile workers read the setting from the environment as they start (backend.py)."""
+    name = turbo_inductor.backend.STATIC_LAUNCH_ENV
+    monkeypatch.delenv(name, raising=False)
+    if preset is not None:
+        monkeypatch.setenv(name, preset)
+    monkeypatch.setattr(torch.version, "hip", hip)
+    turbo_inductor.backend.default_to_static_launch()
+    assert os.environ.get(name) == expected
 
 
 def test_pass_seconds_are_recorded(caplog):

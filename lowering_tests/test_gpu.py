@@ -92,6 +92,32 @@ def test_compiled_graph_launches_our_kernels_itself():
     assert "torch.ops.turbo_inductor" not in code
 
 
+def test_a_cold_compile_builds_no_triton_launcher(monkeypatch):
+    """Inductor's static launcher starts our kernels too (backend.py): a cold compile of a block, forward and
+    backward, has the host compiler build no Triton launcher, which costs a build per kernel signature."""
+    import triton.backends.nvidia.driver as driver
+    from torch._inductor.utils import fresh_inductor_cache
+
+    from turbo_inductor.testing.llama import LlamaConfig, LlamaDecoder
+
+    builds = []
+    build = driver.compile_module_from_src
+
+    def counting(src, name, *args, **kwargs):
+        builds.append(name)
+        return build(src, name, *args, **kwargs)
+
+    monkeypatch.setattr(driver, "compile_module_from_src", counting)
+    config = LlamaConfig(hidden=512, intermediate=1408, heads=8, kv_heads=4, layers=1)
+    model = LlamaDecoder(config).to("cuda", torch.bfloat16)
+    x = torch.randn(2, 128, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    torch._dynamo.reset()
+    with fresh_inductor_cache():
+        torch.compile(model, backend="primus_turbo")(x).float().square().sum().backward()
+    assert turbo_inductor.rewrite_counts()["glu"] == 1
+    assert "__triton_launcher" not in builds
+
+
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_compiled_fp8_linear_copies_nothing(recipe):
     """The FP8 linear's quantization kernels are traced into the graph, and Inductor proves which arguments they

@@ -8,8 +8,11 @@ turbo_inductor.kernel_calls()                                 # kernel calls per
 """
 
 from . import ops
+from .backend import default_to_static_launch
 from .kernels.registry import kernel_calls, reset_kernel_calls
 from .passes import compile_records, reset_records, rewrite_counts
+
+default_to_static_launch()  # before Inductor's compile workers start: docs/kernels.md, "Launchers"
 
 __version__ = "0.1.0"
 __all__ = ["ops", "compile_records", "rewrite_counts", "reset_records", "kernel_calls", "reset_kernel_calls"]
