@@ -11,6 +11,7 @@ import torch.nn as nn
 from compare import assert_matches_inductor, default_counts, kernel_calls
 
 import turbo_inductor
+from turbo_inductor.kernels.triton import STATIC_LAUNCH_ENV, default_to_static_launch
 from turbo_inductor.options import Options
 from turbo_inductor.passes import PASSES, PassManager
 from turbo_inductor.passes.rmsnorm import RMSNormPass
@@ -65,7 +66,7 @@ def test_inductor_options_pass_through():
 @pytest.mark.parametrize("hip", [None, "6.4"])
 @pytest.mark.parametrize("options", [None, {"static_launch_user_defined_triton_kernels": False}])
 def test_our_kernels_launch_statically_unless_told_or_on_rocm(monkeypatch, hip, options):
-    """Inductor's static launcher spares a host-compiler build per kernel signature (backend.py); the user's own
+    """Inductor's static launcher spares a host-compiler build per kernel signature (kernels/triton); the user's own
     setting wins, and ROCm keeps Triton's launcher."""
     seen = []
 
@@ -83,14 +84,13 @@ def test_our_kernels_launch_statically_unless_told_or_on_rocm(monkeypatch, hip, 
 
 @pytest.mark.parametrize("hip, preset, expected", [(None, None, "1"), (None, "0", "0"), ("6.4", None, None)])
 def test_compile_workers_launch_our_kernels_statically_unless_told_or_on_rocm(monkeypatch, hip, preset, expected):
-    """Inductor's compile workers read the setting from the environment as they start (backend.py)."""
-    name = turbo_inductor.backend.STATIC_LAUNCH_ENV
-    monkeypatch.delenv(name, raising=False)
+    """Inductor's compile workers read the setting from the environment as they start (kernels/triton)."""
+    monkeypatch.delenv(STATIC_LAUNCH_ENV, raising=False)
     if preset is not None:
-        monkeypatch.setenv(name, preset)
+        monkeypatch.setenv(STATIC_LAUNCH_ENV, preset)
     monkeypatch.setattr(torch.version, "hip", hip)
-    turbo_inductor.backend.default_to_static_launch()
-    assert os.environ.get(name) == expected
+    default_to_static_launch()
+    assert os.environ.get(STATIC_LAUNCH_ENV) == expected
 
 
 def test_pass_seconds_are_recorded(caplog):

@@ -93,8 +93,8 @@ def test_compiled_graph_launches_our_kernels_itself():
 
 
 def test_a_cold_compile_builds_no_triton_launcher(monkeypatch):
-    """Inductor's static launcher starts our kernels too (backend.py): a cold compile of a block, forward and
-    backward, has the host compiler build no Triton launcher, which costs a build per kernel signature."""
+    """Inductor's static launcher starts our kernels too: a cold compile of a block, forward and backward, has the
+    host compiler build no Triton launcher, which costs a build per kernel signature (docs/kernels.md, "Launchers")."""
     import triton.backends.nvidia.driver as driver
     from torch._inductor.utils import fresh_inductor_cache
 

@@ -8,8 +8,8 @@ turbo_inductor.kernel_calls()                                 # kernel calls per
 """
 
 from . import ops
-from .backend import default_to_static_launch
 from .kernels.registry import kernel_calls, reset_kernel_calls
+from .kernels.triton import default_to_static_launch
 from .passes import compile_records, reset_records, rewrite_counts
 
 default_to_static_launch()  # before Inductor's compile workers start: docs/kernels.md, "Launchers"

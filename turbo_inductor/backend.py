@@ -8,7 +8,6 @@ A graph with nothing to fuse compiles exactly as with backend="inductor".
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -19,6 +18,7 @@ from torch._inductor.compile_fx import compile_fx
 
 from . import ops as _ops  # noqa: F401  (registers the ops)
 from . import ranks
+from .kernels.triton import static_launch_config
 from .options import Options
 from .passes import PASSES, PassManager
 from .passes.manager import forget
@@ -36,7 +36,7 @@ def primus_turbo(gm: torch.fx.GraphModule, example_inputs: list[Any], options: M
             stacklevel=2,
         )
     manager = patches["pre_grad_custom_pass"] = PassManager(PASSES, parsed)
-    patches.update({key: True for key in static_launch_patch() if key not in patches})
+    patches.update({key: True for key in static_launch_config() if key not in patches})
     if hasattr(inductor_config, "pre_grad_pass_timing"):
         # Run the passes before the cache lookup, not only on a miss (torch >= 2.12). Every compile then reports
         # its rewrites, and the cache key covers the rewritten graph.
@@ -54,23 +54,3 @@ def primus_turbo(gm: torch.fx.GraphModule, example_inputs: list[Any], options: M
         forget(manager.record)
         raise
     return check_ranks(compiled) if check_ranks is not None else compiled
-
-
-# Our kernels reach Inductor as user-defined Triton kernels. Triton launches them through C code that the host
-# compiler builds per kernel signature on a cold cache; Inductor's static launcher builds none. Inductor's compile
-# workers decide it, reading the setting from the environment when they start: the package's import sets it.
-# Off on ROCm, where torch does not test it for user-defined kernels. Measured: docs/kernels.md, "Launchers".
-STATIC_LAUNCH = "static_launch_user_defined_triton_kernels"
-STATIC_LAUNCH_ENV = "TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS"
-
-
-def static_launch_patch() -> tuple[str, ...]:
-    """The Inductor config keys to turn on for a static launch of our kernels: none where torch lacks it."""
-    return (STATIC_LAUNCH,) if hasattr(inductor_config, STATIC_LAUNCH) and torch.version.hip is None else ()
-
-
-def default_to_static_launch() -> None:
-    """Inductor's compile workers started from now on launch user-defined kernels statically, unless the
-    environment already says otherwise."""
-    if static_launch_patch():
-        os.environ.setdefault(STATIC_LAUNCH_ENV, "1")

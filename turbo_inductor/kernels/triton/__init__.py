@@ -6,6 +6,7 @@ import contextlib
 import os
 
 import torch
+from torch._inductor import config as inductor_config
 
 from .. import registry
 
@@ -49,3 +50,23 @@ def on_device(device: torch.device):
     if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
         return torch.cuda.device(device.index)
     return contextlib.nullcontext()
+
+
+# Our kernels reach Inductor as user-defined Triton kernels. Triton launches them through C code that the host
+# compiler builds per kernel signature on a cold cache; Inductor's static launcher builds none. Inductor's compile
+# workers decide it, reading the setting from the environment when they start: the package's import sets it.
+# Off on ROCm, where torch does not test it for user-defined kernels. Measured: docs/kernels.md, "Launchers".
+STATIC_LAUNCH = "static_launch_user_defined_triton_kernels"
+STATIC_LAUNCH_ENV = "TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS"
+
+
+def static_launch_config() -> tuple[str, ...]:
+    """The Inductor config keys to turn on for a static launch of our kernels: none where torch lacks it."""
+    return (STATIC_LAUNCH,) if hasattr(inductor_config, STATIC_LAUNCH) and torch.version.hip is None else ()
+
+
+def default_to_static_launch() -> None:
+    """Inductor's compile workers started from now on launch user-defined kernels statically, unless the
+    environment already says otherwise."""
+    if static_launch_config():
+        os.environ.setdefault(STATIC_LAUNCH_ENV, "1")
