@@ -11,6 +11,7 @@ import torch.nn as nn
 from compare import assert_matches_inductor, default_counts, kernel_calls
 
 import turbo_inductor
+from turbo_inductor import backend
 from turbo_inductor.kernels.triton import STATIC_LAUNCH_ENV, default_to_static_launch
 from turbo_inductor.options import Options
 from turbo_inductor.passes import PASSES, PassManager
@@ -74,7 +75,7 @@ def test_our_kernels_launch_statically_unless_told_or_on_rocm(monkeypatch, hip, 
         seen.append(config_patches)
         return gm.forward
 
-    monkeypatch.setattr(turbo_inductor.backend, "compile_fx", compile_fx)
+    monkeypatch.setattr(backend, "compile_fx", compile_fx)
     monkeypatch.setattr(torch.version, "hip", hip)
     run(options)
     (patches,) = seen
@@ -127,6 +128,7 @@ def test_bad_options_are_named(options, message):
         run(options)
 
 
+@pytest.mark.pass_failures
 def test_failing_pass_falls_back_with_one_warning_unless_strict(monkeypatch):
     def broken(self, graph, options):
         for node in list(graph.nodes):  # damage the graph first: the fallback must undo it
@@ -152,6 +154,7 @@ def test_failing_pass_falls_back_with_one_warning_unless_strict(monkeypatch):
         torch.compile(model, backend="primus_turbo", options={"strict": True})(x)
 
 
+@pytest.mark.pass_failures
 def test_a_graph_without_fake_tensors_is_left_to_inductor_with_one_warning():
     """torch 2.11 retraces CPU graphs under Inductor's freezing before the pre-grad passes, without the fake tensors
     the matchers read: the pass manager says so and leaves the graph as it is."""

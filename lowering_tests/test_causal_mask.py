@@ -95,6 +95,35 @@ def test_a_mask_that_reads_an_input_is_left_alone():
     assert rewrites_without_compiling(Attention("bool, tril", padded=True).to(DEVICE), inputs())["causal_mask"] == 0
 
 
+class Checkpointed(nn.Module):
+    """The mask built once, each layer under activation checkpointing: a layer's subgraph gets the mask as an input."""
+
+    def __init__(self):
+        super().__init__()
+        self.attention = Attention("bool, tril")
+
+    def layer(self, x, mask, qkv):
+        batch, length, hidden = x.shape
+        q, k, v = (t.view(batch, length, 4, -1).transpose(1, 2) for t in qkv(x).chunk(3, dim=-1))
+        return x + F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape_as(x)
+
+    def forward(self, x, padding):
+        mask = MASKS["bool, tril"](x.shape[1], x.shape[1], x.shape[0], x.dtype)
+        for qkv in self.attention.qkv:
+            x = torch.utils.checkpoint.checkpoint(self.layer, x, mask, qkv, use_reentrant=False)
+        return x
+
+
+def test_a_mask_that_is_a_graph_input_is_left_alone():
+    """Not computed in the graph that reads it: its value is unknown there, and no pass fails on it."""
+    q = torch.randn(2, 4, 8, 8, device=DEVICE)
+    mask = torch.ones(8, 8, dtype=torch.bool, device=DEVICE).tril()
+    sdpa = torch.nn.Module()
+    sdpa.forward = lambda q, mask: F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    assert rewrites_without_compiling(sdpa, [q, mask])["causal_mask"] == 0
+    assert rewrites_without_compiling(Checkpointed().to(DEVICE), inputs())["causal_mask"] == 0
+
+
 def test_symbolic_sizes_are_left_alone():
     model = Attention("bool, by index").to(DEVICE)
     assert rewrites_without_compiling(model, inputs(), dynamic=True)["causal_mask"] == 0

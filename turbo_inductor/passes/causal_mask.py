@@ -78,6 +78,8 @@ def why_not_causal(mask: fx.Node) -> str:
     from no input), or "" when it is."""
     nodes = m.producers([mask], set())
     inside = set(nodes)
+    if mask not in inside:  # as in a checkpointed layer's subgraph, which gets the mask from the outer graph
+        return "the mask is a graph input"
     if any(not _pure(n) or any(a not in inside for a in n.all_input_nodes) for n in nodes):
         return "the mask reads a graph input or an op not known to be pure"
     fakes = [t for t in map(m.fake, nodes) if t is not None]
