@@ -52,10 +52,9 @@ def on_device(device: torch.device):
     return contextlib.nullcontext()
 
 
-# Our kernels reach Inductor as user-defined Triton kernels. Triton launches them through C code that the host
-# compiler builds per kernel signature on a cold cache; Inductor's static launcher builds none. Inductor's compile
-# workers decide it, reading the setting from the environment when they start: the package's import sets it.
-# Off on ROCm, where torch does not test it for user-defined kernels. Measured: docs/kernels.md, "Launchers".
+# Triton starts user-defined kernels, ours, through C code built per signature on a cold cache; Inductor's static
+# launcher builds none. Its compile workers read the setting from the environment as they start, so the package's
+# import sets it (not on ROCm, where torch does not test it). Measured: docs/kernels.md, "Launchers".
 STATIC_LAUNCH = "static_launch_user_defined_triton_kernels"
 STATIC_LAUNCH_ENV = "TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS"
 
