@@ -103,7 +103,7 @@ class Checkpointed(nn.Module):
         self.attention = Attention("bool, tril")
 
     def layer(self, x, mask, qkv):
-        batch, length, hidden = x.shape
+        batch, length, _ = x.shape
         q, k, v = (t.view(batch, length, 4, -1).transpose(1, 2) for t in qkv(x).chunk(3, dim=-1))
         return x + F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape_as(x)
 
