@@ -15,6 +15,8 @@ import platform
 import re
 import sys
 
+from benchmarks import STARTED_WITH
+
 DEFAULT_OUT = pathlib.Path(__file__).resolve().parent / "out"
 MAX_NAME = 120  # characters of a file name before its tail is replaced by a hash
 
@@ -27,7 +29,8 @@ def output_dir(out: str | None = None) -> pathlib.Path:
 
 
 def environment() -> dict:
-    """Where and how this run was made: GPUs (or "cpu"), versions, the UTC date and the process's command line."""
+    """Where and how this run was made: GPUs (or "cpu"), versions, the UTC date, the process's command line and the
+    turbo_inductor and Inductor variables it started with."""
     import torch
     import triton
 
@@ -44,6 +47,7 @@ def environment() -> dict:
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": list(sys.orig_argv),
+        "variables": dict(STARTED_WITH),
     }
 
 

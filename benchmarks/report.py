@@ -301,14 +301,15 @@ def _machine(environment: dict) -> str:
 
 
 def _environment(file: str, environment: dict, shared: str) -> str:
-    """A run's command (which names its file; the file where no command was recorded) and date, its machine where
-    the runs differ in theirs (``shared``: the one all had), and torchao's version where it ran. The command
-    without ``--out DIR``."""
+    """A run's command with the variables it started with (which names its file; the file where no command was
+    recorded) and date, its machine where the runs differ in theirs (``shared``: the one all had), and torchao's
+    version where it ran. The command without ``--out DIR``."""
     machine = "" if _machine(environment) == shared else f"{_machine(environment)}, "
     if environment.get("torchao"):
         machine += f"torchao {environment['torchao']}, "
     words = environment.get("command", [])
     command = [w for i, w in enumerate(words) if w != "--out" and (i == 0 or words[i - 1] != "--out")]
+    command = [f"{k}={v}" for k, v in environment.get("variables", {}).items()] + command
     return f"`{' '.join(command) if command else file}`: {machine}{environment['date'][:10]}."
 
 

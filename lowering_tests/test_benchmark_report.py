@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+import benchmarks
 from benchmarks import record, report
 
 ENVIRONMENT = {
@@ -196,7 +197,9 @@ def test_a_run_is_written_as_json_named_by_its_configuration(tmp_path, monkeypat
     written = json.loads(open(path).read(), parse_constant=pytest.fail)  # NaN or Infinity would fail here
     assert written["rows"] == [{"ms": 1.0, "snr": None, "gpu": None, "shape": [1, 2]}]
     assert written["benchmark"] == "rmsnorm" and written["configuration"]["shapes"] == "1x2,3x4"
-    assert set(written["environment"]) == {"machine", "torch", "triton", "torchao", "python", "date", "command"}
+    assert set(written["environment"]) == {
+        "machine", "torch", "triton", "torchao", "python", "date", "command", "variables"
+    }  # fmt: skip
     record.write("rmsnorm", parts, vars(args), rows, args.out)  # the same configuration again: overwritten
     with pytest.raises(FileExistsError, match="another configuration"):
         record.write("rmsnorm", parts, {**vars(args), "dtype": "float16"}, rows, args.out)
@@ -205,6 +208,15 @@ def test_a_run_is_written_as_json_named_by_its_configuration(tmp_path, monkeypat
     assert record.output_dir() == tmp_path / "out" and (tmp_path / "out").is_dir()
     monkeypatch.delenv("OUT")
     assert record.output_dir() == record.DEFAULT_OUT
+
+
+def test_a_run_names_the_variables_it_started_with(monkeypatch):
+    """Read when the benchmarks package is imported, before turbo_inductor's import sets defaults of its own."""
+    monkeypatch.setitem(benchmarks.STARTED_WITH, "TURBO_INDUCTOR_NATIVE", "0")
+    variables = record.environment()["variables"]
+    assert variables["TURBO_INDUCTOR_NATIVE"] == "0"
+    named = report._environment("x.json", {**ENVIRONMENT, "variables": {"TURBO_INDUCTOR_NATIVE": "0"}}, "")
+    assert named.startswith("`TURBO_INDUCTOR_NATIVE=0 python3 -m benchmarks.x`: ")
 
 
 def test_a_run_of_transformers_models_says_what_ran():
