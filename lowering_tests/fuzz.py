@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 import torch.nn.functional as F
+from attention_masks import CAUSAL, MASKS
 from conftest import TOLERANCE
 
 import turbo_inductor
@@ -680,34 +681,19 @@ class AttentionBlock(Block):
 
     kind = "attention"
     POSITIONS = 4
-    CAUSAL = ("by index", "tril", "additive")
-    MASKS = (*CAUSAL, "sliding window", "one ahead")
 
     def __init__(self, rng, s, mask: str | None = None):
         super().__init__(rng, s)
-        self.mask = self.choose(rng, "mask", [mask] if mask else self.MASKS)
+        self.mask = self.choose(rng, "mask", [mask] if mask else list(MASKS))
         self.scale = _norm_weight(s.hidden, s.dtype)  # a parameter before it: the gradient reaches one
 
     def expect(self):
-        return Expect().fired(causal_mask=1) if self.mask in self.CAUSAL else Expect()
-
-    def attention_mask(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        n = self.POSITIONS
-        q_idx, kv_idx = torch.arange(n, device=device)[:, None], torch.arange(n, device=device)[None, :]
-        if self.mask == "by index":
-            return (kv_idx <= q_idx)[None, None].expand(1, 1, n, n)
-        if self.mask == "tril":
-            return torch.ones(n, n, dtype=torch.bool, device=device).tril()
-        if self.mask == "additive":
-            return torch.full((n, n), -math.inf, dtype=dtype, device=device).triu(1)
-        if self.mask == "sliding window":
-            return (kv_idx <= q_idx) & (kv_idx > q_idx - 2)
-        return torch.ones(n, n, dtype=torch.bool, device=device).tril(1)
+        return Expect().fired(causal_mask=1) if self.mask in CAUSAL else Expect()
 
     def forward(self, x):
         q = (x * self.scale).reshape(-1, 1, self.POSITIONS, x.shape[-1] // self.POSITIONS)
         kv = x.reshape(q.shape)
-        mask = self.attention_mask(x.dtype, x.device)
+        mask = MASKS[self.mask](self.POSITIONS, self.POSITIONS, 1, x.dtype, x.device)
         return F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask).reshape(x.shape)
 
 
@@ -781,7 +767,7 @@ LEADS = (
     ("hf_moe", "off", {}),
     ("hf_moe", "row", {}),  # fp8_experts
     ("rotary", None, {}),
-    ("attention", None, {"mask": "by index"}),  # causal_mask
+    ("attention", None, {"mask": "bool, by index"}),  # causal_mask
     ("near_miss", None, {}),
 )
 

@@ -2,48 +2,18 @@
 the graph, outputs and gradients equal to backend="inductor"), on hand-written spellings and on transformers' own
 code; any other mask is left alone."""
 
-import math
 from unittest import mock
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from attention_masks import CAUSAL, MASKS
 from compare import assert_matches_inductor, rewrites_without_compiling, rewritten
 from conftest import DEVICE
 
 import turbo_inductor
 from turbo_inductor.passes import causal_mask
-
-
-def causal_by_index(q_len, kv_len, batch):
-    """transformers' spelling (``sdpa_mask`` when it cannot skip the mask): ``kv_idx <= q_idx``, expanded."""
-    q_idx = (torch.arange(q_len, device=DEVICE) + 0)[None, None, :, None]
-    kv_idx = (torch.arange(kv_len, device=DEVICE) + 0)[None, None, None, :]
-    return (kv_idx <= q_idx).expand(batch, -1, q_len, kv_len)
-
-
-def additive(q_len, kv_len, dtype, masked):
-    return torch.full((q_len, kv_len), masked, dtype=dtype, device=DEVICE).triu(1)
-
-
-MASKS = {
-    "bool, by index": lambda q_len, kv_len, batch, dtype: causal_by_index(q_len, kv_len, batch),
-    "bool, tril": lambda q_len, kv_len, batch, dtype: torch.ones(q_len, kv_len, dtype=torch.bool, device=DEVICE).tril(),
-    "additive, -inf": lambda q_len, kv_len, batch, dtype: additive(q_len, kv_len, dtype, -math.inf),
-    "additive, lowest": lambda q_len, kv_len, batch, dtype: additive(q_len, kv_len, dtype, torch.finfo(dtype).min),
-    # near misses: each is another mask, or one not known at compile time
-    "sliding window": lambda q_len, kv_len, batch, dtype: (
-        causal_by_index(q_len, kv_len, batch)
-        & (torch.arange(kv_len, device=DEVICE)[None, :] > torch.arange(q_len, device=DEVICE)[:, None] - 3)
-    ),
-    "one step ahead": lambda q_len, kv_len, batch, dtype: torch.ones(
-        q_len, kv_len, dtype=torch.bool, device=DEVICE
-    ).tril(1),
-    "random": lambda q_len, kv_len, batch, dtype: torch.rand(q_len, kv_len, device=DEVICE) < 2,
-    "additive, large finite": lambda q_len, kv_len, batch, dtype: additive(q_len, kv_len, dtype, -1e4),
-}
-CAUSAL = ["bool, by index", "bool, tril", "additive, -inf", "additive, lowest"]
 
 
 class Attention(nn.Module):
@@ -56,7 +26,7 @@ class Attention(nn.Module):
 
     def forward(self, x, padding):
         batch, length, hidden = x.shape
-        mask = self.mask(length, length, batch, x.dtype)
+        mask = self.mask(length, length, batch, x.dtype, x.device)
         if self.padded:  # a padding mask: an input, so not known at compile time
             mask = mask & padding[:, None, None, :]
         for qkv in self.qkv:
@@ -108,7 +78,7 @@ class Checkpointed(nn.Module):
         return x + F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape_as(x)
 
     def forward(self, x, padding):
-        mask = MASKS["bool, tril"](x.shape[1], x.shape[1], x.shape[0], x.dtype)
+        mask = MASKS["bool, tril"](x.shape[1], x.shape[1], x.shape[0], x.dtype, x.device)
         for qkv in self.attention.qkv:
             x = torch.utils.checkpoint.checkpoint(self.layer, x, mask, qkv, use_reentrant=False)
         return x
