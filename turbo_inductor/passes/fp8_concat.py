@@ -2,7 +2,9 @@
 
 x and x^T are quantized once and one GEMM runs; each linear's output is a slice ``y[..., a:b]`` of its result.
 The weights stay separate parameters: ``aten.cat`` joins them in the graph, and its backward splits dW.
-Taken where the forward and dW are exact (``Recipe.concatenates_exactly``): no scale of W spans two weights' rows.
+Taken where the forward and dW are the separate linears' (``Recipe.concatenates_exactly``): no scale of W spans two
+weights' rows. dx is not: one GEMM sums over the concatenated N, and the rowwise recipes' dgrad scales of dy and W^T
+span it (``docs/fp8.md``).
 ``tensorwise`` is declined: one scale over the concatenated W differs from each linear's own. So is ``blockwise``
 unless each N is a multiple of 128, and ``save_weight_t=False``, whose backward would keep the concatenated W.
 Under autocast the linears' casts of one x count as one x. Why and how: ``docs/passes.md``.
@@ -64,8 +66,10 @@ class FP8ConcatPass(RewritePass):
     after = (FP8_OPTION,)
     option_doc = (
         "FP8 linears reading one x (q/k/v, gate/up) as one FP8 linear over their weights concatenated: x "
-        "quantized once, one GEMM. Where that is exact: every recipe but `tensorwise`; `blockwise` where each N is "
-        "a multiple of 128. Runs with the `fp8` option. Details: `docs/fp8.md`."
+        "quantized once, one GEMM. Where the forward and dW stay the separate linears': every recipe but `tensorwise`; "
+        "`blockwise` where each N is a multiple of 128. dx is not bit-exact: the rowwise recipes scale dy per token "
+        "across the concatenated outputs, so a projection whose gradient is far smaller than the others' loses "
+        "precision. Runs with the `fp8` option. Details: `docs/fp8.md`."
     )
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
