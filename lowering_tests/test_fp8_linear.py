@@ -18,9 +18,9 @@ import turbo_inductor
 from turbo_inductor.ops.fp8_linear import quantize_weight
 from turbo_inductor.recipes import RECIPES
 
-GRADIENT_GATE = {"e4m3": 25.0, "e5m2": 20.0}  # shared/targets.md
-# Triton's CPU interpreter rounds ~2% of fp8 stores wrongly (platform.md): the SNR gates are checked with the
-# reference kernels on CPU and with the default (fastest) ones on the GPU.
+GRADIENT_GATE = {"e4m3": 25.0, "e5m2": 20.0}  # the FP8 gates (docs/fp8.md): SNR in dB by gradient format
+# Triton's CPU interpreter rounds ~2% of fp8 stores wrongly: the SNR gates are checked with the reference kernels
+# on CPU and with the default (fastest) ones on the GPU.
 EXACT_IMPL = "auto" if DEVICE == "cuda" else "reference"
 
 

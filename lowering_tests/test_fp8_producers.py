@@ -380,7 +380,7 @@ def test_under_autocast_the_norms_write_their_linears_bf16_input_and_its_fp8():
     within e4m3's gate of it (not bit for bit: on CPU the compiled reference math rounds its scales its own way)."""
     model, x = _decoder()
     layers = len(model.layers)
-    # on CPU the reference kernels: the Triton interpreter's FP8 stores round ~2% of values wrongly (platform.md)
+    # on CPU the reference kernels: the Triton interpreter's FP8 stores round ~2% of values wrongly
     options = {"fp8": "rowwise", **({"impl": "reference"} if DEVICE == "cpu" else {})}
     with torch.autocast(DEVICE, torch.bfloat16):
         # the bf16 model uncompiled: Inductor's roundings differ from it far below FP8's noise

@@ -1,6 +1,6 @@
 """FP8 quantization kernels called directly (not through torch.ops): the reference and the Triton implementation
 against float64 math written here. Without a GPU the Triton kernels run in the interpreter (conftest sets
-TRITON_INTERPRET=1), whose fp32 -> fp8 casts are defective (platform.md): there, quantized values are compared after
+TRITON_INTERPRET=1), whose fp32 -> fp8 casts round ~2% of values wrongly: there, quantized values are compared after
 dequantization, and the only deviations allowed are the documented ones. On a GPU the Triton kernel must equal the
 reference bit for bit."""
 

@@ -14,7 +14,8 @@ from turbo_inductor.ops.fp8 import fp8_formats
 
 torchao_float8 = pytest.importorskip("torchao.float8")
 
-# Triton's CPU interpreter rounds ~2% of fp8 stores wrongly (platform.md): the reference kernels on CPU.
+# Triton's CPU interpreter rounds ~2% of fp8 stores wrongly (off by 2x near a binade edge): the reference kernels
+# on CPU.
 IMPL = "auto" if DEVICE == "cuda" else "reference"
 OURS = {"tensorwise": "tensorwise", "rowwise": "rowwise_pow2"}  # torchao's recipe -> ours
 
