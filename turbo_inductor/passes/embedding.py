@@ -1,9 +1,9 @@
 """Embedding lookups -> ``turbo_inductor.embedding``.
 
 Spellings matched: ``F.embedding`` (``nn.Embedding`` calls it) of a 2-D float weight, any ``padding_idx``; no
-``max_norm`` (it renormalizes the weight in place), no ``scale_grad_by_freq``, no sparse gradient. The lookup stays
-Inductor's; the weight gradient is one write of the table instead of Inductor's fp32 table, scatter and cast
-(``docs/ops.md``, "Embedding").
+``max_norm`` (it renormalizes the weight in place), no ``scale_grad_by_freq``, no sparse gradient. The lookup is our
+row copy (its reader, our norm, cannot take Inductor's gather into its kernel); the weight gradient is one write of
+the table instead of Inductor's fp32 table, scatter and cast (``docs/ops.md``, "Embedding").
 """
 
 from __future__ import annotations
