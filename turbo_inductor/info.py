@@ -1,8 +1,9 @@
 """``python -m turbo_inductor.info``: what turbo_inductor runs on this machine.
 
-Versions, the device, the optional native kernels (built or not, and why) and aiter. Per kernel: what
-``impl="auto"`` tries, in order, and what is available. The environment hash is part of the compile cache key.
-On a ROCm GPU this imports aiter, as the first kernel call would. Elsewhere it imports nothing optional.
+Versions (of transformers, torchao and aiter: "not installed" where absent), the device, the optional native
+kernels (built or not, and why) and aiter. Per kernel: what ``impl="auto"`` tries, in order, and what is available.
+The environment hash is part of the compile cache key. On a ROCm GPU this imports aiter, as the first kernel call
+would. Elsewhere it imports nothing optional.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def report() -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "triton": triton.__version__,  # its distribution's name differs on ROCm
-        "amd-aiter": _installed(aiter.PACKAGE),
+        # not imported: torchao's CPU build warns about GPU libraries on import
+        **{name: _installed(name) for name in ("transformers", "torchao", aiter.PACKAGE)},
         "device": description,
         "native": _native(device),
         "aiter": aiter.unavailable_reason(device) or "available",
@@ -69,7 +71,8 @@ def report() -> dict:
 def format_report(facts: dict) -> str:
     lines = [
         f"turbo_inductor {facts['turbo_inductor']}: python {facts['python']}, torch {facts['torch']}, "
-        f"triton {facts['triton']}, amd-aiter {facts['amd-aiter']}",
+        f"triton {facts['triton']}, transformers {facts['transformers']}, torchao {facts['torchao']}, "
+        f"amd-aiter {facts['amd-aiter']}",
         f"device: {facts['device']}",
         f"native kernels: {facts['native']}",
         f"aiter: {facts['aiter']}",
