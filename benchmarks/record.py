@@ -28,22 +28,30 @@ def output_dir(out: str | None = None) -> pathlib.Path:
     return path
 
 
+def installed_version(distribution: str) -> str | None:
+    """The installed version of ``distribution``, None where it is not installed. Read from its metadata, not by
+    importing it: torchao's CPU build warns about GPU libraries on import."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def environment() -> dict:
-    """Where and how this run was made: GPUs (or "cpu"), versions, the UTC date, the process's command line and the
-    turbo_inductor and Inductor variables it started with."""
+    """Where and how this run was made: GPUs (or "cpu"), versions (of transformers and torchao: null where not
+    installed), the UTC date, the process's command line and the turbo_inductor and Inductor variables it started
+    with."""
     import torch
     import triton
 
-    try:
-        torchao_version = importlib.metadata.version("torchao")  # no import: its CPU build warns about GPU libraries
-    except importlib.metadata.PackageNotFoundError:
-        torchao_version = None
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return {
         "machine": f"{gpus}x {torch.cuda.get_device_name()}" if gpus else "cpu",
         "torch": torch.__version__,
         "triton": triton.__version__,
-        "torchao": torchao_version,
+        # transformers' version sets the graphs its models give (the causal-mask rewrite, and so the speed, depends
+        # on it); null where not installed
+        **{name: installed_version(name) for name in ("transformers", "torchao")},
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": list(sys.orig_argv),

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 
 import turbo_inductor
-from benchmarks import record, report
+from benchmarks import goals, record, report
 from turbo_inductor.testing import hf, scaled_mm_takes_row_scales
 from turbo_inductor.testing.llama import CONFIGS as LLAMA_CONFIGS
 from turbo_inductor.testing.llama import LlamaDecoder
@@ -45,36 +45,9 @@ def torchao_recipes(recipes, device: str, known) -> list[str]:
     return [r for r in recipes if r in known and (r == "tensorwise" or scaled_mm_takes_row_scales(device))]
 
 
-# The goals for a layer's training step on a GPU: bf16 speedup over Inductor at no more peak memory, the FP8
-# recipes' speedup over Inductor in bf16, and every primus_turbo column's cold compile time over Inductor's.
-BF16_GOAL, FP8_GOAL, FP8_GOAL_RECIPES, COMPILE_GOAL = 1.05, 1.40, ("tensorwise", "rowwise"), 1.25
+# The FP8 recipes a GPU run measures unless --fp8 says otherwise: those with goals on every model (goals.py).
+DEFAULT_FP8 = ("tensorwise", "rowwise")
 CPU_NOTE = "On CPU: timings are CPU wall-clock times, not GPU figures; GPU time, memory and goals are GPU-only."
-
-
-@dataclasses.dataclass(frozen=True)
-class Targets:
-    """What a GPU run's columns aim at: speedups over Inductor bf16 (``fp8``: per recipe), and the cold compile time
-    of every primus_turbo column over Inductor's. ``bf16_memory``: bf16 at no more peak memory than Inductor."""
-
-    bf16: float
-    fp8: dict
-    compile: float
-    bf16_memory: bool = False
-
-
-LAYER_TARGETS = Targets(BF16_GOAL, dict.fromkeys(FP8_GOAL_RECIPES, FP8_GOAL), COMPILE_GOAL, bf16_memory=True)
-# transformers' models, two or more layers with the LM head and loss. Mistral-7B has Llama-3-8B's layer.
-HF_TRAIN_TARGETS = {
-    "llama3-8b": Targets(1.03, {"tensorwise": 1.42, "rowwise": 1.38}, 1.5),
-    "mistral-7b": Targets(1.03, {"tensorwise": 1.42, "rowwise": 1.38}, 1.5),
-    "qwen2.5-7b": Targets(1.03, {"tensorwise": 1.35, "rowwise": 1.30}, 1.5),
-    "phi3-mini": Targets(1.00, {"tensorwise": 1.30, "rowwise": 1.28}, 1.5),
-    "gemma-7b": Targets(1.00, {"tensorwise": 1.30, "rowwise": 1.28}, 1.5),
-}
-# Their prefill; FP8 tensorwise also aims to be ahead of torchao's (hf_goals).
-HF_INFERENCE_TARGETS = Targets(1.00, {"rowwise": 1.35}, 1.5)
-# The bf16 loss's largest difference to Inductor's, relative
-HF_LOSS_TOLERANCE = 1e-3
 
 
 def time_ms(step, device: str) -> float:
@@ -115,9 +88,9 @@ def main(argv=None):
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument(
         "--fp8",
-        default=",".join(FP8_GOAL_RECIPES) if on_gpu else "",
+        default=",".join(DEFAULT_FP8) if on_gpu else "",
         help="FP8 recipes to add as primus_turbo columns (comma-separated; empty: none; default on a GPU: "
-        f"{','.join(FP8_GOAL_RECIPES)})",
+        f"{','.join(DEFAULT_FP8)})",
     )
     parser.add_argument(
         "--impl",
@@ -232,13 +205,8 @@ def main(argv=None):
         for name in names:
             table = run_config(args, name, on_gpu)
             rows += table
-            compile_goal = not args.compile_kernels  # serial compiles are no cold compile
-            if on_gpu and args.hf:
-                targets = HF_TRAIN_TARGETS[name] if args.mode == "train" else HF_INFERENCE_TARGETS
-                lines = goals(table, targets, compile_goal) + hf_goals(table)
-                goal_lines += [{"model": name, **line} for line in lines]
-            elif on_gpu:
-                goal_lines += [{"model": name, **line} for line in goals(table, compile_goal=compile_goal)]
+            if on_gpu:
+                goal_lines += [{"model": name, **line} for line in goals.evaluate(table, configuration, name)]
             # written after each model: a run stopped by a time limit keeps the models it finished
             extra = {"goals": goal_lines} if on_gpu else {}
             path = record.write("model", parts, configuration, rows, args.out, **extra)
@@ -492,97 +460,6 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
         )
     print_table(table)
     return table
-
-
-def goals(table: list[dict], targets: Targets = LAYER_TARGETS, compile_goal: bool = True) -> list[dict]:
-    """A GPU run's values against ``targets``, for the columns present (``compile_goal``: the compile time's too); a
-    speedup goal carries its ``target_speedup`` (the chart draws it)."""
-    rows = {row["column"]: row for row in table if "error" not in row}
-    inductor, report = rows["inductor"], []
-    if "primus_turbo" in rows:
-        bf16 = rows["primus_turbo"]
-        faster = bf16["speedup_vs_inductor"] >= targets.bf16
-        if targets.bf16_memory:
-            goal = f"primus_turbo bf16 >= {targets.bf16:.2f}x Inductor at no more peak memory"
-            measured = (
-                f"{bf16['speedup_vs_inductor']:.2f}x, {bf16['peak_gib']:.2f} GiB vs {inductor['peak_gib']:.2f} GiB"
-            )
-            met = faster and bf16["peak_gib"] <= inductor["peak_gib"]
-        else:
-            goal = f"primus_turbo bf16 >= {targets.bf16:.2f}x Inductor"
-            measured, met = f"{bf16['speedup_vs_inductor']:.2f}x", faster
-        report.append({"goal": goal, "measured": measured, "met": met, "target_speedup": targets.bf16})
-    for recipe, target in targets.fp8.items():
-        if (fp8 := rows.get(f"primus_turbo fp8 {recipe}")) is not None:
-            report.append(
-                {
-                    "goal": f"primus_turbo fp8 {recipe} >= {target:.2f}x Inductor bf16",
-                    "measured": f"{fp8['speedup_vs_inductor']:.2f}x",
-                    "met": fp8["speedup_vs_inductor"] >= target,
-                    "target_speedup": target,
-                }
-            )
-    ours = [row for name, row in rows.items() if "primus_turbo" in name]
-    if ours and compile_goal:
-        slowest = max(ours, key=lambda row: row["compile_s"])
-        ratio = slowest["compile_s"] / inductor["compile_s"]
-        report.append(
-            {
-                "goal": f"compile time <= {targets.compile:.2f}x Inductor's, every primus_turbo column",
-                "measured": f"{ratio:.2f}x at most ({slowest['column']}: {slowest['compile_s']:.1f} s vs "
-                f"{inductor['compile_s']:.1f} s)",
-                "met": ratio <= targets.compile,
-            }
-        )
-    return report
-
-
-def hf_goals(table: list[dict]) -> list[dict]:
-    """A transformers model's goals beyond speed, for the columns present: in training, the bf16 loss within
-    HF_LOSS_TOLERANCE of Inductor's and each FP8 recipe's worst gradient SNR no worse than torchao's; in inference,
-    FP8 tensorwise ahead of torchao's."""
-    rows = {row["column"]: row for row in table if "error" not in row}
-    report = []
-    if (bf16 := rows.get("primus_turbo", {})).get("loss_snr_db") is not None:
-        difference = 10 ** (-bf16["loss_snr_db"] / 20)  # |loss - Inductor's| / |Inductor's|
-        report.append(
-            {
-                "goal": f"primus_turbo bf16 loss within {HF_LOSS_TOLERANCE:.0e} of Inductor's, relative",
-                "measured": f"{difference:.1e}",
-                "met": difference <= HF_LOSS_TOLERANCE,
-            }
-        )
-    for recipe in TORCHAO_ON_OURS:
-        ours, theirs = rows.get(f"primus_turbo fp8 {recipe}"), rows.get(f"torchao fp8 {recipe}")
-        if ours is None or theirs is None:
-            continue
-        if "worst_grad_snr_db" in ours:
-            # Equal arithmetic gives SNRs a few hundredths of a dB apart from input to input: within the standard
-            # error of the two means the SNRs tie, and a tie is no worse.
-            margin = math.hypot(standard_error(ours), standard_error(theirs))
-            report.append(
-                {
-                    "goal": f"primus_turbo fp8 {recipe} worst gradient SNR >= torchao's",
-                    "measured": f"{ours['worst_grad_snr_db']:.2f} dB vs {theirs['worst_grad_snr_db']:.2f} dB"
-                    + (f" (standard error {margin:.2f} dB)" if margin else ""),
-                    "met": ours["worst_grad_snr_db"] >= theirs["worst_grad_snr_db"] - margin,
-                }
-            )
-        elif recipe == "tensorwise":
-            report.append(
-                {
-                    "goal": "primus_turbo fp8 tensorwise ahead of torchao fp8 tensorwise",
-                    "measured": f"{ours['speedup_vs_inductor']:.2f}x vs {theirs['speedup_vs_inductor']:.2f}x",
-                    "met": ours["speedup_vs_inductor"] > theirs["speedup_vs_inductor"],
-                }
-            )
-    return report
-
-
-def standard_error(row: dict) -> float:
-    """The standard error of a column's worst gradient SNR, from its spread over the inputs (0 for one input)."""
-    per_input = row.get("worst_grad_snr_db_per_input") or []
-    return statistics.stdev(per_input) / math.sqrt(len(per_input)) if len(per_input) > 1 else 0.0
 
 
 def warm_up_compiler(device: str) -> None:

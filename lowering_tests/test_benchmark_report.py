@@ -8,7 +8,7 @@ import re
 import pytest
 
 import benchmarks
-from benchmarks import record, report
+from benchmarks import goals, record, report
 
 ENVIRONMENT = {
     "machine": "1x NVIDIA H200",
@@ -62,10 +62,6 @@ def every_benchmark() -> dict[str, dict]:
     columns = ["eager", "inductor", "primus_turbo", "primus_turbo fp8 tensorwise", "primus_turbo fp8 rowwise"]
     columns += ["torchao fp8 tensorwise", "torchao fp8 rowwise"]
     columns += ["torchao fp8 tensorwise on primus_turbo", "torchao fp8 rowwise on primus_turbo"]
-    goals = [
-        {"model": "llama3-8b", "goal": f"goal {n}", "measured": "1.00x", "met": False, "target_speedup": 1.4}
-        for n in range(3)
-    ]
     fsdp2 = [
         {"column": c, "step_ms": 30.0, "speedup_vs_inductor": 1.3, "peak_gib": 5.0, "out_snr_db": 30.0}
         for c in ["inductor", "primus_turbo", "primus_turbo fp8 tensorwise", "primus_turbo fp8 rowwise"]
@@ -76,7 +72,7 @@ def every_benchmark() -> dict[str, dict]:
     gemm_shapes = ["8192x4096x7168", "8192x4096x2048", "4096x4096x7168", "16x4096x7168"]
     return {
         "model_llama3-8b_train_fp8-tensorwise-rowwise.json": result(
-            "model", model_rows("llama3-8b", columns), goals=goals
+            "model", model_rows("llama3-8b", columns), goals=[]
         ),
         "rmsnorm.json": result(
             "rmsnorm",
@@ -198,7 +194,7 @@ def test_a_run_is_written_as_json_named_by_its_configuration(tmp_path, monkeypat
     assert written["rows"] == [{"ms": 1.0, "snr": None, "gpu": None, "shape": [1, 2]}]
     assert written["benchmark"] == "rmsnorm" and written["configuration"]["shapes"] == "1x2,3x4"
     assert set(written["environment"]) == {
-        "machine", "torch", "triton", "torchao", "python", "date", "command", "variables"
+        "machine", "torch", "triton", "transformers", "torchao", "python", "date", "command", "variables"
     }  # fmt: skip
     record.write("rmsnorm", parts, vars(args), rows, args.out)  # the same configuration again: overwritten
     with pytest.raises(FileExistsError, match="another configuration"):
@@ -268,17 +264,23 @@ def test_a_run_of_transformers_models_says_what_ran():
 def test_an_older_run_of_a_model_is_named_and_its_goals_and_row_are_the_newest_runs():
     def run(date, command, speedup, models=("llama3-8b",)):
         configuration = {"models": dict.fromkeys(models, {}), "mode": "train", "autocast": False, "batch": 2, "seq": 16}
-        rows = [{**row, "speedup_vs_inductor": speedup} for model in models for row in model_rows(model, ["inductor"])]
-        goal = {"model": models[0], "goal": f"goal of {command}", "measured": "1.00x", "met": False}
+        rows = [
+            {**row, "speedup_vs_inductor": speedup}
+            for model in models
+            for row in model_rows(model, ["inductor", "primus_turbo"])
+        ]
         environment = {**ENVIRONMENT, "date": date, "command": ["python3", command]}
-        return {"benchmark": "model", "configuration": configuration, "rows": rows, "goals": [goal]} | {
-            "environment": environment
-        }
+        run = {"benchmark": "model", "configuration": configuration, "rows": rows, "goals": []}
+        return run | {"environment": environment}
 
-    results = {"a.json": run("2026-12-01T10:00:00", "old", 1.11), "b.json": run("2026-12-02T10:00:00", "new", 1.22)}
+    def goal(model):  # the layer's bf16 goal, missed: 2.92 GiB, Inductor's peak too, is no less
+        return f"- {model}: 1 of 2 goals met; MISSED: bf16 >= {goals.LAYER.bf16:.2f}x Inductor at no more peak memory"
+
+    results = {"a.json": run("2026-12-01T10:00:00", "old", 1.01), "b.json": run("2026-12-02T10:00:00", "new", 1.02)}
     text = report.render(results)
     assert "Older runs of these models, their tables in their JSON: `python3 old`: 2026-12-01." in text
-    assert "goal of new" in text and "goal of old" not in text and "`python3 new`: 2026-12-02." in text
+    assert f"{goal('llama3-8b')}: 1.020x" in text and "1.010x" not in text
+    assert "`python3 new`: 2026-12-02." in text
     summary = report.summary(results)
     assert "| llama3-8b |" in summary and summary.count("| llama3-8b |") == 1
     # a column the newest run did not measure: the newest run's that did
@@ -286,8 +288,76 @@ def test_an_older_run_of_a_model_is_named_and_its_goals_and_row_are_the_newest_r
     older["rows"].append({**older["rows"][0], "column": "primus_turbo fp8 rowwise", "speedup_vs_inductor": 1.55})
     assert "| 1.55x | - | - |" in report.summary({**results, "o.json": older})
     # a run of two models, one of them run again later: that model's rows and goals are the later run's only
-    results["c.json"] = run("2026-12-01T12:00:00", "both", 1.33, models=("gemma-7b", "llama3-8b"))
+    results["c.json"] = run("2026-12-01T12:00:00", "both", 1.03, models=("gemma-7b", "llama3-8b"))
     text = report.render(results)
     both = text.split("`python3 both`")[1].split("\n\n", 2)[1]
-    assert both.splitlines()[2:3] == ["| inductor | 20.000 | 1.33x | 18.000 | 2.92 | 30.0 | 38.0 |"], "gemma's row only"
-    assert "goal of both" in text and "| inductor | 20.000 | 1.22x |" in text, "llama3-8b's, in its newest run"
+    assert both.splitlines()[2:3] == ["| inductor | 20.000 | 1.03x | 18.000 | 2.92 | 30.0 | exact | 38.0 |"], "gemma's"
+    assert len(both.splitlines()) == 5 and both.endswith(f"{goal('gemma-7b')}: 1.030x, 2.92 GiB vs 2.92 GiB")
+    assert f"{goal('llama3-8b')}: 1.020x" in text
+    assert text.count("- llama3-8b:") == 1, "llama3-8b's goals, in its newest run only"
+
+
+def test_the_report_holds_each_run_to_the_goals_as_they_stand_now():
+    """A run recorded the goals of its day; the README holds its rows to goals.py's."""
+    rows = model_rows("llama3-8b", ["inductor", "primus_turbo", "primus_turbo fp8 rowwise"])
+    for row, speedup in zip(rows, (1.0, 1.2, goals.LAYER.fp8["rowwise"] - 0.01)):
+        row.update(speedup_vs_inductor=speedup, peak_gib=2.0)
+    recorded = [{"model": "llama3-8b", "goal": "primus_turbo fp8 rowwise >= 1.00x Inductor", "met": True}]
+    configuration = {"config": "llama3-8b", "models": {"llama3-8b": {"layers": 1}}}
+    text = report.render({"m.json": {**result("model", rows, goals=recorded), "configuration": configuration}})
+    target = goals.LAYER.fp8["rowwise"]
+    assert f"MISSED: fp8 rowwise >= {target:.2f}x Inductor: {target - 0.01:.3f}x" in text and ">= 1.00x" not in text
+    cpu = {**result("model", rows), "configuration": configuration}
+    assert report.run_goals(cpu) == [], "a CPU run records no goals: its timings are held to none"
+
+
+def test_a_result_edited_by_hand_is_marked_with_what_was_edited():
+    """A JSON no run wrote as it stands carries "hand_edited": its command is marked in its section and in the
+    README's table, each with a footnote naming the file and what was edited."""
+    typed = {**result("model", model_rows("llama3-8b", ["inductor", "primus_turbo"])), "hand_edited": "typed"}
+    typed["configuration"] = {"models": {"llama3-8b": {}}, "mode": "train", "autocast": False, "batch": 2, "seq": 16}
+    text = report.render({"typed.json": typed, "rmsnorm.json": result("rmsnorm", [])})
+    assert f"`python3 -m benchmarks.x`{report.HAND_MARK}: 2026-12-01." in text
+    assert f"\n\n{report.HAND_MARK} `typed.json` edited by hand: typed.\n" in text
+    assert text.count(report.HAND_MARK) == 2, "the RMSNorm run is not marked"
+    summary = report.summary({"typed.json": typed})
+    assert f"| llama3-8b{report.HAND_MARK} |" in summary
+    assert summary.endswith(f"\n\n{report.HAND_MARK} `benchmarks/results/typed.json` edited by hand: typed.")
+    # a column taken from a run edited by hand marks its model's row too
+    newer = {**typed, "environment": {**ENVIRONMENT, "date": "2026-12-02T10:00:00+00:00"}}
+    newer["rows"] = newer["rows"][:1]
+    del newer["hand_edited"]
+    assert f"| llama3-8b{report.HAND_MARK} | 20.00 | 1.10x |" in report.summary(
+        {"typed.json": typed, "new.json": newer}
+    )
+    assert report.HAND_MARK not in report.summary({"new.json": newer})
+    # the two committed results edited by hand
+    committed = report.load()
+    edited = sorted(file for file, run in committed.items() if run.get("hand_edited"))
+    assert edited == [
+        "model_hf_gemma-7b_train_fp8-rowwise_snr-inputs-1.json",
+        "model_llama3-8b_train_fp8-tensorwise-rowwise.json",
+    ]
+    readme = " ".join(report.README.read_text().splitlines())
+    assert all(f"{report.HAND_MARK} `{file}` edited by hand: " in readme for file in edited)
+
+
+def test_a_run_records_and_the_report_shows_the_transformers_and_torchao_it_ran_with(monkeypatch):
+    """transformers' version sets the graphs its models give, and so their speed; null where it is not installed."""
+    import importlib.metadata
+
+    environment = record.environment()
+    assert environment["transformers"] == importlib.metadata.version("transformers")
+    installed = importlib.metadata.version
+
+    def without_transformers(name):
+        if name == "transformers":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return installed(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", without_transformers)
+    assert record.environment()["transformers"] is None
+    versions = {**ENVIRONMENT, "transformers": "5.25.0", "torchao": "0.18.0"}
+    assert report._environment("x.json", versions, "").endswith(
+        ": 1x NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, transformers 5.25.0, torchao 0.18.0, 2026-12-01."
+    )
