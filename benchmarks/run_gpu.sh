@@ -2,8 +2,8 @@
 # The GPU machine's work in one call (device tool): install, then each step; each benchmark's log and JSON land in $OUT.
 #   bash benchmarks/run_gpu.sh [STEP...]   (default: all)
 #   all = model rmsnorm glu fp8_quant convergence fp8: every single-GPU benchmark, the main job first (nvidia-h200);
-#   grouped_mm: MoE expert GEMMs; gemm_ar, fsdp2: on every GPU of the host (kind nvidia-h200-x2); tests: the test
-#   suite; profile: profiler tables.
+#   grouped_mm: MoE expert GEMMs; gemm_ar, fsdp2: on every GPU of the host (kind nvidia-h200-x2); quick: the tests
+#   marked gpu_quick, every GPU session's first step; tests: the test suite; profile: profiler tables.
 #   TESTS="lowering_tests/test_gpu.py ..." limits the tests; MODEL_ARGS, GEMM_AR_ARGS, FSDP2_ARGS add arguments to
 #   that step; TESTS_TIMEOUT bounds the tests (s); MAX_JOBS sets the native build's jobs; INSTALLED=1 skips the install.
 set -o pipefail
@@ -42,6 +42,8 @@ for step in ${*:-all}; do
 done
 for step in "${steps[@]}"; do
   case $step in
+    quick) timeout 300 python3 -m pytest lowering_tests -m gpu_quick -q -n "$test_jobs" --dist worksteal \
+             --junitxml="$OUT/quick.xml" 2>&1 | tee "$OUT/quick.log" | tail -25 ;;
     tests) timeout "${TESTS_TIMEOUT:-500}" python3 -m pytest ${TESTS:-lowering_tests} -q -n "$test_jobs" --dist worksteal \
              --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
     rmsnorm) bench bench_rmsnorm python3 -m benchmarks.bench_rmsnorm ;;

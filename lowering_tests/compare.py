@@ -104,6 +104,27 @@ def rewrites_without_compiling(model, inputs, train=True, options=None, dynamic=
     return turbo_inductor.rewrite_counts()
 
 
+def masked_attentions(model, inputs, train=True) -> int:
+    """SDPA calls whose mask the graphs Dynamo captures of ``model(*inputs)`` compute themselves. For a causal mask
+    these are the causal_mask pass's sites: transformers builds it in the graph under some versions of itself and of
+    torch (5.17; 5.25 on torch < 2.14) and leaves it to SDPA's ``is_causal`` under others. Nothing is compiled."""
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    inputs = [t.detach().clone().requires_grad_(train and t.is_floating_point()) for t in inputs]
+    with torch.set_grad_enabled(train):
+        torch.compile(model, backend=capture)(*inputs)
+    torch._dynamo.reset()
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    calls = (n for gm in graphs for n in gm.graph.nodes if n.op == "call_function" and n.target is sdpa)
+    masks = (n.kwargs.get("attn_mask", n.args[3] if len(n.args) > 3 else None) for n in calls)
+    return sum(isinstance(mask, torch.fx.Node) and mask.op != "placeholder" for mask in masks)
+
+
 def rewritten(model, inputs, options=None):
     """(outputs of Dynamo's one graph of ``model`` run eagerly after our passes, strict; its compile record), in
     inference: a rewrite's wiring checked without Inductor, where its op's numerics are checked compiled."""
@@ -157,6 +178,13 @@ def default_counts(**nonzero: int) -> dict[str, int]:
     names = [p.name for p in PASSES if p.enabled(p.parse_option(p.default))]
     assert set(nonzero) <= set(names), set(nonzero) - set(names)
     return {name: nonzero.get(name, 0) for name in names}
+
+
+def declines(caplog, *passes: str) -> list[str]:
+    """The lines ``passes.manager.declined`` logged for ``passes`` ("<pass> left <node> alone: <reason>"), in order:
+    one per site a pass left alone."""
+    lines = (record.getMessage().removeprefix("primus_turbo: ") for record in caplog.records)
+    return [line for line in lines if line.split(" ", 1)[0] in passes and " alone: " in line]
 
 
 def ops_after(op_name: str) -> int:

@@ -58,6 +58,12 @@ QUICK = (
 )
 
 
+# Files whose tests every session with a GPU runs in its first call (``pytest -m gpu_quick``, at most three minutes on
+# one H200): the kernels at real sizes and a compiled Llama block, our ops traced into compiled graphs, the pipeline
+# and the backend.
+GPU_QUICK = ("test_gpu.py", "test_traced_ops.py", "test_pipeline.py", "test_backend.py")
+
+
 def pytest_collection_modifyitems(config, items):
     # The long fuzzing run is deselected unless the -m expression names it (pytest -m fuzz).
     if "fuzz" not in (config.option.markexpr or ""):
@@ -70,6 +76,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in QUICK:
             item.add_marker(pytest.mark.quick)
+        if item.path.name in GPU_QUICK:
+            item.add_marker(pytest.mark.gpu_quick)
 
 
 # Op tests run where the Triton kernels really run: the GPU when there is one, else the CPU interpreter.

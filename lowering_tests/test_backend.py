@@ -103,6 +103,8 @@ def test_pass_seconds_are_recorded(caplog):
     assert f"replaced 1 rmsnorm in {record.seconds['rmsnorm']:.3f} s" in caplog.text
 
 
+# torch 2.11 retraces a CPU graph under freezing without fake tensors: the passes try nothing and say so (manager.py).
+@pytest.mark.pass_failures
 def test_freezing_as_an_option_is_named_as_freezing_nothing():
     """Dynamo reads torch._inductor.config.freezing before the backend runs: the option alone would leave every
     parameter an input (and W's FP8 quantization at every call), so it warns; the global config does not."""

@@ -91,7 +91,15 @@ def test_a_mask_that_is_a_graph_input_is_left_alone():
     sdpa = torch.nn.Module()
     sdpa.forward = lambda q, mask: F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
     assert rewrites_without_compiling(sdpa, [q, mask])["causal_mask"] == 0
-    assert rewrites_without_compiling(Checkpointed().to(DEVICE), inputs())["causal_mask"] == 0
+
+
+def test_a_mask_passed_into_checkpointed_layers_is_rewritten_in_each():
+    """The graph that computes the mask rewrites the attention of the checkpointed layers it passes it to; each
+    layer's body then takes no mask, and the mask is no longer computed."""
+    counts = assert_matches_inductor(Checkpointed().to(DEVICE), inputs())
+    assert counts["causal_mask"] == len(Checkpointed().attention.qkv)
+    record = turbo_inductor.compile_records()[-1]
+    assert record.ops_after["Tensor.tril"] == 0 < record.ops_before["Tensor.tril"]
 
 
 def test_symbolic_sizes_are_left_alone():

@@ -3,7 +3,7 @@ under autocast."""
 
 import pytest
 import torch
-from compare import assert_matches_inductor, assert_ran, default_counts, ops_after, run, snr_db
+from compare import assert_matches_inductor, assert_ran, default_counts, masked_attentions, ops_after, run, snr_db
 
 import turbo_inductor
 from turbo_inductor.testing import hf
@@ -20,10 +20,12 @@ def test_llama_runs_fused_ops_in_forward_and_backward():
     torch.manual_seed(0)
     model = CausalLMLoss(hf.build("llama3-8b", LAYERS, tiny=True).to(torch.bfloat16))
     input_ids = torch.randint(0, hf.TINY["vocab_size"], (2, 16))
+    masks = masked_attentions(model, [input_ids])
+    assert masks in (0, LAYERS)
     counts = assert_matches_inductor(model, [input_ids])
     # two norms per layer and the final one; every one but the first reads a residual add; the embedding, the loss;
-    # q's and k's rotary embedding per layer
-    ends = {"embedding": 1, "cross_entropy": 1, "rotary": 2 * LAYERS}
+    # q's and k's rotary embedding per layer; a causal mask built in the graph, where transformers builds one
+    ends = {"embedding": 1, "cross_entropy": 1, "rotary": 2 * LAYERS, "causal_mask": masks}
     assert counts == default_counts(rmsnorm=1, rmsnorm_residual=2 * LAYERS, glu=LAYERS, **ends)
     assert_ran("rotary", 4 * LAYERS)  # forward and backward
     assert_ran("cross_entropy_fwd", 1)
@@ -69,3 +71,86 @@ def test_llama_with_fp32_parameters_trains_in_fp8_under_autocast_dynamic_and_che
     assert len(fused[1]) == len(bf16[1])
     for got, want in zip(fused[1], bf16[1]):
         assert got.dtype == want.dtype == torch.float32 and snr_db(got, want) >= 20
+
+
+def saved_for_backward(model, input_ids, options) -> tuple[dict, int]:
+    """(rewrite counts, bytes of the tensors the compiled forward saves for the backward): activation memory."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    torch._dynamo.reset()
+    turbo_inductor.reset_records()
+    compiled = torch.compile(model, backend="primus_turbo", options=options)
+    compiled(input_ids).backward()  # compiles: the hooks below see the compiled step alone
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = compiled(input_ids)
+    loss.backward()
+    return dict(turbo_inductor.rewrite_counts()), sum(storages.values())
+
+
+@pytest.mark.reference_kernels
+def test_gradient_checkpointing_keeps_the_fusions_and_saves_less():
+    """transformers' gradient checkpointing (the default for large models): each layer a checkpointed region that
+    Dynamo traces (turbo_inductor.checkpointing), our ops recomputed in its backward. The fusions are those without
+    checkpointing but one per layer: a layer's last residual add is its region's output, which the next norm, in
+    the next region, cannot fuse. Outputs and gradients are Inductor's; the forward saves less for the backward."""
+    layers = 2
+    torch.manual_seed(0)
+    model = CausalLMLoss(hf.build("llama3-8b", layers, tiny=True).to(torch.bfloat16))
+    model.model.config.use_cache = False  # as training with checkpointing sets it: transformers warns otherwise
+    input_ids = torch.randint(0, hf.TINY["vocab_size"], (2, 16))
+    plain, plain_bytes = saved_for_backward(model, input_ids, None)
+    model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    checkpointed, checkpointed_bytes = saved_for_backward(model, input_ids, None)
+    moved = {"rmsnorm": plain["rmsnorm"] + layers, "rmsnorm_residual": plain["rmsnorm_residual"] - layers}
+    assert plain["rmsnorm_residual"] == 2 * layers and checkpointed == {**plain, **moved}
+    # 0.68 here: the LM head's and the loss's saved tensors, outside every region, are a large share of a tiny model's
+    assert checkpointed_bytes < 0.75 * plain_bytes, (checkpointed_bytes, plain_bytes)
+    assert_matches_inductor(model, [input_ids])
+    assert_ran("rmsnorm_fwd", 2 * (2 * layers) + 1)  # the layers' norms twice: in the forward and the recompute
+    assert_ran("glu_bwd", layers)
+
+
+class Calls:
+    """Python state outside the model: a checkpointed forward that counts its calls mutates it."""
+
+    count = 0
+
+
+class SideEffectInCheckpoint(torch.nn.Module):
+    """A checkpointed norm whose forward mutates Python state, as transformers' layers do (5.2x: a context variable
+    of the kernels hub)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.RMSNorm(32)
+
+    def region(self, x):
+        Calls.count += 1
+        return self.norm(x)
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.region, x, use_reentrant=False) * 2
+
+
+def test_a_checkpointed_region_with_a_side_effect_is_traced_and_a_fallback_is_named(monkeypatch):
+    """Importing the package lets Dynamo trace it (the user's own setting wins); where it is not traced, one warning
+    names the reason and the fix."""
+    from turbo_inductor import checkpointing
+
+    assert getattr(torch._dynamo.config, checkpointing.SKIP_REPLAY) is True
+    x = torch.randn(4, 32, requires_grad=True)
+    torch.compile(SideEffectInCheckpoint(), backend="primus_turbo")(x).sum().backward()
+    assert turbo_inductor.rewrite_counts()["rmsnorm"] == 1
+    monkeypatch.setattr(checkpointing, "_warned", False)
+    with torch._dynamo.config.patch(**{checkpointing.SKIP_REPLAY: False}):
+        checkpointing.trace_checkpointed_layers()
+        assert getattr(torch._dynamo.config, checkpointing.SKIP_REPLAY) is False, "the user's setting"
+        torch._dynamo.reset()
+        turbo_inductor.reset_records()
+        with pytest.warns(UserWarning, match=r"runs eagerly.*side effect.*Fix, for a checkpointed layer: torch"):
+            torch.compile(SideEffectInCheckpoint(), backend="primus_turbo")(x).sum().backward()
+    assert turbo_inductor.rewrite_counts().get("rmsnorm", 0) == 0

@@ -3,7 +3,7 @@ parameters, as the Trainer's mixed precision runs them: what each family's spell
 
 import pytest
 import torch
-from compare import rewrites_without_compiling, run, snr_db
+from compare import masked_attentions, rewrites_without_compiling, run, snr_db
 from conftest import DEVICE
 
 import turbo_inductor
@@ -18,9 +18,10 @@ LAYERS = 1  # one layer holds every fusion site: the input norm, the residual no
 # gate_up are fused already: 4 per layer + 1. Every norm but the final one (which reads the last residual add)
 # writes its linears' FP8 input, and so does each GLU. Gemma normalizes with (1 + weight) and multiplies after the
 # norm: its residual adds and its norms' casts stay; its GeGLU writes down_proj's FP8 input. Each model's token
-# embedding and loss become ours. The rotary embedding stays: with fp32 parameters its table is fp32, and
-# ``q * cos`` promotes bf16 q (test_rotary: a promoting table is left alone).
-ENDS = dict(embedding=1, cross_entropy=1)
+# embedding and loss become ours. So do q's and k's rotary embedding: with fp32 parameters the table is fp32 and
+# ``q * cos`` promotes bf16 q, but attention casts the result back to bf16 (test_rotary). A causal mask built in
+# the graph becomes SDPA's ``is_causal`` where transformers builds one (compare.masked_attentions).
+ENDS = dict(embedding=1, cross_entropy=1, rotary=2 * LAYERS)
 FAMILIES = {
     "qwen2": (  # q/k/v with biases
         "qwen2.5-7b",
@@ -57,6 +58,9 @@ def test_family_trains_in_fp8_under_autocast(family):
     # on CPU the reference kernels: the Triton interpreter's FP8 stores round ~2% of values wrongly
     options = {"fp8": "rowwise", **({"impl": "reference"} if DEVICE == "cpu" else {})}
     with torch.autocast(DEVICE, torch.bfloat16):
+        masks = masked_attentions(model, [input_ids])
+        assert masks in (0, LAYERS)
+        expected = {**expected, **({"causal_mask": masks} if masks else {})}
         inductor = run(model, [input_ids], "inductor")
         turbo_inductor.reset_records()
         ours = run(model, [input_ids], "primus_turbo", options=options)
@@ -78,5 +82,9 @@ def test_mistral_gets_llamas_rewrites():
     model = hf.CausalLMLoss(hf.build("mistral-7b", LAYERS, tiny=True)).to(DEVICE)
     input_ids = torch.randint(0, hf.TINY["vocab_size"], (2, 16), device=DEVICE)
     with torch.autocast(DEVICE, torch.bfloat16):
+        masks = masked_attentions(model, [input_ids])
         counts = rewrites_without_compiling(model, [input_ids], options={"fp8": "rowwise"})
-    assert {k: v for k, v in counts.items() if v} == FAMILIES["qwen2"][1]
+    assert {k: v for k, v in counts.items() if v} == {
+        **FAMILIES["qwen2"][1],
+        **({"causal_mask": masks} if masks else {}),
+    }

@@ -2,9 +2,12 @@
 rewrite of Hugging Face's ``apply_rotary_pos_emb`` (counts, the kernel running forward and backward, results equal
 to backend="inductor", near misses left alone)."""
 
+import functools
+
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from compare import assert_left_alone, assert_matches_inductor, assert_ran, rewrites_without_compiling
 from conftest import DEVICE, assert_close
 
@@ -20,10 +23,10 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
-def tables(batch, positions, dim, dtype, base=10000.0):
+def tables(batch, positions, dim, dtype, base=10000.0, device=DEVICE):
     """cos and sin [batch, positions, dim] as transformers' rotary embedding computes them."""
-    inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, device=DEVICE).float() / dim)
-    steps = torch.arange(positions, device=DEVICE).float() + torch.arange(batch, device=DEVICE)[:, None]
+    inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, device=device).float() / dim)
+    steps = torch.arange(positions, device=device).float() + torch.arange(batch, device=device)[:, None]
     freqs = steps[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -115,11 +118,14 @@ class Attention(nn.Module):
 
     def forward(self, hidden):
         batch, positions, _ = hidden.shape
-        cos, sin = tables(batch, positions, self.dim, self.table_dtype)
+        cos, sin = tables(batch, positions, self.dim, self.table_dtype, device=hidden.device)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         q = self.q(hidden).view(batch, positions, self.heads, self.dim).transpose(1, 2)
         k = self.k(hidden).view(batch, positions, self.heads, self.dim).transpose(1, 2)
-        return self.rotate(q, cos, sin) @ self.rotate(k, cos, sin).transpose(-1, -2)
+        return self.attend(self.rotate(q, cos, sin), self.rotate(k, cos, sin))
+
+    def attend(self, q, k):
+        return q @ k.transpose(-1, -2)
 
 
 def hidden(dtype=torch.bfloat16):
@@ -167,3 +173,42 @@ class NearMiss(Attention):
 )
 def test_near_misses_are_left_alone(variant):
     assert_left_alone(NearMiss(variant).to(DEVICE), [hidden()])
+
+
+class MixedPrecision(Attention):
+    """fp32 parameters and an fp32 table under bf16 autocast (the Trainer's ``bf16=True``): q and k come out of
+    their projections in bf16, their rotation promotes to fp32, and attention casts it back to bf16. ``variant``:
+    a use that reads the fp32 rotation uncast, or attention with autocast turned off."""
+
+    def __init__(self, variant="sdpa"):
+        super().__init__(torch.float32, table_dtype=torch.float32)
+        self.variant = variant
+
+    def attend(self, q, k):
+        if self.variant == "sdpa":  # through a cat along the sequence, as a KV cache's update is
+            k = torch.cat((k[:, :, :2], k[:, :, 2:]), dim=2)
+            return F.scaled_dot_product_attention(q, k, k, is_causal=True)
+        if self.variant == "read uncast":
+            return q @ k.transpose(-1, -2) + q.sum()
+        with torch.autocast(DEVICE, enabled=False):  # "autocast off": the product runs in fp32
+            return q @ k.transpose(-1, -2)
+
+
+@pytest.mark.parametrize("variant", ["sdpa", "matmul"])
+def test_a_rotation_promoted_by_its_table_is_rewritten_under_autocast(variant):
+    """The kernel rounds the fp32 sum to bf16 once, as autocast's cast for attention would: the same values."""
+    model = MixedPrecision(variant).to(DEVICE)
+    if variant == "matmul":
+        model.attend = functools.partial(Attention.attend, model)
+    with torch.autocast(DEVICE, torch.bfloat16):
+        counts = assert_matches_inductor(model, [hidden(torch.float32)], precision=torch.bfloat16)
+    assert counts["rotary"] == 2
+    assert_ran("rotary", 4)
+
+
+@pytest.mark.parametrize("variant, rewritten", [("read uncast", 1), ("autocast off", 0)])
+def test_a_promoted_rotation_some_use_reads_in_fp32_is_left_alone(variant, rewritten):
+    """q's rotation read uncast by its sum stays, k's is rewritten; with autocast off neither is."""
+    with torch.autocast(DEVICE, torch.bfloat16):
+        counts = rewrites_without_compiling(MixedPrecision(variant).to(DEVICE), [hidden(torch.float32)])
+    assert counts["rotary"] == rewritten

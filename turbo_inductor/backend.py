@@ -18,6 +18,7 @@ from torch._inductor.compile_fx import compile_fx
 
 from . import ops as _ops  # noqa: F401  (registers the ops)
 from . import ranks
+from .checkpointing import warn_if_checkpointed_layers_ran_eagerly
 from .kernels.triton import static_launch_config
 from .options import Options
 from .passes import PASSES, PassManager
@@ -53,4 +54,5 @@ def primus_turbo(gm: torch.fx.GraphModule, example_inputs: list[Any], options: M
         # The record would count rewrites of a graph that never runs.
         forget(manager.record)
         raise
+    warn_if_checkpointed_layers_ran_eagerly()
     return check_ranks(compiled) if check_ranks is not None else compiled

@@ -7,6 +7,8 @@ an additive one of 0 and -inf (or the dtype's lowest, which softmax turns into t
 exact. SDPA then runs a causal kernel (Flash, cuDNN) that skips the masked half instead of reading a mask over all
 of it (``docs/passes.md``, "Causal masks"). Left alone: masks that read a graph input (padding, sizes that are
 symbolic), any other mask (sliding windows, a query offset), and masks over ``MAX_ELEMENTS`` elements.
+A checkpointed region (a layer under activation checkpointing) gets the mask as an input of its body: the pass on
+the graph that computes it rewrites the body's attention too, and the body's input goes with its last use.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ _PURE_FUNCTIONS = {
     torch.arange, torch.ones, torch.zeros, torch.full, torch.tril, torch.triu, torch.where, torch.logical_and,
     torch.logical_or, torch.logical_not, torch.bitwise_and, torch.bitwise_or, torch.eq, torch.ne, torch.le,
     torch.lt, torch.ge, torch.gt, torch.add, torch.sub, torch.mul, torch.remainder, torch.scalar_tensor,
+    torch.diff, torch.cumsum,
     operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod, operator.neg, operator.invert,
     operator.and_, operator.or_, operator.xor, operator.eq, operator.ne, operator.le, operator.lt, operator.ge,
     operator.gt, operator.getitem,
@@ -38,8 +41,11 @@ _PURE_METHODS = {
     "expand", "expand_as", "view", "reshape", "unsqueeze", "squeeze", "to", "bool", "float", "type_as",
     "masked_fill", "logical_and", "logical_or", "logical_not", "eq", "ne", "le", "lt", "ge", "gt", "add", "sub",
     "mul", "tril", "triu", "__and__", "__or__", "__invert__", "__getitem__", "contiguous", "clone", "long", "int",
+    "cumsum", "diff", "new_ones", "new_zeros", "new_full",
 }  # fmt: skip
 _SDPA_PARAMETERS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+# Higher-order ops whose body, a submodule, reads the op's operands as its placeholders, in order.
+_REGIONS = (torch.ops.higher_order.tag_activation_checkpoint,)
 
 
 class CausalMaskPass(RewritePass):
@@ -49,7 +55,25 @@ class CausalMaskPass(RewritePass):
     phase = Phase.CANONICALIZE
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
-        count, verdicts, masks = 0, {}, []
+        verdicts: dict[fx.Node, str] = {}  # one mask serves every layer: its value is computed and compared once
+
+        def verdict(mask: fx.Node) -> str:
+            if mask not in verdicts:
+                verdicts[mask] = why_not_causal(mask)
+            return verdicts[mask]
+
+        count = self._rewrite(graph, verdict)
+        for region in [n for n in graph.nodes if n.op == "call_function" and n.target in _REGIONS]:
+            count += self._rewrite_region(region, verdict)
+        masks = [mask for mask, reason in verdicts.items() if not reason and mask.graph is graph]
+        if masks:
+            m.erase_unused(m.producers(masks, set()))
+        return count
+
+    def _rewrite(self, graph: fx.Graph, verdict, inputs: dict | None = None) -> int:
+        """Rewrites ``graph``'s attention calls under a causal mask. ``inputs`` maps a body's placeholders to the
+        operands of the region that runs it; a mask read through one is judged as that operand."""
+        count = 0
         for node in list(graph.nodes):
             if node.op != "call_function" or node.target is not F.scaled_dot_product_attention:
                 continue
@@ -57,19 +81,35 @@ class CausalMaskPass(RewritePass):
             mask = arguments.get("attn_mask")
             if not isinstance(mask, fx.Node) or arguments.get("is_causal", False):
                 continue
-            if mask not in verdicts:  # one mask serves every layer: its value is computed and compared once
-                verdicts[mask] = why_not_causal(mask)
-            reason = verdicts[mask] or why_not_for(m.fake(mask), m.fake(arguments["query"]), m.fake(arguments["key"]))
+            outer = (inputs or {}).get(mask, mask)
+            reason = verdict(outer) if isinstance(outer, fx.Node) else "the mask is a constant"
+            reason = reason or why_not_for(m.fake(mask), m.fake(arguments["query"]), m.fake(arguments["key"]))
             if reason:
                 declined(self.name, node, reason)
                 continue
             query, key, value = (arguments.pop(name) for name in _SDPA_PARAMETERS[:3])
             del arguments["attn_mask"]
             node.args, node.kwargs = (query, key, value), arguments | {"is_causal": True}
-            masks.append(mask)
             count += 1
-        if masks:
-            m.erase_unused(m.producers(masks, set()))
+        return count
+
+    def _rewrite_region(self, region: fx.Node, verdict) -> int:
+        """The attention in the body of ``region`` (a checkpointed layer) under a mask its operands pass in; each
+        placeholder left unread leaves the body with its operand."""
+        body_attr, *operands = region.args
+        body = getattr(region.graph.owning_module, body_attr.target, None) if body_attr.op == "get_attr" else None
+        if not isinstance(body, fx.GraphModule):
+            return 0
+        placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != len(operands):
+            return 0
+        count = self._rewrite(body.graph, verdict, dict(zip(placeholders, operands)))
+        if count:
+            unread = {i for i, p in enumerate(placeholders) if not p.users and isinstance(operands[i], fx.Node)}
+            for i in unread:
+                body.graph.erase_node(placeholders[i])
+            region.args = (body_attr, *(o for i, o in enumerate(operands) if i not in unread))
+            body.recompile()
         return count
 
 

@@ -2,22 +2,26 @@
 
 Spelling matched (Hugging Face's ``apply_rotary_pos_emb``, either order of each product and of the sum):
   ``x * cos + torch.cat((-x[..., D/2:], x[..., :D/2]), dim=-1) * sin`` for a 4-D x ([B, H, S, D], or [B, S, H, D])
-  and cos, sin of one 4-D shape broadcasting to it (the model's table unsqueezed at the heads), no dtype promotion.
+  and cos, sin of one 4-D shape broadcasting to it (the model's table unsqueezed at the heads).
 The table then stays one tensor that our kernel reads per row; Inductor would compute cos and sin again for every
-element of every head (``docs/ops.md``, "Rotary embedding"). Left alone: other rotations (interleaved pairs,
-complex multiplies), a table of fewer dimensions or broadcast along D, and a table in a wider dtype than x (fp32
-parameters under autocast): the sum promotes, and an fp32 result then cast for attention is unmeasured against
-Inductor's one kernel.
+element of every head (``docs/ops.md``, "Rotary embedding").
+A table in a wider dtype than x (fp32 parameters under bf16 autocast: the Trainer's mixed precision) promotes the
+sum. Where autocast casts every use of it back to x's dtype (attention, matmuls), the kernel rounds its fp32 sum to
+x's dtype once, as that cast would; the wider value it stands for is a cast of that. Left alone: other rotations
+(interleaved pairs, complex multiplies), a table of fewer dimensions or broadcast along D, and a promoted sum that
+some use reads uncast.
 """
 
 from __future__ import annotations
 
+import torch
 import torch.fx as fx
 
 from ..ops.rotary import RotaryNode, can_rewrite
 from ..options import Options
 from . import matcher as m
-from .manager import Phase, RewritePass
+from .autocast import cast_for_every_use
+from .manager import Phase, RewritePass, declined
 
 
 def rotated_half_of(node) -> tuple[fx.Node, list[fx.Node]] | None:
@@ -85,9 +89,16 @@ class RotaryPass(RewritePass):
             xt, ct, st, out = m.fake(x), m.fake(cos), m.fake(sin), m.fake(node)
             if any(t is None for t in (xt, ct, st, out)) or not can_rewrite(xt, ct, st):
                 continue
-            if out.shape != xt.shape or out.dtype != xt.dtype:  # a table in another dtype promotes the sum
+            if out.shape != xt.shape:
                 continue
-            m.replace_with_view(graph, node, RotaryNode, x=x, cos=cos, sin=sin, impl=options.impl)
+            if out.dtype != xt.dtype and cast_for_every_use(node, xt.device.type) != xt.dtype:
+                declined(self.name, node, f"the sum promotes to {out.dtype} and some use reads it uncast")
+                continue
+            rotated = m.insert_view(graph, node, RotaryNode, x=x, cos=cos, sin=sin, impl=options.impl).node
+            if out.dtype != xt.dtype:
+                rotated = m.insert_op(graph, node, torch.Tensor.to, (rotated, out.dtype))
+            node.replace_all_uses_with(rotated)
+            graph.erase_node(node)
             m.erase_unused(matched)
             count += 1
         return count

@@ -76,7 +76,7 @@ MODELS = {
             rope_theta=1000000.0,
             sliding_window=None,
         ),
-        TINY,
+        {**TINY, "sliding_window": None},  # as published: the config class's default is a 4096 window
     ),
     "phi3-mini": HFModel(  # microsoft/Phi-3-mini-4k-instruct
         "Phi3Config",
