@@ -131,6 +131,7 @@ if __name__ == "__main__":  # as pip's build backend runs it; lowering_tests/tes
         description="torch.compile backend 'primus_turbo': fused RMSNorm, SwiGLU, FP8 linear and GEMM+all-reduce "
         "kernels",
         packages=find_packages(include=["turbo_inductor", "turbo_inductor.*"]),
+        package_data={"turbo_inductor.costs": ["*.json"]},  # the FP8 cost tables
         python_requires=">=3.10",
         install_requires=["torch>=2.11"],
         extras_require=EXTRAS,

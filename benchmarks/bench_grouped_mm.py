@@ -58,8 +58,11 @@ def variants() -> dict[str, Callable]:
             x, p.transpose(-2, -1), offs, impl=impl
         )
     fp8_impls = {"auto": "auto", "triton GEMMs": "fp8_grouped_gemm=triton,fp8_grouped_gemm_wgrad=triton"}
-    for recipe in ("rowwise", "blockwise"):
+    # Every recipe the cost table may choose for experts (benchmarks/cost_table.py reads the "auto" columns).
+    for recipe in ("tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise"):
         for label, impl in fp8_impls.items():
+            if label != "auto" and recipe not in ("rowwise", "blockwise"):
+                continue
             columns[f"fp8 {recipe} {label}"] = lambda x, p, offs, recipe=recipe, impl=impl: ops.fp8_grouped_mm(
                 x, p.transpose(-2, -1), offs, recipe, impl=impl
             )

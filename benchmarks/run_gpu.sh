@@ -3,7 +3,8 @@
 #   bash benchmarks/run_gpu.sh [STEP...]   (default: all)
 #   all = model rmsnorm glu fp8_quant convergence fp8: every single-GPU benchmark, the main job first (nvidia-h200);
 #   grouped_mm: MoE expert GEMMs; gemm_ar, fsdp2: on every GPU of the host (kind nvidia-h200-x2); quick: the tests
-#   marked gpu_quick, every GPU session's first step; tests: the test suite; profile: profiler tables.
+#   marked gpu_quick, every GPU session's first step; tests: the test suite; profile: profiler tables; costs: the
+#   FP8 cost table of this GPU (benchmarks/cost_table.py), from grouped GEMMs and linears measured fwd+bwd.
 #   TESTS="lowering_tests/test_gpu.py ..." limits the tests; MODEL_ARGS, GEMM_AR_ARGS, FSDP2_ARGS add arguments to
 #   that step; TESTS_TIMEOUT bounds the tests (s); MAX_JOBS sets the native build's jobs; INSTALLED=1 skips the install.
 set -o pipefail
@@ -51,6 +52,9 @@ for step in "${steps[@]}"; do
     fp8) bench bench_fp8 python3 -m benchmarks.bench_fp8 ;;
     fp8_quant) bench bench_fp8_quant python3 -m benchmarks.bench_fp8_quant ;;
     grouped_mm) bench bench_grouped_mm python3 -m benchmarks.bench_grouped_mm ${GROUPED_MM_ARGS:-} ;;
+    costs) bench bench_grouped_mm python3 -m benchmarks.bench_grouped_mm --modes fwd+bwd
+           bench bench_fp8 python3 -m benchmarks.bench_fp8
+           python3 -m benchmarks.cost_table "$OUT"/grouped_mm*.json "$OUT"/fp8*.json --out "$OUT" ;;
     model) bench run_model python3 -m benchmarks.run_model ${MODEL_ARGS:-} ;;
     convergence) bench convergence python3 -m benchmarks.convergence ;;
     profile) bench profile python3 -m benchmarks.profile_compiled ;;

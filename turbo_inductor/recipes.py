@@ -92,18 +92,24 @@ def kernel_block(block: tuple[int, int], rows: int, cols: int) -> tuple[int, int
 OFF = "off"
 
 
+AUTO = "auto"
+
+
 @dataclasses.dataclass(frozen=True)
 class FP8Config:
     """The ``fp8`` option: linears become FP8 linears of ``recipe``.
 
-    Parameters matching ``exclude`` and linears narrower than ``min_size`` stay as they are.
-    ``experts``: MoE experts too. ``save_weight_t=False`` requantizes W^T in the backward (FSDP2; ``docs/ops.md``)."""
+    Parameters matching ``exclude`` and linears narrower than ``min_size`` stay as they are. ``linears`` and
+    ``experts`` (MoE experts' grouped GEMMs): True, False, or ``"auto"``: FP8 where the device's cost table says it
+    wins (``turbo_inductor.costs``). ``save_weight_t=False`` requantizes W^T in the backward (FSDP2;
+    ``docs/ops.md``)."""
 
     recipe: str = OFF
     exclude: str = ""
     min_size: int = 0
     save_weight_t: bool = True
-    experts: bool = True
+    experts: bool | str = AUTO
+    linears: bool | str = AUTO
 
     @property
     def enabled(self) -> bool:
@@ -118,7 +124,7 @@ class FP8Config:
         if unknown or fields.get("recipe") not in RECIPES:
             raise ValueError(
                 f"primus_turbo: option 'fp8' takes one of {sorted(RECIPES)} or 'off', or a dict with keys "
-                f"recipe/exclude/min_size/save_weight_t/experts; got {value!r}"
+                f"recipe/exclude/min_size/save_weight_t/experts/linears; got {value!r}"
             )
         re.compile(fields.get("exclude", ""))
         return FP8Config(
@@ -126,5 +132,15 @@ class FP8Config:
             fields.get("exclude", ""),
             int(fields.get("min_size", 0)),
             parse_bool("fp8.save_weight_t", fields.get("save_weight_t", True)),
-            parse_bool("fp8.experts", fields.get("experts", True)),
+            _bool_or_auto("fp8.experts", fields.get("experts", AUTO)),
+            _bool_or_auto("fp8.linears", fields.get("linears", AUTO)),
         )
+
+
+def _bool_or_auto(key: str, value: Any) -> bool | str:
+    if isinstance(value, str) and value.strip().lower() == AUTO:
+        return AUTO
+    try:
+        return parse_bool(key, value)
+    except ValueError:
+        raise ValueError(f"primus_turbo: option {key!r} takes true, false or 'auto', got {value!r}") from None

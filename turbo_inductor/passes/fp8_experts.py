@@ -1,7 +1,8 @@
 """Grouped GEMMs -> ``turbo_inductor.fp8_grouped_mm`` with ``options={"fp8": RECIPE}``: MoE experts in FP8.
 
-Runs on the grouped_mm pass's ops (K and N multiples of 16), unless the option's ``experts`` is False.
-Its ``exclude`` (on the expert parameter's name) and ``min_size`` (on K and N) apply as to linears.
+Runs on the grouped_mm pass's ops (K and N multiples of 16), as the option's ``experts`` says: ``"auto"`` (the
+default) where the device's cost table says FP8 wins for the shape (``turbo_inductor.costs``), True always, False
+never. Its ``exclude`` (on the expert parameter's name) and ``min_size`` (on K and N) apply as to linears.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ import re
 import torch
 import torch.fx as fx
 
+from .. import costs
 from ..ops.grouped_mm import FP8GroupedMMNode, GroupedMMNode, can_rewrite_fp8
 from ..options import Options
-from ..recipes import FP8Config
+from ..recipes import AUTO, FP8Config
 from . import matcher as m
 from .fp8_linear import NAME as FP8_OPTION
 from .fp8_linear import parameter_name
-from .manager import Phase, RewritePass, declined
+from .manager import Phase, RewritePass, decided, declined
 
 
 def parameter_of(weight) -> fx.Node:
@@ -41,7 +43,10 @@ class FP8ExpertsPass(RewritePass):
     name = "fp8_experts"
     phase = Phase.CLAIM
     after = ("grouped_mm",)
-    option_doc = "MoE experts' grouped GEMMs in FP8 where the `fp8` option covers them (its `experts`, default true)."
+    option_doc = (
+        'MoE experts\' grouped GEMMs in FP8 where the `fp8` option covers them (its `experts`: `"auto"` by default, '
+        "FP8 where the device's cost table says it wins)."
+    )
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
         config: FP8Config = options.value(FP8_OPTION)
@@ -62,6 +67,12 @@ class FP8ExpertsPass(RewritePass):
             if (config.exclude and re.search(config.exclude, name)) or min(wt.shape[1:]) < config.min_size:
                 declined(self.name, node, f"expert {name or '?'} excluded by the fp8 option's exclude or min_size")
                 continue
+            if config.experts == AUTO:
+                groups, k, n = wt.shape
+                decision = costs.decide(costs.GROUPED_MM, config.recipe, xt.device, xt.shape[0], k, n, groups)
+                decided(self.name, "experts", decision.reason)  # one line per shape and verdict
+                if not decision.fp8:
+                    continue
             m.replace_with_view(
                 graph,
                 node,

@@ -6,17 +6,19 @@ Under ``torch.autocast`` the operands are cast to the autocast dtype first (``do
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 import torch.fx as fx
 
+from .. import costs
 from ..ops.fp8_linear import FP8LinearNode, can_rewrite
 from ..options import Options
-from ..recipes import OFF, RECIPES, FP8Config
+from ..recipes import AUTO, OFF, RECIPES, FP8Config
 from . import claims
 from . import matcher as m
-from .manager import Phase, RewritePass
+from .manager import Phase, RewritePass, decided
 
 NAME = "fp8"
 
@@ -39,8 +41,16 @@ def wants(linear: m.Linear, options: Options) -> bool:
     if fakes is None:
         return False
     _, xt, wt, bt = fakes
-    excluded = config.exclude and re.search(config.exclude, parameter_name(linear.weight))
-    return can_rewrite(xt, wt, bt) and min(wt.shape) >= config.min_size and not excluded
+    name = parameter_name(linear.weight)
+    excluded = config.exclude and re.search(config.exclude, name)
+    if not can_rewrite(xt, wt, bt) or min(wt.shape) < config.min_size or excluded or config.linears is False:
+        return False
+    if config.linears != AUTO:
+        return True
+    rows = math.prod(xt.shape[:-1]) if all(isinstance(d, int) for d in xt.shape[:-1]) else None
+    decision = costs.decide(costs.LINEAR, config.recipe, xt.device, rows, wt.shape[1], wt.shape[0])
+    decided(NAME, "linear", decision.reason)  # one line per shape and verdict
+    return decision.fp8
 
 
 class FP8LinearPass(RewritePass):
@@ -51,10 +61,13 @@ class FP8LinearPass(RewritePass):
     default = OFF
     option_doc = (
         f"FP8 training of every linear: a recipe ({', '.join(f'`{r}`' for r in RECIPES)}), or "
-        '`{"recipe": ..., "exclude": REGEX, "min_size": N, "save_weight_t": BOOL, "experts": BOOL}`. Parameters '
-        "whose name matches `exclude`, and linears narrower than `min_size`, stay in high precision. "
-        "`save_weight_t=False` quantizes W^T again in the backward instead of keeping it (less memory; FSDP2). "
-        "`experts=False` keeps MoE experts' grouped GEMMs in high precision. Details: `docs/fp8.md`."
+        '`{"recipe": ..., "exclude": REGEX, "min_size": N, "save_weight_t": BOOL, "experts": BOOL or "auto", '
+        '"linears": BOOL or "auto"}`. Parameters whose name matches `exclude`, and linears narrower than `min_size`, '
+        "stay in high precision. `save_weight_t=False` quantizes W^T again in the backward instead of keeping it "
+        '(less memory; FSDP2). `experts` (MoE experts\' grouped GEMMs) and `linears`: `"auto"` (the default) takes '
+        "FP8 where the device's cost table measured it faster, or for a shape it did not measure, as its default "
+        "(experts: high precision, linears: FP8); true forces FP8, false keeps high precision. Each choice is logged "
+        "and kept in the compile record. Details: `docs/fp8.md`."
     )
 
     def parse_option(self, value: Any) -> FP8Config:

@@ -7,6 +7,7 @@ A pass that raises is undone and named in a warning; with ``strict`` it raises.
 from __future__ import annotations
 
 import collections
+import contextvars
 import dataclasses
 import enum
 import functools
@@ -65,6 +66,21 @@ def declined(pass_name: str, node: fx.Node, reason: str) -> None:
     log.debug("primus_turbo: %s left %s alone: %s", pass_name, node.name, reason)
 
 
+_COMPILING: contextvars.ContextVar[CompileRecord | None] = contextvars.ContextVar("turbo_inductor_record", default=None)
+
+
+def decided(pass_name: str, what: str, reason: str) -> None:
+    """A choice the user should see (FP8 or not, by the cost model): logged at INFO and kept in the record of the
+    graph being rewritten, once per ``what`` and reason (a reason names the shape it is about)."""
+    line = f"{pass_name}: {what}: {reason}"
+    record = _COMPILING.get()
+    if record is not None and line in record.decisions:
+        return
+    if record is not None:
+        record.decisions.append(line)
+    log.info("primus_turbo: %s", line)
+
+
 class PassOrderError(ValueError):
     """The pass list breaks a pass's declared phase or ``after``."""
 
@@ -106,7 +122,8 @@ class CompileRecord:
     ``counts``: fused sites per pass in the graph as compiled (see :func:`rewrite_counts`). ``replaced``: what
     each pass replaced, a site a later pass rewrote again counted for both.
     ``implementations``: per kernel of our ops in the graph, the implementations it uses, in the order tried.
-    It is filled when the graph is loaded from the cache too. ``seconds``: wall time per pass."""
+    It is filled when the graph is loaded from the cache too. ``seconds``: wall time per pass. ``decisions``: the
+    choices passes made by the cost model (FP8 or high precision per GEMM) and why."""
 
     counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     replaced: collections.Counter = dataclasses.field(default_factory=collections.Counter)
@@ -117,6 +134,7 @@ class CompileRecord:
     graph_after: str = ""
     failures: list = dataclasses.field(default_factory=list)  # (pass name, error text)
     seconds: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    decisions: list = dataclasses.field(default_factory=list)
 
 
 _RECORDS: collections.deque = collections.deque(maxlen=64)
@@ -149,10 +167,11 @@ def forget(record: CompileRecord) -> None:
 
 @functools.cache
 def _source_hash(package: pathlib.Path = PACKAGE) -> str:
-    """Hash of the package's sources, part of the cache key.
-    The passes and ops (their schemas and fakes) shape the rewritten graph; on GPU the kernels are traced into it."""
+    """Hash of the package's sources and data, part of the cache key.
+    The passes and ops (their schemas and fakes) shape the rewritten graph, and so do the FP8 cost tables; on GPU
+    the kernels are traced into it."""
     digest = hashlib.sha256()
-    for path in sorted(package.rglob("*.py")):
+    for path in sorted([*package.rglob("*.py"), *package.rglob("*.json")]):
         digest.update(str(path.relative_to(package)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
@@ -205,6 +224,20 @@ class PassManager(CustomGraphPass):
             )
             record.ops_after.update(record.ops_before)
             return
+        token = _COMPILING.set(record)
+        try:
+            self._run_passes(graph)
+        finally:
+            _COMPILING.reset(token)
+        record.ops_after.update(op_name(n) for n in graph.nodes)
+        _record_implementations(record, graph)
+        if self.options.record_graphs:
+            record.graph_after += graph.python_code("self").src
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("primus_turbo: graph after passes:\n%s", graph.python_code("self").src)
+
+    def _run_passes(self, graph: fx.Graph) -> None:
+        record = self.record
         for rewrite in self.passes:
             start = time.perf_counter()
             snapshot = _snapshot(graph)
@@ -229,12 +262,6 @@ class PassManager(CustomGraphPass):
             _count_sites(record, graph, before, rewrite.name)
             record.seconds[rewrite.name] += time.perf_counter() - start
             log.info("primus_turbo: replaced %d %s in %.3f s", count, rewrite.name, record.seconds[rewrite.name])
-        record.ops_after.update(op_name(n) for n in graph.nodes)
-        _record_implementations(record, graph)
-        if self.options.record_graphs:
-            record.graph_after += graph.python_code("self").src
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("primus_turbo: graph after passes:\n%s", graph.python_code("self").src)
 
     def uuid(self) -> str:
         """The cache tag: the sources, the options, the rank layout, and what decides the kernels compiled code

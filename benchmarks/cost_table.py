@@ -1,0 +1,94 @@
+"""The FP8 cost table of a GPU model (``turbo_inductor/costs/<gpu>.json``) from benchmark runs on it: what the
+``fp8`` option's ``"auto"`` reads to put a GEMM in FP8 only where it was measured to win (``turbo_inductor.costs``).
+
+``python -m benchmarks.cost_table RESULT.json [...] [--out turbo_inductor/costs]``
+Takes ``bench_grouped_mm`` runs (fwd+bwd rows: ``grouped_mm impl=auto`` is high precision, ``fp8 RECIPE auto`` each
+recipe) and ``bench_fp8`` runs (its training step by size: ``inductor`` is high precision). A shape measured again
+replaces its row; every row names the run it came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+
+from turbo_inductor.costs import GROUPED_MM, HERE, HIGH_PRECISION, LINEAR
+
+# FP8 must be this much faster than high precision to be taken: the spread of repeated GPU timings of one step.
+MARGIN = 0.02
+# A shape no run measured: MoE experts' grouped GEMMs lost in FP8 in every run (Mixtral, Qwen3-MoE), linears of
+# dense models won in every run (Llama, Qwen2.5, Mistral, Gemma, Phi-3).
+DEFAULTS = {GROUPED_MM: HIGH_PRECISION, LINEAR: "fp8"}
+_GROUPED = re.compile(r"\[(\d+), (\d+)\] x \[(\d+), (\d+), (\d+)\]")
+_LINEAR = re.compile(r"linear (\d+)x(\d+)->(\d+)")
+_FP8_COLUMN = re.compile(r"(?:fp8|primus_turbo fp8) (\w+)(?: auto)?$")
+
+
+def slug_of(machine: str) -> str:
+    """``nvidia-h200`` for a run's machine "1x NVIDIA H200"."""
+    return re.sub(r"[^a-z0-9]+", "-", re.sub(r"^\d+x ", "", machine).lower()).strip("-")
+
+
+def entries(result: dict, source: str) -> dict[str, list[dict]]:
+    """The cost rows of one benchmark run, by kind of GEMM."""
+    found: dict[tuple, dict] = {}
+    for row in result["rows"]:
+        if row.get("mode") != "fwd+bwd":
+            continue
+        column = row.get("column", row.get("backend", ""))
+        if result["benchmark"] == "grouped_mm" and (match := _GROUPED.search(row["shape"])):
+            rows, k, groups, _, n = map(int, match.groups())
+            key = (GROUPED_MM, groups, rows, k, n)
+            high = column == "grouped_mm impl=auto"
+        elif result["benchmark"] == "fp8" and (match := _LINEAR.search(row["shape"])):
+            rows, k, n = map(int, match.groups())
+            key = (LINEAR, 1, rows, k, n)
+            high = column == "inductor"
+        else:
+            continue
+        recipe = HIGH_PRECISION if high else (m.group(1) if (m := _FP8_COLUMN.match(column)) else None)
+        if recipe is None:
+            continue
+        entry = found.setdefault(key, {"groups": key[1], "rows": rows, "k": k, "n": n, "ms": {}, "source": source})
+        entry["ms"][recipe] = round(row["ms"], 4)
+    table: dict[str, list[dict]] = {GROUPED_MM: [], LINEAR: []}
+    for (kind, *_), entry in found.items():
+        if HIGH_PRECISION in entry["ms"] and len(entry["ms"]) > 1:
+            table[kind].append(entry)
+    return table
+
+
+def merge(old: dict | None, new: dict[str, list[dict]], environment: dict) -> dict:
+    """``old``'s rows, those of shapes measured again replaced by ``new``'s."""
+    table = {"device": environment["machine"], "margin": MARGIN, "defaults": DEFAULTS}
+    for kind in (GROUPED_MM, LINEAR):
+        fresh = {(e["groups"], e["rows"], e["k"], e["n"]): e for e in new[kind]}
+        kept = [e for e in (old or {}).get(kind, []) if (e["groups"], e["rows"], e["k"], e["n"]) not in fresh]
+        table[kind] = sorted(kept + list(fresh.values()), key=lambda e: (e["groups"], e["k"], e["n"], e["rows"]))
+    return table
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("``python")[0])
+    parser.add_argument("results", nargs="+", help="bench_grouped_mm / bench_fp8 JSON files of one GPU model")
+    parser.add_argument("--out", default=str(HERE), help="folder of the tables (default: the package's)")
+    args = parser.parse_args(argv)
+    tables: dict[str, dict] = {}
+    for name in args.results:
+        result = json.loads(pathlib.Path(name).read_text())
+        slug = slug_of(result["environment"]["machine"])
+        path = pathlib.Path(args.out) / f"{slug}.json"
+        old = tables.get(slug) or (json.loads(path.read_text()) if path.exists() else None)
+        source = f"{pathlib.Path(name).name} ({result['environment'].get('date', '?')[:10]}, torch "
+        source += f"{result['environment'].get('torch', '?')})"
+        tables[slug] = merge(old, entries(result, source), result["environment"])
+    for slug, table in tables.items():
+        path = pathlib.Path(args.out) / f"{slug}.json"
+        path.write_text(json.dumps(table, indent=1) + "\n")
+        print(f"{path}: {len(table[GROUPED_MM])} grouped GEMM shapes, {len(table[LINEAR])} linear shapes")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Where FP8 wins: per device, the measured fwd+bwd times of GEMMs in high precision and in each FP8 recipe.
+
+A table per GPU model lies beside this module (``nvidia-h200.json``), written by ``python -m
+benchmarks.cost_table`` from benchmark runs on that GPU; nothing in it is typed by hand. The ``fp8`` option's
+``"auto"`` asks :func:`decide` per GEMM. A shape the table measured takes FP8 where its recipe ran faster, by
+``margin``, than high precision. An unmeasured shape takes the table's default for its kind of GEMM: the grouped
+GEMMs of MoE experts lost in FP8 wherever they were measured, the linears of dense models won. A device without a
+table takes FP8 as the option asks. Why: ``docs/fp8.md``, "Where FP8 pays".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import pathlib
+import re
+
+import torch
+
+HERE = pathlib.Path(__file__).resolve().parent
+GROUPED_MM, LINEAR = "grouped_mm", "linear"
+HIGH_PRECISION = "high precision"
+# A measured row stands for shapes of the same experts, K and N whose rows are within this factor of its own.
+ROWS_FACTOR = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """Whether one GEMM runs in FP8, and why, in words for the log and the compile record."""
+
+    fp8: bool
+    reason: str
+
+
+def device_slug(device: torch.device) -> str:
+    """The table's file name for ``device``: ``nvidia-h200`` for an "NVIDIA H200"; ``cpu`` for the CPU."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return device.type
+    return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(device).lower()).strip("-")
+
+
+@functools.cache
+def table(slug: str) -> dict | None:
+    """The cost table of the GPU model ``slug``, or None where none was measured."""
+    path = HERE / f"{slug}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _rows(value) -> int | None:
+    """A size as an int; a symbolic size's hint; None where it has none."""
+    if isinstance(value, int):
+        return value
+    hint = getattr(getattr(value, "node", None), "hint", None)
+    return int(hint) if hint is not None else None
+
+
+def decide(kind: str, recipe: str, device: torch.device, rows, k: int, n: int, groups: int = 1) -> Decision:
+    """FP8 or high precision for a ``kind`` GEMM (:data:`GROUPED_MM`: ``groups`` experts' weights [K, N] over
+    ``rows`` routed rows in all; :data:`LINEAR`: [rows, K] x [K, N]) in ``recipe``, on ``device``."""
+    slug = device_slug(device)
+    costs = table(slug)
+    if costs is None:
+        return Decision(True, f"no cost table for {slug}: FP8 as the option asks")
+    rows = _rows(rows)
+    shape = f"[groups {groups}, rows {rows}, K {k}, N {n}]" if kind == GROUPED_MM else f"[{rows} x {k} -> {n}]"
+    nearest = None
+    for entry in costs.get(kind, ()):
+        if (entry["groups"], entry["k"], entry["n"]) != (groups, k, n) or recipe not in entry["ms"] or rows is None:
+            continue
+        distance = abs(math.log(entry["rows"] / rows))
+        if distance <= math.log(ROWS_FACTOR) and (nearest is None or distance < nearest[0]):
+            nearest = distance, entry
+    if nearest is None:
+        fp8 = costs["defaults"][kind] == "fp8"
+        default = f"FP8 {recipe}" if fp8 else HIGH_PRECISION
+        return Decision(fp8, f"{shape} not measured on {slug}: {default}, the table's default for a {kind}")
+    entry = nearest[1]
+    high, low = entry["ms"][HIGH_PRECISION], entry["ms"][recipe]
+    fp8 = low < high * (1 - costs["margin"])
+    verdict = f"FP8 {recipe}" if fp8 else HIGH_PRECISION
+    return Decision(
+        fp8,
+        f"{shape}: {verdict}, measured on {slug} at {entry['rows']} rows: {high:.3f} ms in high precision, "
+        f"{low:.3f} ms in FP8 {recipe} (fwd+bwd)",
+    )
