@@ -114,6 +114,7 @@ def test_the_nearest_measured_rows_within_a_factor_of_two_decide(on_a_gpu_with):
     assert not decide(32, "blockwise").fp8
 
 
+@pytest.mark.cost_tables
 def test_the_h200_table_keeps_mixtrals_experts_in_bf16(monkeypatch):
     """Measured on an H200: Mixtral's FP8 rowwise experts, quantization included, were slower than bf16."""
     monkeypatch.setattr(costs, "device_slug", lambda device: "nvidia-h200")
@@ -122,6 +123,7 @@ def test_the_h200_table_keeps_mixtrals_experts_in_bf16(monkeypatch):
     assert "18.678 ms in high precision, 19.545 ms in FP8 rowwise" in decision.reason
 
 
+@pytest.mark.cost_tables
 def test_the_shipped_table_is_what_its_runs_make(tmp_path):
     shipped = json.loads((costs.HERE / "nvidia-h200.json").read_text())
     sources = {entry["source"].split(" ")[0] for kind in (costs.GROUPED_MM, costs.LINEAR) for entry in shipped[kind]}
