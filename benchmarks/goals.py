@@ -29,7 +29,7 @@ class Targets:
 LAYER = Targets(1.05, {"tensorwise": 1.50, "rowwise": 1.47, "blockwise": 1.35}, bf16_memory=True)
 # MoE layers of transformers' Mixtral and Qwen3-MoE classes (--config), experts through grouped_mm.
 MOE = {
-    "mixtral-8x7b": Targets(1.12, {"tensorwise": 1.30, "rowwise": 1.30}),
+    "mixtral-8x7b": Targets(1.12, {"tensorwise": 1.30, "rowwise": 1.30}, fp8_over_bf16=True),
     "qwen3-30b-a3b": Targets(1.18, {"tensorwise": 1.25, "rowwise": 1.25}, fp8_over_bf16=True),
 }
 # transformers' models (--hf), 2 layers at published sizes with the LM head and loss, batch 2 x 2048, training.
@@ -40,6 +40,8 @@ HF_TRAIN = {
     "qwen2.5-7b": Targets(1.10, {"tensorwise": 1.55, "rowwise": 1.52}),
     "gemma-7b": Targets(1.10, {"tensorwise": 1.52, "rowwise": 1.50}),
     "phi3-mini": Targets(1.17, {"tensorwise": 1.58, "rowwise": 1.52}),
+    # the MoE targets: the whole model, its experts' FP8 as "auto" chooses
+    **MOE,
 }
 # Under autocast (fp32 parameters, --autocast) the ratios are to be within this fraction of pure bf16's: the
 # training targets less it.

@@ -108,6 +108,44 @@ MODELS = {
         ),
         {**TINY, "head_dim": 16},
     ),
+    # MoE: transformers' experts as 3-D parameters through its grouped_mm implementation (our grouped GEMM).
+    "mixtral-8x7b": HFModel(  # mistralai/Mixtral-8x7B-v0.1
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            vocab_size=32000,
+            rms_norm_eps=1e-5,
+            rope_theta=1000000.0,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            sliding_window=None,
+        ),
+        {**TINY, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
+    ),
+    "qwen3-30b-a3b": HFModel(  # Qwen/Qwen3-30B-A3B
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            hidden_size=2048,
+            intermediate_size=6144,
+            moe_intermediate_size=768,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            head_dim=128,
+            vocab_size=151936,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            num_experts=128,
+            num_experts_per_tok=8,
+            norm_topk_prob=True,
+        ),
+        {**TINY, "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": True},
+    ),
 }
 
 
