@@ -4,6 +4,8 @@
 import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -44,6 +46,7 @@ def test_the_performance_table_is_generated_from_the_benchmark_results():
     [
         "README.md",
         "docs/architecture.md",
+        "docs/adding-an-op.md",
         "docs/fp8.md",
         "docs/passes.md",
         "docs/tensor-parallel.md",
@@ -72,3 +75,21 @@ def test_the_usage_snippet_runs_on_the_quick_start_machine():
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "'fp8': 2" in result.stdout
+
+
+def test_the_worked_example_of_adding_an_op_runs():
+    """docs/adding-an-op.md's blocks, as the modules they name, and its tests: in a process of their own."""
+    from worked_example import blocks
+
+    assert [path for path, _ in blocks()] == [
+        "turbo_inductor/kernels/reference/squared_relu.py",
+        "turbo_inductor/kernels/triton/squared_relu.py",
+        "turbo_inductor/ops/squared_relu.py",
+        "turbo_inductor/passes/squared_relu.py",
+        "lowering_tests/test_squared_relu.py",
+    ]
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "lowering_tests/worked_example.py")], capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("passed test_") == 3, run.stdout
