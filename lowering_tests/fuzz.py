@@ -31,9 +31,13 @@ from turbo_inductor.testing.moe import TitanMoE, hf_sparse_moe
 
 OUTPUT_GATE_DB, GRADIENT_GATE_DB = 25.0, 20.0  # FP8 gates (shared/targets.md)
 # The same GEMMs' FP8 noise on inputs rounded elsewhere is another draw of it. Over the few values of a small
-# gradient (a router's or an expert's, from 3 tokens) draws differ by up to 4.2 dB: seed 658358223, whose model
-# on six other inputs puts the fused and the FP8-GEMMs-alone runs within 1.1 dB either way.
+# gradient (a router's or an expert's, from 3 tokens) draws differ by up to 4.2 dB; on six other inputs, the same
+# model puts the fused and the FP8-GEMMs-alone runs within 1.1 dB either way.
 IDEAL_MARGIN_DB = 4.5
+# The FP8 gate is lowered no further, however ill-conditioned the result: a rewrite computing something else falls
+# below it (a dropped norm weight of N(1, 0.5): 7 dB). The least result accepted over 1,262 FP8 examples, 312 of them
+# 2-expert MoEs on 1-3 tokens, was 17.4 dB: torchao's FP8 against ours, a linear's weight gradient from 3 tokens.
+GATE_FLOOR_DB = 12.0
 # The passes that make the FP8 GEMMs of the ``fp8`` option, and what they read (grouped_mm's canonical op).
 FP8_GEMM_PASSES = ("grouped_mm", "fp8", "fp8_concat", "fp8_experts")
 # The recipes that concatenate the weights of FP8 linears reading one x at every width drawn (fp8_concat).
@@ -59,6 +63,8 @@ OP_KERNELS = {
     "moe_permute": ({"moe_route", "moe_dispatch"}, {"moe_gather_sum"}),
     "moe_combine": ({"moe_gather_sum"}, {"moe_dispatch"}),
     "rotary": ({"rotary"}, {"rotary"}),
+    "embedding": ({"embedding_fwd"}, {"embedding_bwd"}),
+    "cross_entropy": ({"cross_entropy_fwd"}, {"cross_entropy_bwd"}),
 }
 
 
@@ -697,6 +703,89 @@ class AttentionBlock(Block):
         return F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask).reshape(x.shape)
 
 
+# The most rows of x that :func:`generate` draws (3 x 8, or 24): blocks reading token ids take a row's from a table
+# this long.
+MAX_ROWS = 24
+
+
+def _rows(x: torch.Tensor) -> int:
+    return x.numel() // x.shape[-1]
+
+
+class EmbeddingBlock(Block):
+    """Token embeddings, one token per row of x from a fixed table (both graphs look up the same ids), scaling x.
+    ``scale_grad_by_freq`` is a near miss."""
+
+    kind = "embedding"
+
+    def __init__(self, rng, s, fused: bool = False):
+        """``fused``: a lookup the embedding pass rewrites."""
+        super().__init__(rng, s)
+        vocab = self.choose(rng, "vocab", [5, 16, 37])
+        self.spelling = self.choose(rng, "spelling", ["F.embedding", "nn.Embedding"])
+        by_frequency = self.choose(rng, "scale_grad_by_freq", [False] + [True] * (not fused))
+        padding = self.choose(rng, "padding_idx", [None, 0, -1])
+        ids = torch.randint(0, vocab, (MAX_ROWS,), dtype=self.choose(rng, "ids", [torch.int64, torch.int32]))
+        self.register_buffer("ids", ids, persistent=False)
+        self.table = nn.Embedding(vocab, s.hidden, padding, scale_grad_by_freq=by_frequency, dtype=s.dtype)
+
+    def expect(self):
+        return Expect() if self.table.scale_grad_by_freq else Expect().fired(embedding=1).left(embedding=1)
+
+    def forward(self, x):
+        ids = self.ids[: _rows(x)]
+        if self.spelling == "nn.Embedding":
+            e = self.table(ids)
+        else:
+            t = self.table
+            e = F.embedding(ids, t.weight, t.padding_idx, scale_grad_by_freq=t.scale_grad_by_freq)
+        return x * e.reshape(x.shape)
+
+
+class CrossEntropyBlock(Block):
+    """A loss over the rows of x: a head's logits (upcast from bf16 first, as transformers' loss does), fixed
+    targets hitting ``ignore_index`` (torch's -100 or a class), each reduction; the loss scales a gain back into
+    the stream. Label smoothing, and bf16 logits read without the upcast, are near misses."""
+
+    kind = "cross_entropy"
+
+    def __init__(self, rng, s, fused: bool = False):
+        """``fused``: a loss the cross_entropy pass rewrites."""
+        super().__init__(rng, s)
+        self.vocab = vocab = self.choose(rng, "vocab", s.widths)
+        self.head = Linear(rng, s, s.hidden, vocab)
+        self.choices["head"] = self.head.describe()
+        module = self.choose(rng, "spelling", ["F.cross_entropy", "nn.CrossEntropyLoss"]) != "F.cross_entropy"
+        ignore_index = self.choose(rng, "ignore_index", [-100, 3])
+        self.reduction = self.choose(rng, "reduction", ["mean", "sum", "none"])
+        misses = [] if fused else ["label smoothing"] + ["no upcast"] * (s.dtype == torch.bfloat16)
+        self.variant = self.choose(rng, "variant", ["fused"] * 2 + misses)
+        self.arguments = dict(
+            ignore_index=ignore_index,
+            reduction=self.reduction,
+            label_smoothing=0.1 if self.variant == "label smoothing" else 0.0,
+        )
+        self.loss = nn.CrossEntropyLoss(**self.arguments) if module else None
+        target = torch.randint(0, vocab, (MAX_ROWS,))
+        target[1::3] = ignore_index
+        target[0] = vocab - 1  # a class (>= 15) never ignored: a mean over one row has that row to count
+        self.register_buffer("target", target, persistent=False)
+        self.gain = nn.Parameter(torch.randn(s.hidden).to(s.dtype) * 0.1)
+
+    def expect(self):
+        expect = self.head.expect()
+        return expect.fired(cross_entropy=1).left(cross_entropy=1) if self.variant == "fused" else expect
+
+    def forward(self, x):
+        logits = self.head(x)
+        rows = (logits if self.variant == "no upcast" else logits.float()).view(-1, self.vocab)
+        target = self.target[: _rows(x)]
+        loss = self.loss(rows, target) if self.loss is not None else F.cross_entropy(rows, target, **self.arguments)
+        if self.reduction == "none":
+            loss = loss.reshape(*x.shape[:-1], 1)
+        return loss.to(x.dtype) * self.gain
+
+
 class NearMissBlock(Block):
     """A pattern like a fused one that computes something else: nothing may be rewritten."""
 
@@ -744,6 +833,8 @@ KINDS: dict[str, type[Block]] = {
         HFMoEBlock,
         RotaryBlock,
         AttentionBlock,
+        EmbeddingBlock,
+        CrossEntropyBlock,
         NearMissBlock,
     )
 }
@@ -768,6 +859,8 @@ LEADS = (
     ("hf_moe", "row", {}),  # fp8_experts
     ("rotary", None, {}),
     ("attention", None, {"mask": "bool, by index"}),  # causal_mask
+    ("embedding", None, {"fused": True}),
+    ("cross_entropy", None, {"fused": True}),
     ("near_miss", None, {}),
 )
 
@@ -868,7 +961,7 @@ def generate(seed: int, lead: tuple | None = None, kinds=None, count: int | None
     if moe is not None or rng.random() < 0.5:
         shape = (rng.randint(1, 3), rng.randint(1, 8), setting.hidden)
     else:
-        shape = (rng.randint(1, 24), setting.hidden)
+        shape = (rng.randint(1, MAX_ROWS), setting.hidden)
     return Example(seed, setting, Chain(blocks), torch.randn(shape).to(setting.dtype))
 
 
@@ -940,20 +1033,22 @@ def assert_agree(example: Example, what: str, got, want, ideal=None, conditionin
             return
         # Several FP8 GEMMs in a row add their noise. Then the result may be no worse than with those GEMMs alone
         # (test_hf_models.py's rule): the fusions around them add none. Over few values that noise is itself noisy:
-        # the result may instead lie within it of the FP8 GEMMs' alone (a router's gradient from 8 tokens, seed
-        # 16226745: 9.6 dB against the graph before, 15.8 for the GEMMs alone, 15.7 between the two).
+        # the result may instead lie within it of the FP8 GEMMs' alone (a router's gradient from 8 tokens: 9.6 dB
+        # against the graph before, 15.8 for the GEMMs alone, 15.7 between the two).
         assert ideal is not None, f"{example}\n{what}: {db:.1f} dB against the graph before the passes (gate {gate} dB)"
         alone = ideal()
-        floor, apart = snr_db(alone, want) - IDEAL_MARGIN_DB, snr_db(got, alone)
+        alone_db, apart = snr_db(alone, want), snr_db(got, alone)
+        floor = max(alone_db - IDEAL_MARGIN_DB, GATE_FLOOR_DB)
         if db >= floor or apart >= floor:
             return
         # A result that cancels (a 2-expert router's gradient from 2 tokens: differences of near-equal scores)
         # magnifies any FP8 rounding: the gate is lowered by how much more it moves than its inputs do.
         excess = conditioning() if conditioning is not None else 0.0
-        assert db >= gate - excess, (
-            f"{example}\n{what}: {db:.1f} dB against the graph before the passes (gate {gate} dB; "
-            f"{floor + IDEAL_MARGIN_DB:.1f} dB with the FP8 GEMMs alone, {apart:.1f} dB from them; "
-            f"{excess:.1f} dB more sensitive than its inputs)"
+        lowered = max(gate - excess, GATE_FLOOR_DB)
+        assert db >= lowered, (
+            f"{example}\n{what}: {db:.1f} dB against the graph before the passes (gate {gate} dB, lowered to "
+            f"{lowered:.1f}: {excess:.1f} dB more sensitive than its inputs, floor {GATE_FLOOR_DB} dB; "
+            f"{alone_db:.1f} dB with the FP8 GEMMs alone, {apart:.1f} dB from them)"
         )
         return
     # Two low-precision results, each within the gate of the truth, are within twice the gate of each other.
@@ -989,8 +1084,12 @@ def check(example: Example) -> None:
 def _check(example: Example) -> None:
     s = example.setting
     gm, inputs = capture(example.model, example.x, s)
-    # Dynamo's placeholders: sizes, x, parameters. Gradients are of the tensors.
-    names = [n.target for n, t in zip(gm.graph.find_nodes(op="placeholder"), inputs) if isinstance(t, torch.Tensor)]
+    # Dynamo's placeholders: sizes, x, parameters, buffers. Gradients are of the floating tensors.
+    names = [
+        n.target
+        for n, t in zip(gm.graph.find_nodes(op="placeholder"), inputs)
+        if isinstance(t, torch.Tensor) and t.is_floating_point()
+    ]
     want_outs, want_grads, _ = evaluate(gm, inputs, s.train)
     record = rewrite(gm, example.options())
     expect = example.expect()

@@ -148,6 +148,36 @@ def test_other_spellings_are_rewritten(style):
     assert_matches_inductor(model, inputs)
 
 
+class ClassLoss(nn.Module):
+    """Logits of a bf16 head upcast to fp32, cross-entropy with ``ignore_index`` a class and ``reduction`` given."""
+
+    def __init__(self, ignore_index, reduction, vocab=24):
+        super().__init__()
+        self.head = nn.Linear(32, vocab, bias=False, dtype=torch.bfloat16)
+        self.ignore_index, self.reduction = ignore_index, reduction
+
+    def forward(self, h, target):
+        logits = self.head(h).float()
+        return F.cross_entropy(logits, target, ignore_index=self.ignore_index, reduction=self.reduction)
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_ignore_index_and_reduction_reach_the_op(reduction):
+    """A class as ``ignore_index`` (rows of class 3 are padding) and every reduction: the op takes both, forward and
+    backward, as torch computes them. -100 in its place would count class 3's rows; another reduction, another
+    shape or sum."""
+    h = torch.randn(12, 32, device=DEVICE, dtype=torch.bfloat16)
+    target = torch.randint(0, 24, (12,), device=DEVICE)
+    target[::4] = 3
+    assert 0 < (target == 3).sum() < 12
+    model = ClassLoss(3, reduction).to(DEVICE)
+    counts = assert_matches_inductor(model, [h, target])
+    assert counts["cross_entropy"] == 1
+    assert ops_after("turbo_inductor.cross_entropy") == 1 and ops_after("Tensor.float") == 0
+    assert_ran("cross_entropy_fwd", 1)
+    assert_ran("cross_entropy_bwd", 1)
+
+
 @pytest.mark.parametrize("style", ["smoothing", "bf16"])
 def test_near_misses_are_left_alone(style):
     assert_left_alone(LMHeadLoss(style=style).to(DEVICE), lm_inputs())

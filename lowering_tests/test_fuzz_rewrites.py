@@ -19,7 +19,8 @@ import torch.distributed._functional_collectives as funcol
 from compare import assert_matches_inductor
 
 import turbo_inductor
-from turbo_inductor.passes import PASSES, glu, rmsnorm
+from turbo_inductor.ops.cross_entropy import CrossEntropyNode
+from turbo_inductor.passes import PASSES, glu, matcher, rmsnorm
 from turbo_inductor.passes.glu import GLUPass
 from turbo_inductor.passes.rmsnorm import RMSNormPass
 
@@ -60,9 +61,7 @@ def test_every_run_takes_every_block_kind_and_fires_every_pass():
     examples = [fuzz.generate(seed) for seed in range(BASE, BASE + len(fuzz.LEADS))]
     assert {block.kind for example in examples for block in example.blocks} == set(fuzz.KINDS)
     fired = {name for example in examples for name, n in example.expect().counts.items() if n}
-    # The embedding and the loss take token ids and give a loss: they sit at a model's ends, not in a chain of
-    # hidden -> hidden blocks. test_embedding and test_cross_entropy check them against Inductor.
-    assert fired == {p.name for p in PASSES} - {"embedding", "cross_entropy"}
+    assert fired == {p.name for p in PASSES}
 
 
 # ---- the fuzzer fails on a broken pass ---------------------------------------------------------------------------
@@ -98,11 +97,27 @@ def _without_weight(original):
     return match
 
 
+def _loss_arguments(original, **changes):
+    """``matcher.insert_view`` that hands the cross-entropy op ``changes[name](value)`` for the pass's values."""
+
+    def insert_view(graph, before, view, **arguments):
+        if view is CrossEntropyNode:
+            arguments.update({name: change(arguments[name]) for name, change in changes.items()})
+        return original(graph, before, view, **arguments)
+
+    return insert_view
+
+
 def _break(monkeypatch, breakage: str) -> None:
     if breakage == "a pass raises":
         monkeypatch.setattr(GLUPass, "apply", _raises)
     elif breakage == "a pass rewrites nothing":
         monkeypatch.setattr(RMSNormPass, "apply", _rewrites_nothing)
+    elif breakage == "the loss pass ignores -100 whatever it is told":
+        monkeypatch.setattr(matcher, "insert_view", _loss_arguments(matcher.insert_view, ignore_index=lambda _: -100))
+    elif breakage == "the loss pass sums a loss per row":
+        sums = _loss_arguments(matcher.insert_view, reduction=lambda r: "sum" if r == "none" else r)
+        monkeypatch.setattr(matcher, "insert_view", sums)
     elif breakage == "the GLU pass writes another activation":
         monkeypatch.setattr(glu, "activation_of", _wrong_activation(glu.activation_of))
     else:  # the norm pass drops the weight, counting the rewrite as usual
@@ -119,12 +134,35 @@ def _weighted_norm(example) -> bool:
     return example.blocks[0].norm.fused_whole
 
 
+def _loss_ignoring(example) -> bool:
+    """Its loss ignores class 3, a target of its second row."""
+    return example.blocks[0].arguments["ignore_index"] == 3 and example.x.numel() > example.x.shape[-1]
+
+
+def _loss_per_row(example) -> bool:
+    """Its loss is one per row, of two rows or more: a sum in its place has another shape."""
+    return example.blocks[0].reduction == "none" and example.x.numel() > example.x.shape[-1]
+
+
 NUMERICS = r"(output \d+|gradient of \w+): "
 # breakage: (the block it needs, which examples of it show the breakage, the error, its message)
 BREAKAGES = {
     "a pass raises": (("glu", "off", {}), _any, RuntimeError, "broken on purpose"),
     "a pass rewrites nothing": (("norm", "off", {}), _any, AssertionError, "rewrites"),
     "the GLU pass writes another activation": (("glu", "off", {}), _any, AssertionError, NUMERICS),
+    "the loss pass ignores -100 whatever it is told": (
+        ("cross_entropy", "off", {"fused": True}),
+        _loss_ignoring,
+        AssertionError,
+        NUMERICS,
+    ),
+    # the block puts a loss per row back on its row: a scalar cannot be
+    "the loss pass sums a loss per row": (
+        ("cross_entropy", "off", {"fused": True}),
+        _loss_per_row,
+        RuntimeError,
+        "is invalid for input of size 1",
+    ),
     "the norm pass drops the weight": (
         ("norm", "off", {"weighting": "after"}),
         _weighted_norm,
@@ -150,6 +188,28 @@ def test_the_fuzzer_fails_on_a_broken_pass(fake_group, monkeypatch, breakage, dt
     with pytest.raises(error, match=message) as failure:
         fuzz.check(fuzz.generate(seed, lead, count=0, dtype=dtype))
     assert f"seed={seed}" in str(failure.value) + "".join(getattr(failure.value, "__notes__", []))
+
+
+# ---- the FP8 gate's floor ----------------------------------------------------------------------------------------
+
+
+def test_the_fp8_gate_is_lowered_no_further_than_its_floor():
+    """A result whose FP8 GEMMs alone are pure noise (-20 dB), and which is 100 dB more sensitive than its inputs:
+    either would lower the gate below 0 dB. Just above the floor it passes; just below, it fails."""
+    example = fuzz.generate(BASE, ("linears", "any", {}), count=0)
+    assert example.fp8
+    want = torch.randn(4096, dtype=torch.float64)
+
+    def at(db: float) -> torch.Tensor:
+        """``want`` plus random noise, ``db`` under it."""
+        noise = torch.randn_like(want)
+        return want + noise * (want.norm() / noise.norm()) * 10 ** (-db / 20)
+
+    alone = at(-20.0)
+    for what in ("output 0", "gradient of w"):
+        fuzz.assert_agree(example, what, at(fuzz.GATE_FLOOR_DB + 0.5), want, lambda: alone, lambda: 100.0)
+        with pytest.raises(AssertionError, match=f"floor {fuzz.GATE_FLOOR_DB} dB"):
+            fuzz.assert_agree(example, what, at(fuzz.GATE_FLOOR_DB - 0.5), want, lambda: alone, lambda: 100.0)
 
 
 # ---- end to end, compiled ----------------------------------------------------------------------------------------
