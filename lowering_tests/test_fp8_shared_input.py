@@ -3,12 +3,13 @@ them, with results equal bit for bit to each linear quantizing its own, in train
 
 import copy
 import logging
+import math
 import re
 
 import pytest
 import torch
 import torch.nn as nn
-from compare import assert_ran, kernel_calls, ops_after, rewrites_without_compiling, run, snr_db
+from compare import assert_ran, declines, kernel_calls, ops_after, rewrites_without_compiling, run, snr_db
 from conftest import DEVICE
 from test_fp8_concat import Readers, _block, _rewritten
 
@@ -60,8 +61,13 @@ def test_qkv_and_gate_up_quantize_x_once(train):
     _assert_equal(results, separate)
     inductor = run(copy.deepcopy(model).to(torch.bfloat16), [x.to(torch.bfloat16)], "inductor", train)
     assert snr_db(results[0][0], inductor[0][0]) >= 25
-    # e5m2 gradients, through two FP8 linears for the norms' and x's (a wrong x^T would be near 0 dB)
-    assert all(snr_db(g, w) >= 17 for g, w in zip(results[1], inductor[1], strict=True))
+    # e5m2 gradients: 20 dB for one FP8 GEMM (o's and down's dW: their dy is the cotangent; 22.9 and 21.3 dB
+    # measured). The others follow two, o's or down's dgrad then their own, whose noise powers add: 20 - 10 log10(2)
+    # dB, as test_fp8_linear chains its gates (19.9 dB for k's dW to 22.2; x's 32.4). A wrong x^T is near 0 dB.
+    names = ["x"] + [name for name, _ in model.named_parameters()] if train else []
+    for name, got, want in zip(names, results[1], inductor[1], strict=True):
+        gate = 20 if name in ("o.weight", "down.weight") else 20 - 10 * math.log10(2)
+        assert snr_db(got, want) >= gate, (name, snr_db(got, want))
 
 
 def test_autocast_and_dynamic_shapes():
@@ -78,8 +84,8 @@ def test_autocast_and_dynamic_shapes():
 @pytest.mark.parametrize(
     "options, readers, shared, said",
     [
-        (TENSORWISE, {"rows": [64, 32, 32], "biases": [True, False, True]}, 1, ""),
-        ({"fp8": {"recipe": "rowwise", "save_weight_t": False}}, {"rows": [64, 32]}, 0, ""),
+        (TENSORWISE, {"rows": [64, 32, 32], "biases": [True, False, True]}, 1, None),
+        ({"fp8": {"recipe": "rowwise", "save_weight_t": False}}, {"rows": [64, 32]}, 0, None),
         (TENSORWISE, {"rows": [64, 32], "written": True}, 0, "x or a weight is written in place"),
         (TENSORWISE, {"rows": [64, 32], "derived": True}, 0, "a later linear's weight is computed after the first"),
     ],
@@ -87,12 +93,13 @@ def test_autocast_and_dynamic_shapes():
 )
 def test_where_it_fires_and_why_it_declines(options, readers, shared, said, caplog):
     """Biases need not agree, as nothing but x is shared. A norm that writes x in FP8 (rowwise) leaves nothing to
-    share. The reason for a decline is logged at DEBUG."""
+    share. The reason for a decline is logged at DEBUG (``said``; None: no site left alone)."""
     model, x = Readers(**readers).to(DEVICE), torch.randn(3, 64, device=DEVICE)
     with caplog.at_level(logging.DEBUG, logger="turbo_inductor"):
         counts = rewrites_without_compiling(model, [x], options=options)
     assert counts["fp8_shared_input"] == shared
-    assert said in caplog.text
+    lines = declines(caplog, "fp8_shared_input")
+    assert any(said in line for line in lines) if said is not None else lines == [], lines
 
 
 class TwoReaders(nn.Module):

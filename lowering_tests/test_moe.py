@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 
 import pytest
 import torch
-from compare import assert_matches_inductor, assert_ran, ops_after, rewritten, run, snr_db
+from compare import assert_matches_inductor, assert_ran, declines, ops_after, rewritten, run, snr_db
 from conftest import DEVICE, TOLERANCE
 
 import turbo_inductor
@@ -271,6 +272,41 @@ def test_fp8_rowwise_experts_meet_the_gates(exclude, fused):
             assert snr_db(got, parameter.grad) >= 20, name
 
 
+@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise"])
+def test_an_fp8_layer_meets_the_chained_gates_with_its_routing_held(recipe):
+    """The whole layer in FP8, the router's linear aside (fp32, 4 experts): the experts' grouped GEMMs, the shared
+    expert's linears, the GLUs writing their FP8 input, against the layer in fp32 routing alike. The router reads
+    the layer's input in fp32 in both, and every token's k-th score leads its next by far more than fp32 rounding
+    moves it: both pick the same experts."""
+    model, _ = _titan()
+    model.router.float()
+    x = torch.randn(2, 8, 64, device=DEVICE, dtype=torch.bfloat16)
+    impl = {"impl": "reference"} if DEVICE == "cpu" else {}  # the interpreter's fp8 stores round wrongly
+    outs, grads = run(model, [x], "primus_turbo", options={"fp8": recipe, **impl})
+    assert turbo_inductor.rewrite_counts()["fp8_experts"] == 3
+    assert ops_after("turbo_inductor.fp8_grouped_mm") == 3 and ops_after("turbo_inductor.grouped_mm") == 0
+    assert ops_after("linear") == 1  # the router
+    truth, x32 = copy.deepcopy(model).float(), x.float().requires_grad_()
+    truth.expert_dtype = torch.float32  # eagerly: torch._grouped_mm takes fp32 only outside a compile
+    out32 = truth(x32)
+    cotangent = torch.randn(out32.shape, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)  # run()'s
+    out32.backward(cotangent.to(DEVICE, torch.float32))
+    scores = truth.router(x32.detach().view(-1, 64)).softmax(-1).topk(3, dim=-1).values
+    assert (scores[:, 1] - scores[:, 2]).min() > 1e-3
+    # The gates are one FP8 GEMM's: 25 dB out, 20 dB gradients (e5m2's, rowwise's e4m3 ones held to it too). Every
+    # result of a layer follows two GEMMs in series, whose noise powers add, so each gate is lowered by 10 log10(2) dB
+    # as test_fp8_linear chains its gates: the output follows gate/up then down; dx and gate/up's dW, down's dgrad
+    # then theirs; down's dW reads gate/up's FP8 output; the router's, the experts' outputs. Measured: out 23.9 dB
+    # rowwise, 23.5 tensorwise; the least gradient 20.0 (rowwise, the router's: the softmax's backward takes
+    # differences) and 19.8 (tensorwise, shared.w1).
+    chained = 10 * math.log10(2)
+    assert snr_db(outs[0], out32) >= 25 - chained
+    names = ["x"] + [name for name, _ in truth.named_parameters()]
+    wants = [x32.grad] + [parameter.grad for parameter in truth.parameters()]
+    for name, got, want in zip(names, grads, wants, strict=True):
+        assert snr_db(got, want) >= 20 - chained, (name, snr_db(got, want))
+
+
 def test_the_experts_filter_leaves_experts_in_bf16():
     """In inference as well: the routing fused, the shared expert in FP8, the experts bf16 grouped GEMMs."""
     model, inputs = _titan()
@@ -331,7 +367,7 @@ class NearMiss(torch.nn.Module):
             "grouped_mm left y alone: operands the op does not take",
         ),
         ("sum kept in fp32", {"moe_permute": 1, "grouped_mm": 1}, "the sum is used in torch.float32"),
-        ("sorted ids read again", {"moe_permute": 1, "moe_combine": 1}, ""),
+        ("sorted ids read again", {"moe_permute": 1, "moe_combine": 1}, None),
     ],
 )
 def test_near_misses_are_left_alone_and_said_why(variant, fused, said, caplog):
@@ -341,7 +377,8 @@ def test_near_misses_are_left_alone_and_said_why(variant, fused, said, caplog):
         out, record = rewritten(model, inputs)
     fused = {"grouped_mm": 1, "moe_permute": 0, "moe_combine": 0} | fused
     assert {name: record.counts[name] for name in fused} == fused
-    assert said in caplog.text
+    lines = declines(caplog, *fused)
+    assert any(said in line for line in lines) if said is not None else lines == [], lines
     assert not record.ops_after["torch.sort"] or not fused["moe_permute"]  # a permute takes the sort's place
     with torch.no_grad():
         torch.testing.assert_close(out, model(*inputs), rtol=2e-2, atol=2e-2)
