@@ -8,11 +8,11 @@ import pytest
 import torch
 from compare import snr_db
 from conftest import DEVICE, TOLERANCE
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import turbo_inductor
 from turbo_inductor.kernels import registry
 from turbo_inductor.kernels.reference.grouped_mm import group_bounds
-from turbo_inductor.kernels.triton import grouped_mm as triton_grouped
 from turbo_inductor.kernels.vendor import grouped_mm as vendor_grouped
 from turbo_inductor.ops.grouped_mm import GroupedMMNode, can_rewrite, can_rewrite_fp8, weight_operands
 from turbo_inductor.ops.library import OpInputError
@@ -23,7 +23,10 @@ GRADIENT_GATE = {"e4m3": 25.0, "e5m2": 20.0}
 # The interpreter's fp8 stores round wrongly near binade edges: SNR gates run on the reference quantization on CPU.
 EXACT_IMPL = "auto" if DEVICE == "cuda" else "reference"
 IMPLS = ["reference", "triton"] + (["auto"] if DEVICE == "cuda" else [])
-TRITON_FP8 = "fp8_quantize=reference,fp8_grouped_gemm=triton,fp8_grouped_gemm_wgrad=triton,grouped_gemm_wgrad=triton"
+TRITON_FP8 = (
+    "fp8_quantize=reference,fp8_quantize_grouped=reference,fp8_grouped_gemm=triton,fp8_grouped_gemm_wgrad=triton,"
+    "grouped_gemm_wgrad=triton"
+)
 
 # name: (rows per group, rows past the last group)
 PATTERNS = {
@@ -171,6 +174,28 @@ def test_opcheck():
     assert dx.shape == x.shape and dweight.shape == (0,)
 
 
+@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise", "blockwise", "rowwise_with_gw_hp"])
+def test_fp8_fakes_give_each_outputs_layout(recipe):
+    """fp8_grouped_mm_fwd's and _bwd's fakes against the real outputs: shape, dtype and strides of each, the saved
+    x^T in the padded layout included, with a weight gradient and without (opcheck cannot compare FP8 outputs on
+    CPU: test_opcheck)."""
+    x, parameter, weight, offs = case("empty first and last, rows past the last group", 32, 48)
+    x, w, dy = x.detach(), weight(parameter.detach()), torch.randn(x.shape[0], 48, device=DEVICE)
+    keeps_x = RECIPES[recipe].high_precision_wgrad
+
+    def forward_and_backward(x, w, offs, dy, weight_grad):
+        fwd = torch.ops.turbo_inductor.fp8_grouped_mm_fwd(x, w, offs, recipe, EXACT_IMPL, weight_grad)
+        saved_x = x if keeps_x and weight_grad else None
+        return *fwd, *torch.ops.turbo_inductor.fp8_grouped_mm_bwd(dy, saved_x, w, offs, *fwd[1:], recipe, EXACT_IMPL)
+
+    for weight_grad in (True, False):
+        real = forward_and_backward(x, w, offs, dy, weight_grad)
+        with FakeTensorMode() as mode:
+            fake = forward_and_backward(*(mode.from_tensor(t) for t in (x, w, offs, dy)), weight_grad)
+        for i, (r, f) in enumerate(zip(real, fake)):
+            assert (f.shape, f.dtype, f.stride()) == (r.shape, r.dtype, r.stride()), f"output {i}"
+
+
 def test_no_rows_gives_empty_outputs_and_zero_weight_gradients():
     x, parameter, weight, offs = case("odd sizes", 32, 32)
     x = x.detach()[:0].requires_grad_()
@@ -259,13 +284,21 @@ def test_vendor_declines_what_torch_cannot_take_with_the_reason():
     e5m2 = q.view(torch.float8_e5m2)
     assert "float8_e4m3fn to bfloat16, got" in fp8_supports(e5m2, rowwise[0], wq, rowwise[1], offs, bf16)
     assert "float8_e4m3fn to bfloat16, got" in fp8_supports(q, rowwise[0], wq, rowwise[1], offs, torch.float32)
-    # the weight gradient: x^T [K, S] and dy^T [N, S], a scale per row over all of S
+    # the weight gradient: x^T [K, S_pad] and dy^T [N, S_pad] in the padded layout, scales per group and row
     wgrad_supports = vendor_grouped.fp8_grouped_gemm_wgrad_supports
-    x_t, dy_t = torch.zeros(32, 26, dtype=torch.float8_e4m3fn), torch.zeros(48, 26, dtype=torch.float8_e4m3fn)
-    assert "GPUs only" in wgrad_supports(x_t, torch.ones(32, 1), dy_t, torch.ones(48, 1), offs, bf16)
-    assert "a scale per row" in wgrad_supports(x_t, torch.ones(32, 1), dy_t, torch.ones(48, 2), offs, bf16)
+    x_t, dy_t = torch.zeros(32, 80, dtype=torch.float8_e4m3fn), torch.zeros(48, 80, dtype=torch.float8_e4m3fn)
+    per_group = (torch.ones(4, 32, 1), torch.ones(4, 48, 1))
+    assert "GPUs only" in wgrad_supports(x_t, per_group[0], dy_t, per_group[1], offs, bf16)
+    assert "scales per group and row" in wgrad_supports(x_t, torch.ones(32, 1), dy_t, torch.ones(48, 1), offs, bf16)
+    assert "both per group [4, rows blocks, 1]" in wgrad_supports(
+        x_t, per_group[0], dy_t, torch.ones(48, 1), offs, bf16
+    )
+    assert "one scale per group and row" in wgrad_supports(x_t, torch.ones(4, 1, 1), dy_t, per_group[1], offs, bf16)
     e5m2_t = dy_t.view(torch.float8_e5m2)
-    assert "float8_e4m3fn to bfloat16" in wgrad_supports(x_t, torch.ones(32, 1), e5m2_t, torch.ones(48, 1), offs, bf16)
+    assert "float8_e4m3fn to bfloat16" in wgrad_supports(x_t, per_group[0], e5m2_t, per_group[1], offs, bf16)
+    assert "the padded S multiples of 16" in wgrad_supports(
+        x_t[:, :72], per_group[0], dy_t[:, :72], per_group[1], offs, bf16
+    )
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="on a GPU the vendor kernels run in the tests above (impl auto)")
@@ -342,8 +375,9 @@ def test_the_fp8_operands_the_op_builds_are_what_torch_scaled_grouped_mm_takes(m
 
 def test_triton_kernels_sum_whole_and_partial_chunks_of_each_group():
     """Groups holding whole chunks and partial ones at either end (or within one): the weight gradients in fp32 and
-    FP8 (scales in the epilogue, per chunk of 32 and of 128 rows), and the FP8 forward rowwise with K = 48 (a partial
-    last chunk of K) and blockwise with K = 256, against the reference on the same operands."""
+    FP8 (scales in the epilogue, per chunk of 32 and of 128 rows, per group in the padded layout), and the FP8
+    forward rowwise with K = 48 (a partial last chunk of K) and blockwise with K = 256, against the reference on the
+    same operands."""
     x, parameter, _, offs = case("long groups", 48, 32)
     x, dy, w = x.detach(), torch.randn(x.shape[0], 32, device=DEVICE), parameter.detach()
     impls = {kernel: registry.implementations(kernel) for kernel in ("grouped_gemm_wgrad", "fp8_grouped_gemm_wgrad")}
@@ -354,6 +388,15 @@ def test_triton_kernels_sum_whole_and_partial_chunks_of_each_group():
         dy_t = quantize(dy.t().contiguous(), torch.float8_e4m3fn, 1, block, False)
         for name in run:
             run[name].append(impls["fp8_grouped_gemm_wgrad"][name].fn(*x_t, *dy_t, offs, torch.float32))
+    # each group's own scales, on x^T and dy^T in the padded layout (groups start at multiples of 16, not of a chunk)
+    grouped = registry.implementations("fp8_quantize_grouped")["reference"].fn
+    (x_t, x_scale, padded_offs), (dy_t, dy_scale, _) = (grouped(t, offs, torch.float8_e4m3fn) for t in (x, dy))
+    for name in run:
+        run[name].append(
+            impls["fp8_grouped_gemm_wgrad"][name].fn(
+                x_t, x_scale.unsqueeze(-1), dy_t, dy_scale.unsqueeze(-1), padded_offs, torch.float32
+            )
+        )
     for recipe, k in (("rowwise", 48), ("blockwise", 256)):  # blockwise: 128x128 weight scales per chunk
         x_k, w_k = torch.randn(x.shape[0], k, device=DEVICE), torch.randn(w.shape[0], 32, k, device=DEVICE) / k**0.5
         x_q = quantize(x_k, torch.float8_e4m3fn, *kernel_block(RECIPES[recipe].activation_block, *x_k.shape), False)
@@ -367,45 +410,23 @@ def test_triton_kernels_sum_whole_and_partial_chunks_of_each_group():
         torch.testing.assert_close(got, want, rtol=rtol, atol=rtol * want.abs().max().item())
 
 
-@pytest.mark.parametrize(
-    "ends, rows",
-    [
-        ([1, 4, 21, 26], 26),  # odd sizes
-        ([0, 0, 26, 26], 26),  # empty groups
-        ([16, 48, 48, 96], 99),  # multiples of 16 already, rows past the last group
-        ([10, 0, 40, 7, 100], 50),  # out of order and past the rows: bounded as the reference bounds them
-    ],
-)
-def test_pad_groups_gives_every_group_a_nonempty_multiple_of_16_rows(ends, rows):
-    """What torch's contraction-grouped kernel asserts on the device holds whatever offs holds; each group's rows
-    are copied to its padded place, zeros elsewhere."""
-    offs = torch.tensor(ends, dtype=torch.int32, device=DEVICE)
-    a = torch.randint(1, 255, (5, rows), dtype=torch.uint8, device=DEVICE).view(torch.float8_e4m3fn)
-    (padded,), padded_offs = triton_grouped.pad_groups((a,), offs)
-    padded_ends = padded_offs.tolist()
-    sizes = [b - a for a, b in zip([0] + padded_ends, padded_ends)]
-    assert all(n >= 16 and n % 16 == 0 for n in sizes) and padded_ends[-1] <= padded.shape[1]
-    assert padded.shape == (5, -(-rows // 16) * 16 + 16 * len(ends))
-    want = torch.zeros_like(padded.view(torch.uint8))
-    for (start, end), padded_start in zip(group_bounds(offs, rows), [0] + padded_ends):
-        want[:, padded_start : padded_start + end - start] = a.view(torch.uint8)[:, start:end]
-    assert torch.equal(padded.view(torch.uint8), want)
-
-
 @pytest.mark.skipif(DEVICE != "cpu", reason="on a GPU the vendor kernels run in the tests above (impl auto)")
 def test_vendor_fp8_weight_gradient_hands_torch_padded_groups(monkeypatch):
     """The weight gradient through torch._scaled_grouped_mm (a checked emulation on CPU, the group sizes its CUDA
-    kernel asserts on included): empty groups, odd sizes and rows past the last group give the reference's result."""
+    kernel asserts on included) on x^T and dy^T as fp8_quantize_grouped writes them: empty groups, odd sizes and rows
+    past the last group give the reference's result, and the float64 product of the operands per group."""
     monkeypatch.setattr(vendor_grouped, "device_unsupported", lambda device, weight_gradient=False: None)
     monkeypatch.setattr(torch, "_scaled_grouped_mm", _scaled_grouped_mm_checked)
     x, _, _, offs = case("empty first and last, rows past the last group", 32, 48)
-    quantize = registry.implementations("fp8_quantize")["reference"].fn
-    x_t = quantize(x.detach().t().contiguous(), torch.float8_e4m3fn, 1, x.shape[0] + 1, False)
-    dy_t = quantize(torch.randn(48, x.shape[0]), torch.float8_e4m3fn, 1, x.shape[0] + 1, False)
-    args = (*x_t, *dy_t, offs, torch.bfloat16)
+    x, dy = x.detach(), torch.randn(x.shape[0], 48)
+    quantize = registry.implementations("fp8_quantize_grouped")["reference"].fn
+    (x_t, x_scale, padded_offs), (dy_t, dy_scale, _) = (quantize(t, offs, torch.float8_e4m3fn) for t in (x, dy))
+    args = (x_t, x_scale.unsqueeze(-1), dy_t, dy_scale.unsqueeze(-1), padded_offs, torch.bfloat16)
     assert vendor_grouped.fp8_grouped_gemm_wgrad_supports(*args) is None
     got = vendor_grouped.fp8_grouped_gemm_wgrad(*args)
     want = registry.implementations("fp8_grouped_gemm_wgrad")["reference"].fn(*args)
     assert got.shape == want.shape == (4, 32, 48) and got.is_contiguous()
     torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2 * want.abs().max().item())
     assert got[0].count_nonzero() == 0 and got[-1].count_nonzero() == 0
+    exact = torch.stack([x[a:b].double().t() @ dy[a:b].double() for a, b in group_bounds(offs, x.shape[0])])
+    assert snr_db(got, exact) >= 25

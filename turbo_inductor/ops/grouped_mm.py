@@ -16,7 +16,9 @@ Ops in ``torch.ops.turbo_inductor``:
 x [S, K], rows sorted by group; weight [E, K, N], any strides; offs [E] int32, each group's cumulative end row.
 y [S, N], contiguous, in x's dtype: row r of group g is x[r] @ weight[g]. Groups may be empty.
 Rows past offs[-1] are zero in y and get a zero gradient. offs values are checked only on CPU.
-dW has weight's layout. FP8 recipes quantize as in ``fp8_linear``; tensorwise is per expert for W.
+dW has weight's layout. FP8 recipes quantize as in ``fp8_linear``; tensorwise is per expert for W. The tensorwise
+and rowwise recipes save x^T as ``fp8_quantize_grouped`` writes it: [K, S_pad], each group padded, with x_t_scale
+[E, K, 1], per group.
 Semantics, FP8 blocks and why: ``docs/ops.md``, "Grouped GEMMs".
 """
 
@@ -32,6 +34,7 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..kernels import registry
+from ..kernels.reference.fp8_quant_grouped import padded_columns
 from ..recipes import ALIGNMENT, RECIPES, kernel_block
 from .fp8 import QUANTIZE_KERNEL, _quantize_outputs, fp8_formats
 from .fp8_linear import check_quantized, unsaved_operand
@@ -40,7 +43,8 @@ from .node import OpNode
 
 GROUPED_KERNEL, WGRAD_KERNEL = "grouped_gemm", "grouped_gemm_wgrad"
 FP8_GROUPED_KERNEL, FP8_WGRAD_KERNEL = "fp8_grouped_gemm", "fp8_grouped_gemm_wgrad"
-FP8_KERNELS = (QUANTIZE_KERNEL, FP8_GROUPED_KERNEL, FP8_WGRAD_KERNEL, WGRAD_KERNEL)
+GROUPED_QUANTIZE_KERNEL = "fp8_quantize_grouped"
+FP8_KERNELS = (QUANTIZE_KERNEL, GROUPED_QUANTIZE_KERNEL, FP8_GROUPED_KERNEL, FP8_WGRAD_KERNEL, WGRAD_KERNEL)
 
 
 # ---- checks ---------------------------------------------------------------------------------------------------
@@ -241,6 +245,59 @@ def _transposed_activations(
     return q_t, scale_t.t().contiguous()
 
 
+def _pads_wgrad_operands(recipe: str) -> bool:
+    """Whether the FP8 wgrad takes x^T and dy^T as ``fp8_quantize_grouped`` writes them: each group's columns padded
+    to a non-zero multiple of 16, a scale per group and column. For the recipes whose activation scales span the
+    contracted S (tensorwise, rowwise); blockwise and MXFP8 keep S's own blocks, which may straddle groups."""
+    r = RECIPES[recipe]
+    return not r.high_precision_wgrad and r.activation_block[1] == 0
+
+
+def _grouped_quantizer(t: Tensor, impl: str) -> Callable:
+    """The grouped quantization kernel. On fake tensors, one that only allocates its outputs."""
+    if isinstance(t, FakeTensor):
+        return _allocating_grouped_quantize
+    return registry.select(GROUPED_QUANTIZE_KERNEL, t.device, impl)
+
+
+def _allocating_grouped_quantize(t, offs, fp8_dtype, power_of_two=False, rowwise=False):
+    """``fp8_quantize_grouped``'s outputs, allocated (the shapes the fakes return)."""
+    (rows, cols), groups = t.shape, offs.shape[0]
+    transposed = (
+        t.new_empty((cols, padded_columns(rows, groups)), dtype=fp8_dtype),
+        t.new_empty((groups, cols), dtype=torch.float32),
+        offs.new_empty(groups),
+    )
+    return (*_quantize_outputs(t, fp8_dtype, 1, max(cols, 1), False), *transposed) if rowwise else transposed
+
+
+def _wgrad_operands(
+    t: Tensor, offs: Tensor, recipe: str, fp8_dtype: torch.dtype, impl: str, q: Optional[tuple[Tensor, Tensor]] = None
+) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]:
+    """((q, scale), (q_t, scale_t, offs_t)): t [S, C] quantized for the rows-grouped GEMM (``q``: already, or None)
+    and t^T for the FP8 wgrad, with the group offsets of its columns.
+
+    Where :func:`_pads_wgrad_operands`: q_t [C, S_pad] padded, scale_t [E, C, 1] (per group, one block along its
+    columns), offs_t the padded offsets. Otherwise t^T in the recipe's blocks, with offs."""
+    r = RECIPES[recipe]
+    if not _pads_wgrad_operands(recipe):
+        quantize = _quantizer(t, impl)
+        if q is None:
+            q, transposed = _activations(t, recipe, fp8_dtype, quantize, True)
+        else:
+            transposed = _transposed_activations(t, recipe, fp8_dtype, quantize)
+        return q, (*transposed, offs)
+    grouped = _grouped_quantizer(t, impl)
+    if q is None and r.quantizes_x_in_rows:
+        q_rows, scale, q_t, scale_t, offs_t = grouped(t, offs, fp8_dtype, r.power_of_two, True)
+        q = (q_rows, scale)
+    else:
+        # t already quantized, or tensorwise: one scale over all of t, which no group's program sees
+        q = q or _activations(t, recipe, fp8_dtype, _quantizer(t, impl), False)[0]
+        q_t, scale_t, offs_t = grouped(t, offs, fp8_dtype, r.power_of_two)
+    return q, (q_t, scale_t.unsqueeze(-1), offs_t)
+
+
 def weight_operands(
     weight: Tensor, recipe: str, quantize: Callable, forward: bool, backward: bool
 ) -> tuple[Optional[tuple[Tensor, Tensor]], Optional[tuple[Tensor, Tensor]]]:
@@ -304,11 +361,13 @@ def _forward(
     ``x_q``, ``x_scale``: x already quantized, or None. On fake tensors: the same views of allocated outputs."""
     r, e4m3 = RECIPES[recipe], fp8_formats(x.device)[0]
     quantize = _quantizer(x, impl)
-    saves_x_t = for_backward and weight_grad and not _keeps_x(recipe)
-    if x_q is None:
-        x_q, x_t = _activations(x, recipe, e4m3, quantize, saves_x_t)
+    given = None if x_q is None else (x_q, x_scale)
+    x_t = None
+    if for_backward and weight_grad and not _keeps_x(recipe):
+        # The backward gets the offsets of x^T's columns again from dy^T's quantization: a function of offs and S.
+        x_q, (*x_t, _) = _wgrad_operands(x, offs, recipe, e4m3, impl, given)
     else:
-        x_q, x_t = (x_q, x_scale), _transposed_activations(x, recipe, e4m3, quantize) if saves_x_t else None
+        x_q = given or _activations(x, recipe, e4m3, quantize, False)[0]
     w_q, w_t = weight_operands(weight, recipe, quantize, True, for_backward)
     if isinstance(x, FakeTensor) or x.shape[0] == 0:
         y = x.new_zeros((x.shape[0], weight.shape[2]))
@@ -320,7 +379,7 @@ def _forward(
     return y, *(x_t or unsaved_operand(x, e4m3)), *w_t
 
 
-@kernel_op("fp8_grouped_mm_fwd", (QUANTIZE_KERNEL, FP8_GROUPED_KERNEL), symbolic_sizes=False)
+@kernel_op("fp8_grouped_mm_fwd", (QUANTIZE_KERNEL, GROUPED_QUANTIZE_KERNEL, FP8_GROUPED_KERNEL), symbolic_sizes=False)
 def fp8_grouped_mm_fwd(
     x: Tensor,
     weight: Tensor,
@@ -362,7 +421,11 @@ def _(x, weight, offs, recipe, impl="auto", x_q=None, x_scale=None):
     return _forward(x, weight, offs, recipe, impl, False, x_q=x_q, x_scale=x_scale)[0]
 
 
-@kernel_op("fp8_grouped_mm_bwd", (QUANTIZE_KERNEL, FP8_GROUPED_KERNEL, FP8_WGRAD_KERNEL), symbolic_sizes=False)
+@kernel_op(
+    "fp8_grouped_mm_bwd",
+    (QUANTIZE_KERNEL, GROUPED_QUANTIZE_KERNEL, FP8_GROUPED_KERNEL, FP8_WGRAD_KERNEL),
+    symbolic_sizes=False,
+)
 def fp8_grouped_mm_bwd(
     dy: Tensor,
     x: Optional[Tensor],
@@ -376,13 +439,13 @@ def fp8_grouped_mm_bwd(
     impl: str = "auto",
 ) -> tuple[Tensor, Tensor]:
     """(dx, dweight). dweight is empty where the forward saved nothing for a wgrad (a frozen weight)."""
-    _check_backward(dy, x, weight, offs, recipe)
+    _check_backward(dy, x, weight, offs, x_t, x_t_scale, recipe)
     return _backward(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl)
 
 
 @fp8_grouped_mm_bwd.register_fake
 def _(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl="auto"):
-    _check_backward(dy, x, weight, offs, recipe)
+    _check_backward(dy, x, weight, offs, x_t, x_t_scale, recipe)
     return _backward(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl)
 
 
@@ -395,20 +458,25 @@ def _backward(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl)
         dx = dy.new_zeros((dy.shape[0], weight.shape[1]))
         dweight = _new_weight_gradient(weight, weight.shape, transposed).zero_() if wgrad else weight.new_empty(0)
         return dx, dweight
-    # dy for dx and, for an FP8 wgrad, dy^T: one call
     gradient_format = e5m2 if r.gradient_format == "e5m2" else e4m3
-    dy_q, dy_t = _activations(dy, recipe, gradient_format, _quantizer(dy, impl), wgrad and not _keeps_x(recipe))
+    fp8_wgrad = wgrad and not _keeps_x(recipe)
+    if fp8_wgrad:  # dy for dx and dy^T for the wgrad
+        dy_q, (*dy_t, wgrad_offs) = _wgrad_operands(dy, offs, recipe, gradient_format, impl)
+    else:
+        dy_q = _activations(dy, recipe, gradient_format, _quantizer(dy, impl), False)[0]
     dx = registry.select(FP8_GROUPED_KERNEL, dy.device, impl)(*dy_q, w_t, w_t_scale, offs, dy.dtype)
     if not wgrad:
         return dx, weight.new_empty(0)
-    if _keeps_x(recipe):
+    if not fp8_wgrad:
         wgrad_kernel = registry.select(WGRAD_KERNEL, dy.device, impl)
         return dx, _in_layout(lambda a, b: wgrad_kernel(a, b, offs, weight.dtype), x, dy, transposed)
-    fp8_wgrad = registry.select(FP8_WGRAD_KERNEL, dy.device, impl)
-    return dx, _in_layout(lambda a, b: fp8_wgrad(*a, *b, offs, weight.dtype), (x_t, x_t_scale), dy_t, transposed)
+    gemm = registry.select(FP8_WGRAD_KERNEL, dy.device, impl)
+    return dx, _in_layout(lambda a, b: gemm(*a, *b, wgrad_offs, weight.dtype), (x_t, x_t_scale), dy_t, transposed)
 
 
-def _check_backward(dy: Tensor, x: Optional[Tensor], weight: Tensor, offs: Tensor, recipe: str) -> None:
+def _check_backward(
+    dy: Tensor, x: Optional[Tensor], weight: Tensor, offs: Tensor, x_t: Tensor, x_t_scale: Tensor, recipe: str
+) -> None:
     op = "fp8_grouped_mm_bwd"
     _check_recipe(op, recipe)
     check(
@@ -423,6 +491,16 @@ def _check_backward(dy: Tensor, x: Optional[Tensor], weight: Tensor, offs: Tenso
     )
     if x is not None:
         _check(op, x, weight, offs)
+    if x_t.dim() == 2 and _pads_wgrad_operands(recipe):
+        k, s_pad, groups = weight.shape[1], padded_columns(dy.shape[0], offs.shape[0]), offs.shape[0]
+        check(
+            x_t.shape == (k, s_pad) and x_t_scale.shape == (groups, k, 1),
+            op,
+            lambda: (
+                f"x_t and x_t_scale must be x^T in fp8_quantize_grouped's padded layout, [{k}, {s_pad}] and "
+                f"[{groups}, {k}, 1], got {list(x_t.shape)} and {list(x_t_scale.shape)}"
+            ),
+        )
 
 
 def _fp8_setup(ctx, inputs, output):

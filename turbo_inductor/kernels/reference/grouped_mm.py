@@ -57,18 +57,55 @@ def fp8_grouped_gemm(a, a_scale, b, b_scale, offs, out_dtype, fast_accum=False):
     return out
 
 
+def wgrad_scales_reason(a, a_scale, b, b_scale, offs, *rest) -> str | None:
+    """Why the FP8 weight gradient's scales (its arguments) are neither both shared by the groups ([rows blocks,
+    S blocks]) nor both per group ([E, rows blocks, 1]), else None."""
+    groups = offs.shape[0]
+    if a_scale.dim() == b_scale.dim() == 2:
+        return None
+    if a_scale.dim() == b_scale.dim() == 3 and all(
+        s.shape[0] == groups and s.shape[2] == 1 for s in (a_scale, b_scale)
+    ):
+        return None
+    return (
+        f"the weight gradient's scales must both be [rows blocks, S blocks] or both per group [{groups}, rows blocks, "
+        f"1], got {list(a_scale.shape)} and {list(b_scale.shape)}"
+    )
+
+
+def _dequantized_columns(q: torch.Tensor, scale: torch.Tensor):
+    """(g, start, end) -> columns [start, end) of ``q`` [rows, S] dequantized with group g's scales."""
+    if scale.dim() == 3:
+        return lambda g, start, end: dequantize(q[:, start:end], scale[g])
+    q32 = dequantize(q, scale)
+    return lambda g, start, end: q32[:, start:end]
+
+
 @implementation(
-    "fp8_grouped_gemm_wgrad", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=never
+    "fp8_grouped_gemm_wgrad",
+    "reference",
+    priority=0,
+    unavailable_reason=unavailable_reason,
+    traceable=never,
+    supports=wgrad_scales_reason,
 )
 def fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype):
-    """``out [E, M, N]``, ``out[g] = dequant(a)[:, rows of g] @ dequant(b)[:, rows of g]^T``.
-    ``a [M, S]`` and ``b [N, S]``; a scaling block may straddle groups."""
-    a32, b32 = dequantize(a, a_scale), dequantize(b, b_scale)
+    """``out [E, M, N]``, ``out[g] = dequant(a)[:, rows of g] @ dequant(b)[:, rows of g]^T``, ``a [M, S]`` and
+    ``b [N, S]``. Scales [rows blocks, S blocks] are shared by the groups, a block possibly straddling two; scales
+    [E, rows blocks, 1] hold each group's own, over its rows (``fp8_quantize_grouped``'s padded layout)."""
+    a_columns, b_columns = _dequantized_columns(a, a_scale), _dequantized_columns(b, b_scale)
     out = torch.zeros((offs.shape[0], a.shape[0], b.shape[0]), dtype=out_dtype, device=a.device)
     for g, (start, end) in enumerate(group_bounds(offs, a.shape[1])):
         if end > start:
-            out[g] = (a32[:, start:end] @ b32[:, start:end].t()).to(out_dtype)
+            out[g] = (a_columns(g, start, end) @ b_columns(g, start, end).t()).to(out_dtype)
     return out
 
 
-__all__ = ["grouped_gemm", "grouped_gemm_wgrad", "fp8_grouped_gemm", "fp8_grouped_gemm_wgrad", "group_bounds"]
+__all__ = [
+    "grouped_gemm",
+    "grouped_gemm_wgrad",
+    "fp8_grouped_gemm",
+    "fp8_grouped_gemm_wgrad",
+    "group_bounds",
+    "wgrad_scales_reason",
+]

@@ -16,15 +16,12 @@ groups' rows in registers: a mask along the contiguous rows of x^T and dy^T at b
 every load into single bytes, which Triton neither vectorizes nor pipelines.
 
 FP8: operands travel as raw bytes (``.fp8_formats``) and go into ``tl.dot`` as FP8 (Hopper's FP8 MMA), both with
-the contracted dimension contiguous. Scales constant along the contracted dimension (tensorwise, rowwise) multiply
-the tile once, in the epilogue; finer ones (1x128, 128x128, 1x32) multiply each chunk's product in the main loop, as
-``.fp8_gemm`` does, the chunk never straddling a scaling block. Unless ``fast_accum``, each chunk's product is
-added to an fp32 accumulator apart (two-level accumulation: Hopper's FP8 MMA keeps fewer bits as it sums). Loads go
-through pointers with strides (any layout, AMD as well, and the interpreter, where the tiles are converted to fp32
-before ``tl.dot``).
-
-Padding for torch's contraction-grouped kernel (``pad_groups``): each group's columns copied to a start at a multiple
-of PAD_ALIGN, empty groups given PAD_ALIGN zero columns, with the padded offsets computed on the device.
+the contracted dimension contiguous. Scales constant along the contracted dimension (tensorwise, rowwise, and a
+weight gradient's scales per group) multiply the tile once, in the epilogue; finer ones (1x128, 128x128, 1x32)
+multiply each chunk's product in the main loop, as ``.fp8_gemm`` does, the chunk never straddling a scaling block.
+Unless ``fast_accum``, each chunk's product is added to an fp32 accumulator apart (two-level accumulation: Hopper's
+FP8 MMA keeps fewer bits as it sums). Loads go through pointers with strides (any layout, AMD as well, and the
+interpreter, where the tiles are converted to fp32 before ``tl.dot``).
 """
 
 from __future__ import annotations
@@ -36,6 +33,7 @@ import triton
 import triton.language as tl
 
 from ..reference.fp8_gemm import block_size
+from ..reference.grouped_mm import wgrad_scales_reason
 from ..registry import implementation
 from . import interpreting, launch, on_device, traceable, unavailable_reason
 from .fp8_formats import format_id, from_fp8_bits
@@ -57,9 +55,6 @@ GROUP_M = 8
 INTERPRETER_PROGRAMS = 3
 # The zeroing kernel's tile (rows past the last group).
 ZERO_TILE = (32, 128)
-# pad_groups: each group starts at a multiple of this many columns (16 bytes of FP8: TMA's alignment), and its tile.
-PAD_ALIGN = 16
-PAD_TILE = (32, 256)
 
 
 @functools.cache
@@ -67,9 +62,10 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _programs(device: torch.device) -> int:
-    """Programs of a persistent launch: one per SM (a constant of the device, so the launch never depends on S)."""
-    return INTERPRETER_PROGRAMS if interpreting() else _num_sms(device)
+def persistent_programs(device: torch.device, per_sm: int = 1) -> int:
+    """Programs of a persistent launch: ``per_sm`` per SM (a constant of the device, so the launch never depends on
+    S); in the interpreter, INTERPRETER_PROGRAMS."""
+    return INTERPRETER_PROGRAMS if interpreting() else per_sm * _num_sms(device)
 
 
 def _launch_options(element_size: int, promoted: bool, block_k: int | None) -> dict:
@@ -315,8 +311,10 @@ def _grouped_wgrad_kernel(
     stride_at,
     stride_bn,
     stride_bt,
+    stride_as_g,
     stride_as_m,
     stride_as_t,
+    stride_bs_g,
     stride_bs_n,
     stride_bs_t,
     a_block_rows,
@@ -335,7 +333,8 @@ def _grouped_wgrad_kernel(
     GROUP_M: tl.constexpr,
 ):
     """OUT [E, M, N] (contiguous): OUT[g] = A [M, S] times B [N, S]^T over the rows t of group g (strides given).
-    With SCALED, A and B are FP8 bytes with block scales A_SCALE [M blocks, S blocks], B_SCALE [N blocks, S blocks]."""
+    With SCALED, A and B are FP8 bytes with block scales A_SCALE [E, M blocks, S blocks], B_SCALE [E, N blocks,
+    S blocks]: each group's own, or with stride_as_g = stride_bs_g = 0 one set shared by the groups."""
     n_tiles_m = tl.cdiv(M, BLOCK_M)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     pid = tl.program_id(0)
@@ -350,6 +349,8 @@ def _grouped_wgrad_kernel(
     start = tl.where(g > 0, tl.load(OFFS + tl.maximum(g - 1, 0)), 0)
     start = tl.minimum(tl.maximum(start, 0), S)
     end = tl.minimum(tl.maximum(tl.load(OFFS + g), start), S)
+    A_SCALE = A_SCALE + g.to(tl.int64) * stride_as_g
+    B_SCALE = B_SCALE + g.to(tl.int64) * stride_bs_g
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -407,92 +408,9 @@ def zero_rows_past_groups(out: torch.Tensor, offs: torch.Tensor) -> None:
     if out.numel() == 0:
         return
     with on_device(out.device):
-        launch(_zero_rows_past_groups_kernel)[(_programs(out.device),)](
+        launch(_zero_rows_past_groups_kernel)[(persistent_programs(out.device),)](
             out, offs, out.shape[0], out.shape[1], offs.shape[0], BLOCK_R=ZERO_TILE[0], BLOCK_N=ZERO_TILE[1]
         )
-
-
-@triton.jit
-def _maximum(a, b):
-    return tl.maximum(a, b)
-
-
-@triton.jit
-def _padded_groups_kernel(OFFS, TABLE, S, E, ALIGN: tl.constexpr, BLOCK_E: tl.constexpr):
-    """TABLE [4, E] int32, per group: its padded end, padded start, first row and rows. Groups bounded as the
-    reference bounds them (each from the end of the previous, within [0, S]); padded to a multiple of ALIGN rows, at
-    least ALIGN (empty groups included), so that padded ends never exceed cdiv(S, ALIGN) * ALIGN + E * ALIGN."""
-    g = tl.arange(0, BLOCK_E)
-    in_e = g < E
-    end = tl.minimum(tl.maximum(tl.load(OFFS + g, mask=in_e, other=0), 0), S)
-    previous = tl.minimum(tl.maximum(tl.load(OFFS + g - 1, mask=in_e & (g > 0), other=0), 0), S)
-    end = tl.associative_scan(end, 0, _maximum)
-    start = tl.associative_scan(previous, 0, _maximum)
-    rows = end - start
-    padded = tl.where(in_e, tl.maximum(tl.cdiv(rows, ALIGN), 1) * ALIGN, 0)
-    padded_end = tl.cumsum(padded, 0)
-    tl.store(TABLE + g, padded_end, mask=in_e)
-    tl.store(TABLE + E + g, padded_end - padded, mask=in_e)
-    tl.store(TABLE + 2 * E + g, start, mask=in_e)
-    tl.store(TABLE + 3 * E + g, rows, mask=in_e)
-
-
-@triton.jit
-def _pad_groups_kernel(
-    X, XP, TABLE, R, S_PAD, E, stride_xr, stride_xs, LOG_E: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr
-):
-    """XP [R, S_PAD] (contiguous): X [R, S]'s columns of each group at the group's padded place (TABLE), zeros
-    elsewhere."""
-    p = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
-    # The group of each padded column: how many padded ends are <= p (a binary search; 2^LOG_E > E).
-    g = tl.zeros([BLOCK_S], dtype=tl.int32)
-    for i in tl.static_range(LOG_E):
-        candidate = g + (1 << (LOG_E - 1 - i))
-        padded_end = tl.load(TABLE + candidate - 1, mask=candidate <= E, other=S_PAD)
-        g = tl.where(padded_end <= p, candidate, g)
-    in_group = g < E
-    h = tl.minimum(g, E - 1)
-    offset = p - tl.load(TABLE + E + h)
-    valid = in_group & (offset < tl.load(TABLE + 3 * E + h))
-    src = (tl.load(TABLE + 2 * E + h) + offset).to(tl.int64)
-    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
-    rows64 = rows.to(tl.int64)
-    row_in = rows < R
-    x = tl.load(
-        X + rows64[:, None] * stride_xr + src[None, :] * stride_xs, mask=row_in[:, None] & valid[None, :], other=0
-    )
-    tl.store(XP + rows64[:, None] * S_PAD + p[None, :], x, mask=row_in[:, None] & (p < S_PAD)[None, :])
-
-
-def pad_groups(operands: tuple[torch.Tensor, ...], offs: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """(each FP8 operand [R, S] with its groups' columns padded, [R, S_pad] contiguous; the padded offsets [E] int32).
-    Each group starts at a multiple of PAD_ALIGN and holds a multiple of PAD_ALIGN columns, at least PAD_ALIGN (zeros
-    past its own): whatever offs holds, as torch's contraction-grouped GEMMs ask of their groups. S_pad is static,
-    cdiv(S, PAD_ALIGN) * PAD_ALIGN + E * PAD_ALIGN; the columns past the last group are zero."""
-    groups, columns = offs.shape[0], operands[0].shape[1]
-    s_pad = triton.cdiv(columns, PAD_ALIGN) * PAD_ALIGN + groups * PAD_ALIGN
-    table = torch.empty((4, groups), dtype=torch.int32, device=offs.device)
-    padded = [torch.empty((t.shape[0], s_pad), dtype=t.dtype, device=t.device) for t in operands]
-    block_r, block_s = PAD_TILE
-    with on_device(offs.device):
-        launch(_padded_groups_kernel)[(1,)](
-            offs, table, columns, groups, ALIGN=PAD_ALIGN, BLOCK_E=max(16, triton.next_power_of_2(groups))
-        )
-        for t, out in zip(operands, padded):
-            launch(_pad_groups_kernel)[(triton.cdiv(s_pad, block_s), triton.cdiv(t.shape[0], block_r))](
-                t.view(torch.uint8),
-                out.view(torch.uint8),
-                table,
-                t.shape[0],
-                s_pad,
-                groups,
-                t.stride(0),
-                t.stride(1),
-                LOG_E=groups.bit_length(),
-                BLOCK_R=block_r,
-                BLOCK_S=block_s,
-            )
-    return padded, table[0]
 
 
 def priority(device: torch.device) -> int:
@@ -502,10 +420,10 @@ def priority(device: torch.device) -> int:
 
 def _blocks(a, a_scale, b_rows: int, b_scale, contracted: int) -> tuple[int, int, int, int]:
     """(a_block_rows, a_block_cols, b_block_rows, b_block_cols): the scaling blocks of a [rows, contracted] and of
-    b [b_rows, contracted] (per group where b_scale is 3-D), resolved from the scales' shapes."""
+    b [b_rows, contracted] (per group where a scale is 3-D), resolved from the scales' shapes."""
     return (
-        block_size(int(a.shape[0]), a_scale.shape[0]),
-        block_size(contracted, a_scale.shape[1]),
+        block_size(int(a.shape[0]), a_scale.shape[-2]),
+        block_size(contracted, a_scale.shape[-1]),
         block_size(b_rows, b_scale.shape[-2]),
         block_size(contracted, b_scale.shape[-1]),
     )
@@ -598,7 +516,7 @@ def _launch_rows(a, b, b_strides, out, offs, scales, constexprs, block_k, elemen
     # B's scaling block spans the column tile (128x128 weight blocks): one scale per chunk
     b_scale_per_tile = constexprs["SCALE_PER_CHUNK"] and (b_block_rows % options["BLOCK_N"] == 0 or b_block_rows >= N)
     with on_device(a.device):
-        launch(_grouped_gemm_kernel)[(_programs(a.device),)](
+        launch(_grouped_gemm_kernel)[(persistent_programs(a.device),)](
             a,
             b,
             out,
@@ -630,7 +548,7 @@ def grouped_gemm_wgrad(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out
     (S, M), N = a.shape, b.shape[1]
     out = torch.empty((offs.shape[0], M, N), dtype=out_dtype, device=a.device)
     if out.numel() > 0:
-        scales = (a, a, 0, 0, 0, 0, 1, 1, 1, 1)  # unread: SCALED is off
+        scales = (a, a, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1)  # unread: SCALED is off
         a_t, b_t = a.t(), b.t()  # [M, S], [N, S]: the contracted dimension last
         _launch_wgrad(a_t, b_t, S, out, offs, scales, _UNSCALED, None, a.element_size())
     return out
@@ -642,19 +560,23 @@ def grouped_gemm_wgrad(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out
     priority=priority,
     unavailable_reason=unavailable_reason,
     traceable=traceable,
-    supports=lambda a, a_scale, b, b_scale, *rest: _fp8_supports(
-        _blocks(a, a_scale, b.shape[0], b_scale, int(a.shape[1])), int(a.shape[1])
+    supports=lambda a, a_scale, b, b_scale, offs, *rest: (
+        wgrad_scales_reason(a, a_scale, b, b_scale, offs)
+        or _fp8_supports(_blocks(a, a_scale, b.shape[0], b_scale, int(a.shape[1])), int(a.shape[1]))
     ),
 )
 def fp8_grouped_gemm_wgrad(
     a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, offs, out_dtype
 ) -> torch.Tensor:
+    """Scales shared by the groups or each group's own (``..reference.grouped_mm.fp8_grouped_gemm_wgrad``)."""
     (M, S), N = a.shape, b.shape[0]
     S = int(S)  # sets the chunk: a compiled graph specializes on it
     out = torch.empty((offs.shape[0], M, N), dtype=out_dtype, device=a.device)
     if out.numel() > 0:
         blocks = _blocks(a, a_scale, N, b_scale, S)
-        scales, constexprs, block_k = _scaled(a, b, (a_scale, b_scale), blocks, S)
+        # Shared scales as every group's: stride 0 along the groups.
+        per_group = [s if s.dim() == 3 else s.expand(offs.shape[0], -1, -1) for s in (a_scale, b_scale)]
+        scales, constexprs, block_k = _scaled(a, b, per_group, blocks, S)
         _launch_wgrad(a.view(torch.uint8), b.view(torch.uint8), S, out, offs, scales, constexprs, block_k, 1)
     return out
 
@@ -695,5 +617,5 @@ __all__ = [
     "fp8_grouped_gemm",
     "fp8_grouped_gemm_wgrad",
     "zero_rows_past_groups",
-    "pad_groups",
+    "persistent_programs",
 ]

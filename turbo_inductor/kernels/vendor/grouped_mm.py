@@ -13,13 +13,13 @@ What torch takes, and what declines (the Triton kernels run instead):
   gradient (the contracted dimension grouped) runs with x^T column-major and dy row-major, the layout torch's own
   autograd uses, for which CUTLASS takes empty groups; on sm_90 only (on sm_100 empty groups got non-zero gradients,
   pytorch#172439).
-* The FP8 weight gradient (both operands grouped along the contracted rows) runs on sm_90 only, on padded copies of
-  its operands. torch._scaled_grouped_mm asserts on the device (killing the process) that every group there is
-  non-empty and, but the last, a multiple of 16 rows; group sizes are data, not checkable without a sync. So the
-  operands are copied first (``..triton.grouped_mm.pad_groups``) with each group's rows starting at a multiple of 16
-  and padded with zeros to a non-zero multiple of 16, and torch gets the padded offsets, computed on the device:
-  the sizes it asserts on hold by construction, whatever offs holds. The copy moves (M + N) x S bytes each way,
-  small beside the GEMM's 2 M N S flops.
+* The FP8 weight gradient (both operands grouped along the contracted rows) runs on sm_90 only, on operands in the
+  padded layout with scales per group that ``fp8_quantize_grouped`` writes. torch._scaled_grouped_mm asserts on the
+  device (killing the process) that every group there is non-empty and, but the last, a multiple of 16 rows; group
+  sizes are data, not checkable without a sync. In that layout each group starts at a multiple of 16 and holds a
+  non-zero multiple of 16, zeros past its rows, and the offsets are the padded ones, computed on the device: the sizes
+  torch asserts on hold by construction, whatever offs holds. Scales shared by the groups come with unpadded operands
+  and are declined.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ import functools
 
 import torch
 
+from ..reference.grouped_mm import wgrad_scales_reason
 from ..registry import implementation
-from ..triton.grouped_mm import pad_groups, zero_rows_past_groups
+from ..triton.grouped_mm import zero_rows_past_groups
 from . import unavailable_reason as vendor_unavailable_reason
 
 # 16-byte alignment of leading strides and of each operand's start (TMA).
@@ -181,22 +182,23 @@ def fp8_grouped_gemm(a, a_scale, b, b_scale, offs, out_dtype, fast_accum=False):
     return out
 
 
-def _per_row(scale: torch.Tensor, rows: int) -> bool:
-    """Whether ``scale`` holds one value per row of a [rows, S] operand over all of S, or one for the tensor."""
-    return scale.numel() == 1 or tuple(scale.shape) == (rows, 1)
-
-
 def fp8_grouped_gemm_wgrad_supports(a, a_scale, b, b_scale, offs, out_dtype) -> str | None:
-    (m, _), n = a.shape, b.shape[0]
-    if not (_per_row(a_scale, m) and _per_row(b_scale, n)):
-        return "torch._scaled_grouped_mm's weight gradient takes a scale per row of x^T and dy^T (or per tensor)"
+    (m, s), n = a.shape, b.shape[0]
+    reason = wgrad_scales_reason(a, a_scale, b, b_scale, offs)
+    if reason is not None or a_scale.dim() == 2:
+        return reason or "torch._scaled_grouped_mm's weight gradient takes scales per group and row of x^T and dy^T"
+    if a_scale.shape[1] != m or b_scale.shape[1] != n:
+        return f"torch._scaled_grouped_mm takes one scale per group and row, got {list(a_scale.shape)} for {[m, s]}"
     if not (a.dtype == b.dtype == torch.float8_e4m3fn) or out_dtype != torch.bfloat16:
         return f"torch._scaled_grouped_mm takes float8_e4m3fn to bfloat16, got {a.dtype} x {b.dtype} -> {out_dtype}"
-    if m % 16 or n % 16 or offs.shape[0] >= MAX_GROUPS:
+    if m % 16 or n % 16 or s % 16 or offs.shape[0] >= MAX_GROUPS:
         return (
-            f"torch._scaled_grouped_mm needs M and N multiples of 16 and fewer than {MAX_GROUPS} groups, got {[m, n]}"
+            f"torch._scaled_grouped_mm needs M, N and the padded S multiples of 16 and fewer than {MAX_GROUPS} groups, "
+            f"got {[m, n, s]}"
         )
-    return device_unsupported(a.device, True)
+    return _first_reason(
+        _layout_reason("x^T", a, "row"), _layout_reason("dy^T", b, "row"), device_unsupported(a.device, True)
+    )
 
 
 @implementation(
@@ -207,14 +209,17 @@ def fp8_grouped_gemm_wgrad_supports(a, a_scale, b, b_scale, offs, out_dtype) -> 
     supports=fp8_grouped_gemm_wgrad_supports,
 )
 def fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype):
-    """On copies of a [M, S] and b [N, S] with each group padded (see the module docstring)."""
-    (m, _), n, groups = a.shape, b.shape[0], offs.shape[0]
-    (a_padded, b_padded), padded_offs = pad_groups((a, b), offs)
-    # torch reads a 1-D scale per group and row of each operand: ours are the same for every group
-    scale_a = a_scale.float().reshape(1, -1).expand(groups, m).contiguous().view(-1)
-    scale_b = b_scale.float().reshape(1, -1).expand(groups, n).contiguous().view(-1)
+    """a [M, S_pad] and b [N, S_pad] in the padded layout, scales [E, M, 1] and [E, N, 1], offs the padded offsets
+    (see the module docstring)."""
+    # torch reads a 1-D scale per group and row of each operand: ours flattened (contiguous, a view)
     return torch._scaled_grouped_mm(
-        a_padded, b_padded.t(), scale_a, scale_b, offs=padded_offs, out_dtype=out_dtype, use_fast_accum=False
+        a,
+        b.t(),
+        a_scale.reshape(-1),
+        b_scale.reshape(-1),
+        offs=offs,
+        out_dtype=out_dtype,
+        use_fast_accum=False,
     )
 
 

@@ -1,0 +1,96 @@
+"""Grouped transposed FP8 quantization in plain PyTorch: t [S, C] (rows sorted by group) to the operand of the FP8
+weight gradient, t^T [C, S_pad] with a scale per group and column, each group padded. It defines the semantics.
+
+Groups are ``offs`` [E] int32, each group's end row, bounded as the grouped GEMMs bound them (each from the end of
+the previous one, within [0, S]). Group g's rows become q_t's columns from its padded start, a multiple of
+``PAD_ALIGN``, followed by zeros up to the next group's padded start: every group, an empty one included, holds a
+non-zero multiple of ``PAD_ALIGN`` columns, as torch's contraction-grouped FP8 GEMM asserts on the device. The
+columns after the last group's padded end, up to the static ``S_pad`` (:func:`padded_columns`), are zeros; rows
+past the last group appear nowhere. Per group and column, ``scale = max(amax, 1e-12) / fmax`` and ``q = sat(t *
+(1 / scale))``, as ``fp8_quant`` quantizes a block. ``offs`` is never read on the host. See docs/kernels.md,
+"Grouped FP8 quantization".
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..registry import implementation
+from . import traced_off_cpu, unavailable_reason
+from .fp8_quant import AMAX_FLOOR, FP8_DTYPES, INPUT_DTYPES, fp8_quantize, power_of_two_ceil, saturating_cast
+
+# Each group starts at a multiple of this many columns of q_t: 16 bytes of FP8, the alignment TMA and torch's
+# grouped GEMMs want of each group's start.
+PAD_ALIGN = 16
+
+
+def padded_columns(rows: int, groups: int) -> int:
+    """S_pad, a static bound on the padded layout's columns: each group's padding adds at most PAD_ALIGN columns to
+    the whole multiples of PAD_ALIGN among its rows."""
+    return PAD_ALIGN * (rows // PAD_ALIGN + groups)
+
+
+def check_args(t: torch.Tensor, offs: torch.Tensor, fp8_dtype: torch.dtype) -> None:
+    """The argument checks every implementation makes; raises ValueError."""
+    if t.dim() != 2 or t.dtype not in INPUT_DTYPES:
+        raise ValueError(
+            f"turbo_inductor: fp8_quantize_grouped expects a 2-D fp32/bf16/fp16 t, got {tuple(t.shape)} {t.dtype}"
+        )
+    if offs.dim() != 1 or offs.dtype != torch.int32 or offs.shape[0] < 1:
+        raise ValueError(
+            f"turbo_inductor: fp8_quantize_grouped expects offs of at least one group, 1-D int32, got "
+            f"{tuple(offs.shape)} {offs.dtype}"
+        )
+    if fp8_dtype not in FP8_DTYPES:
+        raise ValueError(f"turbo_inductor: fp8_quantize_grouped fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}")
+
+
+def group_layout(offs: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(start, end, padded start, padded end) of each group, int64 [E] on offs' device, computed there."""
+    ends = offs.long().clamp(0, rows).cummax(0).values
+    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+    padded = ((ends - starts + PAD_ALIGN - 1) // PAD_ALIGN).clamp_min(1) * PAD_ALIGN
+    padded_ends = padded.cumsum(0)
+    return starts, ends, padded_ends - padded, padded_ends
+
+
+@implementation(
+    "fp8_quantize_grouped", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=traced_off_cpu
+)
+def fp8_quantize_grouped(
+    t: torch.Tensor, offs: torch.Tensor, fp8_dtype: torch.dtype, power_of_two: bool = False, rowwise: bool = False
+):
+    """``(q_t [C, S_pad], scale_t [E, C] fp32, padded_offs [E] int32)``, each contiguous; with ``rowwise``, first
+    ``(q [S, C], scale [S, 1])``, ``fp8_quantize`` of t per row over all of C (the rows-grouped GEMM's operand).
+    ``power_of_two``: scales rounded up to powers of two."""
+    check_args(t, offs, fp8_dtype)
+    (rows, cols), groups = t.shape, offs.shape[0]
+    s_pad = padded_columns(rows, groups)
+    starts, ends, padded_starts, padded_ends = group_layout(offs, rows)
+    # Per group and column: the maximum of |t|'s fp32 bits (non-negative floats order as their bits, NaN above inf),
+    # an exact maximum that keeps NaN on every device. Rows past the last group go to group E, never read.
+    group_of_row = torch.searchsorted(ends, torch.arange(rows, device=t.device), right=True)
+    abs_bits = t.float().abs().view(torch.int32)
+    amax_bits = torch.zeros((groups + 1, cols), dtype=torch.int32, device=t.device)
+    amax_bits.scatter_reduce_(0, group_of_row[:, None].expand(rows, cols), abs_bits, "amax")
+    amax = amax_bits[:groups].view(torch.float32)
+    scale = amax.clamp_min(AMAX_FLOOR) / torch.full_like(amax, torch.finfo(fp8_dtype).max)
+    if power_of_two:
+        scale = power_of_two_ceil(scale)
+    # Each column of q_t: its group and the row of t it holds, where it holds one.
+    column = torch.arange(s_pad, device=t.device)
+    group = torch.searchsorted(padded_ends, column, right=True).clamp_max(groups - 1)
+    row = starts[group] + column - padded_starts[group]
+    holds = row < ends[group]
+    if rows:
+        scaled = t.float()[row.clamp(0, rows - 1)] * (torch.ones_like(scale) / scale)[group]
+        scaled = torch.where(holds[:, None], scaled, torch.zeros_like(scaled))
+    else:
+        scaled = torch.zeros((s_pad, cols), device=t.device)
+    transposed = (saturating_cast(scaled, fp8_dtype).t().contiguous(), scale, padded_ends.to(torch.int32))
+    if not rowwise:
+        return transposed
+    return (*fp8_quantize(t, fp8_dtype, 1, max(cols, 1), False, power_of_two=power_of_two), *transposed)
+
+
+__all__ = ["fp8_quantize_grouped", "padded_columns", "group_layout", "check_args", "PAD_ALIGN"]

@@ -1,0 +1,168 @@
+"""Grouped transposed FP8 quantization in Triton: t [S, C] to t^T [C, S_pad] with a scale per group and column, each
+group padded. Semantics: ``..reference.fp8_quant_grouped``.
+
+One persistent launch over work items (group, block of BLOCK_COLS columns). A program walks its item's group rows
+twice: the column maxima, then the cast, whose reads of the same rows come from L2 while the programs in flight read
+less than its size (PROGRAMS_PER_SM bounds them); it stores its columns of q_t from the group's padded start to the
+next group's, zeros past the group's rows. Each program derives the padded layout from offs itself, so no launch size
+and no host value depends on the group sizes.
+
+The rowwise copy (``rowwise``) comes from ``fp8_quantize``'s one-pass row kernel. Its scale needs a whole row and the
+transposed one a whole column of a group, so no program sees both before it casts: whichever kernel writes the rowwise
+copy reads t once more, and the row kernel reads whole rows.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..reference.fp8_quant_grouped import PAD_ALIGN, check_args, padded_columns
+from ..registry import implementation
+from . import launch, on_device, traceable, unavailable_reason
+from .fp8_quant import _abs_bits, _scale_from_amax, format_constexprs, fp8_bits_of
+from .fp8_quant import fp8_quantize as fp8_quantize_rows
+from .grouped_mm import persistent_programs
+
+# Launch heuristics: module constants, so that tests can shrink them and the GPU session can tune them.
+# Rows per step of a program's walk down its group.
+BLOCK_ROWS = 64
+# Columns of t per work item: 64 bf16 are 128 contiguous bytes of each row (whole 32-byte sectors).
+BLOCK_COLS = 64
+NUM_WARPS = 4
+# Programs per SM. The cast pass finds its rows in L2 while the programs in flight read less than L2 holds: programs x
+# rows per group x BLOCK_COLS x element size (Mixtral's 1024-row groups in bf16: 34 MB at 2 per SM of an H200, whose
+# L2 holds 50 MB).
+PROGRAMS_PER_SM = 2
+
+
+@triton.jit
+def _maximum(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _grouped_transposed_kernel(
+    X,
+    QT,
+    SCALE,
+    PADDED_OFFS,
+    OFFS,
+    S,
+    C,
+    S_PAD,
+    E,
+    stride_xs,
+    stride_xc,
+    n_col_blocks,
+    n_items,
+    FORMAT: tl.constexpr,
+    FMAX: tl.constexpr,
+    POW2: tl.constexpr,
+    FIX_NAN: tl.constexpr,
+    NAN_BITS: tl.constexpr,
+    ALIGN: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """Work item (g, column block), for items pid, pid + programs, ...: SCALE [E, C] row g, and QT [C, S_PAD]
+    (contiguous) in those columns from the group's padded start to the next group's (for the last group, S_PAD);
+    PADDED_OFFS[g] from the first column block."""
+    # The padded layout, as the reference computes it: ends bounded within [previous end, S], then sizes rounded
+    # up to a non-zero multiple of ALIGN and summed.
+    e = tl.arange(0, BLOCK_E)
+    in_e = e < E
+    ends = tl.associative_scan(tl.minimum(tl.maximum(tl.load(OFFS + e, mask=in_e, other=0), 0), S), 0, _maximum)
+    previous = tl.load(OFFS + e - 1, mask=in_e & (e > 0), other=0)
+    starts = tl.associative_scan(tl.minimum(tl.maximum(previous, 0), S), 0, _maximum)
+    padded = tl.where(in_e, tl.maximum(tl.cdiv(ends - starts, ALIGN), 1) * ALIGN, 0)
+    padded_ends = tl.cumsum(padded, 0)
+    for item in range(tl.program_id(0), n_items, tl.num_programs(0)):
+        g = item // n_col_blocks
+        cb = item % n_col_blocks
+        mine = e == g
+        start = tl.sum(tl.where(mine, starts, 0), 0)
+        end = tl.sum(tl.where(mine, ends, 0), 0)
+        padded_end = tl.sum(tl.where(mine, padded_ends, 0), 0)
+        padded_start = padded_end - tl.sum(tl.where(mine, padded, 0), 0)
+        # Multiples of ALIGN, said so (// ALIGN * ALIGN) for the compiler, which then stores q_t in 16-byte vectors.
+        padded_start = padded_start // ALIGN * ALIGN
+        stop = tl.where(g == E - 1, S_PAD, padded_end) // ALIGN * ALIGN
+        tl.store(PADDED_OFFS + g, padded_end, mask=cb == 0)
+
+        cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+        col_in = cols < C
+        cols64 = cols.to(tl.int64)
+        amax_bits = tl.zeros([BLOCK_C], dtype=tl.int32)  # maxima of |t| as bits (see .fp8_quant._abs_bits)
+        for r0 in range(start, end, BLOCK_R):
+            rows = r0 + tl.arange(0, BLOCK_R)
+            x = tl.load(
+                X + rows.to(tl.int64)[:, None] * stride_xs + cols64[None, :] * stride_xc,
+                mask=(rows < end)[:, None] & col_in[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            amax_bits = tl.maximum(amax_bits, tl.max(_abs_bits(x), 0))
+        scale = _scale_from_amax(amax_bits.to(tl.float32, bitcast=True), FMAX, POW2)
+        tl.store(SCALE + g.to(tl.int64) * C + cols64, scale, mask=col_in)
+        for p0 in range(padded_start, stop, BLOCK_R):
+            p = p0 + tl.arange(0, BLOCK_R)
+            rows = start + (p - padded_start)
+            holds = (rows < end)[:, None]
+            x = tl.load(
+                X + rows.to(tl.int64)[:, None] * stride_xs + cols64[None, :] * stride_xc,
+                mask=holds & col_in[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            # The padding is +0 (0x00 in every FP8 format), also where a NaN scale would make 0 / scale NaN.
+            bits = tl.where(holds, fp8_bits_of(x, scale[None, :], FORMAT, FMAX, FIX_NAN, NAN_BITS), 0)
+            tl.store(QT + cols64[None, :] * S_PAD + p[:, None], bits, mask=(p < stop)[:, None] & col_in[None, :])
+
+
+@implementation(
+    "fp8_quantize_grouped", "triton", priority=20, unavailable_reason=unavailable_reason, traceable=traceable
+)
+def fp8_quantize_grouped(
+    t: torch.Tensor, offs: torch.Tensor, fp8_dtype: torch.dtype, power_of_two: bool = False, rowwise: bool = False
+):
+    """``(q_t, scale_t, padded_offs)``, with ``rowwise`` after ``(q, scale)``; see
+    ``..reference.fp8_quant_grouped.fp8_quantize_grouped``."""
+    check_args(t, offs, fp8_dtype)
+    (rows, cols), groups = t.shape, offs.shape[0]
+    s_pad = padded_columns(rows, groups)
+    q_t = torch.empty((cols, s_pad), dtype=fp8_dtype, device=t.device)
+    scale_t = torch.empty((groups, cols), dtype=torch.float32, device=t.device)
+    padded_offs = torch.empty(groups, dtype=torch.int32, device=t.device)
+    # At least one column block, whose items write the padded offsets where C is 0.
+    n_col_blocks = max(triton.cdiv(cols, BLOCK_COLS), 1)
+    n_items = groups * n_col_blocks
+    with on_device(t.device):
+        launch(_grouped_transposed_kernel)[(min(n_items, persistent_programs(t.device, PROGRAMS_PER_SM)),)](
+            t,
+            q_t.view(torch.uint8),  # FP8 travels as raw bytes (see .fp8_formats)
+            scale_t,
+            padded_offs,
+            offs,
+            rows,
+            cols,
+            s_pad,
+            groups,
+            t.stride(0),
+            t.stride(1),
+            n_col_blocks,
+            n_items,
+            **format_constexprs(fp8_dtype, t.device, power_of_two),
+            ALIGN=PAD_ALIGN,
+            BLOCK_E=max(16, triton.next_power_of_2(groups)),
+            BLOCK_R=BLOCK_ROWS,
+            BLOCK_C=BLOCK_COLS,
+            num_warps=NUM_WARPS,
+        )
+    transposed = (q_t, scale_t, padded_offs)
+    if not rowwise:
+        return transposed
+    return (*fp8_quantize_rows(t, fp8_dtype, 1, max(cols, 1), False, power_of_two=power_of_two), *transposed)
+
+
+__all__ = ["fp8_quantize_grouped"]
