@@ -123,14 +123,14 @@ def fp8_tiling(M: int, K: int, block_rows: int, block_cols: int, transpose: bool
 # Kernels
 # --------------------------------------------------------------------------------------------------------------
 @triton.jit
-def _abs_bits(x):
+def abs_bits(x):
     """|x| as int32 bit patterns. Non-negative floats order as their bits, and NaN sorts above inf.
     An integer max is then an exact max |x| that keeps NaN. tl.max over floats drops NaN."""
     return tl.abs(x).to(tl.int32, bitcast=True)
 
 
 @triton.jit
-def _scale_from_amax(amax, FMAX: tl.constexpr, POW2: tl.constexpr):
+def scale_from_amax(amax, FMAX: tl.constexpr, POW2: tl.constexpr):
     """scale = max(amax, floor) / fmax (fp32, IEEE division); with POW2 the smallest power of two >= that."""
     amax = tl.maximum(amax, _AMAX_FLOOR, propagate_nan=tl.PropagateNan.ALL)
     scale = tl.math.div_rn(amax, FMAX)
@@ -196,7 +196,7 @@ def _fp8_tile_kernel(
         # Elements outside x load as 0: |0| never raises a block's amax.
         x = tl.load(X + rows64 * stride_xm + cols64 * stride_xk, mask=in_bounds, other=0.0).to(tl.float32)
         if MODE == 1:
-            amax_bits = tl.maximum(amax_bits, tl.max(tl.max(_abs_bits(x), 3), 1))
+            amax_bits = tl.maximum(amax_bits, tl.max(tl.max(abs_bits(x), 3), 1))
         else:
             sub_in = (first_row < M)[:, None] & (first_col < K)[None, :]  # sub-tiles holding at least one element
             # The scaling block of each sub-tile (a block larger than x has index 0).
@@ -204,8 +204,8 @@ def _fp8_tile_kernel(
                 None, :
             ]
             if MODE == 0:
-                amax = tl.max(tl.max(_abs_bits(x), 3), 1).to(tl.float32, bitcast=True)  # [GR, GC]
-                scale = _scale_from_amax(amax, FMAX, POW2)
+                amax = tl.max(tl.max(abs_bits(x), 3), 1).to(tl.float32, bitcast=True)  # [GR, GC]
+                scale = scale_from_amax(amax, FMAX, POW2)
                 tl.store(SCALE + scale_offsets, scale, mask=sub_in)
             else:
                 scale = tl.load(SCALE + scale_offsets, mask=sub_in, other=1.0)
@@ -251,22 +251,22 @@ def _fp8_scale_kernel(
     r_hi = tl.minimum(r_lo + rows_per_block, n_partial_rows)
     c_lo = pid_c * (BLOCK_C if SIDE_BY_SIDE else cols_per_block)
     c_hi = tl.minimum(c_lo + (BLOCK_C if SIDE_BY_SIDE else cols_per_block), n_partial_cols)
-    acc = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.int32)  # maxima as bit patterns (see _abs_bits)
+    acc = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.int32)  # maxima as bit patterns (see abs_bits)
     for r0 in range(r_lo, r_hi, BLOCK_R):
         rows = r0 + tl.arange(0, BLOCK_R)
         for c0 in range(c_lo, c_hi, BLOCK_C):
             cols = c0 + tl.arange(0, BLOCK_C)
             mask = (rows < r_hi)[:, None] & (cols < c_hi)[None, :]
             p = tl.load(PARTIAL + rows.to(tl.int64)[:, None] * n_partial_cols + cols[None, :], mask=mask, other=0.0)
-            acc = tl.maximum(acc, _abs_bits(p))
+            acc = tl.maximum(acc, abs_bits(p))
     column_amax = tl.max(acc, 0)
     if SIDE_BY_SIDE:
         cols = c_lo + tl.arange(0, BLOCK_C)
-        scale = _scale_from_amax(column_amax.to(tl.float32, bitcast=True), FMAX, POW2)
+        scale = scale_from_amax(column_amax.to(tl.float32, bitcast=True), FMAX, POW2)
         tl.store(SCALE + block_row.to(tl.int64) * n_scale_cols + cols, scale, mask=cols < c_hi)
     else:
         amax = tl.max(column_amax, 0).to(tl.float32, bitcast=True)
-        tl.store(SCALE + pid, _scale_from_amax(amax, FMAX, POW2))
+        tl.store(SCALE + pid, scale_from_amax(amax, FMAX, POW2))
 
 
 @triton.jit
@@ -306,7 +306,7 @@ def store_fp8_row_blocks(
     Writes q to Q and the scales to SCALE, with the tile kernel's numerics."""
     NB: tl.constexpr = BLOCK_H // QB
     blocks = tl.reshape(y, (BLOCK_ROWS, NB, QB))
-    scale = _scale_from_amax(tl.max(_abs_bits(blocks), 2).to(tl.float32, bitcast=True), FMAX, POW2)
+    scale = scale_from_amax(tl.max(abs_bits(blocks), 2).to(tl.float32, bitcast=True), FMAX, POW2)
     block_ids = first_block + tl.arange(0, NB)
     tl.store(
         SCALE + rows.to(tl.int64)[:, None] * n_scale_cols + block_ids[None, :],

@@ -21,7 +21,7 @@ import triton.language as tl
 from ..reference.fp8_quant_grouped import PAD_ALIGN, check_args, padded_columns
 from ..registry import implementation
 from . import launch, on_device, traceable, unavailable_reason
-from .fp8_quant import _abs_bits, _scale_from_amax, format_constexprs, fp8_bits_of
+from .fp8_quant import abs_bits, format_constexprs, fp8_bits_of, scale_from_amax
 from .fp8_quant import fp8_quantize as fp8_quantize_rows
 from .grouped_mm import persistent_programs
 
@@ -95,7 +95,7 @@ def _grouped_transposed_kernel(
         cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
         col_in = cols < C
         cols64 = cols.to(tl.int64)
-        amax_bits = tl.zeros([BLOCK_C], dtype=tl.int32)  # maxima of |t| as bits (see .fp8_quant._abs_bits)
+        amax_bits = tl.zeros([BLOCK_C], dtype=tl.int32)  # maxima of |t| as bits (see .fp8_quant.abs_bits)
         for r0 in range(start, end, BLOCK_R):
             rows = r0 + tl.arange(0, BLOCK_R)
             x = tl.load(
@@ -103,8 +103,8 @@ def _grouped_transposed_kernel(
                 mask=(rows < end)[:, None] & col_in[None, :],
                 other=0.0,
             ).to(tl.float32)
-            amax_bits = tl.maximum(amax_bits, tl.max(_abs_bits(x), 0))
-        scale = _scale_from_amax(amax_bits.to(tl.float32, bitcast=True), FMAX, POW2)
+            amax_bits = tl.maximum(amax_bits, tl.max(abs_bits(x), 0))
+        scale = scale_from_amax(amax_bits.to(tl.float32, bitcast=True), FMAX, POW2)
         tl.store(SCALE + g.to(tl.int64) * C + cols64, scale, mask=col_in)
         for p0 in range(padded_start, stop, BLOCK_R):
             p = p0 + tl.arange(0, BLOCK_R)
