@@ -20,7 +20,7 @@ from compare import assert_matches_inductor
 
 import turbo_inductor
 from turbo_inductor.ops.cross_entropy import CrossEntropyNode
-from turbo_inductor.passes import PASSES, glu, matcher, rmsnorm
+from turbo_inductor.passes import PASSES, glu, rmsnorm, surgery
 from turbo_inductor.passes.glu import GLUPass
 from turbo_inductor.passes.rmsnorm import RMSNormPass
 
@@ -98,7 +98,7 @@ def _without_weight(original):
 
 
 def _loss_arguments(original, **changes):
-    """``matcher.insert_view`` that hands the cross-entropy op ``changes[name](value)`` for the pass's values."""
+    """``surgery.insert_view`` that hands the cross-entropy op ``changes[name](value)`` for the pass's values."""
 
     def insert_view(graph, before, view, **arguments):
         if view is CrossEntropyNode:
@@ -114,10 +114,10 @@ def _break(monkeypatch, breakage: str) -> None:
     elif breakage == "a pass rewrites nothing":
         monkeypatch.setattr(RMSNormPass, "apply", _rewrites_nothing)
     elif breakage == "the loss pass ignores -100 whatever it is told":
-        monkeypatch.setattr(matcher, "insert_view", _loss_arguments(matcher.insert_view, ignore_index=lambda _: -100))
+        monkeypatch.setattr(surgery, "insert_view", _loss_arguments(surgery.insert_view, ignore_index=lambda _: -100))
     elif breakage == "the loss pass sums a loss per row":
-        sums = _loss_arguments(matcher.insert_view, reduction=lambda r: "sum" if r == "none" else r)
-        monkeypatch.setattr(matcher, "insert_view", sums)
+        sums = _loss_arguments(surgery.insert_view, reduction=lambda r: "sum" if r == "none" else r)
+        monkeypatch.setattr(surgery, "insert_view", sums)
     elif breakage == "the GLU pass writes another activation":
         monkeypatch.setattr(glu, "activation_of", _wrong_activation(glu.activation_of))
     else:  # the norm pass drops the weight, counting the rewrite as usual

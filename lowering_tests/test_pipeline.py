@@ -16,7 +16,7 @@ from turbo_inductor.ops.fp8_linear import FP8LinearNode
 from turbo_inductor.ops.node import OpNode, view_of
 from turbo_inductor.options import Options
 from turbo_inductor.passes import PASSES, PassManager, PassOrderError, Phase, RewritePass, check_order, claims
-from turbo_inductor.passes import matcher as m
+from turbo_inductor.passes.linears import linear_of
 from turbo_inductor.testing.llama import LlamaConfig, LlamaDecoder
 from turbo_inductor.testing.moe import TitanMoE
 
@@ -235,10 +235,10 @@ def test_every_pass_that_replaces_linears_takes_every_spelling(fake_group, spell
     assert counts[rewrite_pass] == 1
 
 
-def test_the_matcher_reads_weight_and_bias_of_every_spelling():
+def test_linear_of_reads_weight_and_bias_of_every_spelling():
     spelled = nn.ModuleList(Spelled(name, "fp8") for name in SPELLINGS)
     gm = dynamo_graph(lambda x: [linear(x) for linear in spelled], torch.randn(16, 32))
-    linears = [found for found in map(m.linear_of, gm.graph.nodes) if found is not None]
+    linears = [found for found in map(linear_of, gm.graph.nodes) if found is not None]
     assert [found.weight_transposed for found in linears] == [name == "x @ V" for name in SPELLINGS]
     assert [found.bias is not None for found in linears] == [name in ("F.linear", "addmm") for name in SPELLINGS]
 

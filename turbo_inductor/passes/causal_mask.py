@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..options import Options
-from . import matcher as m
+from . import ir, surgery
 from .manager import Phase, RewritePass, declined
 
 # The mask is computed once at compile time, on its own device: a 16k x 16k mask is 256 MiB as bool.
@@ -67,7 +67,7 @@ class CausalMaskPass(RewritePass):
             count += self._rewrite_region(region, verdict)
         masks = [mask for mask, reason in verdicts.items() if not reason and mask.graph is graph]
         if masks:
-            m.erase_unused(m.producers(masks, set()))
+            surgery.erase_unused(surgery.producers(masks, set()))
         return count
 
     def _rewrite(self, graph: fx.Graph, verdict, inputs: dict | None = None) -> int:
@@ -83,7 +83,7 @@ class CausalMaskPass(RewritePass):
                 continue
             outer = (inputs or {}).get(mask, mask)
             reason = verdict(outer) if isinstance(outer, fx.Node) else "the mask is a constant"
-            reason = reason or why_not_for(m.fake(mask), m.fake(arguments["query"]), m.fake(arguments["key"]))
+            reason = reason or why_not_for(ir.fake(mask), ir.fake(arguments["query"]), ir.fake(arguments["key"]))
             if reason:
                 declined(self.name, node, reason)
                 continue
@@ -116,14 +116,14 @@ class CausalMaskPass(RewritePass):
 def why_not_causal(mask: fx.Node) -> str:
     """Why ``mask`` is not SDPA's causal mask over its last two dims (computed now, when the graph computes it
     from no input), or "" when it is."""
-    nodes = m.producers([mask], set())
+    nodes = surgery.producers([mask], set())
     inside = set(nodes)
     if mask not in inside:  # as in a checkpointed layer's subgraph, which gets the mask from the outer graph
         return "the mask is a graph input"
     if any(not _pure(n) or any(a not in inside for a in n.all_input_nodes) for n in nodes):
         return "the mask reads a graph input or an op not known to be pure"
-    fakes = [t for t in map(m.fake, nodes) if t is not None]
-    if m.fake(mask) is None or m.fake(mask).dim() < 2:
+    fakes = [t for t in map(ir.fake, nodes) if t is not None]
+    if ir.fake(mask) is None or ir.fake(mask).dim() < 2:
         return "the mask carries no shape of two or more dims"
     if any(not all(isinstance(d, int) for d in t.shape) for t in fakes):
         return "the mask's sizes are symbolic"

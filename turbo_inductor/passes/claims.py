@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterator
 import torch.fx as fx
 
 from ..options import Options
-from .matcher import Linear, linear_of
+from . import linears
 
-Wants = Callable[[Linear, Options], bool]
+Wants = Callable[[linears.Linear, Options], bool]
 _CLAIMANTS: dict[str, tuple[int, Wants]] = {}
 
 
@@ -25,15 +25,15 @@ def claimant(name: str, priority: int) -> Callable[[Wants], Wants]:
     return register
 
 
-def owner(linear: Linear, options: Options) -> str | None:
+def owner(linear: linears.Linear, options: Options) -> str | None:
     """The name of the pass that takes ``linear``, or None."""
     wanting = [(priority, name) for name, (priority, wants) in _CLAIMANTS.items() if wants(linear, options)]
     return max(wanting)[1] if wanting else None
 
 
-def claimed(graph: fx.Graph, name: str, options: Options) -> Iterator[tuple[fx.Node, Linear]]:
+def claimed(graph: fx.Graph, name: str, options: Options) -> Iterator[tuple[fx.Node, linears.Linear]]:
     """The linears of ``graph`` that pass ``name`` takes, with their nodes; safe to rewrite while iterating."""
     for node in list(graph.nodes):
-        linear = linear_of(node)
+        linear = linears.linear_of(node)
         if linear is not None and owner(linear, options) == name:
             yield node, linear

@@ -18,7 +18,7 @@ from ..kernels import registry
 from ..ops.cross_entropy import BWD_KERNEL, REDUCTIONS, CrossEntropyNode, can_rewrite
 from ..ops.fp8_linear import FP8LinearNode
 from ..options import Options
-from . import matcher as m
+from . import ir, surgery
 from .manager import Phase, RewritePass, declined
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -26,10 +26,10 @@ _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 def _upcast_source(node: fx.Node) -> fx.Node | None:
     """x for ``x.float()`` (any spelling of a cast to fp32) of a bf16/fp16 x, used by nothing else."""
-    c = m.call(node)
+    c = ir.call(node)
     if c is None or c.op != "cast" or c.kwargs["dtype"] != torch.float32 or len(node.users) != 1:
         return None
-    source = m.fake(c.args[0])
+    source = ir.fake(c.args[0])
     return c.args[0] if source is not None and source.dtype in _LOW_PRECISION else None
 
 
@@ -38,12 +38,12 @@ def _without_upcast(logits: fx.Node) -> fx.Node:
     source = _upcast_source(logits)
     if source is not None:
         return source
-    if m.calls(logits, "view", (torch.reshape,)) or m.calls(logits, "reshape"):
+    if ir.calls(logits, "view", (torch.reshape,)) or ir.calls(logits, "reshape"):
         upcast = logits.args[0]
         source = _upcast_source(upcast) if isinstance(upcast, fx.Node) and len(logits.users) == 1 else None
         if source is not None:  # the view now reads the low-precision logits
             logits.replace_input_with(upcast, source)
-            logits.meta["example_value"] = m.fake_as(logits, m.fake(source).dtype)
+            logits.meta["example_value"] = ir.fake_as(logits, ir.fake(source).dtype)
             logits.graph.erase_node(upcast)
     return logits
 
@@ -53,7 +53,7 @@ def _from_fp8_linear(logits: fx.Node) -> bool:
     while isinstance(logits, fx.Node):
         if FP8LinearNode.matches(logits):
             return True
-        if not (m.calls(logits, "view", (torch.reshape,)) or m.calls(logits, "reshape")):
+        if not (ir.calls(logits, "view", (torch.reshape,)) or ir.calls(logits, "reshape")):
             return False
         logits = logits.args[0]
     return False
@@ -67,14 +67,14 @@ class CrossEntropyPass(RewritePass):
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
         count = 0
-        for node, arguments in m.calls_of(graph, F.cross_entropy):
+        for node, arguments in ir.calls_of(graph, F.cross_entropy):
             reason = self._declines(arguments)
             if reason is not None:
                 declined(self.name, node, reason)
                 continue
             upcast = arguments["input"]
             logits = _without_upcast(upcast)
-            ce = m.insert_view(
+            ce = surgery.insert_view(
                 graph,
                 node,
                 CrossEntropyNode,
@@ -86,7 +86,7 @@ class CrossEntropyPass(RewritePass):
             )
             node.replace_all_uses_with(ce.node)
             graph.erase_node(node)
-            m.erase_unused([upcast] if upcast is not logits else [])
+            surgery.erase_unused([upcast] if upcast is not logits else [])
             count += 1
         return count
 
@@ -97,7 +97,7 @@ class CrossEntropyPass(RewritePass):
 
     @staticmethod
     def _declines(arguments: dict) -> str | None:
-        logits, target = m.fake(arguments["input"]), m.fake(arguments["target"])
+        logits, target = ir.fake(arguments["input"]), ir.fake(arguments["target"])
         if logits is None or target is None:
             return "logits or target is not a tensor"
         if logits.dtype != torch.float32:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..ops.embedding import EmbeddingNode, can_rewrite, padding_row
 from ..options import Options
-from . import matcher as m
+from . import ir, surgery
 from .manager import Phase, RewritePass, declined
 
 
@@ -25,15 +25,15 @@ class EmbeddingPass(RewritePass):
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
         count = 0
-        for node, arguments in m.calls_of(graph, F.embedding):
-            weight, indices = m.fake(arguments["weight"]), m.fake(arguments["input"])
+        for node, arguments in ir.calls_of(graph, F.embedding):
+            weight, indices = ir.fake(arguments["weight"]), ir.fake(arguments["input"])
             if weight is None or indices is None or not can_rewrite(weight, indices):
                 declined(self.name, node, "not a 2-D float weight and integer indices on one device")
                 continue
             if arguments["max_norm"] is not None or arguments["scale_grad_by_freq"] or arguments["sparse"]:
                 declined(self.name, node, "max_norm, scale_grad_by_freq or a sparse gradient")
                 continue
-            m.replace_with_view(
+            surgery.replace_with_view(
                 graph,
                 node,
                 EmbeddingNode,

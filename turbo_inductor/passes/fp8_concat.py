@@ -21,8 +21,7 @@ import torch.fx as fx
 from ..ops.fp8_linear import FP8LinearNode
 from ..options import Options
 from ..recipes import FP8Config, Recipe
-from . import matcher as m
-from .fp8_linear import NAME as FP8_OPTION
+from . import fp8_option, ir, surgery
 from .manager import Phase, RewritePass, declined
 
 # Tensor methods returning a view of their input; ``view`` itself fails on a slice where it would merge the last dim.
@@ -47,7 +46,7 @@ def _views_hold(node: fx.Node, value: torch.Tensor) -> bool:
             function = operator.getitem
         else:
             continue
-        args, kwargs = fx.map_arg((user.args[1:], user.kwargs), m.example_value)
+        args, kwargs = fx.map_arg((user.args[1:], user.kwargs), ir.example_value)
         try:
             with value.fake_mode:
                 out = function(value, *args, **kwargs)
@@ -63,7 +62,7 @@ class FP8ConcatPass(RewritePass):
 
     name = "fp8_concat"
     phase = Phase.CLAIM
-    after = (FP8_OPTION,)
+    after = (fp8_option.NAME,)
     option_doc = (
         "FP8 linears reading one x (q/k/v, gate/up) as one FP8 linear over their weights concatenated: x "
         "quantized once, one GEMM. Where the forward and dW stay the separate linears': every recipe but `tensorwise`; "
@@ -73,14 +72,14 @@ class FP8ConcatPass(RewritePass):
     )
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
-        config: FP8Config = options.value(FP8_OPTION)
+        config: FP8Config = options.value(fp8_option.NAME)
         if not config.enabled:
             return 0
         readers = collections.defaultdict(list)
         for node in graph.nodes:
             linear = FP8LinearNode.of(node)
             if linear is not None and linear.x_q is None:
-                readers[m.under_cast(linear.x)].append(linear)
+                readers[ir.under_cast(linear.x)].append(linear)
         count = 0
         for linears in readers.values():
             groups = collections.defaultdict(list)
@@ -96,14 +95,14 @@ class FP8ConcatPass(RewritePass):
 
     def _concatenate(self, graph: fx.Graph, group: list[FP8LinearNode]) -> int:
         first = group[0]
-        rows = [m.fake(linear.weight).shape[0] for linear in group]
+        rows = [ir.fake(linear.weight).shape[0] for linear in group]
         if not Recipe.from_name(first.recipe).concatenates_exactly(rows):
             declined(self.name, first.node, f"{first.recipe} weights of N {rows}: a scale would span two weights")
             return 0
         if not first.save_weight_t:
             declined(self.name, first.node, "save_weight_t=False: the backward would hold the concatenated W")
             return 0
-        out = m.fake(first.node)
+        out = ir.fake(first.node)
         starts = [sum(rows[:i]) for i in range(len(rows))]
         with out.fake_mode:
             wide = out.new_empty((*out.shape[:-1], sum(rows)))
@@ -112,18 +111,20 @@ class FP8ConcatPass(RewritePass):
             declined(self.name, first.node, "a view of an output would not hold on a slice of the wider output")
             return 0
         operands = [v for linear in group for v in (linear.weight, linear.bias)]
-        cannot = m.gather_before(first.node, operands, [m.under_cast(first.x)[0], *(lin.x for lin in group)])
+        cannot = surgery.gather_before(first.node, operands, [ir.under_cast(first.x)[0], *(lin.x for lin in group)])
         if cannot:
             declined(self.name, first.node, cannot)
             return 0
         concatenated = {
-            name: m.insert_op(graph, first.node, torch.ops.aten.cat.default, ([getattr(v, name) for v in group], 0))
+            name: surgery.insert_op(
+                graph, first.node, torch.ops.aten.cat.default, ([getattr(v, name) for v in group], 0)
+            )
             for name in ("weight", "bias")
             if first.bias is not None or name == "weight"
         }
-        fused = m.insert_view(graph, first.node, FP8LinearNode, **(first.arguments() | concatenated))
+        fused = surgery.insert_view(graph, first.node, FP8LinearNode, **(first.arguments() | concatenated))
         for linear, a, n in zip(group, starts, rows, strict=True):
-            piece = m.insert_op(graph, first.node, operator.getitem, (fused.node, (Ellipsis, slice(a, a + n))))
+            piece = surgery.insert_op(graph, first.node, operator.getitem, (fused.node, (Ellipsis, slice(a, a + n))))
             linear.node.replace_all_uses_with(piece)
-        m.erase_unused(dict.fromkeys([v for linear in group for v in (linear.x, linear.node)]))
+        surgery.erase_unused(dict.fromkeys([v for linear in group for v in (linear.x, linear.node)]))
         return 1

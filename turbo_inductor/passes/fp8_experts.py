@@ -16,23 +16,21 @@ from .. import costs
 from ..ops.grouped_mm import FP8GroupedMMNode, GroupedMMNode, can_rewrite_fp8
 from ..options import Options
 from ..recipes import AUTO, FP8Config
-from . import matcher as m
-from .fp8_linear import NAME as FP8_OPTION
-from .fp8_linear import parameter_name
+from . import fp8_option, ir, surgery
 from .manager import Phase, RewritePass, decided, declined
 
 
 def parameter_of(weight) -> fx.Node:
     """The node that ``weight`` transposes or casts, as in ``w.bfloat16().transpose(-2, -1)``.
     For experts' weights, that is the parameter's placeholder."""
-    while isinstance(weight, fx.Node) and weight.args and (_transposes(weight) or m.is_op(weight, "cast")):
+    while isinstance(weight, fx.Node) and weight.args and (_transposes(weight) or ir.is_op(weight, "cast")):
         weight = weight.args[0]
     return weight
 
 
 def _transposes(node: fx.Node) -> bool:
     return any(
-        m.calls(node, method, (function,))
+        ir.calls(node, method, (function,))
         for method, function in (("transpose", torch.transpose), ("permute", torch.permute), ("t", torch.t))
     )
 
@@ -49,7 +47,7 @@ class FP8ExpertsPass(RewritePass):
     )
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
-        config: FP8Config = options.value(FP8_OPTION)
+        config: FP8Config = options.value(fp8_option.NAME)
         if not (config.enabled and config.experts):
             return 0
         count = 0
@@ -57,13 +55,13 @@ class FP8ExpertsPass(RewritePass):
             gemm = GroupedMMNode.of(node)
             if gemm is None:
                 continue
-            xt, wt, ot = (m.fake(v) for v in (gemm.x, gemm.weight, gemm.offs))
+            xt, wt, ot = (ir.fake(v) for v in (gemm.x, gemm.weight, gemm.offs))
             if not can_rewrite_fp8(xt, wt, ot):
                 declined(
                     self.name, node, f"weight {list(wt.shape)}: no FP8 grouped GEMM (K and N static multiples of 16)"
                 )
                 continue
-            name = parameter_name(parameter_of(gemm.weight))
+            name = fp8_option.parameter_name(parameter_of(gemm.weight))
             if (config.exclude and re.search(config.exclude, name)) or min(wt.shape[1:]) < config.min_size:
                 declined(self.name, node, f"expert {name or '?'} excluded by the fp8 option's exclude or min_size")
                 continue
@@ -73,7 +71,7 @@ class FP8ExpertsPass(RewritePass):
                 decided(self.name, "experts", decision.reason)  # one line per shape and verdict
                 if not decision.fp8:
                     continue
-            m.replace_with_view(
+            surgery.replace_with_view(
                 graph,
                 node,
                 FP8GroupedMMNode,

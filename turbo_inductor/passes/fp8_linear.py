@@ -1,6 +1,6 @@
 """Linears -> ``turbo_inductor.fp8_linear`` with ``options={"fp8": RECIPE}``: FP8 training of an unmodified model.
 
-Takes every linear spelling (``matcher.linear_of``) whose weight is [N, K], N and K multiples of 16.
+Takes every linear spelling (``linears.linear_of``) whose weight is [N, K], N and K multiples of 16.
 Under ``torch.autocast`` the operands are cast to the autocast dtype first (``docs/passes.md``).
 """
 
@@ -16,24 +16,14 @@ from .. import costs
 from ..ops.fp8_linear import FP8LinearNode, can_rewrite
 from ..options import Options
 from ..recipes import AUTO, OFF, RECIPES, FP8Config
-from . import claims
-from . import matcher as m
+from . import claims, fp8_option, linears
 from .manager import Phase, RewritePass, decided
 
-NAME = "fp8"
-
-
-def parameter_name(node: fx.Node) -> str:
-    """``layers.0.mlp.down_proj.weight`` for a placeholder Dynamo made from a module parameter, else ''."""
-    source = getattr(node, "_dynamo_source", None)
-    if node.op != "placeholder" or source is None:
-        return ""
-    name = source.name() if callable(source.name) else source.name  # a method in torch 2.11, a property later
-    return ".".join(re.findall(r"_(?:modules|parameters|buffers)\['([^']+)'\]", name))
+NAME = fp8_option.NAME
 
 
 @claims.claimant(NAME, priority=100)  # a user who asked for FP8 gets FP8
-def wants(linear: m.Linear, options: Options) -> bool:
+def wants(linear: linears.Linear, options: Options) -> bool:
     config: FP8Config = options.value(NAME)
     if not config.enabled:
         return False
@@ -41,7 +31,7 @@ def wants(linear: m.Linear, options: Options) -> bool:
     if fakes is None:
         return False
     _, xt, wt, bt = fakes
-    name = parameter_name(linear.weight)
+    name = fp8_option.parameter_name(linear.weight)
     excluded = config.exclude and re.search(config.exclude, name)
     if not can_rewrite(xt, wt, bt) or min(wt.shape) < config.min_size or excluded or config.linears is False:
         return False
@@ -80,7 +70,7 @@ class FP8LinearPass(RewritePass):
         config: FP8Config = options.value(self.name)
         count = 0
         for node, linear in claims.claimed(graph, self.name, options):
-            fp8 = m.insert_linear(
+            fp8 = linears.insert_linear(
                 graph,
                 node,
                 linear,

@@ -18,41 +18,41 @@ from ..ops.fp8 import fp8_formats
 from ..ops.fp8_linear import FP8LinearNode, can_rewrite
 from ..options import Options
 from ..recipes import RECIPES
-from . import matcher as m
+from . import ir, patterns, surgery
 from .manager import Phase, RewritePass
 
 
 def _clamp_bounds(node) -> tuple | None:
     """(min, max) of ``clamp`` / ``clamp_min`` given as numbers, None for anything else."""
-    if m.calls(node, "clamp_min", (torch.clamp_min,)):
-        return m.arg(node, 1, "min"), None
-    if not m.calls(node, "clamp", (torch.clamp,)):
+    if ir.calls(node, "clamp_min", (torch.clamp_min,)):
+        return ir.arg(node, 1, "min"), None
+    if not ir.calls(node, "clamp", (torch.clamp,)):
         return None
-    return m.arg(node, 1, "min"), m.arg(node, 2, "max")
+    return ir.arg(node, 1, "min"), ir.arg(node, 2, "max")
 
 
 def _scale_source(scale, fmax: float) -> tuple[fx.Node, str] | None:
     """(t, recipe) when ``scale`` is ``t.abs().amax()[.float()].clamp(min=AMAX_FLOOR) / fmax``: "tensorwise".
     With ``amax(dim=-1, keepdim=True)`` of a 2-D t: "rowwise"."""
-    c = m.call(scale)
-    if c is None or c.op != "div" or m.binary_operands(c) is None or m.binary_operands(c)[1] != fmax:
+    c = ir.call(scale)
+    if c is None or c.op != "div" or ir.binary_operands(c) is None or ir.binary_operands(c)[1] != fmax:
         return None
-    floored = m.binary_operands(c)[0]
+    floored = ir.binary_operands(c)[0]
     if _clamp_bounds(floored) != (AMAX_FLOOR, None):
         return None
-    amax = m.strip_casts(floored.args[0])
-    if not m.calls(amax, "amax", (torch.amax,)):
+    amax = ir.strip_casts(floored.args[0])
+    if not ir.calls(amax, "amax", (torch.amax,)):
         return None
     if len(amax.args) == 1 and not amax.kwargs:  # no dim: the whole tensor
         recipe = "tensorwise"
-    elif m.last_dim_only(m.arg(amax, 1, "dim"), 2) and m.arg(amax, 2, "keepdim") is True:
+    elif patterns.last_dim_only(ir.arg(amax, 1, "dim"), 2) and ir.arg(amax, 2, "keepdim") is True:
         recipe = "rowwise"
     else:
         return None
     absolute = amax.args[0]
-    if not m.calls(absolute, "abs", (torch.abs,)) or len(absolute.args) != 1:
+    if not ir.calls(absolute, "abs", (torch.abs,)) or len(absolute.args) != 1:
         return None
-    source = m.fake(absolute.args[0])
+    source = ir.fake(absolute.args[0])
     if recipe == "rowwise" and (source is None or source.dim() != 2):
         return None
     return absolute.args[0], recipe
@@ -61,18 +61,18 @@ def _scale_source(scale, fmax: float) -> tuple[fx.Node, str] | None:
 def quantized(q, fp8_dtype: torch.dtype) -> tuple[fx.Node, fx.Node, str] | None:
     """(t, its scale node, recipe) when ``q`` is ``(t / s).clamp(-FMAX, FMAX).to(fp8_dtype)``.
     s must be t's tensorwise or rowwise scale."""
-    c = m.call(q)
+    c = ir.call(q)
     if c is None or c.op != "cast" or c.kwargs["dtype"] != fp8_dtype:
         return None
     fmax = torch.finfo(fp8_dtype).max
     clamp = c.args[0]
     if _clamp_bounds(clamp) != (-fmax, fmax):
         return None
-    divided = m.call(clamp.args[0])
-    operands = m.binary_operands(divided) if divided is not None and divided.op == "div" else None
+    divided = ir.call(clamp.args[0])
+    operands = ir.binary_operands(divided) if divided is not None and divided.op == "div" else None
     if operands is None:
         return None
-    t, scale = m.strip_casts(operands[0]), operands[1]
+    t, scale = ir.strip_casts(operands[0]), operands[1]
     source = _scale_source(scale, fmax)
     return (t, scale, source[1]) if source is not None and source[0] is t else None
 
@@ -94,8 +94,8 @@ class FP8ScaledMMPass(RewritePass):
             if any(v is not None for v in extra.values()):  # bias, scale_result
                 continue
             qx, qw_t = node.args
-            qw = m.transpose_source(qw_t)
-            xt = m.fake(qx)
+            qw = patterns.transpose_source(qw_t)
+            xt = ir.fake(qx)
             if qw is None or xt is None:
                 continue
             e4m3 = fp8_formats(xt.device)[0]
@@ -108,10 +108,10 @@ class FP8ScaledMMPass(RewritePass):
             scale_b = node.kwargs.get("scale_b")  # rowwise: W's per-row scales as a [1, N] row
             if (
                 node.kwargs.get("scale_a") is not x_scale
-                or (scale_b if recipe == "tensorwise" else m.transpose_source(scale_b)) is not w_scale
+                or (scale_b if recipe == "tensorwise" else patterns.transpose_source(scale_b)) is not w_scale
             ):
                 continue
-            x_fake, w_fake = m.fake(x), m.fake(w)
+            x_fake, w_fake = ir.fake(x), ir.fake(w)
             if (
                 x_fake is None
                 or w_fake is None
@@ -119,7 +119,9 @@ class FP8ScaledMMPass(RewritePass):
                 or not can_rewrite(x_fake, w_fake, None)
             ):
                 continue
-            m.replace_with_view(graph, node, FP8LinearNode, x=x, weight=w, bias=None, recipe=recipe, impl=options.impl)
-            m.erase_unused(m.producers([qx, qw_t, scale_b], stop={x, w}))  # scale_b: rowwise, a transpose
+            surgery.replace_with_view(
+                graph, node, FP8LinearNode, x=x, weight=w, bias=None, recipe=recipe, impl=options.impl
+            )
+            surgery.erase_unused(surgery.producers([qx, qw_t, scale_b], stop={x, w}))  # scale_b: rowwise, a transpose
             count += 1
         return count

@@ -15,7 +15,7 @@ import torch.fx as fx
 from ..ops.fp8_linear import FP8LinearNode
 from ..ops.fp8_shared_input import FP8SharedInputNode
 from ..options import Options
-from . import matcher as m
+from . import ir, surgery
 from .manager import Phase, RewritePass, declined
 
 
@@ -32,17 +32,19 @@ class FP8SharedInputPass(RewritePass):
             linear = FP8LinearNode.of(node)
             if linear is not None and linear.x_q is None:
                 # Under autocast each linear reads its own cast of x: casts of one value to one dtype are one x.
-                readers[(m.under_cast(linear.x), linear.recipe, linear.impl)].append(linear)
+                readers[(ir.under_cast(linear.x), linear.recipe, linear.impl)].append(linear)
         return sum(self._share(graph, group) for group in readers.values() if len(group) > 1)
 
     def _share(self, graph: fx.Graph, group: list[FP8LinearNode]) -> int:
         first = group[0]
         weights = [linear.weight for linear in group]
-        cannot = m.gather_before(first.node, weights, [m.under_cast(first.x)[0], *(linear.x for linear in group)])
+        cannot = surgery.gather_before(
+            first.node, weights, [ir.under_cast(first.x)[0], *(linear.x for linear in group)]
+        )
         if cannot:
             declined(self.name, first.node, cannot)
             return 0
-        shared = m.insert_view(
+        shared = surgery.insert_view(
             graph, first.node, FP8SharedInputNode, x=first.x, weights=weights, recipe=first.recipe, impl=first.impl
         )
         for linear in group:

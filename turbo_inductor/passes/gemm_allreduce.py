@@ -10,37 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
 import torch.fx as fx
 
 from ..ops.gemm_allreduce import GemmAllReduceNode, can_rewrite
 from ..options import Options
-from . import claims
-from . import matcher as m
+from . import claims, collectives, ir, linears, surgery
 from .manager import Phase, RewritePass
 
 NAME = "gemm_allreduce"
-
-
-def waited_sum_all_reduce(wait) -> tuple[fx.Node, fx.Node, str] | None:
-    """(what is reduced, the all_reduce, group name) when ``wait`` waits on a functional sum all-reduce.
-    The group must be given by name, and the wait must be the reduce's only reader."""
-    functional = torch.ops._c10d_functional
-    if not (
-        m.calls(wait, functions=(functional.wait_tensor, functional.wait_tensor.default))
-        and m.calls(wait.args[0], functions=(functional.all_reduce, functional.all_reduce.default))
-    ):
-        return None
-    reduce = wait.args[0]
-    source, op, group_name = (list(reduce.args) + [None, None, None])[:3]
-    if (
-        op != "sum"
-        or not isinstance(group_name, str)
-        or m.only_user(reduce) is not wait
-        or not isinstance(source, fx.Node)
-    ):
-        return None
-    return source, reduce, group_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,8 +31,8 @@ class Reduction:
 def reduction_of(linear: fx.Node) -> Reduction | None:
     """The sum all-reduce of ``linear``'s result, where nothing else reads the unreduced value."""
     for reduce in linear.users:
-        wait = m.only_user(reduce)
-        found = waited_sum_all_reduce(wait) if wait is not None else None
+        wait = ir.only_user(reduce)
+        found = collectives.waited_sum_all_reduce(wait) if wait is not None else None
         if found is None or found[0] is not linear:
             continue
         copy_back = _in_place_copy(linear, reduce, wait)
@@ -78,7 +55,7 @@ def _in_place_copy(linear: fx.Node, reduce: fx.Node, wait: fx.Node) -> fx.Node |
 
 
 @claims.claimant(NAME, priority=50)
-def wants(linear: m.Linear, options: Options) -> bool:
+def wants(linear: linears.Linear, options: Options) -> bool:
     fakes = linear.fakes()
     return (
         bool(options.value(NAME))
@@ -99,7 +76,7 @@ class GemmAllReducePass(RewritePass):
         for node, linear in claims.claimed(graph, self.name, options):
             reduction = reduction_of(node)
             anchor = reduction.copy_back or reduction.wait
-            new = m.insert_linear(
+            new = linears.insert_linear(
                 graph, anchor, linear, GemmAllReduceNode, group_name=reduction.group_name, impl=options.impl
             ).node
             if reduction.copy_back is not None:
@@ -109,6 +86,6 @@ class GemmAllReducePass(RewritePass):
                 )
                 graph.erase_node(reduction.copy_back)
             reduction.wait.replace_all_uses_with(new)
-            m.erase_unused([node, reduction.reduce, reduction.wait])
+            surgery.erase_unused([node, reduction.reduce, reduction.wait])
             count += 1
         return count

@@ -17,9 +17,7 @@ import torch.utils._pytree as pytree
 
 from ..ops.gemm_allreduce import LinearDgradAllReduceNode, can_rewrite
 from ..options import Options
-from . import claims
-from . import matcher as m
-from .gemm_allreduce import waited_sum_all_reduce
+from . import claims, collectives, ir, linears, surgery
 from .manager import Phase, RewritePass
 
 NAME = "gemm_allreduce_dgrad"
@@ -57,7 +55,7 @@ def _is_identity(body: fx.Graph) -> bool:
 
 
 def _is_size(value) -> bool:
-    return isinstance(m.example_value(value), (int, torch.SymInt))
+    return isinstance(ir.example_value(value), (int, torch.SymInt))
 
 
 def _identity_input(fwd: fx.Graph, inputs: tuple) -> fx.Node | None:
@@ -73,7 +71,7 @@ def _identity_input(fwd: fx.Graph, inputs: tuple) -> fx.Node | None:
     others = inputs[:position] + inputs[position + 1 :]
     if len(placeholders) != len(inputs) or not all(_is_size(other) for other in others):
         return None
-    return inputs[position] if m.fake(inputs[position]) is not None else None
+    return inputs[position] if ir.fake(inputs[position]) is not None else None
 
 
 def _reduced_group(body: fx.Graph) -> str | None:
@@ -83,13 +81,13 @@ def _reduced_group(body: fx.Graph) -> str | None:
         return None
     copies = [u for u in returned.users if u.op == "call_method" and u.target == "copy_" and u.args[0] is returned]
     copy_back = copies[0] if len(copies) == 1 else None  # in place: returned.copy_(wait(all_reduce(returned)))
-    found = waited_sum_all_reduce(returned if copy_back is None else copy_back.args[1])
+    found = collectives.waited_sum_all_reduce(returned if copy_back is None else copy_back.args[1])
     if found is None:
         return None
     gradient, reduce, group_name = found
     if _through_views(gradient).op != "placeholder" or (copy_back is not None and gradient is not returned):
         return None
-    expected = {reduce, m.only_user(reduce)} | ({copy_back} if copy_back is not None else set())
+    expected = {reduce, ir.only_user(reduce)} | ({copy_back} if copy_back is not None else set())
     others = [
         n
         for n in body.nodes
@@ -109,16 +107,16 @@ class GradientReduction:
     group_name: str
 
 
-def gradient_reduction_of(linear: m.Linear) -> GradientReduction | None:
+def gradient_reduction_of(linear: linears.Linear) -> GradientReduction | None:
     """The identity-forward, all-reduce-backward function whose output only the linear reads."""
     item = linear.x
-    if not m.calls(item, functions=(operator.getitem,)) or item.args[1] != 0 or m.only_user(item) is not linear.node:
+    if not ir.calls(item, functions=(operator.getitem,)) or item.args[1] != 0 or ir.only_user(item) is not linear.node:
         return None
     function = item.args[0]
     if (
         function.op != "call_function"
         or function.target is not torch.ops.higher_order.autograd_function_apply
-        or m.only_user(function) is not item
+        or ir.only_user(function) is not item
     ):
         return None
     graph = function.graph
@@ -130,7 +128,7 @@ def gradient_reduction_of(linear: m.Linear) -> GradientReduction | None:
 
 
 @claims.claimant(NAME, priority=40)
-def wants(linear: m.Linear, options: Options) -> bool:
+def wants(linear: linears.Linear, options: Options) -> bool:
     fakes = linear.fakes()
     return (
         bool(options.value(NAME))
@@ -151,7 +149,7 @@ class GemmAllReduceDgradPass(RewritePass):
         for node, linear in claims.claimed(graph, self.name, options):
             reduction = gradient_reduction_of(linear)
             function = reduction.function
-            new = m.insert_linear(
+            new = linears.insert_linear(
                 graph,
                 node,
                 linear,
@@ -161,6 +159,6 @@ class GemmAllReduceDgradPass(RewritePass):
                 impl=options.impl,
             ).node
             node.replace_all_uses_with(new)
-            m.erase_unused([function.args[0], function.args[1], function, reduction.item, node])
+            surgery.erase_unused([function.args[0], function.args[1], function, reduction.item, node])
             count += 1
         return count

@@ -11,7 +11,7 @@ import torch.fx as fx
 from ..ops.glu import GLUFusedNode, GLUNode
 from ..ops.glu_fp8 import GLUFP8Node, can_rewrite
 from ..options import Options
-from . import matcher as m
+from . import ir, surgery
 from .fp8_input import fp8_readers, hand_over
 from .manager import Phase, RewritePass
 
@@ -28,11 +28,11 @@ class GLUFP8Pass(RewritePass):
         for node in list(graph.nodes):
             glu = GLUNode.of(node) or GLUFusedNode.of(node)
             readers = fp8_readers(node) if glu is not None else None
-            if readers is None or not can_rewrite(m.fake(node), readers[1], glu.impl):
+            if readers is None or not can_rewrite(ir.fake(node), readers[1], glu.impl):
                 continue
             linears, recipe = readers
             x, up = (glu.gate, glu.up) if isinstance(glu, GLUNode) else (glu.x, None)
-            fused = m.insert_view(
+            fused = surgery.insert_view(
                 graph,
                 node,
                 GLUFP8Node,

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..ops.grouped_mm import GroupedMMNode, can_rewrite
 from ..options import Options
-from . import matcher as m
+from . import ir, surgery
 from .manager import Phase, RewritePass, declined
 
 NAME = "grouped_mm"
@@ -47,9 +47,9 @@ def _operands(node: fx.Node) -> list | None:
 def _read_through_cast(x):
     """x's producer where x casts it to its own dtype (a no-op), else x.
     transformers casts x to the weight's dtype; reading through lets x's producer (a GLU) feed the op."""
-    c = m.call(x)
+    c = ir.call(x)
     source = c.args[0] if c is not None and c.op == "cast" else None
-    return source if m.fake(source) is not None and m.fake(source).dtype == m.fake(x).dtype else x
+    return source if ir.fake(source) is not None and ir.fake(source).dtype == ir.fake(x).dtype else x
 
 
 class GroupedMMPass(RewritePass):
@@ -65,7 +65,7 @@ class GroupedMMPass(RewritePass):
             if operands is None:
                 continue
             x, weight, offs, bias = operands
-            xt, wt, ot, yt = (m.fake(v) for v in (x, weight, offs, node))
+            xt, wt, ot, yt = (ir.fake(v) for v in (x, weight, offs, node))
             if bias is not None or any(t is None for t in (xt, wt, ot, yt)) or yt.dtype != xt.dtype:
                 declined(self.name, node, "a bias, an output dtype other than x's, or operands without fakes")
                 continue
@@ -78,7 +78,7 @@ class GroupedMMPass(RewritePass):
                 )
                 continue
             source = _read_through_cast(x)
-            m.replace_with_view(graph, node, GroupedMMNode, x=source, weight=weight, offs=offs, impl=options.impl)
+            surgery.replace_with_view(graph, node, GroupedMMNode, x=source, weight=weight, offs=offs, impl=options.impl)
             if source is not x and not x.users:
                 graph.erase_node(x)
             count += 1

@@ -25,7 +25,7 @@ from .. import environment
 from ..kernels import registry
 from ..ops.node import view_of
 from ..options import Options, parse_bool
-from .matcher import SITE, fake, op_name
+from . import ir, surgery
 
 log = logging.getLogger("turbo_inductor")
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent
@@ -210,7 +210,7 @@ class PassManager(CustomGraphPass):
 
     def __call__(self, graph: fx.Graph) -> None:
         record = self.record
-        record.ops_before.update(op_name(n) for n in graph.nodes)
+        record.ops_before.update(ir.op_name(n) for n in graph.nodes)
         if self.options.record_graphs:
             record.graph_before += graph.python_code("self").src
         if any(n.op == "placeholder" and not ({"example_value", "val"} & n.meta.keys()) for n in graph.nodes):
@@ -229,7 +229,7 @@ class PassManager(CustomGraphPass):
             self._run_passes(graph)
         finally:
             _COMPILING.reset(token)
-        record.ops_after.update(op_name(n) for n in graph.nodes)
+        record.ops_after.update(ir.op_name(n) for n in graph.nodes)
         _record_implementations(record, graph)
         if self.options.record_graphs:
             record.graph_after += graph.python_code("self").src
@@ -276,11 +276,11 @@ def _count_sites(record: CompileRecord, graph: fx.Graph, before: set, name: str)
     pass's count: it is one site, counted for the pass whose op the graph keeps."""
     after = set(graph.nodes)
     for node in before - after:
-        if SITE in node.meta:
-            record.counts[node.meta[SITE]] -= 1
+        if surgery.SITE in node.meta:
+            record.counts[node.meta[surgery.SITE]] -= 1
     for node in after - before:
-        if SITE in node.meta and node.meta[SITE] is None:
-            node.meta[SITE] = name
+        if surgery.SITE in node.meta and node.meta[surgery.SITE] is None:
+            node.meta[surgery.SITE] = name
 
 
 def _record_implementations(record: CompileRecord, graph: fx.Graph) -> None:
@@ -291,7 +291,7 @@ def _record_implementations(record: CompileRecord, graph: fx.Graph) -> None:
         if view is None:
             continue
         impl = view.arguments().get("impl", registry.AUTO)
-        device = next((t.device for t in map(fake, (node, *node.all_input_nodes)) if t is not None), None)
+        device = next((t.device for t in map(ir.fake, (node, *node.all_input_nodes)) if t is not None), None)
         for kernel in type(view).kernels if device is not None else ():
             try:
                 names = registry.candidates(kernel, device, impl)

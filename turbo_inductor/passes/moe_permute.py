@@ -17,43 +17,24 @@ import operator
 
 import torch
 import torch.fx as fx
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..ops.moe import MoEPermuteNode, can_permute
 from ..options import Options
-from . import matcher as m
+from . import ir, moe_indices, surgery
 from .manager import Phase, RewritePass, declined
 
 NAME = "moe_permute"
 
 
-def same(a, b) -> bool:
-    """Sizes equal without a guard (symbolic sizes included)."""
-    return statically_known_true(a == b)
-
-
-def flat_source(node) -> fx.Node | None:
-    """t for a flattening ``t.reshape(-1)`` / ``t.view(-1)`` / ``t.flatten()`` of a 2-D t."""
-    if not (
-        m.calls(node, "reshape", (torch.reshape,))
-        or m.calls(node, "view")
-        or m.calls(node, "flatten", (torch.flatten,))
-    ):
-        return None
-    source, nt = node.args[0], m.fake(node)
-    st = m.fake(source)
-    return source if st is not None and nt is not None and st.dim() == 2 and nt.dim() == 1 else None
-
-
 def _topk_indices(ids) -> tuple[fx.Node, int] | None:
     """(indices [T, k], E) when ``ids`` flattens a top-k's indices over the last dim (E) of a 2-D tensor."""
-    indices = flat_source(ids)
-    c = m.call(indices)
-    if c is None or c.op != "getitem" or c.args[1] != 1 or not m.calls(c.args[0], "topk", (torch.topk,)):
+    indices = moe_indices.flat_source(ids)
+    c = ir.call(indices)
+    if c is None or c.op != "getitem" or c.args[1] != 1 or not ir.calls(c.args[0], "topk", (torch.topk,)):
         return None
     topk = c.args[0]
-    scores = m.fake(topk.args[0])
-    dim = m.arg(topk, 2, "dim", -1)
+    scores = ir.fake(topk.args[0])
+    dim = ir.arg(topk, 2, "dim", -1)
     if scores is None or scores.dim() != 2 or dim not in (-1, 1) or not isinstance(scores.shape[1], int):
         return None
     return indices, scores.shape[1]
@@ -61,52 +42,39 @@ def _topk_indices(ids) -> tuple[fx.Node, int] | None:
 
 def _sort_of(node: fx.Node) -> tuple[fx.Node, fx.Node | None, fx.Node] | None:
     """(perm, sorted values or None, ids) for an ascending sort / argsort of 1-D ids."""
-    if m.calls(node, "argsort", (torch.argsort,)):
+    if ir.calls(node, "argsort", (torch.argsort,)):
         perm, values = node, None
-    elif m.calls(node, "sort", (torch.sort,)):
-        items = {u.args[1]: u for u in node.users if m.is_op(u, "getitem")}
+    elif ir.calls(node, "sort", (torch.sort,)):
+        items = {u.args[1]: u for u in node.users if ir.is_op(u, "getitem")}
         if 1 not in items or len(items) != len(node.users):
             return None
         perm, values = items[1], items.get(0)
     else:
         return None
-    ids = m.fake(node.args[0]) if node.args else None
-    if ids is None or ids.dim() != 1 or m.arg(node, 1, "dim", -1) not in (-1, 0) or m.arg(node, 2, "descending", False):
+    ids = ir.fake(node.args[0]) if node.args else None
+    if (
+        ids is None
+        or ids.dim() != 1
+        or ir.arg(node, 1, "dim", -1) not in (-1, 0)
+        or ir.arg(node, 2, "descending", False)
+    ):
         return None
     return perm, values, node.args[0]
 
 
-def _floordiv_by(node, value, k: int) -> bool:
-    return (
-        node.op == "call_function"
-        and node.target in (operator.floordiv, torch.floor_divide)
-        and node.args[:2] == (value, k)
-    ) or (m.calls(node, "floor_divide") and node.args[:2] == (value, k))
-
-
 def _gather_source(node, index) -> fx.Node | None:
     """x for ``x[index]`` or ``torch.gather(x, 0, index)`` with x 2-D."""
-    c = m.call(node)
+    c = ir.call(node)
     if c is not None and c.op == "getitem" and c.args[1] is index:
         source = c.args[0]
-    elif m.calls(node, "gather", (torch.gather,)) and m.arg(node, 1, "dim") == 0 and m.arg(node, 2, "index") is index:
+    elif (
+        ir.calls(node, "gather", (torch.gather,)) and ir.arg(node, 1, "dim") == 0 and ir.arg(node, 2, "index") is index
+    ):
         source = node.args[0]
     else:
         return None
-    st = m.fake(source)
+    st = ir.fake(source)
     return source if st is not None and st.dim() == 2 and st.dtype.is_floating_point else None
-
-
-def _expanded_rows(index) -> list[fx.Node]:
-    """The [S, H] indexes ``index.reshape(-1, 1).expand(-1, H)`` made from a 1-D ``index``.
-    torchtitan gathers and scatters with them."""
-    out = []
-    for column in index.users:
-        ct = m.fake(column)
-        if not (m.adds_a_unit_dim(column) and column.args[0] is index and ct is not None and ct.dim() == 2):
-            continue
-        out += [e for e in column.users if m.calls(e, "expand") and m.fake(e) is not None and m.fake(e).dim() == 2]
-    return out
 
 
 @dataclasses.dataclass
@@ -126,13 +94,13 @@ class Site:
     matched: list = dataclasses.field(default_factory=list)  # everything that may go dead
 
     def find_gathers(self) -> None:
-        k, tokens = m.fake(self.indices).shape[1], m.fake(self.indices).shape[0]
-        for token_index in [d for d in self.perm.users if _floordiv_by(d, self.perm, k)]:
+        k, tokens = ir.fake(self.indices).shape[1], ir.fake(self.indices).shape[0]
+        for token_index in [d for d in self.perm.users if moe_indices.floordiv_by(d, self.perm, k)]:
             candidates = [(u, token_index) for u in token_index.users]
-            candidates += [(g, e) for e in _expanded_rows(token_index) for g in e.users]
+            candidates += [(g, e) for e in moe_indices.expanded_rows(token_index) for g in e.users]
             for gather, index in candidates:
                 source = _gather_source(gather, index)
-                if source is None or not same(m.fake(source).shape[0], tokens):
+                if source is None or not moe_indices.same(ir.fake(source).shape[0], tokens):
                     continue
                 if self.x is not None and source is not self.x:  # another tensor's rows: it keeps reading perm
                     continue
@@ -141,21 +109,21 @@ class Site:
                 self.matched += [token_index, *([index.args[0], index] if index is not token_index else []), gather]
 
     def find_weights(self) -> None:
-        shape = m.fake(self.indices).shape
+        shape = ir.fake(self.indices).shape
         for gather in self.perm.users:
-            c = m.call(gather)
+            c = ir.call(gather)
             if c is None or c.op != "getitem" or c.args[1] is not self.perm:
                 continue
-            weights = flat_source(c.args[0])
-            wt = m.fake(weights)
-            if wt is not None and wt.dtype.is_floating_point and all(map(same, wt.shape, shape)):
+            weights = moe_indices.flat_source(c.args[0])
+            wt = ir.fake(weights)
+            if wt is not None and wt.dtype.is_floating_point and all(map(moe_indices.same, wt.shape, shape)):
                 self.weights, self.weights_gather = weights, gather
                 self.matched += [c.args[0], gather]
                 return
 
     def find_inverse(self) -> None:
         for user in self.perm.users:
-            if m.calls(user, "argsort", (torch.argsort,)) and user.args == (self.perm,) and not user.kwargs:
+            if ir.calls(user, "argsort", (torch.argsort,)) and user.args == (self.perm,) and not user.kwargs:
                 self.inverse.append((user, None))
                 self.matched.append(user)
                 continue
@@ -163,8 +131,8 @@ class Site:
                 continue
             inverse, values = user.args[0], user.args[2]
             writes = [u for u in inverse.users if u.target is operator.setitem]
-            built = m.calls(inverse, "empty_like", (torch.empty_like,)) and inverse.args == (self.perm,)
-            if built and not inverse.kwargs and writes == [user] and _is_arange(values, m.fake(self.perm).shape[0]):
+            built = ir.calls(inverse, "empty_like", (torch.empty_like,)) and inverse.args == (self.perm,)
+            if built and not inverse.kwargs and writes == [user] and _is_arange(values, ir.fake(self.perm).shape[0]):
                 self.inverse.append((inverse, user))
                 self.matched += [values, inverse, user]
 
@@ -181,16 +149,16 @@ class Site:
 
 def _is_arange(node, length) -> bool:
     """``torch.arange(length)`` (or from 0 with step 1; a symbolic length given as a node of its value)."""
-    if not m.calls(node, "", (torch.arange,)):
+    if not ir.calls(node, "", (torch.arange,)):
         return False
-    bounds = [m.example_value(v) for v in (node.args if len(node.args) > 1 else (0, *node.args))]
-    return len(bounds) >= 2 and bounds[0] == 0 and bounds[2:] in ([], [1]) and same(bounds[1], length)
+    bounds = [ir.example_value(v) for v in (node.args if len(node.args) > 1 else (0, *node.args))]
+    return len(bounds) >= 2 and bounds[0] == 0 and bounds[2:] in ([], [1]) and moe_indices.same(bounds[1], length)
 
 
 def _users_through_casts(node: fx.Node) -> list[fx.Node]:
     """Users of ``node`` and of its dtype casts (one level)."""
     users = list(node.users)
-    return users + [u for c in users if m.is_op(c, "cast") for u in c.users]
+    return users + [u for c in users if ir.is_op(c, "cast") for u in c.users]
 
 
 def _casts_between(ids: fx.Node, histc: fx.Node) -> list[fx.Node]:
@@ -200,18 +168,18 @@ def _casts_between(ids: fx.Node, histc: fx.Node) -> list[fx.Node]:
 
 def _counts_experts(node, experts: int) -> bool:
     """``torch.histc(ids, bins=E, min=0, max=E - 1 or E)``."""
-    if not m.calls(node, "histc", (torch.histc,)):
+    if not ir.calls(node, "histc", (torch.histc,)):
         return False
     bins, low, high = (
-        m.arg(node, i, name, default) for i, name, default in ((1, "bins", 100), (2, "min", 0), (3, "max", 0))
+        ir.arg(node, i, name, default) for i, name, default in ((1, "bins", 100), (2, "min", 0), (3, "max", 0))
     )
     return bins == experts and low == 0 and high in (experts - 1, experts)
 
 
 def _int32_cumsum(node) -> bool:
     return (
-        m.calls(node, "cumsum", (torch.cumsum,))
-        and m.arg(node, 1, "dim") == 0
+        ir.calls(node, "cumsum", (torch.cumsum,))
+        and ir.arg(node, 1, "dim") == 0
         and node.kwargs.get("dtype") == torch.int32
     )
 
@@ -223,9 +191,9 @@ class MoEPermutePass(RewritePass):
     phase = Phase.FUSE
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
-        count = 0
+        count, erased = 0, set()
         for node in list(graph.nodes):
-            if node._erased:
+            if node in erased:  # a routing site's node, erased with an earlier sort
                 continue
             sort = _sort_of(node)
             if sort is None:
@@ -239,7 +207,7 @@ class MoEPermutePass(RewritePass):
             site.find_gathers()
             site.find_weights()
             site.find_inverse()
-            flat_ids = [u for u in site.indices.users if flat_source(u) is site.indices]
+            flat_ids = [u for u in site.indices.users if moe_indices.flat_source(u) is site.indices]
             site.find_offsets(flat_ids + ([values] if values is not None else []))
             reason = self._rewrite(graph, node, site, values, options)
             if reason:
@@ -247,7 +215,7 @@ class MoEPermutePass(RewritePass):
                 continue
             position = {n: i for i, n in enumerate(graph.nodes)}
             matched = {*site.matched, perm, node, ids} | ({values} if values is not None else set())
-            m.erase_unused(sorted(matched, key=position.__getitem__))
+            erased.update(surgery.erase_unused(sorted(matched, key=position.__getitem__)))
             count += 1
         return count
 
@@ -257,14 +225,16 @@ class MoEPermutePass(RewritePass):
             return "no gather of the tokens by the permutation (perm // k)"
         if not site.offs:
             return f"no offsets cumsum(histc(ids, bins={site.experts}, min=0, max={site.experts - 1}), int32)"
-        fakes = [m.fake(v) for v in (site.x, site.indices, site.weights)]
+        fakes = [ir.fake(v) for v in (site.x, site.indices, site.weights)]
         if not can_permute(*fakes):
             return "the op does not take these tokens, indices and weights"
         position = {n: i for i, n in enumerate(graph.nodes)}
         before = min([sort, *site.matched], key=position.__getitem__)
-        if not all(m.available_at(v, before, position) for v in (site.x, site.indices, site.weights)):
+        reads = (site.x, site.indices, site.weights)
+        if not surgery.available_at(reads, before, position):
             return "the tokens or the router weights are computed after the routing starts"
-        permute = m.insert_view(
+        surgery.hoist(reads, before, position)
+        permute = surgery.insert_view(
             graph,
             before,
             MoEPermuteNode,
@@ -279,7 +249,7 @@ class MoEPermutePass(RewritePass):
         if site.weights_gather is not None:
             site.weights_gather.replace_all_uses_with(permute.output("weights_sorted"))
         if site.inverse:
-            flat = m.insert_op(graph, before, torch.reshape, (permute.output("positions"), (-1,)))
+            flat = surgery.insert_op(graph, before, torch.reshape, (permute.output("positions"), (-1,)))
             for inverse, built_by in site.inverse:
                 inverse.replace_all_uses_with(flat, delete_user_cb=lambda user: user is not built_by)  # noqa: B023
         for cumsum in site.offs:
@@ -288,6 +258,6 @@ class MoEPermutePass(RewritePass):
         readers = [u for u in values.users if u not in site.matched] if values is not None else []
         if readers:  # the sorted ids read elsewhere (a cast for another histogram, say): gathered by the order
             first = min(readers, key=position.__getitem__)
-            sorted_ids = m.insert_op(graph, first, operator.getitem, (sort.args[0], permute.output("order")))
+            sorted_ids = surgery.insert_op(graph, first, operator.getitem, (sort.args[0], permute.output("order")))
             values.replace_all_uses_with(sorted_ids, delete_user_cb=lambda user: user not in site.matched)
         return ""

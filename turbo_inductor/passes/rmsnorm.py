@@ -22,7 +22,7 @@ import torch.fx as fx
 
 from ..ops.rmsnorm import RMSNormNode, can_rewrite
 from ..options import Options
-from . import matcher as m
+from . import ir, patterns, surgery
 from .manager import Phase, RewritePass
 
 
@@ -37,76 +37,81 @@ class RMSNormMatch:
 
 def match_functional(node: fx.Node) -> RMSNormMatch | None:
     """``torch.rms_norm(x, (H,), weight, eps)`` over the last dimension."""
-    c = m.call(node)
+    c = ir.call(node)
     if c is None or c.op != "rms_norm":
         return None
     names = ("input", "normalized_shape", "weight", "eps")
     bound = dict(zip(names, c.args)) | {k: v for k, v in c.kwargs.items() if k in names}
     x, shape, weight, eps = bound.get("input"), bound.get("normalized_shape"), bound.get("weight"), bound.get("eps")
-    xt = m.fake(x)
+    xt = ir.fake(x)
     if xt is None or not isinstance(shape, (list, tuple)) or len(shape) != 1 or shape[0] != xt.shape[-1]:
         return None
     if eps is None:  # torch.rms_norm's default: the epsilon of its fp32 computation dtype
         eps = torch.finfo(torch.float32).eps
-    eps = m.as_scalar(eps)
-    if eps is None or (weight is not None and m.fake(weight) is None):
+    eps = ir.as_scalar(eps)
+    if eps is None or (weight is not None and ir.fake(weight) is None):
         return None
     return RMSNormMatch(x, weight, eps, node, [node])
 
 
 def match_decomposed(mean: fx.Node) -> RMSNormMatch | None:
     """The decomposed spelling, anchored at its ``mean``."""
-    c = m.call(mean)
+    c = ir.call(mean)
     if c is None or c.op != "mean" or len(c.args) < 1 or c.kwargs.get("dtype") is not None:
         return None
     squares = c.args[0]
-    dim = m.arg(c, 1, "dim")
-    keepdim = m.arg(c, 2, "keepdim", False)
+    dim = ir.arg(c, 1, "dim")
+    keepdim = ir.arg(c, 2, "keepdim", False)
     xf = _squared(squares)
-    xft = m.fake(xf)
-    if xft is None or keepdim is not True or not m.last_dim_only(dim, xft.dim()) or m.only_user(squares) is not mean:
+    xft = ir.fake(xf)
+    if (
+        xft is None
+        or keepdim is not True
+        or not patterns.last_dim_only(dim, xft.dim())
+        or ir.only_user(squares) is not mean
+    ):
         return None
     # var + eps
-    add = m.only_user(mean)
-    ac = m.call(add)
+    add = ir.only_user(mean)
+    ac = ir.call(add)
     if ac is None or ac.op != "add":
         return None
-    eps = m.as_scalar(m.other_operand(ac, mean))
+    eps = ir.as_scalar(ir.other_operand(ac, mean))
     if eps is None:
         return None
     # xf * rsqrt(var + eps)  |  xf / sqrt(var + eps)
-    root = m.only_user(add)
-    rc = m.call(root)
-    normed = m.only_user(root) if root is not None else None
-    nc = m.call(normed)
+    root = ir.only_user(add)
+    rc = ir.call(root)
+    normed = ir.only_user(root) if root is not None else None
+    nc = ir.call(normed)
     if rc is None or nc is None:
         return None
-    if rc.op == "rsqrt" and nc.op == "mul" and m.other_operand(nc, root) is xf:
+    if rc.op == "rsqrt" and nc.op == "mul" and ir.other_operand(nc, root) is xf:
         pass
-    elif rc.op == "sqrt" and nc.op == "div" and m.binary_operands(nc) == (xf, root):
+    elif rc.op == "sqrt" and nc.op == "div" and ir.binary_operands(nc) == (xf, root):
         pass
     else:
         return None
     matched = [squares, mean, add, root, normed]
     # optional cast back, then optional weight
     out = normed
-    cast = m.only_user(out)
-    if cast is not None and m.is_op(cast, "cast"):
+    cast = ir.only_user(out)
+    if cast is not None and ir.is_op(cast, "cast"):
         matched.append(cast)
         out = cast
     base = _match(xf, out, matched, eps)
-    scale = m.only_user(out)
-    sc = m.call(scale)
+    scale = ir.only_user(out)
+    sc = ir.call(scale)
     if sc is not None and sc.op == "mul":
-        weight = m.other_operand(sc, out)
-        wt = m.fake(weight)
+        weight = ir.other_operand(sc, out)
+        wt = ir.fake(weight)
         # A promoting weight (fp32 weight * bf16 norm) stays a separate multiply. Fusing it would drop the
         # graph's rounding to bf16 before it.
         if (
             wt is not None
             and wt.dim() == 1
             and wt.shape[0] == xft.shape[-1]
-            and m.fake(scale).dtype == m.fake(out).dtype
+            and ir.fake(scale).dtype == ir.fake(out).dtype
         ):
             weighted = _match(xf, scale, matched + [scale], eps, weight)
             if weighted is not None:
@@ -116,15 +121,15 @@ def match_decomposed(mean: fx.Node) -> RMSNormMatch | None:
 
 def _squared(node: Any) -> Any:
     """x for pow(x, 2), x ** 2, square(x) or x * x; else None."""
-    c = m.call(node)
+    c = ir.call(node)
     if c is None:
         return None
-    if c.op == "pow" and len(c.args) == 2 and m.as_number(c.args[1]) == 2.0:
+    if c.op == "pow" and len(c.args) == 2 and ir.as_number(c.args[1]) == 2.0:
         return c.args[0]
     if c.op == "square" and len(c.args) == 1:
         return c.args[0]
     if c.op == "mul":
-        ops = m.binary_operands(c)
+        ops = ir.binary_operands(c)
         if ops is not None and ops[0] is ops[1]:
             return ops[0]
     return None
@@ -134,10 +139,10 @@ def _match(
     xf: fx.Node, out: fx.Node, matched: list[fx.Node], eps: float | fx.Node, weight: fx.Node | None = None
 ) -> RMSNormMatch | None:
     """The match whose output is ``out``. Its input is x before the upcast where dtypes allow, else xf itself."""
-    out_dtype = m.fake(out).dtype
-    for x in (m.strip_casts(xf), xf):
-        xt = m.fake(x)
-        if xt is not None and xt.dtype == out_dtype and xt.shape == m.fake(out).shape:
+    out_dtype = ir.fake(out).dtype
+    for x in (ir.strip_casts(xf), xf):
+        xt = ir.fake(x)
+        if xt is not None and xt.dtype == out_dtype and xt.shape == ir.fake(out).shape:
             return RMSNormMatch(x, weight, eps, out, matched)
     return None
 
@@ -149,17 +154,17 @@ class RMSNormPass(RewritePass):
     phase = Phase.FUSE
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
-        count = 0
+        count, erased = 0, set()
         for node in list(graph.nodes):
-            if node._erased:  # matched by an earlier anchor
+            if node in erased:  # matched by an earlier anchor
                 continue
             found = match_functional(node) or match_decomposed(node)
-            if found is None or not can_rewrite(m.fake(found.x), m.fake(found.weight)):
+            if found is None or not can_rewrite(ir.fake(found.x), ir.fake(found.weight)):
                 continue
-            norm = m.insert_view(
+            norm = surgery.insert_view(
                 graph, found.output, RMSNormNode, x=found.x, weight=found.weight, eps=found.eps, impl=options.impl
             )
             found.output.replace_all_uses_with(norm.node)
-            m.erase_unused(found.matched)
+            erased.update(surgery.erase_unused(found.matched))
             count += 1
         return count

@@ -12,7 +12,7 @@ import torch.fx as fx
 from ..ops.rmsnorm import RMSNormNode, RMSNormResidualNode
 from ..ops.rmsnorm_fp8 import RMSNormFP8Node, can_rewrite
 from ..options import Options
-from . import matcher as m
+from . import ir, surgery
 from .fp8_input import fp8_readers, hand_over
 from .manager import Phase, RewritePass
 
@@ -37,10 +37,10 @@ class RMSNormFP8Pass(RewritePass):
                 continue
             read, out_dtype = _read_as(normed, position)
             readers = fp8_readers(read)
-            if readers is None or not can_rewrite(m.fake(norm.x), readers[1], norm.impl):
+            if readers is None or not can_rewrite(ir.fake(norm.x), readers[1], norm.impl):
                 continue
             linears, recipe = readers
-            fused = m.insert_view(
+            fused = surgery.insert_view(
                 graph,
                 node,
                 RMSNormFP8Node,
@@ -60,7 +60,7 @@ class RMSNormFP8Pass(RewritePass):
             if total is not None:
                 total.replace_all_uses_with(fused.output("sum"))
             hand_over(linears, fused.output("q"), fused.output("scale"))
-            m.erase_unused(dict.fromkeys([node, *[n for n in (normed, total) if n is not None], *casts]))
+            surgery.erase_unused(dict.fromkeys([node, *[n for n in (normed, total) if n is not None], *casts]))
             count += 1
         return count
 
@@ -70,7 +70,7 @@ def _read_as(normed: fx.Node, position: dict[fx.Node, int]) -> tuple[fx.Node, to
     Where every user casts the output to one dtype (autocast), the first such cast and that dtype.
     Users that read only its shape do not count: under dynamic shapes Dynamo reads ``.size()`` for views."""
     casts = [u for u in normed.users if not _reads_shape(u)]
-    calls = [m.call(c) for c in casts]
+    calls = [ir.call(c) for c in casts]
     if not casts or any(c is None or c.op != "cast" or c.args[0] is not normed for c in calls):
         return normed, None
     dtypes = {c.kwargs["dtype"] for c in calls}
@@ -81,4 +81,4 @@ def _read_as(normed: fx.Node, position: dict[fx.Node, int]) -> tuple[fx.Node, to
 
 def _reads_shape(node: fx.Node) -> bool:
     """Whether ``node`` reads only its input's shape, which the norm's output keeps in any dtype."""
-    return m.calls(node, "size") or m.calls(node, "dim")
+    return ir.calls(node, "size") or ir.calls(node, "dim")

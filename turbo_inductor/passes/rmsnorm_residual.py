@@ -12,7 +12,7 @@ import torch.fx as fx
 from ..ops.library import SUPPORTED_FLOAT_DTYPES
 from ..ops.rmsnorm import RMSNormNode, RMSNormResidualNode
 from ..options import Options
-from . import matcher as m
+from . import ir, surgery
 from .manager import Phase, RewritePass
 
 
@@ -31,14 +31,16 @@ class RMSNormResidualPass(RewritePass):
             if norm is None:
                 continue
             total = norm.x
-            c = m.call(total)
-            operands = m.binary_operands(c) if c is not None and c.op == "add" else None
+            c = ir.call(total)
+            operands = ir.binary_operands(c) if c is not None and c.op == "add" else None
             if operands is None or not all(_addend_of(o, total) for o in operands):
                 continue
             # The fused op goes where the add was, so everything it reads must exist there.
-            if not all(m.available_at(v, total, position) for v in (norm.weight, norm.eps)):
+            reads = (norm.weight, norm.eps)
+            if not surgery.available_at(reads, total, position):
                 continue
-            fused = m.insert_view(
+            surgery.hoist(reads, total, position)
+            fused = surgery.insert_view(
                 graph,
                 total,
                 RMSNormResidualNode,
@@ -58,7 +60,7 @@ class RMSNormResidualPass(RewritePass):
 
 def _addend_of(value, total: fx.Node) -> bool:
     """Whether ``value`` is a tensor of the sum's shape and device, in a float dtype that promotes to the sum's."""
-    t, ref = m.fake(value), m.fake(total)
+    t, ref = ir.fake(value), ir.fake(total)
     return (
         t is not None
         and t.shape == ref.shape

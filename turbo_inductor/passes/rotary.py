@@ -19,43 +19,44 @@ import torch.fx as fx
 
 from ..ops.rotary import RotaryNode, can_rewrite
 from ..options import Options
-from . import matcher as m
+from . import ir, patterns, surgery
 from .autocast import cast_for_every_use
 from .manager import Phase, RewritePass, declined
 
 
 def rotated_half_of(node) -> tuple[fx.Node, list[fx.Node]] | None:
     """(x, the nodes from x to ``node``) when ``node`` is ``torch.cat((-x[..., D/2:], x[..., :D/2]), dim=-1)``."""
-    c = m.call(node)
+    c = ir.call(node)
     if c is None or c.op != "cat":
         return None
-    parts, dim = m.arg(c, 0, "tensors"), m.arg(c, 1, "dim", 0)
-    if not isinstance(parts, (list, tuple)) or len(parts) != 2 or not m.is_op(parts[0], "neg"):
+    parts, dim = ir.arg(c, 0, "tensors"), ir.arg(c, 1, "dim", 0)
+    if not isinstance(parts, (list, tuple)) or len(parts) != 2 or not ir.is_op(parts[0], "neg"):
         return None
-    second, first = m.call(parts[0]).args[0], parts[1]
-    sc, fc = m.call(second), m.call(first)
+    second, first = ir.call(parts[0]).args[0], parts[1]
+    sc, fc = ir.call(second), ir.call(first)
     if sc is None or fc is None or sc.op != "getitem" or fc.op != "getitem" or sc.args[0] is not fc.args[0]:
         return None
     x = sc.args[0]
-    xt = m.fake(x)
-    if xt is None or not m.last_dim_only(dim, xt.dim()) or not isinstance(xt.shape[-1], int) or xt.shape[-1] % 2:
+    xt = ir.fake(x)
+    if xt is None or not patterns.last_dim_only(dim, xt.dim()) or not isinstance(xt.shape[-1], int) or xt.shape[-1] % 2:
         return None
     half = xt.shape[-1] // 2
-    if m.last_dim_slice(fc.args[1], xt) != (0, half) or m.last_dim_slice(sc.args[1], xt) != (half, 2 * half):
+    halves = [patterns.last_dim_slice(index, xt) for index in (fc.args[1], sc.args[1])]
+    if halves != [(0, half), (half, 2 * half)]:
         return None
     return x, [second, first, parts[0], node]
 
 
 def _products(node) -> tuple | None:
     """(a, b) of a multiply ``a * b``."""
-    c = m.call(node)
-    return m.binary_operands(c) if c is not None and c.op == "mul" else None
+    c = ir.call(node)
+    return ir.binary_operands(c) if c is not None and c.op == "mul" else None
 
 
 def rotation_of(node) -> tuple[fx.Node, fx.Node, fx.Node, list[fx.Node]] | None:
     """(x, cos, sin, the matched nodes, producers first) when ``node`` is ``x * cos + rotate_half(x) * sin``."""
-    c = m.call(node)
-    terms = m.binary_operands(c) if c is not None and c.op == "add" else None
+    c = ir.call(node)
+    terms = ir.binary_operands(c) if c is not None and c.op == "add" else None
     if terms is None:
         return None
     for plain, rotated in (terms, terms[::-1]):
@@ -67,8 +68,8 @@ def rotation_of(node) -> tuple[fx.Node, fx.Node, fx.Node, list[fx.Node]] | None:
             if found is None:
                 continue
             x, matched = found
-            cos = m.other_operand(m.call(plain), x)
-            if not m.is_missing(cos) and isinstance(cos, fx.Node) and isinstance(sin, fx.Node):
+            cos = ir.other_operand(ir.call(plain), x)
+            if not ir.is_missing(cos) and isinstance(cos, fx.Node) and isinstance(sin, fx.Node):
                 return x, cos, sin, [*matched, plain, rotated]
     return None
 
@@ -86,7 +87,7 @@ class RotaryPass(RewritePass):
             if found is None:
                 continue
             x, cos, sin, matched = found
-            xt, ct, st, out = m.fake(x), m.fake(cos), m.fake(sin), m.fake(node)
+            xt, ct, st, out = ir.fake(x), ir.fake(cos), ir.fake(sin), ir.fake(node)
             if any(t is None for t in (xt, ct, st, out)) or not can_rewrite(xt, ct, st):
                 continue
             if out.shape != xt.shape:
@@ -94,11 +95,11 @@ class RotaryPass(RewritePass):
             if out.dtype != xt.dtype and cast_for_every_use(node, xt.device.type) != xt.dtype:
                 declined(self.name, node, f"the sum promotes to {out.dtype} and some use reads it uncast")
                 continue
-            rotated = m.insert_view(graph, node, RotaryNode, x=x, cos=cos, sin=sin, impl=options.impl).node
+            rotated = surgery.insert_view(graph, node, RotaryNode, x=x, cos=cos, sin=sin, impl=options.impl).node
             if out.dtype != xt.dtype:
-                rotated = m.insert_op(graph, node, torch.Tensor.to, (rotated, out.dtype))
+                rotated = surgery.insert_op(graph, node, torch.Tensor.to, (rotated, out.dtype))
             node.replace_all_uses_with(rotated)
             graph.erase_node(node)
-            m.erase_unused(matched)
+            surgery.erase_unused(matched)
             count += 1
         return count

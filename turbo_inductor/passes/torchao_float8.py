@@ -16,7 +16,7 @@ from ..ops.fp8 import fp8_formats
 from ..ops.fp8_linear import FP8LinearNode, can_rewrite
 from ..options import Options
 from ..recipes import RECIPES
-from . import matcher as m
+from . import ir, patterns, surgery
 from .manager import Phase, RewritePass
 
 _FUNCTION = ("torchao.float8.float8_linear", "matmul_with_hp_or_float8_args")
@@ -96,18 +96,18 @@ class TorchaoFloat8Pass(RewritePass):
             ):
                 continue
             x, weight_t, mm_config, config = node.args
-            weight, x_fake = m.transpose_source(weight_t), m.fake(x)
-            if weight is None or x_fake is None or m.fake(weight) is None:
+            weight, x_fake = patterns.transpose_source(weight_t), ir.fake(x)
+            if weight is None or x_fake is None or ir.fake(weight) is None:
                 continue
             try:
                 recipe = recipe_of(_constant(config), x_fake.device)
             except (ValueError, TypeError, AttributeError):  # a config we cannot read: torchao keeps it
                 continue
-            if recipe is None or not can_rewrite(x_fake, m.fake(weight), None):
+            if recipe is None or not can_rewrite(x_fake, ir.fake(weight), None):
                 continue
-            m.replace_with_view(
+            surgery.replace_with_view(
                 graph, node, FP8LinearNode, x=x, weight=weight, bias=None, recipe=recipe, impl=options.impl
             )
-            m.erase_unused(m.producers([mm_config, config, weight_t], stop={x, weight}))
+            surgery.erase_unused(surgery.producers([mm_config, config, weight_t], stop={x, weight}))
             count += 1
         return count
