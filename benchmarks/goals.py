@@ -1,6 +1,6 @@
 """Every goal a GPU run of the main job (``run_model.py``) is held to, in one table. ``run_model`` prints and records
-them; the report (``report.py``) holds each run's rows to them as they stand now. Speedups are over Inductor in
-bf16, measured in the same run on one H200; the figures are the project's targets there."""
+them; the report (``report.py``) holds each run's rows to them as they stand now. Speedups and peak memory are
+against Inductor in bf16, measured in the same run on one H200; the figures are the project's targets there."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import statistics
 
 # Every primus_turbo column's cold compile over Inductor's.
 COMPILE = 1.25
+# Every primus_turbo column's peak memory in a step over Inductor's, at most; each FP8 recipe's also at most torchao's.
+MEMORY = 1.02
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +74,7 @@ def evaluate(table: list[dict], configuration: dict, model: str) -> list[dict]:
     """``model``'s rows of a GPU run against its goals, for the columns present. Serial compiles
     (``--compile-kernels``) are no cold compile: no compile-time goal then."""
     compile_goal = not configuration.get("compile_kernels")
-    lines = speed(table, targets(configuration, model), compile_goal)
+    lines = speed(table, targets(configuration, model), compile_goal) + memory(table)
     return lines + transformers_goals(table) if configuration.get("hf") else lines
 
 
@@ -126,6 +128,62 @@ def speed(table: list[dict], targets: Targets = LAYER, compile_goal: bool = True
             }
         )
     return report
+
+
+def memory(table: list[dict]) -> list[dict]:
+    """A GPU run's peak memory against its goals, for the columns present: every primus_turbo column's within MEMORY
+    of Inductor's, and each FP8 recipe's at most torchao's; each goal measured at the column furthest from it."""
+    rows = {row["column"]: row["peak_gib"] for row in table if row.get("peak_gib") is not None}
+    ours = [name for name in rows if name.startswith("primus_turbo")]
+    report = []
+    if "inductor" in rows and ours:
+        worst = max(ours, key=rows.get)
+        ratio = rows[worst] / rows["inductor"]
+        report.append(
+            {
+                "goal": f"primus_turbo peak memory <= {MEMORY:.2f}x Inductor's",
+                "measured": f"{ratio:.3f}x at most ({_ours(worst)})",
+                "met": ratio <= MEMORY,
+            }
+        )
+    pairs = [(peer, ours_beside(peer)) for peer in rows if peer.startswith("torchao") and ours_beside(peer) in ours]
+    if pairs:
+        peer, column = max(pairs, key=lambda pair: rows[pair[1]] - rows[pair[0]])
+        report.append(
+            {
+                "goal": "primus_turbo fp8 peak memory <= torchao's",
+                "measured": f"{rows[column] - rows[peer]:+.2f} GiB at most ({_ours(column).removeprefix('fp8 ')})",
+                "met": rows[column] <= rows[peer],
+            }
+        )
+    return report
+
+
+def ours_beside(peer: str) -> str | None:
+    """Our column of a peer column's precision: torchao's FP8 recipe's, bf16 for Liger's; None for a column that is no
+    peer's, or a peer's model compiled by our backend."""
+    if peer == "liger":
+        return "primus_turbo"
+    recipe = peer.removeprefix("torchao fp8 ")
+    return None if recipe == peer or " " in recipe else f"primus_turbo fp8 {recipe}"
+
+
+def lighter_peers(table: list[dict]) -> list[str]:
+    """Each peer column that peaked below ours of its precision (``ours_beside``), and by how much (GiB, and the
+    fraction of ours)."""
+    rows = {row["column"]: row["peak_gib"] for row in table if row.get("peak_gib") is not None}
+    lines = []
+    for peer, peak in rows.items():
+        column = ours_beside(peer)
+        if column in rows and peak < rows[column]:
+            less = rows[column] - peak
+            lines.append(f"{peer} by {less:.2f} GiB ({less / rows[column]:.1%})")
+    return lines
+
+
+def _ours(column: str) -> str:
+    """A primus_turbo column by its own options: "bf16", "fp8 rowwise", ..."""
+    return column.removeprefix("primus_turbo").strip() or "bf16"
 
 
 def transformers_goals(table: list[dict]) -> list[dict]:

@@ -19,6 +19,8 @@ from benchmarks import STARTED_WITH
 
 DEFAULT_OUT = pathlib.Path(__file__).resolve().parent / "out"
 MAX_NAME = 120  # characters of a file name before its tail is replaced by a hash
+# The distributions whose versions a run records beside torch's and Triton's: transformers, and the main job's peers.
+PACKAGES = ("transformers", "torchao", "liger-kernel")
 
 
 def output_dir(out: str | None = None) -> pathlib.Path:
@@ -38,9 +40,9 @@ def installed_version(distribution: str) -> str | None:
 
 
 def environment() -> dict:
-    """Where and how this run was made: GPUs (or "cpu"), versions (of transformers and torchao: null where not
-    installed), the UTC date, the process's command line and the turbo_inductor and Inductor variables it started
-    with."""
+    """Where and how this run was made: GPUs (or "cpu"), versions (of transformers and the peers torchao and
+    Liger-Kernel: null where not installed), the UTC date, the process's command line and the turbo_inductor and
+    Inductor variables it started with."""
     import torch
     import triton
 
@@ -50,8 +52,8 @@ def environment() -> dict:
         "torch": torch.__version__,
         "triton": triton.__version__,
         # transformers' version sets the graphs its models give (the causal-mask rewrite, and so the speed, depends
-        # on it); null where not installed
-        **{name: installed_version(name) for name in ("transformers", "torchao")},
+        # on it), a peer's its columns' kernels; null where not installed
+        **{name: installed_version(name) for name in PACKAGES},
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": list(sys.orig_argv),

@@ -10,12 +10,12 @@ import pathlib
 import textwrap
 from collections.abc import Callable
 
-from benchmarks import goals
+from benchmarks import goals, record
 
 BENCHMARKS_DIR = pathlib.Path(__file__).resolve().parent
 RESULTS = BENCHMARKS_DIR / "results"
 README = BENCHMARKS_DIR / "README.md"
-MAX_WIDTH, MAX_LINES = 120, 140  # two pages
+MAX_WIDTH, MAX_LINES = 120, 160  # two pages
 # Marks a run whose JSON was edited or typed by hand (its "hand_edited" says what): no run wrote it as it stands.
 HAND_MARK = "†"
 
@@ -129,8 +129,8 @@ def run_goals(result: dict) -> list[dict]:
 
 
 def goals_lines(result: dict) -> list[str]:
-    """The model benchmark's goals (a GPU run's only): per model, how many were met and each missed one with what was
-    measured."""
+    """The model benchmark's goals (a GPU run's only): per model, how many were met, each missed one with what was
+    measured, and where a peer peaked below us."""
     by_model: dict[str, list[dict]] = {}
     for goal in result.get("goals", []):
         by_model.setdefault(goal["model"], []).append(goal)
@@ -139,6 +139,8 @@ def goals_lines(result: dict) -> list[str]:
         missed = [f"{g['goal'].removeprefix('primus_turbo ')}: {g['measured']}" for g in held if not g["met"]]
         text = f"- {model}: {len(held) - len(missed)} of {len(held)} goals met"
         text += f"; MISSED: {'; '.join(missed)}" if missed else ""
+        lighter = goals.lighter_peers([row for row in result["rows"] if row.get("model") == model])
+        text += f". Less memory than ours: {'; '.join(lighter)}" if lighter else ""
         lines += textwrap.wrap(text, MAX_WIDTH, subsequent_indent="  ", break_on_hyphens=False)
     return lines
 
@@ -213,8 +215,9 @@ BENCHMARKS = (
         "run_model.py",
         "model",
         model_table,
-        "GPU ms: kernels only; compile: cold; SNR against Inductor. transformers' models run with their LM head, and "
-        "in training their loss; each row is against the Inductor of its own run.",
+        "GPU ms: kernels only; compile: cold; SNR against Inductor; peak GiB: a step's. transformers' models run with "
+        "their LM head, and in training their loss; each row is against the Inductor of its own run. A peer's memory "
+        "is against ours of its precision (torchao's recipe; bf16 for Liger).",
         goals_lines,
         model_about,
     ),
@@ -317,10 +320,10 @@ def _machine(environment: dict) -> str:
 def _environment(file: str, environment: dict, shared: str, edited: bool = False) -> str:
     """A run's command with the variables it started with (which names its file; the file where no command was
     recorded) and date, its machine where the runs differ in theirs (``shared``: the one all had), and the versions
-    of transformers and torchao where the run recorded them. The command without ``--out DIR``; ``edited``: marked
+    of transformers and the peers where the run recorded them. The command without ``--out DIR``; ``edited``: marked
     as a run edited by hand."""
     machine = "" if _machine(environment) == shared else f"{_machine(environment)}, "
-    for package in ("transformers", "torchao"):
+    for package in record.PACKAGES:
         if environment.get(package):
             machine += f"{package} {environment[package]}, "
     words = environment.get("command", [])
@@ -437,13 +440,15 @@ SUMMARY_COLUMNS = {
     "fp8 rowwise": "primus_turbo fp8 rowwise",
     "torchao tensorwise": "torchao fp8 tensorwise",
     "torchao rowwise": "torchao fp8 rowwise",
+    "liger": "liger",
 }
 
 
 def summary(results: dict[str, dict]) -> str:
-    """The README's table: each model's training step against Inductor bf16, from the main job's newest run of it.
-    A column that run did not measure comes from the newest run of the model that did (each ratio is of its run). A
-    model whose figures come from a run edited by hand is marked, and a footnote says what was edited."""
+    """The README's tables: each model's training step against Inductor bf16, then each column's peak memory, from the
+    main job's newest run of it. A column that run did not measure comes from the newest run of the model that did
+    (each ratio is of its run); a dash where none did. A model whose figures come from a run edited by hand is
+    marked, and a footnote says what was edited."""
     files = [
         file
         for file, result in sorted(results.items())
@@ -454,7 +459,8 @@ def summary(results: dict[str, dict]) -> str:
     if not files:
         return "Not run on a GPU yet."
     newest = _newest(results, files)
-    lines = _table(["model, 1 layer, training", "Inductor ms", *SUMMARY_COLUMNS], [])
+    speed = _table(["model, training", "Inductor ms", *SUMMARY_COLUMNS], [])
+    memory = _table(["peak GiB", "Inductor", *SUMMARY_COLUMNS], [])
     machines, edited = set(), []
     for file in files:
         run, runs = results[file], _runs_of(results[file])
@@ -465,33 +471,41 @@ def summary(results: dict[str, dict]) -> str:
             if not _shows(newest, runs, file, model):
                 continue
             rows = {row["column"]: row for row in run["rows"] if row["model"] == model}
-            inductor = rows.get("inductor", {}).get("step_ms")
-            found = [_newest_speedup(results, files, runs[0][1:], model, column) for column in SUMMARY_COLUMNS.values()]
-            cells = [_number(speedup, ".2f", "x") for speedup, _ in found]
+            found = [_newest_row(results, files, runs[0][1:], model, column) for column in SUMMARY_COLUMNS.values()]
             sources = {file, *(source for _, source in found if source)}
             by_hand = sorted(source for source in sources if results[source].get("hand_edited"))
             edited += [source for source in by_hand if source not in edited]
-            mark = HAND_MARK * bool(by_hand)
+            name = model
             if run["configuration"].get("hf"):  # transformers' model: its layers, the LM head and loss
                 layers = run["configuration"]["models"][model]["layers"]
-                model = f"{model} (transformers, {_layers(layers)}, LM head)"
-            lines.append(f"| {model}{mark} | {_number(inductor, '.2f')} | " + " | ".join(cells) + " |")
+                name = f"{model} (transformers, {_layers(layers)}, LM head)"
+            name += HAND_MARK * bool(by_hand)
+            inductor = rows.get("inductor", {})
+            speed.append(_line(name, _number(inductor.get("step_ms"), ".2f"), found, "speedup_vs_inductor", "x"))
+            memory.append(_line(name, _number(inductor.get("peak_gib"), ".2f"), found, "peak_gib"))
     size = {(results[f]["configuration"]["batch"], results[f]["configuration"]["seq"]) for f in files}
     note = (
         f"Batch x seq {', '.join(f'{b} x {q}' for b, q in sorted(size))}; {'; '.join(sorted(machines))}. Each model's "
-        "newest run; a column it did not measure, from the newest run that did."
+        "newest run; a column it did not measure, from the newest run that did; a dash: no run measured it."
     )
     notes = hand_edited_notes(results, edited, "benchmarks/results/")
-    return "\n".join([*lines, "", *_wrap(note), *notes])
+    return "\n".join([*speed, "", *memory, "", *_wrap(note), *notes])
 
 
-def _newest_speedup(
+def _line(name: str, inductor: str, found: list[tuple], key: str, suffix: str = "") -> str:
+    """A summary table's line: the model, Inductor's figure, and each column's ``key`` from its row in ``found``
+    ("failed" where it failed, a dash where no run measured it)."""
+    cells = ["failed" if row and "error" in row else _number((row or {}).get(key), ".2f", suffix) for row, _ in found]
+    return f"| {name} | {inductor} | " + " | ".join(cells) + " |"
+
+
+def _newest_row(
     results: dict[str, dict], files: list[str], kind: tuple, model: str, column: str
-) -> tuple[float | None, str | None]:
-    """``column``'s ratio for ``model`` in the newest of ``files`` of that kind (transformers' or not, mode) with it,
+) -> tuple[dict | None, str | None]:
+    """``column``'s row for ``model`` in the newest of ``files`` of that kind (transformers' or not, mode) with it,
     and that file ((None, None) where none has it)."""
     found = [
-        (results[file]["environment"]["date"], row.get("speedup_vs_inductor"), file)
+        (results[file]["environment"]["date"], row, file)
         for file in files
         if (model, *kind) in _runs_of(results[file])
         for row in results[file]["rows"]
@@ -527,20 +541,23 @@ def write_chart(path: str) -> str | None:
 
 
 def _speedup_chart(plt, result: dict):
-    """A bar per column and model (models in the legend), Inductor's 1.0, and a line per goal the run reports."""
-    rows = [row for row in result["rows"] if "speedup_vs_inductor" in row]
+    """A bar per column and model (models in the legend): the speedups, with Inductor's 1.0 and a line per goal the
+    run reports, and beside them each column's peak memory where the run measured it (a GPU run)."""
     models = list(dict.fromkeys(row["model"] for row in result["rows"]))
     columns = list(dict.fromkeys(row["column"] for row in result["rows"]))
-    height = 0.8 / len(models)
-    fig, ax = plt.subplots(figsize=(8, 1.0 + 0.22 * len(columns) * max(1.5, len(models))))
-    for m, model in enumerate(models):
-        speedup = {row["column"]: row["speedup_vs_inductor"] for row in rows if row["model"] == model}
-        offsets = [n + (m - (len(models) - 1) / 2) * height for n in range(len(columns))]
-        values = [speedup.get(column, 0.0) for column in columns]
-        bars = ax.barh(offsets, values, height, label=model, color=plt.cm.tab10(m % 10))
-        ax.bar_label(bars, fmt="%.2fx", fontsize=7, padding=2)
+    memory = any(row.get("peak_gib") is not None for row in result["rows"])
+    fig, axes = plt.subplots(
+        1,
+        1 + memory,
+        figsize=(8 + 4 * memory, 1.0 + 0.22 * len(columns) * max(1.5, len(models))),
+        sharey=True,
+        squeeze=False,
+        width_ratios=[2, 1][: 1 + memory],
+    )
+    ax = axes[0][0]
+    _bars(plt, ax, result["rows"], models, columns, "speedup_vs_inductor", "%.2fx")
     ax.set_yticks(range(len(columns)), columns, fontsize=8)
-    ax.invert_yaxis()  # the table's order, top to bottom
+    ax.invert_yaxis()  # the table's order, top to bottom (the memory panel shares the axis)
     ax.axvline(1.0, color="black", linewidth=0.8)  # Inductor
     targets = {}  # each target speedup: the models whose goal it is (transformers' models each have their own)
     for goal in result.get("goals", []):
@@ -549,11 +566,13 @@ def _speedup_chart(plt, result: dict):
     for n, (target, owners) in enumerate(sorted(targets.items())):
         label = f"goal {target:.2f}x" + (f" ({', '.join(owners)})" if len(owners) < len(models) else "")
         ax.axvline(target, color="black", linestyle=(":", "--", "-.")[n % 3], linewidth=0.8, label=label)
-    ax.margins(x=0.12)
     ax.set_xlabel("speedup over Inductor")
+    if memory:
+        _bars(plt, axes[0][1], result["rows"], models, columns, "peak_gib", "%.2f")
+        axes[0][1].set_xlabel("peak GiB in a step")
     configuration = result["configuration"]
     layers = {model["layers"] for model in configuration["models"].values()}
-    ax.set_title(
+    fig.suptitle(
         f"{', '.join(models)}{' (transformers)' * bool(configuration.get('hf'))}: "
         f"{'/'.join(map(str, sorted(layers)))} layer(s), batch {configuration['batch']} x seq "
         f"{configuration['seq']}, {configuration['mode']} ({result['environment']['machine']})",
@@ -562,6 +581,19 @@ def _speedup_chart(plt, result: dict):
     if len(models) > 1 or targets:
         ax.legend(fontsize=7, loc="best")
     return fig
+
+
+def _bars(plt, ax, rows: list[dict], models: list[str], columns: list[str], key: str, label: str) -> None:
+    """Horizontal bars of each row's ``key`` (labelled with ``label``), a group per column with a bar per model; a
+    column without it (failed) at 0."""
+    height = 0.8 / len(models)
+    for m, model in enumerate(models):
+        value = {row["column"]: row[key] for row in rows if row["model"] == model and row.get(key) is not None}
+        offsets = [n + (m - (len(models) - 1) / 2) * height for n in range(len(columns))]
+        values = [value.get(column, 0.0) for column in columns]
+        bars = ax.barh(offsets, values, height, label=model, color=plt.cm.tab10(m % 10))
+        ax.bar_label(bars, fmt=label, fontsize=7, padding=2)
+    ax.margins(x=0.12)
 
 
 def _loss_chart(plt, result: dict):

@@ -20,9 +20,12 @@ elif ! python3 -m pip install -v --no-deps --no-build-isolation -e . > "$OUT/ins
   TURBO_INDUCTOR_NATIVE=0 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$OUT/install.log" 2>&1 || { tail -30 "$OUT/install.log"; exit 1; }
 fi
 [ -e "$OUT/install.log" ] && grep -E "turbo_inductor: (native|building)" "$OUT/install.log"
-# torchao (the FP8 peer's columns in the model benchmark), where its wheel was carried along: device tool
-# carry=["wheels"], the wheel from `pip download --no-deps --only-binary=:all: --python-version 3.12 torchao==0.18.0 -d wheels`
-for wheel in wheels/torchao-*.whl; do [ -e "$wheel" ] && python3 -m pip install -q --no-deps "$wheel" >> "$OUT/install.log" 2>&1; done
+# The peers' columns in the model benchmark, torchao's (FP8) and Liger-Kernel's, where their wheels were carried along
+# (the GPU machine has no index): device tool carry=["wheels"], the wheels from `pip download --no-deps
+# --only-binary=:all: --python-version 3.12 torchao==0.18.0 liger-kernel==0.8.5 -d wheels` (requirements.txt's pins)
+for wheel in wheels/torchao-*.whl wheels/liger_kernel-*.whl; do
+  [ -e "$wheel" ] && python3 -m pip install -q --no-deps "$wheel" >> "$OUT/install.log" 2>&1
+done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
 gpus=$(nvidia-smi -L | wc -l)
 # pytest workers: 8 (16 cores, one H200) left the suite at 380 s; on the two-GPU kind (32 cores) 8 took over 480 s

@@ -1,7 +1,8 @@
 """The main job: a Llama-style decoder's training step (or inference forward) under eager, Inductor and primus_turbo
 (bf16, FP8 recipes, torchao's float8 beside them): step time, speedup, memory, compile time, SNR against Inductor.
 MoE configs (mixtral-8x7b, qwen3-30b-a3b) build transformers' MoE decoders, with torchao's MoE training beside them.
-With --hf: transformers' own causal LMs at published sizes, LM head and loss included (on CPU: tiny configs).
+With --hf: transformers' own causal LMs at published sizes, LM head and loss included (on CPU: tiny configs), with
+Liger-Kernel's kernels patched into them beside ours.
 ``python -m benchmarks.run_model [--config llama3-8b[,...] | --hf llama3-8b[,...]] [--fp8 tensorwise,rowwise]
 [--mode train|inference]``"""
 
@@ -16,6 +17,7 @@ import importlib.util
 import json
 import math
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -212,6 +214,9 @@ def main(argv=None):
             path = record.write("model", parts, configuration, rows, args.out, **extra)
     for line in goal_lines:
         print(f"goal: {line['model']}: {line['goal']}: {line['measured']} -> {'met' if line['met'] else 'MISSED'}")
+    for name in names:  # GPU figures: a CPU run records no peak memory
+        for line in goals.lighter_peers([row for row in rows if row["model"] == name]):
+            print(f"peak memory: {name}: {line}")
     report.write_chart(path)
 
 
@@ -349,6 +354,10 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
             (f"torchao fp8 {recipe} on primus_turbo", "primus_turbo", {"torchao": recipe})
             for recipe in torchao_recipes(recipes, device, TORCHAO_ON_OURS)
         ]
+    # Liger-Kernel's Triton kernels patched into transformers' model (the kernel library a user would pick instead)
+    # compiled by Inductor, and compiled by primus_turbo: whether the two compose
+    if args.hf and liger_patches(base.model):
+        columns += [("liger", "inductor", {"liger": True}), ("liger on primus_turbo", "primus_turbo", {"liger": True})]
     results, waiting, reference = {}, {}, None  # waiting: columns' outputs and gradients, until Inductor's are there
     from tqdm import tqdm  # comes with transformers; the progress of minutes-long compiles and measurements
 
@@ -367,23 +376,6 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
         gc.collect()
         left_over = torch.cuda.memory_allocated() - allocated_before if on_gpu else 0
         model = copy.deepcopy(base)
-        if options and "torchao" in options:  # a model converted by torchao
-            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
-            convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(options["torchao"]))
-            run = torch.compile(model, backend=backend, dynamic=args.dynamic)
-        elif options and "torchao_moe" in options:
-            from torchao.prototype.moe_training.config import Float8TrainingOpConfig
-            from torchao.quantization import quantize_
-
-            quantize_(model, Float8TrainingOpConfig(), filter_fn=lambda module, fqn: fqn.endswith("experts"))
-            run = torch.compile(model, backend=backend, dynamic=args.dynamic)
-        else:
-            run = (
-                model
-                if backend == "eager"
-                else torch.compile(model, backend=backend, options=options, dynamic=args.dynamic)
-            )
 
         def step():
             with torch.autocast(device, autocast_dtype, enabled=autocast_dtype is not None):
@@ -404,28 +396,30 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
                 step, gradients, device, args.kernels, left_over, not args.warm_compile, args.compile_kernels
             )
 
-        try:
+        with contextlib.ExitStack() as patches:  # what a peer patches outside its model holds for its column alone
             try:
-                results[name] = measured()
-            except Exception:
-                if not (options and "torchao_moe" in options):
-                    raise
-                # torchao's compiled MoE training fails on Hopper (ao#4048): measured eagerly, as the column says
-                run, name = model, f"{name} (eager: compile failed)"
-                results[name] = measured()
-        except Exception as error:  # a column that fails is reported, the others still run
-            cause = getattr(error, "inner_exception", None) or error  # Dynamo wraps backend errors
-            results[name] = {"error": f"{type(cause).__name__}: {str(cause).strip()[:160]}"}
-            continue
-        if backend == "primus_turbo":
-            results[name]["rewrites"] = turbo_inductor.rewrite_counts()
-            print(f"{name} fused:", results[name]["rewrites"])
-        waiting[name] = {"out": [results[name].pop("out")], "grads": [results[name].pop("grads")]}
-        for k in range(1, args.snr_inputs):  # more inputs for the SNRs, then the timed one back for the next column
-            work.draw(k)
-            waiting[name]["out"].append(step().detach())
-            waiting[name]["grads"].append({p: g.detach() for p, g in gradients().items() if g is not None})
-        work.draw(0)
+                run = for_column(model, backend, options, args.dynamic, patches)
+                try:
+                    results[name] = measured()
+                except Exception:
+                    if not (options and "torchao_moe" in options):
+                        raise
+                    # torchao's compiled MoE training fails on Hopper (ao#4048): measured eagerly, as the column says
+                    run, name = model, f"{name} (eager: compile failed)"
+                    results[name] = measured()
+            except Exception as error:  # a column that fails is reported, the others still run
+                cause = getattr(error, "inner_exception", None) or error  # Dynamo wraps backend errors
+                results[name] = {"error": f"{type(cause).__name__}: {str(cause).strip()[:160]}"}
+                continue
+            if backend == "primus_turbo":
+                results[name]["rewrites"] = turbo_inductor.rewrite_counts()
+                print(f"{name} fused:", results[name]["rewrites"])
+            waiting[name] = {"out": [results[name].pop("out")], "grads": [results[name].pop("grads")]}
+            for k in range(1, args.snr_inputs):  # more inputs for the SNRs, then the timed one back for the next column
+                work.draw(k)
+                waiting[name]["out"].append(step().detach())
+                waiting[name]["grads"].append({p: g.detach() for p, g in gradients().items() if g is not None})
+            work.draw(0)
         if name == "inductor":
             reference = waiting[name]
         if reference is not None:  # compared on the device, and freed: no column's tensors stay in later ones' peak
@@ -462,6 +456,55 @@ def run_config(args, model_name: str, on_gpu: bool) -> list[dict]:
     return table
 
 
+def for_column(model, backend: str, options: dict | None, dynamic, patches: contextlib.ExitStack):
+    """``model`` as its column runs it: converted for a peer (torchao's float8 or MoE training, Liger's kernels), then
+    compiled by ``backend`` (eager: as it is). A peer's patches outside the model last as long as ``patches``."""
+    if options and "torchao" in options:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(options["torchao"]))
+    elif options and "torchao_moe" in options:
+        from torchao.prototype.moe_training.config import Float8TrainingOpConfig
+        from torchao.quantization import quantize_
+
+        quantize_(model, Float8TrainingOpConfig(), filter_fn=lambda module, fqn: fqn.endswith("experts"))
+    elif options and "liger" in options:
+        patches.enter_context(liger_applied(model.model))
+    else:
+        return model if backend == "eager" else torch.compile(model, backend=backend, options=options, dynamic=dynamic)
+    return torch.compile(model, backend=backend, dynamic=dynamic)  # a peer's model, with no options of ours
+
+
+def liger_patches(lm) -> bool:
+    """Whether Liger-Kernel is installed and patches transformers models of ``lm``'s type; True where it fails to
+    import, so that its column reports the failure."""
+    if importlib.util.find_spec("liger_kernel") is None:
+        return False
+    try:
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except Exception:  # imported again when its column is built, which then reports the error
+        return True
+    return lm.config.model_type in MODEL_TYPE_TO_APPLY_LIGER_FN
+
+
+@contextlib.contextmanager
+def liger_applied(lm):
+    """Liger-Kernel's kernels in transformers' model ``lm``, applied as its README applies them to a model already
+    built (``_apply_liger_kernel_to_instance``), for the block. Liger also replaces the classes and the rotary function
+    in the family's modeling module, which every other model of the family calls: the module is restored on leaving."""
+    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+    module = vars(sys.modules[type(lm).__module__])
+    saved = dict(module)
+    try:
+        _apply_liger_kernel_to_instance(model=lm)
+        yield
+    finally:
+        for added in module.keys() - saved.keys():
+            del module[added]
+        module.update(saved)
+
+
 def warm_up_compiler(device: str) -> None:
     """One small Inductor compile: what a process pays once (Inductor's compile workers starting, imports) is then
     in no column's compile time. Without it, the first column compiled 4.4 s of Triton kernels in this process
@@ -492,8 +535,6 @@ def measure(
     if device == "cuda":
         torch.cuda.synchronize()
     compile_s = time.perf_counter() - start
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
     phases = compile_phases(timers, compile_s)
     compiled = any(s for phase, s in phases.items() if phase != "other")  # not the eager column
     if compiled:
@@ -508,6 +549,10 @@ def measure(
     if device == "cuda":
         from benchmarks.common import kernel_us
 
+        # One step's peak, on its own: do_bench's 256 MiB cache-flushing buffer is allocated during its timed steps.
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
         result["peak_gib"] = (torch.cuda.max_memory_allocated() - left_over) / 2**30
         per_kernel = sorted(kernel_us(step, steps=5).items(), key=lambda item: -item[1])
         result["gpu_ms"] = sum(us for _, us in per_kernel) / 1e3

@@ -53,7 +53,7 @@ def test_requirements_pin_every_package_the_tests_import_exactly():
     unknown = sorted(module for module in third_party if module not in distributions)
     assert not unknown, f"imported, but from no installed distribution: {unknown}"
     needed = {canonicalize_name(d) for module in third_party for d in distributions[module]}
-    assert needed >= {"torch", "triton", "pytest", "transformers", "torchao", "matplotlib"}
+    assert needed >= {"torch", "triton", "pytest", "transformers", "torchao", "liger-kernel", "matplotlib"}
     assert not needed - set(pinned), f"imported by the tests, not pinned: {sorted(needed - set(pinned))}"
 
 
