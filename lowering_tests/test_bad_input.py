@@ -84,7 +84,7 @@ CASES = {
         "must be one 4-D shape",
     ),
     "moe_combine": (
-        lambda y, w: ops.moe_combine(y, two_choices(w), w, impl="reference"),
+        lambda y, w: ops.moe_combine(y, w, two_choices(w), impl="reference"),
         lambda rows: [randn(2 * rows, 16), randn(rows, 2)],
         [randn(8, 16), randn(3, 2)],
         "must be 2-D with",

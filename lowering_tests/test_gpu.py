@@ -11,7 +11,7 @@ from conftest import assert_close
 
 import turbo_inductor
 from turbo_inductor.kernels import registry
-from turbo_inductor.ops.fp8 import fp8_formats
+from turbo_inductor.ops.fp8_operands import fp8_formats
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 

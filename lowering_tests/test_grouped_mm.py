@@ -14,9 +14,11 @@ import turbo_inductor
 from turbo_inductor.kernels import registry
 from turbo_inductor.kernels.reference.grouped_mm import group_bounds
 from turbo_inductor.kernels.vendor import grouped_mm as vendor_grouped
-from turbo_inductor.ops.grouped_mm import GroupedMMNode, can_rewrite, can_rewrite_fp8, weight_operands
+from turbo_inductor.ops.fp8_grouped_mm import can_rewrite_fp8, weight_operands
+from turbo_inductor.ops.fp8_operands import kernel_block
+from turbo_inductor.ops.grouped_mm import GroupedMMNode, can_rewrite
 from turbo_inductor.ops.library import OpInputError
-from turbo_inductor.recipes import RECIPES, kernel_block
+from turbo_inductor.recipes import RECIPES
 
 ops = turbo_inductor.ops
 GRADIENT_GATE = {"e4m3": 25.0, "e5m2": 20.0}

@@ -57,8 +57,8 @@ def test_permute_and_combine_match_float64(impl, routing, dtype):
     y = torch.randn(T * K, H, device=DEVICE, dtype=dtype, requires_grad=True)
     results = []
     for _ in range(2):
-        x_sorted, w_sorted, offs, order, positions = ops.moe_permute(x, indices, E, w, impl=impl)
-        out = ops.moe_combine(y, positions, w, impl=impl)
+        x_sorted, w_sorted, offs, order, positions = ops.moe_permute(x, indices, w, E, impl=impl)
+        out = ops.moe_combine(y, w, positions, impl=impl)
         outputs = (x_sorted, w_sorted, out)
         generator = torch.Generator().manual_seed(0)
         cotangents = [torch.randn(t.shape, generator=generator).to(DEVICE, t.dtype) for t in outputs]
@@ -97,8 +97,8 @@ def test_triton_routing_at_real_sizes_equals_the_reference(tokens, k, experts, h
     y = torch.randn(tokens * k, hidden, device=DEVICE, dtype=torch.bfloat16)
     results = {}
     for impl in ("reference", TRITON, TRITON):
-        x_sorted, _, offs, order, positions = ops.moe_permute(x, indices, experts, impl=impl)
-        out = ops.moe_combine(y, positions, weights, impl=impl)
+        x_sorted, _, offs, order, positions = ops.moe_permute(x, indices, None, experts, impl=impl)
+        out = ops.moe_combine(y, weights, positions, impl=impl)
         dy, dweights = torch.ops.turbo_inductor.moe_combine_bwd(x, y, weights, positions, impl)
         got = (x_sorted, offs, order, positions, out, dy, dweights)
         if impl in results:
@@ -114,20 +114,20 @@ def test_triton_routing_at_real_sizes_equals_the_reference(tokens, k, experts, h
 def test_no_tokens_and_unweighted_combine():
     x = torch.randn(0, H, device=DEVICE)
     indices = torch.zeros(0, K, dtype=torch.int64, device=DEVICE)
-    x_sorted, w_sorted, offs, order, positions = ops.moe_permute(x, indices, E)
+    x_sorted, w_sorted, offs, order, positions = ops.moe_permute(x, indices, None, E)
     assert x_sorted.shape == (0, H) and w_sorted.numel() == 0 and torch.equal(offs, torch.zeros_like(offs))
-    assert ops.moe_combine(x_sorted, positions).shape == (0, H)
+    assert ops.moe_combine(x_sorted, None, positions).shape == (0, H)
     indices, _ = _routing("random")
     y = torch.randn(T * K, H, device=DEVICE)
-    positions = ops.moe_permute(torch.randn(T, H, device=DEVICE), indices, E)[4]
-    torch.testing.assert_close(ops.moe_combine(y, positions), y[positions].sum(1))
+    positions = ops.moe_permute(torch.randn(T, H, device=DEVICE), indices, None, E)[4]
+    torch.testing.assert_close(ops.moe_combine(y, None, positions), y[positions].sum(1))
 
 
 def test_opcheck():
     indices, weights = _routing("sentinels")
     x = torch.randn(T, H, device=DEVICE)
     y = torch.randn(T * K, H, device=DEVICE)
-    positions = ops.moe_permute(x, indices, E)[4]
+    positions = ops.moe_permute(x, indices, None, E)[4]
     for w in (weights, None):
         torch.library.opcheck(torch.ops.turbo_inductor.moe_permute, (x, indices, w, E, "reference"))
         torch.library.opcheck(torch.ops.turbo_inductor.moe_combine, (y, w, positions, "reference"))
@@ -137,19 +137,19 @@ def test_opcheck():
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda x, i, w, p: ops.moe_permute(x[0], i, E), "x must be 2-D"),
-        (lambda x, i, w, p: ops.moe_permute(x, i.float(), E), "indices must be int32 or int64"),
-        (lambda x, i, w, p: ops.moe_permute(x, i[:5], E), r"indices must be \[T, k\] with T = 13"),
-        (lambda x, i, w, p: ops.moe_permute(x, i, E, w[:, :2]), r"weights must be \[T, k\] = \[13, 3\]"),
-        (lambda x, i, w, p: ops.moe_permute(x, i, 0), "num_experts must be at least 1"),
-        (lambda x, i, w, p: ops.moe_combine(x, p), "y must be 2-D with 39 rows"),
-        (lambda x, i, w, p: ops.moe_combine(torch.randn(39, H), p.int()), "positions must be moe_permute's"),
+        (lambda x, i, w, p: ops.moe_permute(x[0], i, None, E), "x must be 2-D"),
+        (lambda x, i, w, p: ops.moe_permute(x, i.float(), None, E), "indices must be int32 or int64"),
+        (lambda x, i, w, p: ops.moe_permute(x, i[:5], None, E), r"indices must be \[T, k\] with T = 13"),
+        (lambda x, i, w, p: ops.moe_permute(x, i, w[:, :2], E), r"weights must be \[T, k\] = \[13, 3\]"),
+        (lambda x, i, w, p: ops.moe_permute(x, i, None, 0), "num_experts must be at least 1"),
+        (lambda x, i, w, p: ops.moe_combine(x, None, p), "y must be 2-D with 39 rows"),
+        (lambda x, i, w, p: ops.moe_combine(torch.randn(39, H), None, p.int()), "positions must be moe_permute's"),
     ],
 )
 def test_bad_input_is_named(call, message):
     indices, weights = (t.cpu() for t in _routing("random"))
     x = torch.randn(T, H)
-    positions = ops.moe_permute(x, indices, E)[4]
+    positions = ops.moe_permute(x, indices, None, E)[4]
     with pytest.raises(OpInputError, match=message):
         call(x, indices, weights, positions)
 

@@ -167,7 +167,10 @@ def test_an_ops_schema_or_fake_edited_changes_the_sources_hash(tmp_path):
     source = rmsnorm.read_text()
     hashes = {source_hash(copy)}
     for old, new in [
-        ('"rmsnorm(Tensor x, Tensor? weight, float eps,', '"rmsnorm(Tensor x, Tensor? weight, float eps=1e-6,'),
+        (
+            "def rmsnorm(x: Tensor, weight: Optional[Tensor], eps: float,",
+            "def rmsnorm(x: Tensor, weight: Optional[Tensor], eps: float = 1e-6,",
+        ),
         ("torch.empty_like(x, memory_format=torch.contiguous_format)", "torch.empty_like(x)"),
     ]:
         assert old in source
@@ -357,8 +360,8 @@ def _routing(gen):
 
 def _moe(x, indices, weights):
     """Permute, the experts' rows scaled (a stand-in for the experts), combine: the MoE glue, backward too."""
-    x_sorted, _, _, _, positions = turbo_inductor.ops.moe_permute(x, indices, 3)
-    return turbo_inductor.ops.moe_combine(x_sorted * 1.5, positions, weights)
+    x_sorted, _, _, _, positions = turbo_inductor.ops.moe_permute(x, indices, None, 3)
+    return turbo_inductor.ops.moe_combine(x_sorted * 1.5, weights, positions)
 
 
 ops_ = turbo_inductor.ops

@@ -10,7 +10,7 @@ from compare import assert_left_alone, assert_ran, ops_after, run, snr_db
 from conftest import DEVICE
 
 import turbo_inductor
-from turbo_inductor.ops.fp8 import fp8_formats
+from turbo_inductor.ops.fp8_operands import fp8_formats
 
 torchao_float8 = pytest.importorskip("torchao.float8")
 

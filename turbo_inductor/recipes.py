@@ -11,20 +11,15 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
-from .kernels.reference.fp8_quant import device_formats
 from .options import parse_bool
-
-# cuBLASLt's FP8 GEMMs want N and K in multiples of 16.
-ALIGNMENT = 16
 
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
     """How an FP8 linear quantizes its operands.
 
-    Blocks are (rows, cols) of an operand [R, C], C contracted. 0 spans the whole dimension."""
+    Blocks are (rows, cols) of an operand [R, C], C contracted. 0 spans the whole dimension. What they are for the
+    kernels (``kernel_block``), and the operands' formats per device: ``ops/fp8_operands.py``."""
 
     name: str
     activation_block: tuple[int, int]  # x, dy and their transposes
@@ -55,15 +50,6 @@ class Recipe:
         block = self.weight_block[0]
         return block > 0 and all(n % block == 0 for n in rows)
 
-    def formats(self, device: torch.device) -> tuple[torch.dtype, torch.dtype]:
-        """(operand format, gradient format) on ``device``: e4m3fn/e5m2, or the fnuz pair on MI300."""
-        e4m3, e5m2 = device_formats(device)
-        return e4m3, e5m2 if self.gradient_format == "e5m2" else e4m3
-
-    def producer_quantization(self, x: torch.Tensor) -> tuple[torch.dtype, int]:
-        """(format, block width) for a producer quantizing x [..., K] row by row, as the linear would."""
-        return device_formats(x.device)[0], self.activation_block[1] or max(x.shape[-1], 1)
-
 
 RECIPES: dict[str, Recipe] = {
     r.name: r
@@ -79,14 +65,6 @@ RECIPES: dict[str, Recipe] = {
     )
 }
 ROW_RECIPES = tuple(name for name, r in RECIPES.items() if r.quantizes_x_in_rows)
-
-
-def kernel_block(block: tuple[int, int], rows: int, cols: int) -> tuple[int, int]:
-    """A recipe's block as the quantization kernels take it. 0 becomes rows + cols + 1.
-
-    That spans the dimension in either layout, with no guard on rows <= cols under dynamic shapes."""
-    whole = rows + cols + 1
-    return block[0] or whole, block[1] or whole
 
 
 OFF = "off"

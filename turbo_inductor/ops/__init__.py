@@ -6,24 +6,33 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from . import cross_entropy as _cross_entropy  # noqa: F401  (defines the ops)
-from . import embedding as _embedding
-from . import fp8 as _fp8  # noqa: F401
-from . import fp8_linear as _fp8_linear  # noqa: F401
-from . import fp8_shared_input as _fp8_shared_input  # noqa: F401
-from . import gemm_allreduce as _gemm_allreduce  # noqa: F401
-from . import glu as _glu  # noqa: F401
-from . import glu_fp8 as _glu_fp8  # noqa: F401
-from . import grouped_mm as _grouped_mm  # noqa: F401
-from . import moe as _moe  # noqa: F401
-from . import rmsnorm as _rmsnorm  # noqa: F401
-from . import rmsnorm_fp8 as _rmsnorm_fp8  # noqa: F401
-from . import rotary as _rotary  # noqa: F401
+from .embedding import padding_row
+
+# Importing a family's module defines its ops in torch.ops.turbo_inductor; the functions below call them.
+for _family in (
+    "cross_entropy",
+    "embedding",
+    "fp8",
+    "fp8_grouped_mm",
+    "fp8_linear",
+    "fp8_shared_input",
+    "gemm_allreduce",
+    "glu",
+    "glu_fp8",
+    "grouped_mm",
+    "moe",
+    "rmsnorm",
+    "rmsnorm_fp8",
+    "rotary",
+):
+    importlib.import_module(f"{__name__}.{_family}")
+del _family
 
 
 def rmsnorm(x: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6, *, impl: str = "auto") -> Tensor:
@@ -46,13 +55,14 @@ def rmsnorm_fp8(
     recipe: str = "rowwise",
     *,
     impl: str = "auto",
-    out_dtype: Optional[torch.dtype] = None,
+    **arguments,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(y, x + residual, q, scale)``: RMSNorm of ``x + residual``, or of x with an empty sum.
 
     q, scale: y quantized as ``recipe`` quantizes an FP8 linear's input, for :func:`fp8_linear`'s ``x_q``,
-    ``x_scale``. Recipes whose blocks lie within a row: all but tensorwise. ``out_dtype``: y's dtype (autocast)."""
-    return torch.ops.turbo_inductor.rmsnorm_fp8(x, residual, weight, eps, recipe, impl, out_dtype)
+    ``x_scale``. Recipes whose blocks lie within a row: all but tensorwise. ``arguments``: the op's others by name,
+    ``out_dtype`` (y's dtype, autocast)."""
+    return torch.ops.turbo_inductor.rmsnorm_fp8(x, residual, weight, eps, recipe, impl, **arguments)
 
 
 def swiglu(gate: Tensor, up: Tensor, *, impl: str = "auto") -> Tensor:
@@ -112,7 +122,7 @@ def cross_entropy(
 
 def embedding(weight: Tensor, indices: Tensor, padding_idx: Optional[int] = None, *, impl: str = "auto") -> Tensor:
     """``F.embedding(indices, weight, padding_idx)``; the weight gradient is summed in fp32 and written in one pass."""
-    padding = _embedding.padding_row(padding_idx, weight.shape[0])
+    padding = padding_row(padding_idx, weight.shape[0])
     return torch.ops.turbo_inductor.embedding(weight, indices, padding, impl)
 
 
@@ -130,20 +140,14 @@ def fp8_linear(
     recipe: str = "tensorwise",
     *,
     impl: str = "auto",
-    x_q: Optional[Tensor] = None,
-    x_scale: Optional[Tensor] = None,
-    save_weight_t: bool = True,
-    x_t: Optional[Tensor] = None,
-    x_t_scale: Optional[Tensor] = None,
+    **arguments,
 ) -> Tensor:
     """``F.linear`` with x and weight quantized to FP8 by ``recipe`` (``turbo_inductor.recipes.RECIPES``).
 
-    ``x_q``, ``x_scale``: x already quantized for the forward, as :func:`rmsnorm_fp8` gives them; ``x_t``,
-    ``x_t_scale``: x^T for the wgrad too, as :func:`fp8_shared_input` gives them.
-    ``save_weight_t=False``: the backward quantizes W^T again; less memory, one more read of W."""
-    return torch.ops.turbo_inductor.fp8_linear(
-        x, weight, bias, recipe, impl, x_q, x_scale, save_weight_t, x_t, x_t_scale
-    )
+    ``arguments``: the op's others by name. ``x_q``, ``x_scale``: x already quantized for the forward, as
+    :func:`rmsnorm_fp8` gives them; ``x_t``, ``x_t_scale``: x^T for the wgrad too, as :func:`fp8_shared_input` gives
+    them. ``save_weight_t=False``: the backward quantizes W^T again; less memory, one more read of W."""
+    return torch.ops.turbo_inductor.fp8_linear(x, weight, bias, recipe, impl, **arguments)
 
 
 def fp8_shared_input(
@@ -164,35 +168,30 @@ def grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, *, impl: str = "auto") -
 
 
 def fp8_grouped_mm(
-    x: Tensor,
-    weight: Tensor,
-    offs: Tensor,
-    recipe: str = "rowwise",
-    *,
-    impl: str = "auto",
-    x_q: Optional[Tensor] = None,
-    x_scale: Optional[Tensor] = None,
+    x: Tensor, weight: Tensor, offs: Tensor, recipe: str = "rowwise", *, impl: str = "auto", **arguments
 ) -> Tensor:
     """:func:`grouped_mm` with x and each expert's weight quantized to FP8 by ``recipe``.
 
-    Tensorwise scales W per expert. ``x_q``, ``x_scale``: x already quantized, as :func:`glu_fp8` gives them."""
-    return torch.ops.turbo_inductor.fp8_grouped_mm(x, weight, offs, recipe, impl, x_q, x_scale)
+    Tensorwise scales W per expert. ``arguments``: the op's others by name. ``x_q``, ``x_scale``: x already
+    quantized, as :func:`glu_fp8` gives them."""
+    return torch.ops.turbo_inductor.fp8_grouped_mm(x, weight, offs, recipe, impl, **arguments)
 
 
 def moe_permute(
-    x: Tensor, indices: Tensor, num_experts: int, weights: Optional[Tensor] = None, *, impl: str = "auto"
+    x: Tensor, indices: Tensor, weights: Optional[Tensor], num_experts: int, *, impl: str = "auto"
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(x_sorted, weights_sorted, offs, order, positions)``: the router's choices ``indices`` [T, k] by expert.
 
-    x's rows and ``weights`` in that stable order; indices outside [0, num_experts) go last. offs is for
+    x's rows and ``weights`` (or None) in that stable order; indices outside [0, num_experts) go last. offs is for
     :func:`grouped_mm`; order gives each row's choice, positions each choice's row."""
     return torch.ops.turbo_inductor.moe_permute(x, indices, weights, num_experts, impl)
 
 
-def moe_combine(y: Tensor, positions: Tensor, weights: Optional[Tensor] = None, *, impl: str = "auto") -> Tensor:
+def moe_combine(y: Tensor, weights: Optional[Tensor], positions: Tensor, *, impl: str = "auto") -> Tensor:
     """``out[t] = sum_j weights[t, j] * y[positions[t, j]]``, in fp32, returned in y's dtype.
 
-    The experts' rows [T * k, H] back in token order, summed over each token's k choices."""
+    The experts' rows [T * k, H] back in token order, summed over each token's k choices; unweighted where
+    ``weights`` is None."""
     return torch.ops.turbo_inductor.moe_combine(y, weights, positions, impl)
 
 

@@ -15,11 +15,10 @@ of dy); its Triton kernel is faster where nothing would fuse. ``docs/ops.md``, "
 from __future__ import annotations
 
 import torch
-import torch.fx as fx
 from torch import Tensor
 
 from ..kernels import registry
-from .library import SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, define_composite, kernel_op
+from .library import SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, composite_op, kernel_op
 from .node import OpNode
 
 FWD_KERNEL, BWD_KERNEL = "cross_entropy_fwd", "cross_entropy_bwd"
@@ -107,7 +106,12 @@ def _backward_fwd(ctx, dloss, _dlse):
 cross_entropy_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
 
 
-def _cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean", impl="auto"):
+# The schema spelled out: inferred from the signature, ignore_index would become a SymInt.
+@composite_op(
+    "cross_entropy",
+    "(Tensor logits, Tensor target, int ignore_index=-100, str reduction='mean', str impl='auto') -> Tensor",
+)
+def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean", impl="auto"):
     check(reduction in REDUCTIONS, "cross_entropy", lambda: f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     loss, _ = cross_entropy_fwd(logits, target, ignore_index, impl)
     if reduction == "none":
@@ -115,13 +119,6 @@ def _cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100, red
     if reduction == "sum":
         return loss.sum()
     return loss.sum() / (target != ignore_index).sum()  # NaN where every row is ignored, as torch's
-
-
-cross_entropy = define_composite(
-    "cross_entropy(Tensor logits, Tensor target, int ignore_index=-100, str reduction='mean', str impl='auto') "
-    "-> Tensor",
-    _cross_entropy,
-)
 
 
 def can_rewrite(logits: Tensor, target: Tensor) -> bool:
@@ -140,8 +137,3 @@ def can_rewrite(logits: Tensor, target: Tensor) -> bool:
 class CrossEntropyNode(OpNode):
     op = cross_entropy
     kernels = (FWD_KERNEL, BWD_KERNEL)
-    logits: fx.Node
-    target: fx.Node
-    ignore_index: int
-    reduction: str
-    impl: str

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.fx as fx
 from torch import Tensor
 
 from ..kernels import registry
@@ -118,7 +117,3 @@ def can_rewrite(weight: Tensor, indices: Tensor) -> bool:
 class EmbeddingNode(OpNode):
     op = torch.ops.turbo_inductor.embedding.default
     kernels = (FWD_KERNEL, BWD_KERNEL)
-    weight: fx.Node
-    indices: fx.Node
-    padding_idx: int
-    impl: str

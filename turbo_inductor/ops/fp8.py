@@ -1,4 +1,4 @@
-"""FP8 building blocks: formats per device, dynamic-scaling quantization, and the scaled FP8 GEMM.
+"""The FP8 ops on their own: dynamic-scaling quantization and the scaled FP8 GEMM.
 
 Ops in ``torch.ops.turbo_inductor``, not differentiable (``fp8_linear`` carries the autograd).
   fp8_quantize(x, fp8_dtype, block_rows, block_cols, transpose, power_of_two, impl) -> (q, scale)
@@ -9,6 +9,7 @@ Ops in ``torch.ops.turbo_inductor``, not differentiable (``fp8_linear`` carries 
       a [M, K] and b [N, K] in FP8. Scales: [M or 1 or M/bm, K/bk] and [N or 1 or N/bn, K/bk].
 
 Formats follow the device. NVIDIA and MI350 (gfx950): e4m3fn and e5m2. MI300 (gfx942): the fnuz pair.
+What an FP8 op family's operands are (formats, blocks, scale layouts): ``fp8_operands``.
 """
 
 from __future__ import annotations
@@ -18,15 +19,11 @@ from torch import Tensor
 
 from ..kernels import registry
 from ..kernels.reference.fp8_gemm import block_size
-from ..kernels.reference.fp8_quant import FP8_DTYPES, device_formats
+from ..kernels.reference.fp8_quant import FP8_DTYPES
+from .fp8_operands import QUANTIZE_KERNEL, quantize_outputs
 from .library import check, check_float, kernel_op
 
-QUANTIZE_KERNEL, GEMM_KERNEL = "fp8_quantize", "fp8_gemm"
-fp8_formats = device_formats  # (e4m3, e5m2) for a device, as the kernels choose them
-
-
-def _blocks(block: int, size: int) -> int:
-    return -(-size // block)
+GEMM_KERNEL = "fp8_gemm"
 
 
 def _check_quantize(x: Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int) -> None:
@@ -52,7 +49,7 @@ def fp8_quantize(
 ) -> tuple[Tensor, Tensor]:
     _check_quantize(x, fp8_dtype, block_rows, block_cols)
     if x.numel() == 0:
-        return _quantize_outputs(x, fp8_dtype, block_rows, block_cols, transpose)
+        return quantize_outputs(x, fp8_dtype, block_rows, block_cols, transpose)
     return registry.select(QUANTIZE_KERNEL, x.device, impl)(
         x, fp8_dtype, block_rows, block_cols, transpose, power_of_two=power_of_two
     )
@@ -61,14 +58,7 @@ def fp8_quantize(
 @fp8_quantize.register_fake
 def _(x, fp8_dtype, block_rows, block_cols, transpose=False, power_of_two=False, impl="auto"):
     _check_quantize(x, fp8_dtype, block_rows, block_cols)
-    return _quantize_outputs(x, fp8_dtype, block_rows, block_cols, transpose)
-
-
-def _quantize_outputs(x, fp8_dtype, block_rows, block_cols, transpose):
-    m, k = x.shape
-    q = x.new_empty((k, m) if transpose else (m, k), dtype=fp8_dtype)
-    scale = x.new_ones((_blocks(block_rows, m), _blocks(block_cols, k)), dtype=torch.float32)
-    return q, scale
+    return quantize_outputs(x, fp8_dtype, block_rows, block_cols, transpose)
 
 
 def _check_gemm(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor) -> None:

@@ -28,49 +28,37 @@ import math
 from typing import Optional
 
 import torch
-import torch.fx as fx
 from torch import Tensor
 from torch._inductor import config as inductor_config
 
 from ..kernels import registry
-from ..kernels.reference.fp8_quant import scale_shape
-from ..recipes import ALIGNMENT, RECIPES, ROW_RECIPES, Recipe, kernel_block
-from .fp8 import GEMM_KERNEL, QUANTIZE_KERNEL, fp8_formats, fp8_quantize
+from ..recipes import RECIPES
+from .fp8 import GEMM_KERNEL, fp8_quantize
+from .fp8_operands import (
+    ALIGNMENT,
+    QUANTIZE_KERNEL,
+    check_quantized,
+    check_recipe,
+    fp8_formats,
+    keeps_x,
+    kernel_block,
+    quantize_operand,
+    quantize_operand_both,
+    recipe_formats,
+    saves_x_t,
+    scale_shape,
+    unsaved_operand,
+)
 from .library import (
     SUPPORTED_FLOAT_DTYPES,
     check,
     check_linear,
-    define_composite,
+    composite_op,
     kept_whole,
     kernel_op,
     register_linear_autograd,
 )
 from .node import OpNode
-
-
-def quantize_operand(
-    t: Tensor, block: tuple[int, int], dtype: torch.dtype, recipe: Recipe, impl: str, transposed: bool = False
-) -> tuple[Tensor, Tensor]:
-    """(q, scale): the GEMM operand ``t`` [R, C] quantized in ``block``-shaped blocks.
-
-    With ``transposed``: t^T [C, R] in such blocks, read from t."""
-    quantize = registry.select(QUANTIZE_KERNEL, t.device, impl)
-    block_rows, block_cols = kernel_block(block, *t.shape)
-    if not transposed:
-        return quantize(t, dtype, block_rows, block_cols, False, power_of_two=recipe.power_of_two)
-    q_t, scale = quantize(t, dtype, block_cols, block_rows, True, power_of_two=recipe.power_of_two)
-    return q_t, scale.t().contiguous()
-
-
-def quantize_operand_both(
-    t: Tensor, block: tuple[int, int], dtype: torch.dtype, recipe: Recipe, impl: str
-) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
-    """``t`` [R, C] and ``t^T`` [C, R] quantized in ``block``-shaped blocks, by one call."""
-    quantize = registry.select(QUANTIZE_KERNEL, t.device, impl)
-    q, scale, q_t, scale_t = quantize(
-        t, dtype, *kernel_block(block, *t.shape), False, power_of_two=recipe.power_of_two, both_layouts=True
-    )
-    return (q, scale), (q_t, scale_t)
 
 
 def _gemm(
@@ -93,7 +81,7 @@ def _check(
     x_t_scale: Optional[Tensor] = None,
 ) -> None:
     """Takes ``weight`` or, for inference, W quantized as ``w_q``, ``w_scale``: exactly one of them."""
-    check(recipe in RECIPES, op, lambda: f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}")
+    check_recipe(op, recipe)
     check((x_q is None) == (x_scale is None), op, lambda: "x_q and x_scale must be given together")
     check((x_t is None) == (x_t_scale is None), op, lambda: "x_t and x_t_scale must be given together")
     check(x_t is None or x_q is not None, op, lambda: "x_t is x^T quantized beside x_q: give x_q too")
@@ -123,59 +111,6 @@ def _check(
     if _handed(x_t):
         rows = math.prod(x.shape[:-1])
         check_quantized(op, "x_t", x_t, x_t_scale, k, rows, x.device, r.activation_block, recipe)
-
-
-def check_quantized(
-    op: str,
-    name: str,
-    q: Tensor,
-    scale: Tensor,
-    rows: int,
-    cols: int,
-    device: torch.device,
-    block: tuple[int, int],
-    recipe: str,
-) -> None:
-    """Check that ``q``, ``scale`` are the operand ``name`` [rows, cols] quantized in ``recipe``'s ``block``."""
-    dtype, (block_rows, block_cols) = fp8_formats(device)[0], kernel_block(block, rows, cols)
-    expected = scale_shape(rows, cols, block_rows, block_cols)
-    check(
-        q.shape == (rows, cols) and q.dtype == dtype and q.device == device,
-        op,
-        lambda: (
-            f"{name}_q must be {name} quantized as [{rows}, {cols}] {dtype} on {device}, got {list(q.shape)} "
-            f"{q.dtype} on {q.device}"
-        ),
-    )
-    check(
-        scale.shape == expected and scale.dtype == torch.float32 and scale.device == device,
-        op,
-        lambda: (
-            f"{name}_scale must be the {recipe} scales of {name}, float32 {list(expected)}, got {scale.dtype} "
-            f"{list(scale.shape)}"
-        ),
-    )
-
-
-def check_row_recipe(op: str, recipe: str) -> None:
-    """Check that ``recipe``'s blocks of x lie within a row, as FP8 producers need."""
-    check(
-        recipe in ROW_RECIPES,
-        op,
-        lambda: f"recipe must quantize x in blocks within a row {ROW_RECIPES}, got {recipe!r}",
-    )
-
-
-def _keeps_x(recipe: str) -> bool:
-    """Whether the wgrad takes x in its own dtype rather than x^T quantized."""
-    return RECIPES[recipe].high_precision_wgrad
-
-
-def saves_x_t(recipe: str, weight_grad: bool) -> bool:
-    """Whether the forward saves x^T quantized, for the wgrad.
-
-    Not for a weight wanting no gradient, nor for a wgrad taking x itself."""
-    return weight_grad and not _keeps_x(recipe)
 
 
 def _handed(x_t: Optional[Tensor]) -> bool:
@@ -235,11 +170,6 @@ def _forward(
         y = y + bias
     y = y.view(x.shape[:-1] + (y.shape[-1],))
     return (y, *x_t, *w_t) if for_backward else (y,)
-
-
-def unsaved_operand(t: Tensor, fp8_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Empty (q^T, scale): what the forward returns for a transpose it does not save."""
-    return t.new_empty(0, dtype=fp8_dtype), t.new_empty(0, dtype=torch.float32)
 
 
 def _saved_transposes(
@@ -377,8 +307,7 @@ def fp8_linear_bwd(
     impl: str = "auto",
 ) -> tuple[Tensor, Tensor]:
     _check_backward(dy, x, weight, recipe)
-    r, (e4m3, e5m2) = RECIPES[recipe], fp8_formats(dy.device)
-    grad_dtype = e5m2 if r.gradient_format == "e5m2" else e4m3
+    r, (e4m3, grad_dtype) = RECIPES[recipe], recipe_formats(recipe, dy.device)
     k = weight.shape[1]
     dy2 = dy.reshape(-1, weight.shape[0])
     dx_shape = dy.shape[:-1] + (k,)
@@ -406,19 +335,19 @@ def _wgrad(x: Optional[Tensor], x_t: Tensor, recipe: str) -> bool:
     """Whether the forward saved the wgrad's operand: x for a high-precision wgrad, else x^T quantized.
 
     It saves none for a weight wanting no gradient."""
-    return x is not None if _keeps_x(recipe) else x_t.dim() == 2
+    return x is not None if keeps_x(recipe) else x_t.dim() == 2
 
 
 def _check_backward(dy: Tensor, x: Optional[Tensor], weight: Tensor, recipe: str) -> None:
     op = "fp8_linear_bwd"
-    check(recipe in RECIPES, op, lambda: f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}")
+    check_recipe(op, recipe)
     check(
         dy.dim() >= 1 and dy.shape[-1] == weight.shape[0] and dy.dtype == weight.dtype,
         op,
         lambda: f"dy must be [..., {weight.shape[0]}] in {weight.dtype}, got {list(dy.shape)} {dy.dtype}",
     )
     check(
-        x is None or _keeps_x(recipe),
+        x is None or keeps_x(recipe),
         op,
         lambda: f"x must be None for recipe {recipe!r}: its wgrad takes x^T quantized",
     )
@@ -436,12 +365,13 @@ def _(dy, x, weight, x_t, x_t_scale, w_t, w_t_scale, recipe, impl="auto"):
 register_linear_autograd(
     fp8_linear_fwd,
     fp8_linear_bwd,
-    keeps_x=lambda recipe, weight: _keeps_x(recipe) and weight.requires_grad,
+    keeps_x=lambda recipe, weight: keeps_x(recipe) and weight.requires_grad,
     saves=_saves,
 )
 
 
-def _fp8_linear(
+@composite_op("fp8_linear")
+def fp8_linear(
     x: Tensor,
     weight: Tensor,
     bias: Optional[Tensor],
@@ -456,23 +386,25 @@ def _fp8_linear(
     # Decided at decomposition, under autograd: AOTAutograd traces training and inference graphs apart.
     wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
     if wants_grad:
-        weight_grad = weight.requires_grad
-        return fp8_linear_fwd(x, weight, bias, recipe, impl, x_q, x_scale, weight_grad, save_weight_t, x_t, x_t_scale)[
-            0
-        ]
+        return fp8_linear_fwd(
+            x,
+            weight,
+            bias,
+            recipe,
+            impl,
+            x_q=x_q,
+            x_scale=x_scale,
+            weight_grad=weight.requires_grad,
+            save_weight_t=save_weight_t,
+            x_t=x_t,
+            x_t_scale=x_t_scale,
+        )[0]
     if inductor_config.freezing:
         # W's quantization as a node of its own: constant folding runs it once (docs/ops.md, "Freezing").
         _check("fp8_linear", x, weight, bias, recipe, x_q, x_scale)
         w_q, w_scale = quantize_weight(weight, recipe, impl)
-        return fp8_linear_inference(x, None, bias, recipe, impl, x_q, x_scale, w_q, w_scale)
-    return fp8_linear_inference(x, weight, bias, recipe, impl, x_q, x_scale)
-
-
-fp8_linear = define_composite(
-    "fp8_linear(Tensor x, Tensor weight, Tensor? bias, str recipe, str impl='auto', Tensor? x_q=None, "
-    "Tensor? x_scale=None, bool save_weight_t=True, Tensor? x_t=None, Tensor? x_t_scale=None) -> Tensor",
-    _fp8_linear,
-)
+        return fp8_linear_inference(x, None, bias, recipe, impl, x_q=x_q, x_scale=x_scale, w_q=w_q, w_scale=w_scale)
+    return fp8_linear_inference(x, weight, bias, recipe, impl, x_q=x_q, x_scale=x_scale)
 
 
 def can_rewrite(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
@@ -496,13 +428,3 @@ def can_rewrite(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
 class FP8LinearNode(OpNode):
     op = fp8_linear
     kernels = (QUANTIZE_KERNEL, GEMM_KERNEL)
-    x: fx.Node
-    weight: fx.Node
-    bias: fx.Node | None
-    recipe: str
-    impl: str
-    x_q: fx.Node | None  # x already quantized by its producer
-    x_scale: fx.Node | None
-    save_weight_t: bool
-    x_t: fx.Node | None  # x^T quantized by x's producer
-    x_t_scale: fx.Node | None

@@ -15,14 +15,21 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.fx as fx
 from torch import Tensor
 
-from ..kernels.reference.fp8_quant import scale_shape
-from ..recipes import RECIPES, kernel_block
-from .fp8 import QUANTIZE_KERNEL, fp8_formats
-from .fp8_linear import quantize_operand, quantize_operand_both, saves_x_t, unsaved_operand
-from .library import check, check_float, define_composite, kernel_op
+from ..recipes import RECIPES
+from .fp8_operands import (
+    QUANTIZE_KERNEL,
+    check_recipe,
+    fp8_formats,
+    kernel_block,
+    quantize_operand,
+    quantize_operand_both,
+    saves_x_t,
+    scale_shape,
+    unsaved_operand,
+)
+from .library import check, check_float, composite_op, kernel_op
 from .node import OpNode
 
 
@@ -30,7 +37,7 @@ def _check(x: Tensor, recipe: str) -> None:
     op = "fp8_shared_input"
     check_float(op, "x", x)
     check(x.dim() >= 1, op, lambda: "x must have at least one dimension")
-    check(recipe in RECIPES, op, lambda: f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}")
+    check_recipe(op, recipe)
 
 
 def _outputs(x: Tensor, recipe: str, transposed: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -78,7 +85,10 @@ def _backward(ctx, *_grads):
 fp8_shared_input_quantize.register_autograd(_backward, setup_context=_setup)
 
 
-def _fp8_shared_input(x: Tensor, weights: list[Tensor], recipe: str, impl: str = "auto") -> tuple[Tensor, ...]:
+@composite_op("fp8_shared_input")
+def fp8_shared_input(
+    x: Tensor, weights: list[Tensor], recipe: str, impl: str = "auto"
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     _check(x, recipe)
     for weight in weights:
         check(
@@ -94,17 +104,7 @@ def _fp8_shared_input(x: Tensor, weights: list[Tensor], recipe: str, impl: str =
     return fp8_shared_input_quantize(x, recipe, impl, saves_x_t(recipe, wgrad))
 
 
-fp8_shared_input = define_composite(
-    "fp8_shared_input(Tensor x, Tensor[] weights, str recipe, str impl='auto') -> (Tensor, Tensor, Tensor, Tensor)",
-    _fp8_shared_input,
-)
-
-
 class FP8SharedInputNode(OpNode):
     op = fp8_shared_input
     outputs = ("q", "scale", "q_t", "scale_t")
     kernels = (QUANTIZE_KERNEL,)
-    x: fx.Node
-    weights: list[fx.Node]
-    recipe: str
-    impl: str

@@ -19,7 +19,6 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-import torch.fx as fx
 from torch import Tensor
 
 from ..kernels import registry
@@ -188,18 +187,8 @@ def can_rewrite(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
 class GemmAllReduceNode(OpNode):
     op = torch.ops.turbo_inductor.gemm_allreduce.default
     kernels = (FWD_KERNEL, BWD_KERNEL)
-    x: fx.Node
-    weight: fx.Node
-    bias: fx.Node | None
-    group_name: str
-    impl: str
 
 
 class LinearDgradAllReduceNode(OpNode):
     op = torch.ops.turbo_inductor.linear_dgrad_allreduce.default
     kernels = (FWD_KERNEL,)  # in its backward
-    x: fx.Node
-    weight: fx.Node
-    bias: fx.Node | None
-    group_name: str
-    impl: str

@@ -18,18 +18,28 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.fx as fx
 from torch import Tensor
 
 from ..kernels import registry
-from .library import SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, define_composite, kernel_op
+from .library import (
+    SUPPORTED_FLOAT_DTYPES,
+    check,
+    check_float,
+    check_same_device,
+    composite_op,
+    flat_or_none,
+    kernel_op,
+    unit_stride_rows,
+)
 from .node import OpNode
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 FWD_KERNEL, BWD_KERNEL = "glu_fwd", "glu_bwd"
 
 
-def _check(op: str, gate: Tensor, up: Tensor, probs: Optional[Tensor], mask: Optional[Tensor], activation: str) -> None:
+def check_glu(
+    op: str, gate: Tensor, up: Tensor, probs: Optional[Tensor], mask: Optional[Tensor], activation: str
+) -> None:
     check_float(op, "gate", gate)
     check(gate.dim() >= 1, op, lambda: "inputs must have at least one dimension")
     check(
@@ -54,7 +64,7 @@ def _check(op: str, gate: Tensor, up: Tensor, probs: Optional[Tensor], mask: Opt
     check_same_device(op, gate=gate, up=up, probs=probs, mask=mask)
 
 
-def _check_fused(op: str, x: Tensor, probs, mask, activation) -> None:
+def check_glu_fused(op: str, x: Tensor, probs, mask, activation) -> None:
     check_float(op, "x", x)
     check(
         x.dim() >= 1 and x.shape[-1] % 2 == 0,
@@ -62,17 +72,7 @@ def _check_fused(op: str, x: Tensor, probs, mask, activation) -> None:
         lambda: f"x's last dimension holds gate and up halves: it must be even, got shape {list(x.shape)}",
     )
     half = x.shape[-1] // 2
-    _check(op, x[..., :half], x[..., half:], probs, mask, activation)
-
-
-def _rows(t: Tensor) -> Tensor:
-    """``t`` as [rows, F] with unit column stride: a view where strides allow. Halves of one tensor stay views."""
-    rows = t.reshape(-1, t.shape[-1])
-    return rows if rows.stride(-1) == 1 else rows.contiguous()
-
-
-def _flat(t: Optional[Tensor]) -> Optional[Tensor]:
-    return None if t is None else t.reshape(-1).contiguous()
+    check_glu(op, x[..., :half], x[..., half:], probs, mask, activation)
 
 
 def _no_probs_grad(like: Tensor) -> Tensor:
@@ -82,7 +82,9 @@ def _no_probs_grad(like: Tensor) -> Tensor:
 def _forward(gate: Tensor, up: Tensor, probs, mask, activation: str, impl: str) -> Tensor:
     if gate.numel() == 0:
         return gate.new_empty(gate.shape)
-    out = registry.select(FWD_KERNEL, gate.device, impl)(_rows(gate), _rows(up), _flat(probs), _flat(mask), activation)
+    out = registry.select(FWD_KERNEL, gate.device, impl)(
+        unit_stride_rows(gate), unit_stride_rows(up), flat_or_none(probs), flat_or_none(mask), activation
+    )
     return out.view(gate.shape)
 
 
@@ -96,7 +98,13 @@ def _backward(dout, gate, up, probs, mask, activation, impl, fused: bool):
         dprobs = _no_probs_grad(gate) if probs is None else torch.zeros_like(probs)
         return dgate, None if fused else torch.zeros_like(up), dprobs
     dgate, dup, dprobs = registry.select(BWD_KERNEL, gate.device, impl)(
-        _rows(dout), _rows(gate), _rows(up), _flat(probs), _flat(mask), activation, fused
+        unit_stride_rows(dout),
+        unit_stride_rows(gate),
+        unit_stride_rows(up),
+        flat_or_none(probs),
+        flat_or_none(mask),
+        activation,
+        fused,
     )
     dgate = dgate.view(rows_shape + (dgate.shape[-1],))
     dup = None if fused else dup.view(up.shape)
@@ -110,13 +118,13 @@ def _backward(dout, gate, up, probs, mask, activation, impl, fused: bool):
 def glu(
     gate: Tensor, up: Tensor, probs: Optional[Tensor], mask: Optional[Tensor], activation: str, impl: str = "auto"
 ) -> Tensor:
-    _check("glu", gate, up, probs, mask, activation)
+    check_glu("glu", gate, up, probs, mask, activation)
     return _forward(gate, up, probs, mask, activation, impl)
 
 
 @glu.register_fake
 def _(gate, up, probs, mask, activation, impl="auto"):
-    _check("glu", gate, up, probs, mask, activation)
+    check_glu("glu", gate, up, probs, mask, activation)
     return gate.new_empty(gate.shape)
 
 
@@ -130,14 +138,14 @@ def glu_bwd(
     activation: str,
     impl: str = "auto",
 ) -> tuple[Tensor, Tensor, Tensor]:
-    _check("glu_bwd", gate, up, probs, mask, activation)
+    check_glu("glu_bwd", gate, up, probs, mask, activation)
     _check_dout(dout, gate.shape, gate.dtype)
     return _backward(dout, gate, up, probs, mask, activation, impl, fused=False)
 
 
 @glu_bwd.register_fake
 def _(dout, gate, up, probs, mask, activation, impl="auto"):
-    _check("glu_bwd", gate, up, probs, mask, activation)
+    check_glu("glu_bwd", gate, up, probs, mask, activation)
     _check_dout(dout, gate.shape, gate.dtype)
     dprobs = _no_probs_grad(gate) if probs is None else probs.new_empty(probs.shape)
     return gate.new_empty(gate.shape), up.new_empty(up.shape), dprobs
@@ -165,7 +173,7 @@ glu.register_autograd(_backward_glu, setup_context=_setup_glu)
 def glu_fused(
     x: Tensor, probs: Optional[Tensor], mask: Optional[Tensor], activation: str, impl: str = "auto"
 ) -> Tensor:
-    _check_fused("glu_fused", x, probs, mask, activation)
+    check_glu_fused("glu_fused", x, probs, mask, activation)
     half = x.shape[-1] // 2
     x = x.contiguous()
     return _forward(x[..., :half], x[..., half:], probs, mask, activation, impl)
@@ -173,7 +181,7 @@ def glu_fused(
 
 @glu_fused.register_fake
 def _(x, probs, mask, activation, impl="auto"):
-    _check_fused("glu_fused", x, probs, mask, activation)
+    check_glu_fused("glu_fused", x, probs, mask, activation)
     return x.new_empty(x.shape[:-1] + (x.shape[-1] // 2,))
 
 
@@ -181,7 +189,7 @@ def _(x, probs, mask, activation, impl="auto"):
 def glu_fused_bwd(
     dout: Tensor, x: Tensor, probs: Optional[Tensor], mask: Optional[Tensor], activation: str, impl: str = "auto"
 ) -> tuple[Tensor, Tensor]:
-    _check_fused("glu_fused_bwd", x, probs, mask, activation)
+    check_glu_fused("glu_fused_bwd", x, probs, mask, activation)
     half = x.shape[-1] // 2
     _check_dout(dout, x.shape[:-1] + (half,), x.dtype)
     x = x.contiguous()
@@ -191,7 +199,7 @@ def glu_fused_bwd(
 
 @glu_fused_bwd.register_fake
 def _(dout, x, probs, mask, activation, impl="auto"):
-    _check_fused("glu_fused_bwd", x, probs, mask, activation)
+    check_glu_fused("glu_fused_bwd", x, probs, mask, activation)
     _check_dout(dout, x.shape[:-1] + (x.shape[-1] // 2,), x.dtype)
     return x.new_empty(x.shape), _no_probs_grad(x) if probs is None else probs.new_empty(probs.shape)
 
@@ -219,10 +227,9 @@ def _check_dout(dout: Tensor, shape, dtype) -> None:
     )
 
 
-swiglu = define_composite(
-    "swiglu(Tensor gate, Tensor up, str impl='auto') -> Tensor",
-    lambda gate, up, impl="auto": glu(gate, up, None, None, "silu", impl),
-)
+@composite_op("swiglu")
+def swiglu(gate: Tensor, up: Tensor, impl: str = "auto") -> Tensor:
+    return glu(gate, up, None, None, "silu", impl)
 
 
 def can_rewrite(gate: Tensor) -> bool:
@@ -237,19 +244,8 @@ def can_rewrite(gate: Tensor) -> bool:
 class GLUNode(OpNode):
     op = torch.ops.turbo_inductor.glu.default
     kernels = (FWD_KERNEL, BWD_KERNEL)
-    gate: fx.Node
-    up: fx.Node
-    probs: fx.Node | None
-    mask: fx.Node | None
-    activation: str
-    impl: str
 
 
 class GLUFusedNode(OpNode):
     op = torch.ops.turbo_inductor.glu_fused.default
     kernels = (FWD_KERNEL, BWD_KERNEL)
-    x: fx.Node
-    probs: fx.Node | None
-    mask: fx.Node | None
-    activation: str
-    impl: str

@@ -17,15 +17,13 @@ import math
 from typing import Optional
 
 import torch
-import torch.fx as fx
 from torch import Tensor
 
 from ..kernels import registry
-from ..kernels.reference.fp8_quant import scale_shape
 from ..recipes import ROW_RECIPES, Recipe
-from .fp8_linear import check_row_recipe
-from .glu import BWD_KERNEL, FWD_KERNEL, _check, _check_fused, _flat, _rows, glu_bwd, glu_fused_bwd
-from .library import kernel_op
+from .fp8_operands import check_row_recipe, producer_quantization, scale_shape
+from .glu import BWD_KERNEL, FWD_KERNEL, check_glu, check_glu_fused, glu_bwd, glu_fused_bwd
+from .library import flat_or_none, kernel_op, unit_stride_rows
 from .node import OpNode
 
 KERNEL = "glu_fwd_fp8"
@@ -40,15 +38,15 @@ def _halves(x: Tensor, up: Optional[Tensor]) -> tuple[Tensor, Tensor]:
 
 def _check_all(x: Tensor, up: Optional[Tensor], probs, mask, activation: str, recipe: str) -> None:
     if up is None:
-        _check_fused("glu_fp8", x, probs, mask, activation)
+        check_glu_fused("glu_fp8", x, probs, mask, activation)
     else:
-        _check("glu_fp8", x, up, probs, mask, activation)
+        check_glu("glu_fp8", x, up, probs, mask, activation)
     check_row_recipe("glu_fp8", recipe)
 
 
 def _outputs(gate: Tensor, recipe: str) -> tuple[Tensor, Tensor, Tensor]:
     rows, f = math.prod(gate.shape[:-1]), gate.shape[-1]
-    dtype, block_cols = Recipe.from_name(recipe).producer_quantization(gate)
+    dtype, block_cols = producer_quantization(recipe, gate)
     return (
         gate.new_empty(gate.shape),
         gate.new_empty((rows, f), dtype=dtype),
@@ -71,12 +69,12 @@ def glu_fp8(
     if gate.numel() == 0:
         out, q, scale = _outputs(gate, recipe)
         return out, q, scale.fill_(1.0)
-    dtype, block_cols = Recipe.from_name(recipe).producer_quantization(gate)
+    dtype, block_cols = producer_quantization(recipe, gate)
     out, q, scale = registry.select(KERNEL, gate.device, impl)(
-        _rows(gate),
-        _rows(up),
-        _flat(probs),
-        _flat(mask),
+        unit_stride_rows(gate),
+        unit_stride_rows(up),
+        flat_or_none(probs),
+        flat_or_none(mask),
         activation,
         dtype,
         block_cols,
@@ -117,7 +115,7 @@ def can_rewrite(out: Tensor, recipe: str, impl: str) -> bool:
     The copy is the input of FP8 linears of ``recipe``."""
     if recipe not in ROW_RECIPES or not all(registry.available_on(k, out.device) for k in (KERNEL, FWD_KERNEL)):
         return False
-    block = Recipe.from_name(recipe).producer_quantization(out)[1]
+    block = producer_quantization(recipe, out)[1]
     return registry.has_capability(
         KERNEL, out.device, impl, registry.FP8_IN_ITS_PASS, out.shape[-1], out.element_size(), block
     )
@@ -127,10 +125,3 @@ class GLUFP8Node(OpNode):
     op = torch.ops.turbo_inductor.glu_fp8.default
     kernels = (KERNEL, BWD_KERNEL)
     outputs = ("out", "q", "scale")
-    x: fx.Node  # the gate, or gate and up as halves (up None)
-    up: fx.Node | None
-    probs: fx.Node | None
-    mask: fx.Node | None
-    activation: str
-    recipe: str
-    impl: str

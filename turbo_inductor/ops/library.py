@@ -23,12 +23,13 @@ LIB = torch.library.Library(NAMESPACE, "FRAGMENT")
 SUPPORTED_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def kernel_op(name: str, kernels: tuple[str, ...], symbolic_sizes: bool = True) -> Callable:
+def kernel_op(name: str, kernels: tuple[str, ...], symbolic_sizes: bool = True, fake: bool = False) -> Callable:
     """Decorator: ``turbo_inductor::<name>``, a functional custom op whose body calls ``kernels`` (registry names).
 
     The body takes an ``impl`` argument. In a compiled graph it is traced in where every chosen implementation
     is traceable; otherwise the op stays one call. ``symbolic_sizes=False``: it stays one call under symbolic
-    sizes. Why and when: ``docs/ops.md``, "Kernel ops traced into compiled graphs"."""
+    sizes. Why and when: ``docs/ops.md``, "Kernel ops traced into compiled graphs".
+    ``fake=True``: the body runs on fake tensors too, allocating its outputs; it is the op's fake."""
 
     def define(body: Callable) -> torch.library.CustomOpDef:
         op = torch.library.custom_op(f"{NAMESPACE}::{name}", _returning_no_views(body), mutates_args=())
@@ -54,6 +55,8 @@ def kernel_op(name: str, kernels: tuple[str, ...], symbolic_sizes: bool = True) 
                 return body(*args, **kwargs)
 
         op.register_torch_dispatch(FunctionalTensorMode, trace_into_graph)
+        if fake:
+            op.register_fake(body)
         return op
 
     return define
@@ -91,12 +94,19 @@ def kept_whole():
         _KEEP_WHOLE.reset(token)
 
 
-def define_composite(schema: str, fn: Callable) -> torch._ops.OpOverload:
-    """Define ``turbo_inductor::<schema>`` as ``fn`` for every dispatch key, autograd included."""
-    name = schema.split("(", 1)[0]
-    LIB.define(schema)
-    LIB.impl(name, fn, "CompositeImplicitAutograd")
-    return getattr(getattr(torch.ops, NAMESPACE), name).default
+def composite_op(name: str, schema: str | None = None) -> Callable[[Callable], torch._ops.OpOverload]:
+    """Decorator: ``turbo_inductor::<name>``, a public op that is its body for every dispatch key, autograd included.
+
+    It decomposes into the kernel ops its body calls (``docs/ops.md``). Its schema is the body's signature, as a
+    kernel op's is; ``schema`` (``"(...) -> ..."``) spells it where a signature cannot: ``infer_schema`` makes every
+    ``int`` a ``SymInt``."""
+
+    def define(body: Callable) -> torch._ops.OpOverload:
+        LIB.define(name + (schema or torch.library.infer_schema(body, mutates_args=())))
+        LIB.impl(name, body, "CompositeImplicitAutograd")
+        return getattr(getattr(torch.ops, NAMESPACE), name).default
+
+    return define
 
 
 class OpInputError(ValueError):
@@ -206,6 +216,25 @@ def register_linear_autograd(
     op.register_autograd(backward, setup_context=setup)
 
 
+# ---- the layouts row-wise kernels take ------------------------------------------------------------------------
+
+
 def rows_view(t: torch.Tensor) -> torch.Tensor:
     """Non-empty ``t`` as a contiguous [rows, last dim] matrix: the layout every row-wise kernel takes."""
     return t.contiguous().view(-1, t.shape[-1])
+
+
+def unit_stride_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as [rows, last dim] with unit column stride: a view where strides allow. Halves of one tensor stay
+    views."""
+    rows = t.reshape(-1, t.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+def flat_or_none(t: torch.Tensor | None) -> torch.Tensor | None:
+    """None, or ``t`` as a contiguous 1-D tensor: one value per row."""
+    return None if t is None else t.reshape(-1).contiguous()
+
+
+def contiguous_or_none(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.contiguous()

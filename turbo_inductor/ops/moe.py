@@ -25,7 +25,6 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.fx as fx
 from torch import Tensor
 
 from ..kernels import registry
@@ -244,17 +243,8 @@ class MoEPermuteNode(OpNode):
     op = torch.ops.turbo_inductor.moe_permute.default
     kernels = (ROUTE_KERNEL, DISPATCH_KERNEL, GATHER_SUM_KERNEL)  # the backward combines
     outputs = ("x_sorted", "weights_sorted", "offs", "order", "positions")
-    x: fx.Node
-    indices: fx.Node
-    weights: fx.Node | None
-    num_experts: int
-    impl: str
 
 
 class MoECombineNode(OpNode):
     op = torch.ops.turbo_inductor.moe_combine.default
     kernels = (GATHER_SUM_KERNEL, DISPATCH_KERNEL)
-    y: fx.Node
-    weights: fx.Node | None
-    positions: fx.Node
-    impl: str

@@ -19,7 +19,8 @@ _VIEWS: dict = {}  # op -> its OpNode subclass
 class OpNode:
     """A node calling ``op``.
 
-    Subclasses set ``op`` and annotate the arguments the passes use; the schema checks them.
+    Subclasses set ``op``; a view reads and writes every argument of its schema by name (``view.x_q``,
+    ``set(x_q=...)``), so it spells none. An annotation on a view must name an argument of the schema.
     An op returning several results names them in ``outputs``. ``kernels``: the registry kernels the op runs,
     forward and backward (reported per compiled graph, ``CompileRecord.implementations``)."""
 

@@ -19,7 +19,6 @@ import math
 from typing import Optional
 
 import torch
-import torch.fx as fx
 from torch import Tensor
 
 from ..kernels import registry
@@ -29,7 +28,8 @@ from .library import (
     check,
     check_float,
     check_same_device,
-    define_composite,
+    composite_op,
+    contiguous_or_none,
     kernel_op,
     rows_view,
 )
@@ -38,7 +38,7 @@ from .node import OpNode
 FWD_KERNEL, BWD_KERNEL = "rmsnorm_fwd", "rmsnorm_bwd"
 
 
-def _check_inputs(op: str, x: Tensor, weight: Optional[Tensor], eps: float, residual: Optional[Tensor] = None) -> None:
+def check_rmsnorm(op: str, x: Tensor, weight: Optional[Tensor], eps: float, residual: Optional[Tensor] = None) -> None:
     check_float(op, "x", x)
     check(x.dim() >= 1, op, lambda: "x must have at least one dimension (the normalized last one)")
     if weight is not None:
@@ -64,10 +64,6 @@ def _check_inputs(op: str, x: Tensor, weight: Optional[Tensor], eps: float, resi
     check_same_device(op, x=x, weight=weight, residual=residual)
 
 
-def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
-    return None if t is None else t.contiguous()
-
-
 def empty_output(x: Tensor, residual: Optional[Tensor] = None) -> Tensor:
     """An uninitialized, contiguous y (or sum) of x's shape, in the dtype of ``x + residual``."""
     return x.new_empty(x.shape, dtype=sum_dtype(x, residual))
@@ -84,16 +80,16 @@ def _empty_outputs(x: Tensor, residual: Optional[Tensor] = None) -> tuple[Tensor
 
 @kernel_op("rmsnorm_fwd", (FWD_KERNEL,))
 def rmsnorm_fwd(x: Tensor, weight: Optional[Tensor], eps: float, impl: str = "auto") -> tuple[Tensor, Tensor]:
-    _check_inputs("rmsnorm", x, weight, eps)
+    check_rmsnorm("rmsnorm", x, weight, eps)
     if x.numel() == 0:
         return _empty_outputs(x)
-    y, _, rstd = registry.select(FWD_KERNEL, x.device, impl)(rows_view(x), _contiguous(weight), None, eps)
+    y, _, rstd = registry.select(FWD_KERNEL, x.device, impl)(rows_view(x), contiguous_or_none(weight), None, eps)
     return y.view(x.shape), rstd.view(x.shape[:-1])
 
 
 @rmsnorm_fwd.register_fake
 def _(x, weight, eps, impl="auto"):
-    _check_inputs("rmsnorm", x, weight, eps)
+    check_rmsnorm("rmsnorm", x, weight, eps)
     return (torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape[:-1], dtype=torch.float32))
 
 
@@ -101,19 +97,19 @@ def _(x, weight, eps, impl="auto"):
 def rmsnorm_residual_fwd(
     x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float, impl: str = "auto"
 ) -> tuple[Tensor, Tensor, Tensor]:
-    _check_inputs("rmsnorm_residual", x, weight, eps, residual)
+    check_rmsnorm("rmsnorm_residual", x, weight, eps, residual)
     if x.numel() == 0:
         y, rstd = _empty_outputs(x, residual)
         return y, torch.empty_like(y), rstd
     y, total, rstd = registry.select(FWD_KERNEL, x.device, impl)(
-        rows_view(x), _contiguous(weight), rows_view(residual), eps
+        rows_view(x), contiguous_or_none(weight), rows_view(residual), eps
     )
     return y.view(x.shape), total.view(x.shape), rstd.view(x.shape[:-1])
 
 
 @rmsnorm_residual_fwd.register_fake
 def _(x, residual, weight, eps, impl="auto"):
-    _check_inputs("rmsnorm_residual", x, weight, eps, residual)
+    check_rmsnorm("rmsnorm_residual", x, weight, eps, residual)
     y = empty_output(x, residual)
     return y, torch.empty_like(y), x.new_empty(x.shape[:-1], dtype=torch.float32)
 
@@ -134,7 +130,7 @@ def rmsnorm_bwd(
     dx, dweight = registry.select(BWD_KERNEL, x.device, impl)(
         rows_view(dy),
         rows_view(x),
-        _contiguous(weight),
+        contiguous_or_none(weight),
         rstd.reshape(-1).contiguous(),
         None if dresidual is None else rows_view(dresidual),
     )
@@ -153,7 +149,7 @@ def _no_weight_grad(x: Tensor) -> Tensor:
 
 
 def _check_backward_inputs(dy, x, weight, rstd, dresidual) -> None:
-    _check_inputs("rmsnorm_bwd", x, weight, 0.0, dresidual)
+    check_rmsnorm("rmsnorm_bwd", x, weight, 0.0, dresidual)
     # dy in y's dtype, which may differ from x's (rmsnorm_fp8's out_dtype)
     check(
         dy.shape == x.shape and dy.dtype in SUPPORTED_FLOAT_DTYPES,
@@ -226,15 +222,17 @@ rmsnorm_residual_fwd.register_autograd(_backward_residual_fwd, setup_context=_se
 
 # ---- public ops ----------------------------------------------------------------------------------------------
 
-rmsnorm = define_composite(
-    "rmsnorm(Tensor x, Tensor? weight, float eps, str impl='auto') -> Tensor",
-    lambda x, weight, eps, impl="auto": rmsnorm_fwd(x, weight, eps, impl)[0],
-)
 
-rmsnorm_residual = define_composite(
-    "rmsnorm_residual(Tensor x, Tensor residual, Tensor? weight, float eps, str impl='auto') -> (Tensor, Tensor)",
-    lambda x, residual, weight, eps, impl="auto": rmsnorm_residual_fwd(x, residual, weight, eps, impl)[:2],
-)
+@composite_op("rmsnorm")
+def rmsnorm(x: Tensor, weight: Optional[Tensor], eps: float, impl: str = "auto") -> Tensor:
+    return rmsnorm_fwd(x, weight, eps, impl)[0]
+
+
+@composite_op("rmsnorm_residual")
+def rmsnorm_residual(
+    x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float, impl: str = "auto"
+) -> tuple[Tensor, Tensor]:
+    return rmsnorm_residual_fwd(x, residual, weight, eps, impl)[:2]
 
 
 def can_rewrite(x: Tensor, weight: Optional[Tensor]) -> bool:
@@ -251,18 +249,9 @@ def can_rewrite(x: Tensor, weight: Optional[Tensor]) -> bool:
 class RMSNormNode(OpNode):
     op = rmsnorm
     kernels = (FWD_KERNEL, BWD_KERNEL)
-    x: fx.Node
-    weight: fx.Node | None
-    eps: float | fx.Node  # a symbolic float's node under dynamic=True
-    impl: str
 
 
 class RMSNormResidualNode(OpNode):
     op = rmsnorm_residual
     kernels = (FWD_KERNEL, BWD_KERNEL)
     outputs = ("y", "sum")
-    x: fx.Node
-    residual: fx.Node
-    weight: fx.Node | None
-    eps: float | fx.Node
-    impl: str

@@ -19,16 +19,14 @@ import math
 from typing import Optional
 
 import torch
-import torch.fx as fx
 from torch import Tensor
 
 from ..kernels import registry
-from ..kernels.reference.fp8_quant import scale_shape
 from ..recipes import ROW_RECIPES, Recipe
-from .fp8_linear import check_row_recipe
-from .library import SUPPORTED_FLOAT_DTYPES, check, define_composite, kernel_op, rows_view
+from .fp8_operands import check_row_recipe, producer_quantization, scale_shape
+from .library import SUPPORTED_FLOAT_DTYPES, check, composite_op, contiguous_or_none, kernel_op, rows_view
 from .node import OpNode
-from .rmsnorm import BWD_KERNEL, _check_inputs, _contiguous, empty_output, input_grads
+from .rmsnorm import BWD_KERNEL, check_rmsnorm, empty_output, input_grads
 
 KERNEL = "rmsnorm_fwd_fp8"
 
@@ -41,7 +39,7 @@ def _check(
     recipe: str,
     out_dtype: Optional[torch.dtype],
 ) -> None:
-    _check_inputs("rmsnorm_fp8", x, weight, eps, residual)
+    check_rmsnorm("rmsnorm_fp8", x, weight, eps, residual)
     check_row_recipe("rmsnorm_fp8", recipe)
     check(
         out_dtype is None or out_dtype in SUPPORTED_FLOAT_DTYPES,
@@ -55,7 +53,7 @@ def _outputs(
 ) -> tuple[Tensor, ...]:
     """Uninitialized outputs of the right shapes (the fake; an input with no elements)."""
     rows, h = math.prod(x.shape[:-1]), x.shape[-1]
-    dtype, block_cols = Recipe.from_name(recipe).producer_quantization(x)
+    dtype, block_cols = producer_quantization(recipe, x)
     total = empty_output(x, residual)
     y = total if out_dtype is None else x.new_empty(x.shape, dtype=out_dtype)
     return (
@@ -81,10 +79,10 @@ def rmsnorm_fp8_fwd(
     if x.numel() == 0:
         y, total, rstd, q, scale = _outputs(x, residual, recipe, out_dtype)
         return y, total, rstd.fill_(float("nan")), q, scale.fill_(1.0)
-    dtype, block_cols = Recipe.from_name(recipe).producer_quantization(x)
+    dtype, block_cols = producer_quantization(recipe, x)
     y, total, rstd, q, scale = registry.select(KERNEL, x.device, impl)(
         rows_view(x),
-        _contiguous(weight),
+        contiguous_or_none(weight),
         None if residual is None else rows_view(residual),
         eps,
         dtype,
@@ -121,7 +119,8 @@ def _backward(ctx, dy, dtotal, _drstd, _dq, _dscale):
 rmsnorm_fp8_fwd.register_autograd(_backward, setup_context=_setup)
 
 
-def _rmsnorm_fp8(
+@composite_op("rmsnorm_fp8")
+def rmsnorm_fp8(
     x: Tensor,
     residual: Optional[Tensor],
     weight: Optional[Tensor],
@@ -134,21 +133,13 @@ def _rmsnorm_fp8(
     return y, total, q, scale
 
 
-rmsnorm_fp8 = define_composite(
-    "rmsnorm_fp8(Tensor x, Tensor? residual, Tensor? weight, float eps, str recipe, str impl='auto', "
-    "ScalarType? out_dtype=None) "
-    "-> (Tensor, Tensor, Tensor, Tensor)",
-    _rmsnorm_fp8,
-)
-
-
 def can_rewrite(x: Tensor, recipe: str, impl: str) -> bool:
     """Whether an RMSNorm of fake ``x`` can write its FP8 copy in the same pass.
 
     The copy is the input of FP8 linears of ``recipe``."""
     if recipe not in ROW_RECIPES or not registry.available_on(KERNEL, x.device):
         return False
-    block = Recipe.from_name(recipe).producer_quantization(x)[1]
+    block = producer_quantization(recipe, x)[1]
     return registry.has_capability(
         KERNEL, x.device, impl, registry.FP8_IN_ITS_PASS, x.shape[-1], x.element_size(), block
     )
@@ -158,10 +149,3 @@ class RMSNormFP8Node(OpNode):
     op = rmsnorm_fp8
     kernels = (KERNEL, BWD_KERNEL)
     outputs = ("y", "sum", "q", "scale")
-    x: fx.Node
-    residual: fx.Node | None
-    weight: fx.Node | None
-    eps: float | fx.Node
-    recipe: str
-    impl: str
-    out_dtype: torch.dtype | None

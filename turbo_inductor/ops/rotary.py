@@ -12,7 +12,6 @@ first three dimensions (each 1 or x's). The result has x's layout, computed in f
 from __future__ import annotations
 
 import torch
-import torch.fx as fx
 from torch import Tensor
 
 from ..kernels import registry
@@ -89,7 +88,3 @@ def can_rewrite(x: Tensor, cos: Tensor, sin: Tensor) -> bool:
 class RotaryNode(OpNode):
     op = torch.ops.turbo_inductor.rotary.default
     kernels = (KERNEL,)
-    x: fx.Node
-    cos: fx.Node
-    sin: fx.Node
-    impl: str

@@ -13,7 +13,8 @@ import torch
 import torch.fx as fx
 
 from .. import costs
-from ..ops.grouped_mm import FP8GroupedMMNode, GroupedMMNode, can_rewrite_fp8
+from ..ops.fp8_grouped_mm import FP8GroupedMMNode, can_rewrite_fp8
+from ..ops.grouped_mm import GroupedMMNode
 from ..options import Options
 from ..recipes import AUTO, FP8Config
 from . import fp8_option, ir, surgery

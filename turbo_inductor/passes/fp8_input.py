@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch.fx as fx
 
+from ..ops.fp8_grouped_mm import FP8GroupedMMNode
 from ..ops.fp8_linear import FP8LinearNode
-from ..ops.grouped_mm import FP8GroupedMMNode
 
 FP8Reader = FP8LinearNode | FP8GroupedMMNode
 

@@ -14,8 +14,8 @@ import torch
 import torch.fx as fx
 
 from ..kernels.reference.fp8_quant import AMAX_FLOOR
-from ..ops.fp8 import fp8_formats
 from ..ops.fp8_linear import FP8LinearNode, can_rewrite
+from ..ops.fp8_operands import fp8_formats
 from ..options import Options
 from ..recipes import RECIPES
 from . import ir, patterns, surgery

@@ -1,0 +1,401 @@
+"""FP8 grouped GEMMs for MoE layers: ``grouped_mm`` with x and each expert's weight quantized by a recipe.
+
+Ops in ``torch.ops.turbo_inductor``:
+  fp8_grouped_mm(x, weight, offs, recipe, impl, x_q, x_scale) -> y
+                                                          public op: fp8_grouped_mm_fwd(...)[0] where a gradient is
+                                                          wanted, else fp8_grouped_mm_inference
+  fp8_grouped_mm_inference(x, weight, offs, recipe, impl, x_q, x_scale) -> y
+  fp8_grouped_mm_fwd(x, weight, offs, recipe, impl, weight_grad, x_q, x_scale) -> (y, x_t, x_t_scale, w_t, w_t_scale)
+                                                          custom op; backward: fp8_grouped_mm_bwd
+  fp8_grouped_mm_bwd(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl) -> (dx, dweight)
+
+Shapes and semantics: ``grouped_mm``'s. FP8 recipes quantize as in ``fp8_linear``; tensorwise is per expert for W.
+The tensorwise and rowwise recipes save x^T as ``fp8_quantize_grouped`` writes it: [K, S_pad], each group padded,
+with x_t_scale [E, K, 1], per group.
+``x_q``, ``x_scale``: x already quantized by its producer (``glu_fp8``).
+FP8 blocks and why: ``docs/ops.md``, "Grouped GEMMs", "FP8".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
+
+from ..kernels import registry
+from ..kernels.reference.fp8_quant_grouped import padded_columns
+from ..recipes import RECIPES
+from .fp8_operands import (
+    ALIGNMENT,
+    QUANTIZE_KERNEL,
+    check_quantized,
+    check_recipe,
+    fp8_formats,
+    keeps_x,
+    kernel_block,
+    quantize_outputs,
+    quantizer,
+    recipe_formats,
+    unsaved_operand,
+)
+from .grouped_mm import (
+    WGRAD_KERNEL,
+    can_rewrite,
+    check_grouped,
+    empty_weight_gradient,
+    in_weight_layout,
+    transposed_layout,
+)
+from .library import check, composite_op, kernel_op
+from .node import OpNode
+
+FP8_GROUPED_KERNEL, FP8_WGRAD_KERNEL = "fp8_grouped_gemm", "fp8_grouped_gemm_wgrad"
+GROUPED_QUANTIZE_KERNEL = "fp8_quantize_grouped"
+FP8_KERNELS = (QUANTIZE_KERNEL, GROUPED_QUANTIZE_KERNEL, FP8_GROUPED_KERNEL, FP8_WGRAD_KERNEL, WGRAD_KERNEL)
+
+
+def _check(
+    op: str,
+    x: Tensor,
+    weight: Tensor,
+    offs: Tensor,
+    recipe: str,
+    x_q: Optional[Tensor] = None,
+    x_scale: Optional[Tensor] = None,
+) -> None:
+    check_recipe(op, recipe)
+    check_grouped(op, x, weight, offs)
+    k, n = weight.shape[1:]
+    check(
+        k % ALIGNMENT == 0 and n % ALIGNMENT == 0,
+        op,
+        lambda: f"weight's K and N must be multiples of {ALIGNMENT} for the FP8 GEMM, got {[k, n]}",
+    )
+    check((x_q is None) == (x_scale is None), op, lambda: "x_q and x_scale must be given together")
+    if x_q is not None:
+        check_quantized(op, "x", x_q, x_scale, x.shape[0], k, x.device, RECIPES[recipe].activation_block, recipe)
+
+
+def _activations(
+    t: Tensor, recipe: str, fp8_dtype: torch.dtype, quantize: Callable, both: bool
+) -> tuple[tuple[Tensor, Tensor], Optional[tuple[Tensor, Tensor]]]:
+    """(q, scale) of t [S, C] and, with ``both``, of t^T [C, S] (else None), from one call.
+
+    Both in the recipe's activation blocks."""
+    r = RECIPES[recipe]
+    blocks = kernel_block(r.activation_block, *t.shape)
+    if not both:
+        return quantize(t, fp8_dtype, *blocks, False, power_of_two=r.power_of_two), None
+    q, scale, q_t, scale_t = quantize(t, fp8_dtype, *blocks, False, power_of_two=r.power_of_two, both_layouts=True)
+    return (q, scale), (q_t, scale_t)
+
+
+def _transposed_activations(
+    t: Tensor, recipe: str, fp8_dtype: torch.dtype, quantize: Callable
+) -> tuple[Tensor, Tensor]:
+    """(q, scale) of t^T [C, S] alone, in the layout :func:`_activations` gives it."""
+    r = RECIPES[recipe]
+    block_rows, block_cols = kernel_block(r.activation_block, *t.shape)
+    q_t, scale_t = quantize(t, fp8_dtype, block_cols, block_rows, True, power_of_two=r.power_of_two)
+    return q_t, scale_t.t().contiguous()
+
+
+def _pads_wgrad_operands(recipe: str) -> bool:
+    """Whether the FP8 wgrad takes x^T and dy^T as ``fp8_quantize_grouped`` writes them: each group's columns padded
+    to a non-zero multiple of 16, a scale per group and column. For the recipes whose activation scales span the
+    contracted S (tensorwise, rowwise); blockwise and MXFP8 keep S's own blocks, which may straddle groups."""
+    r = RECIPES[recipe]
+    return not r.high_precision_wgrad and r.activation_block[1] == 0
+
+
+def _grouped_quantizer(t: Tensor, impl: str) -> Callable:
+    """The grouped quantization kernel. On fake tensors, one that only allocates its outputs."""
+    if isinstance(t, FakeTensor):
+        return _allocating_grouped_quantize
+    return registry.select(GROUPED_QUANTIZE_KERNEL, t.device, impl)
+
+
+def _allocating_grouped_quantize(t, offs, fp8_dtype, power_of_two=False, rowwise=False):
+    """``fp8_quantize_grouped``'s outputs, allocated (the shapes the fakes return)."""
+    (rows, cols), groups = t.shape, offs.shape[0]
+    transposed = (
+        t.new_empty((cols, padded_columns(rows, groups)), dtype=fp8_dtype),
+        t.new_empty((groups, cols), dtype=torch.float32),
+        offs.new_empty(groups),
+    )
+    return (*quantize_outputs(t, fp8_dtype, 1, max(cols, 1), False), *transposed) if rowwise else transposed
+
+
+def _wgrad_operands(
+    t: Tensor, offs: Tensor, recipe: str, fp8_dtype: torch.dtype, impl: str, q: Optional[tuple[Tensor, Tensor]] = None
+) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]:
+    """((q, scale), (q_t, scale_t, offs_t)): t [S, C] quantized for the rows-grouped GEMM (``q``: already, or None)
+    and t^T for the FP8 wgrad, with the group offsets of its columns.
+
+    Where :func:`_pads_wgrad_operands`: q_t [C, S_pad] padded, scale_t [E, C, 1] (per group, one block along its
+    columns), offs_t the padded offsets. Otherwise t^T in the recipe's blocks, with offs."""
+    r = RECIPES[recipe]
+    if not _pads_wgrad_operands(recipe):
+        quantize = quantizer(t, impl)
+        if q is None:
+            q, transposed = _activations(t, recipe, fp8_dtype, quantize, True)
+        else:
+            transposed = _transposed_activations(t, recipe, fp8_dtype, quantize)
+        return q, (*transposed, offs)
+    grouped = _grouped_quantizer(t, impl)
+    if q is None and r.quantizes_x_in_rows:
+        q_rows, scale, q_t, scale_t, offs_t = grouped(t, offs, fp8_dtype, r.power_of_two, True)
+        q = (q_rows, scale)
+    else:
+        # t already quantized, or tensorwise: one scale over all of t, which no group's program sees
+        q = q or _activations(t, recipe, fp8_dtype, quantizer(t, impl), False)[0]
+        q_t, scale_t, offs_t = grouped(t, offs, fp8_dtype, r.power_of_two)
+    return q, (q_t, scale_t.unsqueeze(-1), offs_t)
+
+
+def weight_operands(
+    weight: Tensor, recipe: str, quantize: Callable, forward: bool, backward: bool
+) -> tuple[Optional[tuple[Tensor, Tensor]], Optional[tuple[Tensor, Tensor]]]:
+    """W's per-expert FP8 operands in the recipe's weight blocks: (q, scale) each, or None where not wanted.
+
+    Forward: W[g]^T [N, K] as [E, N, K], scales [E, N blocks, K blocks]. Backward (dx): W[g] [K, N] as
+    [E, K, N], scales [E, K blocks, N blocks]. Strided views; the contracted dimension is contiguous."""
+    r, e4m3 = RECIPES[recipe], fp8_formats(weight.device)[0]
+    experts = weight.shape[0]
+    w_t = weight.transpose(-2, -1)
+    # base [E, R, C]: the layout that flattens to [E * R, C] as a view. A copy where neither does.
+    if _flattens(w_t) or not _flattens(weight):
+        base, base_is_forward = w_t, True
+    else:
+        base, base_is_forward = weight, False
+    rows_block, cols_block = r.weight_block  # an operand's rows, its contracted dimension; 0: the whole
+    R, C = base.shape[1:]
+    # A block must not straddle two experts, so R is padded to whole blocks: rows_block for base's layout,
+    # cols_block for its transpose. A block of the whole dimension is one expert's R.
+    pad = -R % max(rows_block, cols_block, 1)
+    rows = R + pad
+    flat = (F.pad(base, (0, 0, 0, pad)) if pad else base).reshape(experts * rows, C)
+    own = transposed = None
+    if forward if base_is_forward else backward:
+        block = rows_block or rows
+        q, scale = quantize(flat, e4m3, block, cols_block or C, False, power_of_two=r.power_of_two)
+        own = q.view(experts, rows, C)[:, :R], scale.view(experts, -1, scale.shape[1])[:, : -(-R // block)]
+    if backward if base_is_forward else forward:
+        # [C, R] per expert, R contracted: rows_block along C, cols_block along R. Read in base's layout.
+        block = cols_block or rows
+        q, scale = quantize(flat, e4m3, block, rows_block or C, True, power_of_two=r.power_of_two)
+        transposed = (
+            q.view(C, experts, rows)[:, :, :R].permute(1, 0, 2),
+            scale.view(experts, -1, scale.shape[1])[:, : -(-R // block)].transpose(1, 2),
+        )
+    return (own, transposed) if base_is_forward else (transposed, own)
+
+
+def _flattens(t: Tensor) -> bool:
+    """Whether [E, R, C] reshapes to [E * R, C] as a view."""
+    return t.shape[1] <= 1 or t.stride(0) == t.shape[1] * t.stride(1)
+
+
+def _forward(
+    x: Tensor,
+    weight: Tensor,
+    offs: Tensor,
+    recipe: str,
+    impl: str,
+    for_backward: bool,
+    weight_grad: bool = True,
+    x_q: Optional[Tensor] = None,
+    x_scale: Optional[Tensor] = None,
+) -> tuple[Tensor, ...]:
+    """(y,), or with ``for_backward`` (y, x_t, x_t_scale, w_t, w_t_scale).
+
+    ``x_q``, ``x_scale``: x already quantized, or None. On fake tensors: the same views of allocated outputs."""
+    r, e4m3 = RECIPES[recipe], fp8_formats(x.device)[0]
+    quantize = quantizer(x, impl)
+    given = None if x_q is None else (x_q, x_scale)
+    x_t = None
+    if for_backward and weight_grad and not keeps_x(recipe):
+        # The backward gets the offsets of x^T's columns again from dy^T's quantization: a function of offs and S.
+        x_q, (*x_t, _) = _wgrad_operands(x, offs, recipe, e4m3, impl, given)
+    else:
+        x_q = given or _activations(x, recipe, e4m3, quantize, False)[0]
+    w_q, w_t = weight_operands(weight, recipe, quantize, True, for_backward)
+    if isinstance(x, FakeTensor) or x.shape[0] == 0:
+        y = x.new_zeros((x.shape[0], weight.shape[2]))
+    else:
+        gemm = registry.select(FP8_GROUPED_KERNEL, x.device, impl)
+        y = gemm(*x_q, *w_q, offs, x.dtype, fast_accum=r.fast_accum_forward)
+    if not for_backward:
+        return (y,)
+    return y, *(x_t or unsaved_operand(x, e4m3)), *w_t
+
+
+@kernel_op(
+    "fp8_grouped_mm_fwd",
+    (QUANTIZE_KERNEL, GROUPED_QUANTIZE_KERNEL, FP8_GROUPED_KERNEL),
+    symbolic_sizes=False,
+    fake=True,
+)
+def fp8_grouped_mm_fwd(
+    x: Tensor,
+    weight: Tensor,
+    offs: Tensor,
+    recipe: str,
+    impl: str = "auto",
+    weight_grad: bool = True,
+    x_q: Optional[Tensor] = None,
+    x_scale: Optional[Tensor] = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    _check("fp8_grouped_mm", x, weight, offs, recipe, x_q, x_scale)
+    return _forward(x, weight, offs, recipe, impl, True, weight_grad, x_q, x_scale)
+
+
+@kernel_op("fp8_grouped_mm_inference", (QUANTIZE_KERNEL, FP8_GROUPED_KERNEL), symbolic_sizes=False, fake=True)
+def fp8_grouped_mm_inference(
+    x: Tensor,
+    weight: Tensor,
+    offs: Tensor,
+    recipe: str,
+    impl: str = "auto",
+    x_q: Optional[Tensor] = None,
+    x_scale: Optional[Tensor] = None,
+) -> Tensor:
+    """The forward alone, quantizing no operands for a backward."""
+    _check("fp8_grouped_mm", x, weight, offs, recipe, x_q, x_scale)
+    return _forward(x, weight, offs, recipe, impl, False, x_q=x_q, x_scale=x_scale)[0]
+
+
+@kernel_op(
+    "fp8_grouped_mm_bwd",
+    (QUANTIZE_KERNEL, GROUPED_QUANTIZE_KERNEL, FP8_GROUPED_KERNEL, FP8_WGRAD_KERNEL),
+    symbolic_sizes=False,
+    fake=True,
+)
+def fp8_grouped_mm_bwd(
+    dy: Tensor,
+    x: Optional[Tensor],
+    weight: Tensor,
+    offs: Tensor,
+    x_t: Tensor,
+    x_t_scale: Tensor,
+    w_t: Tensor,
+    w_t_scale: Tensor,
+    recipe: str,
+    impl: str = "auto",
+) -> tuple[Tensor, Tensor]:
+    """(dx, dweight). dweight is empty where the forward saved nothing for a wgrad (a frozen weight)."""
+    _check_backward(dy, x, weight, offs, x_t, x_t_scale, recipe)
+    return _backward(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl)
+
+
+def _backward(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl) -> tuple[Tensor, Tensor]:
+    """(dx, dweight) of the FP8 backward. On fake tensors: allocated outputs of the same layouts."""
+    gradient_format = recipe_formats(recipe, dy.device)[1]
+    wgrad = x is not None if keeps_x(recipe) else x_t.dim() == 2
+    transposed = transposed_layout(weight)
+    if isinstance(dy, FakeTensor) or dy.shape[0] == 0:
+        dx = dy.new_zeros((dy.shape[0], weight.shape[1]))
+        dweight = empty_weight_gradient(weight, weight.shape, transposed).zero_() if wgrad else weight.new_empty(0)
+        return dx, dweight
+    fp8_wgrad = wgrad and not keeps_x(recipe)
+    if fp8_wgrad:  # dy for dx and dy^T for the wgrad
+        dy_q, (*dy_t, wgrad_offs) = _wgrad_operands(dy, offs, recipe, gradient_format, impl)
+    else:
+        dy_q = _activations(dy, recipe, gradient_format, quantizer(dy, impl), False)[0]
+    dx = registry.select(FP8_GROUPED_KERNEL, dy.device, impl)(*dy_q, w_t, w_t_scale, offs, dy.dtype)
+    if not wgrad:
+        return dx, weight.new_empty(0)
+    if not fp8_wgrad:
+        wgrad_kernel = registry.select(WGRAD_KERNEL, dy.device, impl)
+        return dx, in_weight_layout(lambda a, b: wgrad_kernel(a, b, offs, weight.dtype), x, dy, transposed)
+    gemm = registry.select(FP8_WGRAD_KERNEL, dy.device, impl)
+    return dx, in_weight_layout(lambda a, b: gemm(*a, *b, wgrad_offs, weight.dtype), (x_t, x_t_scale), dy_t, transposed)
+
+
+def _check_backward(
+    dy: Tensor, x: Optional[Tensor], weight: Tensor, offs: Tensor, x_t: Tensor, x_t_scale: Tensor, recipe: str
+) -> None:
+    op = "fp8_grouped_mm_bwd"
+    check_recipe(op, recipe)
+    check(
+        dy.dim() == 2 and dy.shape[1] == weight.shape[2] and dy.dtype == weight.dtype,
+        op,
+        lambda: f"dy must be [S, {weight.shape[2]}] in {weight.dtype}, got {list(dy.shape)} {dy.dtype}",
+    )
+    check(
+        x is None or keeps_x(recipe),
+        op,
+        lambda: f"x must be None for recipe {recipe!r}: its wgrad takes x^T quantized",
+    )
+    if x is not None:
+        check_grouped(op, x, weight, offs)
+    if x_t.dim() == 2 and _pads_wgrad_operands(recipe):
+        k, s_pad, groups = weight.shape[1], padded_columns(dy.shape[0], offs.shape[0]), offs.shape[0]
+        check(
+            x_t.shape == (k, s_pad) and x_t_scale.shape == (groups, k, 1),
+            op,
+            lambda: (
+                f"x_t and x_t_scale must be x^T in fp8_quantize_grouped's padded layout, [{k}, {s_pad}] and "
+                f"[{groups}, {k}, 1], got {list(x_t.shape)} and {list(x_t_scale.shape)}"
+            ),
+        )
+
+
+def _fp8_setup(ctx, inputs, output):
+    x, weight, offs, recipe, impl, weight_grad = inputs[:6]
+    saved = output[1:]
+    ctx.save_for_backward(x if keeps_x(recipe) and weight_grad else None, weight, offs, *saved)
+    ctx.mark_non_differentiable(*saved)
+    ctx.recipe, ctx.impl = recipe, impl
+
+
+def _fp8_backward(ctx, dy, *_saved_grads):
+    x, weight, offs, *saved = ctx.saved_tensors
+    dx, dweight = fp8_grouped_mm_bwd(dy, x, weight, offs, *saved, ctx.recipe, ctx.impl)
+    wants_dx, wants_dweight = ctx.needs_input_grad[:2]
+    return dx if wants_dx else None, dweight if wants_dweight else None, None, None, None, None, None, None
+
+
+fp8_grouped_mm_fwd.register_autograd(_fp8_backward, setup_context=_fp8_setup)
+
+
+@composite_op("fp8_grouped_mm")
+def fp8_grouped_mm(
+    x: Tensor,
+    weight: Tensor,
+    offs: Tensor,
+    recipe: str,
+    impl: str = "auto",
+    x_q: Optional[Tensor] = None,
+    x_scale: Optional[Tensor] = None,
+) -> Tensor:
+    # Decided at decomposition, under autograd: AOTAutograd traces training and inference graphs apart.
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return fp8_grouped_mm_fwd(
+            x, weight, offs, recipe, impl, weight_grad=weight.requires_grad, x_q=x_q, x_scale=x_scale
+        )[0]
+    return fp8_grouped_mm_inference(x, weight, offs, recipe, impl, x_q=x_q, x_scale=x_scale)
+
+
+def can_rewrite_fp8(x: Tensor, weight: Tensor, offs: Tensor) -> bool:
+    """Whether that grouped GEMM can run as :func:`fp8_grouped_mm` (any recipe), forward and backward.
+
+    K and N must be static multiples of 16."""
+    k, n = weight.shape[1:] if weight.dim() == 3 else (None, None)
+    return (
+        can_rewrite(x, weight, offs)
+        and isinstance(k, int)
+        and isinstance(n, int)
+        and k % ALIGNMENT == 0
+        and n % ALIGNMENT == 0
+        and all(registry.available_on(kernel, x.device) for kernel in FP8_KERNELS)
+    )
+
+
+class FP8GroupedMMNode(OpNode):
+    op = fp8_grouped_mm
+    kernels = FP8_KERNELS

@@ -1,0 +1,169 @@
+"""FP8 GEMM operands, for every op family that quantizes one: formats, blocks, scale layouts, quantization, checks.
+
+An operand [R, C] (C contracted) is quantized with dynamic scaling in blocks of its recipe (``turbo_inductor.recipes``)
+and role: activation or gradient, or weight. A recipe's block (rows, cols), 0 for the whole dimension, is the
+quantization kernel's block by :func:`kernel_block`. Its scale is fp32 [cdiv(R, block rows), cdiv(C, block cols)]
+(:func:`scale_shape`). The kernel (``fp8_quantize``) writes q in the operand's layout, its transpose's, or both.
+Formats follow the device (:func:`fp8_formats`). Why: ``docs/ops.md``, "FP8 linear".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
+
+from ..kernels import registry
+from ..kernels.reference.fp8_quant import device_formats, scale_shape
+from ..recipes import RECIPES, ROW_RECIPES, Recipe
+from .library import check
+
+QUANTIZE_KERNEL = "fp8_quantize"
+
+# cuBLASLt's FP8 GEMMs want N and K in multiples of 16.
+ALIGNMENT = 16
+
+fp8_formats = device_formats  # (e4m3, e5m2) for a device, as the kernels choose them
+
+
+# ---- formats and blocks ---------------------------------------------------------------------------------------
+
+
+def recipe_formats(recipe: str, device: torch.device) -> tuple[torch.dtype, torch.dtype]:
+    """(operand format, gradient format) of ``recipe`` on ``device``: e4m3fn/e5m2, or the fnuz pair on MI300."""
+    e4m3, e5m2 = fp8_formats(device)
+    return e4m3, e5m2 if RECIPES[recipe].gradient_format == "e5m2" else e4m3
+
+
+def kernel_block(block: tuple[int, int], rows: int, cols: int) -> tuple[int, int]:
+    """A recipe's block as the quantization kernels take it. 0 becomes rows + cols + 1.
+
+    That spans the dimension in either layout, with no guard on rows <= cols under dynamic shapes."""
+    whole = rows + cols + 1
+    return block[0] or whole, block[1] or whole
+
+
+def producer_quantization(recipe: str, x: Tensor) -> tuple[torch.dtype, int]:
+    """(format, block width) for a producer quantizing x [..., K] row by row, as ``recipe``'s linear would."""
+    return fp8_formats(x.device)[0], Recipe.from_name(recipe).activation_block[1] or max(x.shape[-1], 1)
+
+
+def keeps_x(recipe: str) -> bool:
+    """Whether the wgrad takes x in its own dtype rather than x^T quantized."""
+    return RECIPES[recipe].high_precision_wgrad
+
+
+def saves_x_t(recipe: str, weight_grad: bool) -> bool:
+    """Whether the forward saves x^T quantized, for the wgrad.
+
+    Not for a weight wanting no gradient, nor for a wgrad taking x itself."""
+    return weight_grad and not keeps_x(recipe)
+
+
+# ---- quantization ---------------------------------------------------------------------------------------------
+
+
+def quantize_operand(
+    t: Tensor, block: tuple[int, int], dtype: torch.dtype, recipe: Recipe, impl: str, transposed: bool = False
+) -> tuple[Tensor, Tensor]:
+    """(q, scale): the GEMM operand ``t`` [R, C] quantized in ``block``-shaped blocks.
+
+    With ``transposed``: t^T [C, R] in such blocks, read from t."""
+    quantize = registry.select(QUANTIZE_KERNEL, t.device, impl)
+    block_rows, block_cols = kernel_block(block, *t.shape)
+    if not transposed:
+        return quantize(t, dtype, block_rows, block_cols, False, power_of_two=recipe.power_of_two)
+    q_t, scale = quantize(t, dtype, block_cols, block_rows, True, power_of_two=recipe.power_of_two)
+    return q_t, scale.t().contiguous()
+
+
+def quantize_operand_both(
+    t: Tensor, block: tuple[int, int], dtype: torch.dtype, recipe: Recipe, impl: str
+) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """``t`` [R, C] and ``t^T`` [C, R] quantized in ``block``-shaped blocks, by one call."""
+    quantize = registry.select(QUANTIZE_KERNEL, t.device, impl)
+    q, scale, q_t, scale_t = quantize(
+        t, dtype, *kernel_block(block, *t.shape), False, power_of_two=recipe.power_of_two, both_layouts=True
+    )
+    return (q, scale), (q_t, scale_t)
+
+
+def quantize_outputs(
+    x: Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, transpose: bool
+) -> tuple[Tensor, Tensor]:
+    """``fp8_quantize``'s (q, scale) for x [M, K], allocated: q uninitialized, every scale 1."""
+    m, k = x.shape
+    q = x.new_empty((k, m) if transpose else (m, k), dtype=fp8_dtype)
+    scale = x.new_ones(scale_shape(m, k, block_rows, block_cols), dtype=torch.float32)
+    return q, scale
+
+
+def allocating_quantize(x, fp8_dtype, block_rows, block_cols, transpose, power_of_two=False, both_layouts=False):
+    """The quantization kernel's outputs, allocated (the shapes the fakes return)."""
+    q, scale = quantize_outputs(x, fp8_dtype, block_rows, block_cols, transpose)
+    if not both_layouts:
+        return q, scale
+    q_t, scale_t = quantize_outputs(x, fp8_dtype, block_cols, block_rows, True)
+    return q, scale, q_t, scale_t.t().contiguous()
+
+
+def quantizer(x: Tensor, impl: str) -> Callable:
+    """The quantization kernel. On fake tensors and without rows, one that only allocates its outputs."""
+    if isinstance(x, FakeTensor) or x.shape[0] == 0:
+        return allocating_quantize
+    return registry.select(QUANTIZE_KERNEL, x.device, impl)
+
+
+def unsaved_operand(t: Tensor, fp8_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Empty (q^T, scale): what the forward returns for a transpose it does not save."""
+    return t.new_empty(0, dtype=fp8_dtype), t.new_empty(0, dtype=torch.float32)
+
+
+# ---- checks ---------------------------------------------------------------------------------------------------
+
+
+def check_recipe(op: str, recipe: str) -> None:
+    check(recipe in RECIPES, op, lambda: f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}")
+
+
+def check_row_recipe(op: str, recipe: str) -> None:
+    """Check that ``recipe``'s blocks of x lie within a row, as FP8 producers need."""
+    check(
+        recipe in ROW_RECIPES,
+        op,
+        lambda: f"recipe must quantize x in blocks within a row {ROW_RECIPES}, got {recipe!r}",
+    )
+
+
+def check_quantized(
+    op: str,
+    name: str,
+    q: Tensor,
+    scale: Tensor,
+    rows: int,
+    cols: int,
+    device: torch.device,
+    block: tuple[int, int],
+    recipe: str,
+) -> None:
+    """Check that ``q``, ``scale`` are the operand ``name`` [rows, cols] quantized in ``recipe``'s ``block``."""
+    dtype, (block_rows, block_cols) = fp8_formats(device)[0], kernel_block(block, rows, cols)
+    expected = scale_shape(rows, cols, block_rows, block_cols)
+    check(
+        q.shape == (rows, cols) and q.dtype == dtype and q.device == device,
+        op,
+        lambda: (
+            f"{name}_q must be {name} quantized as [{rows}, {cols}] {dtype} on {device}, got {list(q.shape)} "
+            f"{q.dtype} on {q.device}"
+        ),
+    )
+    check(
+        scale.shape == expected and scale.dtype == torch.float32 and scale.device == device,
+        op,
+        lambda: (
+            f"{name}_scale must be the {recipe} scales of {name}, float32 {list(expected)}, got {scale.dtype} "
+            f"{list(scale.shape)}"
+        ),
+    )
