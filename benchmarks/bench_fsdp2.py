@@ -16,7 +16,8 @@ import torch.distributed as dist
 
 import turbo_inductor
 from benchmarks import record
-from benchmarks.run_model import TORCHAO_RECIPES, snr_db, torchao_recipes
+from benchmarks.columns import TORCHAO_RECIPES, torchao_recipes
+from benchmarks.measure import snr_db
 from turbo_inductor.testing.llama import CONFIGS, LlamaDecoder
 
 WARMUP = 2  # steps before timing (the first compiles)

@@ -3,8 +3,9 @@
 #   bash benchmarks/run_gpu.sh [STEP...]   (default: all)
 #   all = model rmsnorm glu fp8_quant convergence fp8: every single-GPU benchmark, the main job first (nvidia-h200);
 #   grouped_mm: MoE expert GEMMs; gemm_ar, fsdp2: on every GPU of the host (kind nvidia-h200-x2); quick: the tests
-#   marked gpu_quick, every GPU session's first step; tests: the test suite; profile: profiler tables; costs: the
-#   FP8 cost table of this GPU (benchmarks/cost_table.py), from grouped GEMMs and linears measured fwd+bwd.
+#   marked gpu_quick, every GPU session's first step; tests: the test suite (lowering_tests, benchmarks/tests);
+#   profile: profiler tables; costs: the FP8 cost table of this GPU (benchmarks/cost_table.py), from grouped GEMMs and
+#   linears measured fwd+bwd.
 #   TESTS="lowering_tests/test_gpu.py ..." limits the tests; MODEL_ARGS, GEMM_AR_ARGS, FSDP2_ARGS add arguments to
 #   that step; TESTS_TIMEOUT bounds the tests (s); MAX_JOBS sets the native build's jobs; INSTALLED=1 skips the install.
 set -o pipefail
@@ -48,8 +49,8 @@ for step in "${steps[@]}"; do
   case $step in
     quick) timeout 300 python3 -m pytest lowering_tests -m gpu_quick -q -n "$test_jobs" --dist worksteal \
              --junitxml="$OUT/quick.xml" 2>&1 | tee "$OUT/quick.log" | tail -25 ;;
-    tests) timeout "${TESTS_TIMEOUT:-500}" python3 -m pytest ${TESTS:-lowering_tests} -q -n "$test_jobs" --dist worksteal \
-             --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+    tests) timeout "${TESTS_TIMEOUT:-500}" python3 -m pytest ${TESTS:-lowering_tests benchmarks/tests} -q \
+             -n "$test_jobs" --dist worksteal --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
     rmsnorm) bench bench_rmsnorm python3 -m benchmarks.bench_rmsnorm ;;
     glu) bench bench_glu python3 -m benchmarks.bench_glu ;;
     fp8) bench bench_fp8 python3 -m benchmarks.bench_fp8 ;;

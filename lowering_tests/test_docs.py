@@ -1,5 +1,6 @@
 """The documentation stays true to the code: generated tables are current, lines are short, snippets run.
-``UPDATE_DOCS=1 pytest lowering_tests/test_docs.py`` rewrites the generated tables."""
+``UPDATE_DOCS=1 pytest lowering_tests/test_docs.py`` rewrites the generated tables (the performance tables:
+benchmarks/tests/test_benchmark_report.py)."""
 
 import os
 import pathlib
@@ -9,24 +10,11 @@ import sys
 
 import pytest
 
-from benchmarks import report
 from turbo_inductor.options import option_table
 from turbo_inductor.passes import PASSES, phase_table
+from turbo_inductor.testing.docs import generated
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-
-def generated(path: str, name: str, body: str) -> None:
-    """The text between ``<!-- generated: name -->`` and ``<!-- end: name -->`` in ``path`` is ``body``."""
-    file = ROOT / path
-    text = file.read_text()
-    pattern = re.compile(rf"(<!-- generated: {name} -->\n)(.*?)(<!-- end: {name} -->)", re.S)
-    match = pattern.search(text)
-    assert match, f"{path} has no generated {name!r} section"
-    if os.environ.get("UPDATE_DOCS"):
-        file.write_text(text[: match.start(2)] + body + "\n" + text[match.end(2) :])
-        return
-    assert match.group(2) == body + "\n", f"{path}: the {name} is stale; run UPDATE_DOCS=1 pytest {__file__}"
 
 
 def test_the_phase_table_is_generated_from_the_pass_declarations():
@@ -35,10 +23,6 @@ def test_the_phase_table_is_generated_from_the_pass_declarations():
 
 def test_the_options_are_documented_once_from_the_code():
     generated("README.md", "options", option_table(PASSES))
-
-
-def test_the_performance_table_is_generated_from_the_benchmark_results():
-    generated("README.md", "performance", report.summary(report.load()))
 
 
 @pytest.mark.parametrize(
@@ -56,6 +40,16 @@ def test_the_performance_table_is_generated_from_the_benchmark_results():
 def test_lines_are_at_most_120_characters(path):
     long = [i + 1 for i, line in enumerate((ROOT / path).read_text().splitlines()) if len(line) > 120]
     assert not long, f"{path}: lines {long} are over 120 characters"
+
+
+def test_ci_runs_the_readmes_lint_and_tests():
+    """.ci/run (CI, on a fresh clone) runs the Quick start's lint and test commands exactly as the README gives them."""
+    section = (ROOT / "README.md").read_text().split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    indented = ("    ruff ", "    python -m pytest ")
+    commands = [line.strip() for line in section.splitlines() if line.startswith(indented)]
+    assert len(commands) == 2, commands
+    ci = (ROOT / ".ci/run").read_text().splitlines()
+    assert [line for line in ci if line.startswith(("ruff ", "python -m pytest "))] == commands
 
 
 def test_the_architecture_fits_two_pages():

@@ -424,7 +424,7 @@ def test_off_by_default_and_bad_recipes_are_named():
 @functools.cache
 def _inductor_loss_curve() -> torch.Tensor:
     """The high-precision curve every recipe's is compared with: computed once."""
-    from benchmarks.convergence import loss_curve
+    from turbo_inductor.testing.convergence import loss_curve
 
     return loss_curve("inductor")
 
@@ -434,7 +434,7 @@ def _inductor_loss_curve() -> torch.Tensor:
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "mxfp8"])
 def test_training_follows_the_high_precision_loss_curve(recipe):
     """50 AdamW steps of a tiny Llama-style decoder on a fixed regression task, same seed and data."""
-    from benchmarks.convergence import loss_curve, max_deviation
+    from turbo_inductor.testing.convergence import loss_curve, max_deviation
 
     base = _inductor_loss_curve()
     fp8 = loss_curve("primus_turbo", {"fp8": recipe, "impl": "reference"})

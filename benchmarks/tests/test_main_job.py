@@ -1,5 +1,5 @@
 """The README's main job runs on a CPU machine, reports every column and writes its JSON and PNG (timings are not
-checked here: they belong to the benchmark)."""
+checked here: they belong to the benchmark); the convergence and FSDP2 benchmarks run small."""
 
 import importlib.metadata
 import json
@@ -9,7 +9,8 @@ import pytest
 import torch
 from compare import default_counts, masked_attentions
 
-from benchmarks import convergence, goals, run_model
+from benchmarks import columns as column_table
+from benchmarks import convergence, goals, measure, models, run_model
 from turbo_inductor.testing import hf
 
 # the benchmark's harness is what these tests check (kernels: conftest.reference_kernels_on_cpu)
@@ -39,7 +40,7 @@ def test_main_job_runs_and_reports_every_column(capsys, tmp_path):
     assert written["benchmark"] == "model" and written["configuration"]["models"]["tiny"]["layers"] == 1
     columns = written["rows"]
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    rowwise = run_model.torchao_recipes(["rowwise"], device, run_model.TORCHAO_RECIPES)
+    rowwise = column_table.torchao_recipes(["rowwise"], device, column_table.TORCHAO_RECIPES)
     peer = ["torchao fp8 rowwise", "torchao fp8 rowwise on primus_turbo"] if rowwise else []
     assert [c["column"] for c in columns] == [
         "eager",
@@ -54,7 +55,7 @@ def test_main_job_runs_and_reports_every_column(capsys, tmp_path):
     assert columns[2]["rewrites"] == default_counts(rmsnorm=1, rmsnorm_residual=2, glu=1)
     for column in columns[1:]:  # where each compile's time went: the phases add up to it
         phases = column["compile_phases"]
-        assert set(phases) == {*run_model.COMPILE_TIMERS, "passes", "other"}
+        assert set(phases) == {*measure.COMPILE_TIMERS, "passes", "other"}
         assert math.isclose(sum(phases.values()), column["compile_s"]) and phases["dynamo"] > 0
         assert (phases["passes"] > 0) == ("primus_turbo" in column["column"])
     assert out.count("    compile dynamo ") == len(columns) - 1
@@ -92,8 +93,8 @@ def test_main_job_trains_transformers_models_with_their_loss(capsys, tmp_path, m
     replaced = ("apply_rotary_pos_emb", "Qwen2RMSNorm", "Qwen2MLP")  # by Liger, for every model of the family
     before = {name: getattr(modeling_qwen2, name) for name in replaced}
     forward = modeling_qwen2.Qwen2ForCausalLM.forward
-    monkeypatch.setattr(run_model, "TORCHAO_RECIPES", ())
-    monkeypatch.setattr(run_model, "TORCHAO_ON_OURS", ())
+    monkeypatch.setattr(column_table, "TORCHAO_RECIPES", ())
+    monkeypatch.setattr(column_table, "TORCHAO_ON_OURS", ())
     arguments = ["--hf", "qwen2.5-7b", "--tiny", "--layers", "1", "--seq", "16", "--fp8", "rowwise", "--warm-compile"]
     run_model.main(arguments + ["--out", str(tmp_path)])
     out = capsys.readouterr().out
@@ -151,98 +152,6 @@ def test_main_job_trains_transformers_models_with_their_loss(capsys, tmp_path, m
     assert path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_goals_are_reported_met_or_missed_from_the_table():
-    """The hand-written layer's goals (goals.LAYER), for the columns present."""
-
-    def row(column, speedup, peak=2.0, compile_s=10.0):
-        return {"column": column, "speedup_vs_inductor": speedup, "peak_gib": peak, "compile_s": compile_s}
-
-    table = [
-        row("inductor", 1.0),
-        row("primus_turbo", 1.06, peak=2.1),
-        row("primus_turbo fp8 tensorwise", 1.52),
-        row("primus_turbo fp8 rowwise", 1.46, compile_s=13.0),
-        {"column": "primus_turbo fp8 mxfp8", "error": "x"},
-    ]
-    report = {g["goal"]: (g["measured"], g["met"]) for g in goals.speed(table)}
-    assert report == {
-        "primus_turbo bf16 >= 1.05x Inductor at no more peak memory": ("1.060x, 2.10 GiB vs 2.00 GiB", False),
-        "primus_turbo fp8 tensorwise >= 1.50x Inductor": ("1.520x", True),
-        "primus_turbo fp8 rowwise >= 1.47x Inductor": ("1.460x", False),
-        "compile time <= 1.25x Inductor's": ("1.30x at most (fp8 rowwise: 13.0 s vs 10.0 s)", False),
-    }
-    # the chart draws a line per speedup goal: none for FP8 where no FP8 column ran
-    assert [g.get("target_speedup") for g in goals.speed(table)] == [1.05, 1.50, 1.47, None]
-    assert [g.get("target_speedup") for g in goals.speed(table[:2])] == [1.05, None]
-    table[1]["peak_gib"] = 2.0
-    assert goals.speed(table)[0]["met"]
-    # serial compiles (--compile-kernels) are no cold compile to hold against Inductor's
-    assert not any(g["goal"].startswith("compile") for g in goals.speed(table, compile_goal=False))
-    assert goals.evaluate(table, {"config": "llama3-8b", "compile_kernels": 3}, "llama3-8b") == goals.speed(
-        table, compile_goal=False
-    ) + goals.memory(table)
-
-
-def test_memory_goals_and_the_peers_at_less_memory_from_the_table():
-    """Every primus_turbo column within 2% of Inductor's peak, each FP8 recipe at most torchao's: each goal measured at
-    the column furthest from it. A peer below ours of its precision (torchao's recipe, bf16 for Liger) is named with
-    how much less it holds; torchao's model compiled by our backend is no peer, and a failed column no figure."""
-
-    def row(column, peak):
-        return {"column": column, "speedup_vs_inductor": 1.0, "peak_gib": peak, "compile_s": 10.0}
-
-    table = [
-        row("inductor", 10.0),
-        row("primus_turbo", 10.1),
-        row("primus_turbo fp8 tensorwise", 10.2),
-        row("primus_turbo fp8 rowwise", 9.0),
-        row("torchao fp8 tensorwise", 10.5),
-        row("torchao fp8 rowwise", 8.5),
-        row("torchao fp8 rowwise on primus_turbo", 1.0),
-        row("liger", 8.0),
-        {"column": "liger on primus_turbo", "error": "RuntimeError: no"},
-    ]
-    assert [(g["goal"], g["measured"], g["met"]) for g in goals.memory(table)] == [
-        ("primus_turbo peak memory <= 1.02x Inductor's", "1.020x at most (fp8 tensorwise)", True),
-        ("primus_turbo fp8 peak memory <= torchao's", "+0.50 GiB at most (rowwise)", False),
-    ]
-    assert goals.lighter_peers(table) == ["torchao fp8 rowwise by 0.50 GiB (5.6%)", "liger by 2.10 GiB (20.8%)"]
-    table[2]["peak_gib"], table[3]["peak_gib"] = 10.3, 8.5  # tensorwise 3% over Inductor's; rowwise ties torchao's
-    assert [(g["measured"], g["met"]) for g in goals.memory(table)] == [
-        ("1.030x at most (fp8 tensorwise)", False),
-        ("+0.00 GiB at most (rowwise)", True),
-    ]
-    assert goals.lighter_peers(table) == ["liger by 2.10 GiB (20.8%)"]
-    # held with the speed goals on every run; a CPU run measures no memory
-    assert goals.evaluate(table, {"config": "llama3-8b"}, "llama3-8b")[-2:] == goals.memory(table)
-    assert goals.memory([{k: v for k, v in r.items() if k != "peak_gib"} for r in table]) == []
-
-
-def test_each_model_is_held_to_its_own_targets():
-    """MoE layers, transformers' models in training, under autocast and in prefill: each run's configuration picks
-    its targets from goals.py's table."""
-    assert goals.targets({"config": "llama3-8b"}, "llama3-8b") == goals.LAYER
-    assert goals.targets({"config": "mixtral-8x7b"}, "mixtral-8x7b") == goals.MOE["mixtral-8x7b"]
-    train = {"hf": "gemma-7b", "mode": "train", "autocast": False}
-    assert goals.targets(train, "gemma-7b") == goals.HF_TRAIN["gemma-7b"]
-    assert goals.targets({**train, "mode": "inference"}, "gemma-7b") == goals.HF_PREFILL
-    # under autocast the ratios are to be within 3% of pure bf16's
-    autocast = goals.targets({**train, "autocast": True}, "llama3-8b")
-    assert (autocast.bf16, autocast.fp8) == (1.07, {"tensorwise": 1.50, "rowwise": 1.47})
-
-    def row(column, speedup):
-        return {"column": column, "speedup_vs_inductor": speedup, "peak_gib": 5.0, "compile_s": 20.0}
-
-    # Qwen3-MoE's FP8 is never to be slower than its bf16
-    table = [row("inductor", 1.0), row("primus_turbo", 1.2), row("primus_turbo fp8 rowwise", 1.1)]
-    report = [(g["goal"], g["measured"], g["met"]) for g in goals.evaluate(table, {}, "qwen3-30b-a3b")]
-    assert report[:3] == [
-        ("primus_turbo bf16 >= 1.18x Inductor", "1.200x", True),
-        ("primus_turbo fp8 rowwise >= 1.25x Inductor", "1.100x", False),
-        ("primus_turbo fp8 rowwise >= bf16", "1.100x vs 1.200x", False),
-    ]
-
-
 def test_main_job_lists_each_columns_triton_compiles_on_request(capsys, tmp_path):
     arguments = ["--config", "tiny", "--layers", "1", "--seq", "16", "--fp8=", "--compile-kernels", "3"]
     # on a GPU cold, so that Triton compiles each kernel rather than load it from its cache
@@ -256,46 +165,6 @@ def test_main_job_lists_each_columns_triton_compiles_on_request(capsys, tmp_path
         assert not any(g["goal"].startswith("compile") for g in written["goals"])
     else:  # CPU code is C++, and Triton's interpreter compiles nothing
         assert inductor == ours == {"kernels": 0, "seconds": 0}
-
-
-def test_transformers_models_goals_are_the_issue_targets():
-    """--hf: each model's own speedup targets, the bf16 loss within 1e-3 of Inductor's, FP8 gradients no noisier than
-    torchao's; in inference, FP8 tensorwise ahead of torchao's by a margin."""
-
-    def row(column, speedup, **snr):
-        return {"column": column, "speedup_vs_inductor": speedup, "peak_gib": 9.0, "compile_s": 20.0, **snr}
-
-    table = [
-        row("inductor", 1.0, loss_snr_db=math.inf, worst_grad_snr_db=math.inf),
-        row("primus_turbo", 1.02, loss_snr_db=70.0, worst_grad_snr_db=40.0),
-        row("primus_turbo fp8 tensorwise", 1.56, loss_snr_db=40.0, worst_grad_snr_db=30.0),
-        row("torchao fp8 tensorwise", 1.26, loss_snr_db=40.0, worst_grad_snr_db=31.0),
-    ]
-    train = {"hf": "qwen2.5-7b", "mode": "train"}
-    report = [(g["goal"], g["measured"], g["met"]) for g in goals.evaluate(table, train, "qwen2.5-7b")]
-    assert report == [
-        ("primus_turbo bf16 >= 1.10x Inductor", "1.020x", False),
-        ("primus_turbo fp8 tensorwise >= 1.55x Inductor", "1.560x", True),
-        ("compile time <= 1.25x Inductor's", "1.00x at most (primus_turbo: 20.0 s vs 20.0 s)", True),
-        ("primus_turbo peak memory <= 1.02x Inductor's", "1.000x at most (bf16)", True),
-        ("primus_turbo fp8 peak memory <= torchao's", "+0.00 GiB at most (tensorwise)", True),
-        ("primus_turbo bf16 loss within 1e-03 of Inductor's, relative", "3.2e-04", True),
-        ("primus_turbo fp8 tensorwise worst gradient SNR >= torchao's", "30.00 dB vs 31.00 dB", False),
-    ]
-    # Over several inputs, SNRs within the standard error of the two means tie; 1 dB apart they still do not.
-    spread = {"worst_grad_snr_db_per_input": [29.9, 30.1, 30.0, 30.0]}
-    for theirs, met in ((30.05, True), (31.0, False)):
-        table[2].update(worst_grad_snr_db=30.0, **spread)
-        table[3].update(worst_grad_snr_db=theirs, worst_grad_snr_db_per_input=[theirs - 0.1, theirs + 0.1] * 2)
-        (goal,) = [g for g in goals.transformers_goals(table) if "SNR" in g["goal"]]
-        assert goal["met"] is met and goal["measured"].endswith("(standard error 0.07 dB)"), goal
-    inference = [{key: value for key, value in r.items() if not key.endswith("snr_db")} for r in table]
-    ahead = [(g["goal"], g["met"]) for g in goals.transformers_goals(inference)]
-    assert ahead == [("primus_turbo fp8 tensorwise >= torchao's + 0.15x", True)]
-    inference[2]["speedup_vs_inductor"] = 1.40  # ahead of torchao's 1.26x, by less than the margin
-    assert not goals.transformers_goals(inference)[0]["met"]
-    prefill = goals.evaluate(inference, {**train, "mode": "inference"}, "qwen2.5-7b")
-    assert [g["target_speedup"] for g in prefill[:1]] == [goals.HF_PREFILL.bf16]
 
 
 def test_main_job_measures_inference_and_a_column_of_any_backend_options(capsys, tmp_path):
@@ -336,8 +205,8 @@ def test_main_job_measures_inference_and_a_column_of_any_backend_options(capsys,
 def test_main_job_measures_frozen_inference(tmp_path, monkeypatch):
     import torch
 
-    monkeypatch.setattr(run_model, "TORCHAO_RECIPES", ())  # test_main_job_runs_and_reports_every_column runs them
-    monkeypatch.setattr(run_model, "TORCHAO_ON_OURS", ())
+    monkeypatch.setattr(column_table, "TORCHAO_RECIPES", ())  # test_main_job_runs_and_reports_every_column runs them
+    monkeypatch.setattr(column_table, "TORCHAO_ON_OURS", ())
     tiny_main_job(tmp_path, "--fp8", "rowwise", "--mode", "inference", "--freezing")
     written = read_json(tmp_path / "model_tiny_inference_fp8-rowwise_layers-1_seq-16_freezing.json")
     assert written["configuration"]["freezing"] is True
@@ -350,8 +219,8 @@ def test_main_job_measures_frozen_inference(tmp_path, monkeypatch):
 
 def test_training_with_frozen_linears_under_autocast(tmp_path, monkeypatch):
     """torchao's columns are left out: test_main_job_runs_and_reports_every_column runs them."""
-    monkeypatch.setattr(run_model, "TORCHAO_RECIPES", ())
-    monkeypatch.setattr(run_model, "TORCHAO_ON_OURS", ())
+    monkeypatch.setattr(column_table, "TORCHAO_RECIPES", ())
+    monkeypatch.setattr(column_table, "TORCHAO_ON_OURS", ())
     tiny_main_job(tmp_path, "--fp8", "rowwise", "--frozen-linears", "--autocast")
     written = read_json(tmp_path / "model_tiny_train_fp8-rowwise_layers-1_seq-16_frozen-linears_autocast.json")
     configuration = written["configuration"]
@@ -401,6 +270,22 @@ def test_an_unknown_model_is_named(capsys, arguments, error):
     assert error in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("on_gpu", [True, False], ids=["gpu", "cpu"])
+def test_with_no_arguments_the_main_job_trains_transformers_llama3(on_gpu):
+    """No model named: transformers' Llama-3-8B, as ``--hf llama3-8b`` runs it (its file named alike). On a GPU at its
+    published sizes (2 layers, batch 2 x 2048, training, the FP8 recipes that have goals), held to the goals goals.py
+    sets for it; on a CPU its tiny config."""
+    args, names, named = run_model.arguments([], on_gpu)
+    assert (args, names, named) == run_model.arguments(["--hf", "llama3-8b"], on_gpu)
+    assert (args.hf, args.config, names, named) == ("llama3-8b", None, ["llama3-8b"], [])
+    assert (args.mode, args.batch, args.seq, args.tiny) == ("train", 2, 2048 if on_gpu else 64, not on_gpu)
+    assert args.fp8 == ("tensorwise,rowwise" if on_gpu else "")
+    described = models.TRANSFORMERS.describe(args, "llama3-8b", on_gpu)
+    assert (described["class"], described["layers"]) == ("LlamaForCausalLM", 2)
+    assert described["hidden_size"] == (4096 if on_gpu else 64)
+    assert goals.targets(vars(args), "llama3-8b") == goals.HF_TRAIN["llama3-8b"]
+
+
 def test_convergence_run_writes_curves_and_chart(tmp_path):
     curves = convergence.main(["--steps", "6", "--fp8", "", "--out", str(tmp_path)])
     written = read_json(tmp_path / "convergence_steps-6_fp8-none.json")
@@ -432,7 +317,7 @@ def test_fsdp2_benchmark_runs_every_column_on_two_processes(tmp_path):
     written = read_json(tmp_path / "fsdp2_tiny_2ranks_layers-1_seq-16_fp8-rowwise.json")
     columns = {c["column"]: c for c in written["rows"]}
     device = "cuda" if torch.cuda.device_count() >= 2 else "cpu"  # as bench_fsdp2 decides
-    peer = [f"torchao fp8 {r}" for r in run_model.torchao_recipes(["rowwise"], device, run_model.TORCHAO_RECIPES)]
+    peer = [f"torchao fp8 {r}" for r in column_table.torchao_recipes(["rowwise"], device, column_table.TORCHAO_RECIPES)]
     assert (
         list(columns)
         == ["inductor", "primus_turbo", "primus_turbo fp8 rowwise", "primus_turbo fp8 rowwise, W^T not saved"] + peer

@@ -1,15 +1,19 @@
-"""The benchmarks' results as data: the JSON each run writes, and the README generated from it (no compiles)."""
+"""The benchmarks' results as data: the JSON each run writes, and the READMEs generated from it (no compiles)."""
 
 import argparse
 import copy
 import json
+import pathlib
 import re
 
 import pytest
 
 import benchmarks
-from benchmarks import goals, record, report
+from benchmarks import chart, goals, record, report, runs, sections
+from benchmarks import summary as performance
+from turbo_inductor.testing.docs import generated
 
+BENCHMARKS_DIR = pathlib.Path(benchmarks.__file__).resolve().parent
 ENVIRONMENT = {
     "machine": "1x NVIDIA H200",
     "torch": "2.11.0+cu130",
@@ -122,14 +126,19 @@ def every_benchmark() -> dict[str, dict]:
 
 
 def test_the_readme_is_what_the_report_makes_of_the_committed_results():
-    assert report.README.read_text() == report.render(report.load()), "run: python -m benchmarks.report"
+    assert report.README.read_text() == report.render(runs.load()), "run: python -m benchmarks.report"
+
+
+def test_the_performance_table_is_generated_from_the_benchmark_results():
+    """README.md's performance tables (``UPDATE_DOCS=1`` rewrites them)."""
+    generated("README.md", "performance", performance.summary(runs.load()))
 
 
 def test_a_readme_of_every_benchmark_fits_two_pages():
     for text in (report.render(every_benchmark()), report.README.read_text()):
         lines = text.splitlines()
         assert len(lines) <= report.MAX_LINES
-        assert max(map(len, lines)) <= report.MAX_WIDTH, max(lines, key=len)
+        assert max(map(len, lines)) <= runs.MAX_WIDTH, max(lines, key=len)
     assert "Not run on a GPU yet" not in report.render(every_benchmark())
 
 
@@ -173,10 +182,10 @@ def test_the_report_renders_a_result():
 
 
 def test_every_section_reruns_a_step_of_run_gpu_sh():
-    script = (report.BENCHMARKS_DIR / "run_gpu.sh").read_text()
+    script = (BENCHMARKS_DIR / "run_gpu.sh").read_text()
     steps = set(re.findall(r"^\s+([a-z_0-9]+)\)", script, re.MULTILINE))
-    assert {benchmark.step for benchmark in report.BENCHMARKS} <= steps
-    assert all((report.BENCHMARKS_DIR / benchmark.script).exists() for benchmark in report.BENCHMARKS)
+    assert {benchmark.step for benchmark in sections.BENCHMARKS} <= steps
+    assert all((BENCHMARKS_DIR / benchmark.script).exists() for benchmark in sections.BENCHMARKS)
 
 
 def test_a_run_is_written_as_json_named_by_its_configuration(tmp_path, monkeypatch):
@@ -212,7 +221,7 @@ def test_a_run_names_the_variables_it_started_with(monkeypatch):
     monkeypatch.setitem(benchmarks.STARTED_WITH, "TURBO_INDUCTOR_NATIVE", "0")
     variables = record.environment()["variables"]
     assert variables["TURBO_INDUCTOR_NATIVE"] == "0"
-    named = report._environment("x.json", {**ENVIRONMENT, "variables": {"TURBO_INDUCTOR_NATIVE": "0"}}, "")
+    named = runs.environment_line("x.json", {**ENVIRONMENT, "variables": {"TURBO_INDUCTOR_NATIVE": "0"}}, "")
     assert named.startswith("`TURBO_INDUCTOR_NATIVE=0 python3 -m benchmarks.x`: ")
 
 
@@ -252,13 +261,14 @@ def test_a_run_of_transformers_models_says_what_ran():
     assert "4 inputs.\n\n" + header + "\n" in text and text.count(header) == 1
     assert "| gemma-7b | inductor | 36.364 | 1.10x | 18.000 | 2.92 | 30.0 | exact | exact |\n" in text
     assert "| llama3-8b | inductor | 18.182 | 1.10x | 18.000 | 2.92 | 30.0 | exact | exact |\n" in text
-    assert max(map(len, text.splitlines())) <= report.MAX_WIDTH
+    assert max(map(len, text.splitlines())) <= runs.MAX_WIDTH
     prefill = copy.deepcopy(results["model_hf_gemma-7b_train.json"])
     prefill["configuration"]["mode"] = "inference"
     both_modes = report.render({**results, "model_hf_gemma-7b_inference.json": prefill})
     assert both_modes.count("| step ms | vs Inductor |") == 2
-    assert "| gemma-7b (transformers, 2 layers, LM head) | 36.36 | 1.20x | 1.30x | - | 1.40x | - |" in report.summary(
-        results
+    assert (
+        "| gemma-7b (transformers, 2 layers, LM head) | 36.36 | 1.20x | 1.30x | - | 1.40x | - |"
+        in performance.summary(results)
     )
 
 
@@ -282,12 +292,12 @@ def test_an_older_run_of_a_model_is_named_and_its_goals_and_row_are_the_newest_r
     assert "Older runs of these models, their tables in their JSON: `python3 old`: 2026-12-01." in text
     assert f"{goal('llama3-8b')}: 1.020x" in text and "1.010x" not in text
     assert "`python3 new`: 2026-12-02." in text
-    summary = report.summary(results)
+    summary = performance.summary(results)
     assert summary.count("| llama3-8b |") == 2, "once in the speed table, once in the memory table"
     # a column the newest run did not measure: the newest run's that did
     older = run("2026-12-01T11:00:00", "older", 1.44)
     older["rows"].append({**older["rows"][0], "column": "primus_turbo fp8 rowwise", "speedup_vs_inductor": 1.55})
-    assert "| 1.55x | - | - |" in report.summary({**results, "o.json": older})
+    assert "| 1.55x | - | - |" in performance.summary({**results, "o.json": older})
     # a run of two models, one of them run again later: that model's rows and goals are the later run's only
     results["c.json"] = run("2026-12-01T12:00:00", "both", 1.03, models=("gemma-7b", "llama3-8b"))
     text = report.render(results)
@@ -309,7 +319,7 @@ def test_the_report_holds_each_run_to_the_goals_as_they_stand_now():
     target = goals.LAYER.fp8["rowwise"]
     assert f"MISSED: fp8 rowwise >= {target:.2f}x Inductor: {target - 0.01:.3f}x" in text and ">= 1.00x" not in text
     cpu = {**result("model", rows), "configuration": configuration}
-    assert report.run_goals(cpu) == [], "a CPU run records no goals: its timings are held to none"
+    assert runs.run_goals(cpu) == [], "a CPU run records no goals: its timings are held to none"
 
 
 def test_a_result_edited_by_hand_is_marked_with_what_was_edited():
@@ -318,29 +328,29 @@ def test_a_result_edited_by_hand_is_marked_with_what_was_edited():
     typed = {**result("model", model_rows("llama3-8b", ["inductor", "primus_turbo"])), "hand_edited": "typed"}
     typed["configuration"] = {"models": {"llama3-8b": {}}, "mode": "train", "autocast": False, "batch": 2, "seq": 16}
     text = report.render({"typed.json": typed, "rmsnorm.json": result("rmsnorm", [])})
-    assert f"`python3 -m benchmarks.x`{report.HAND_MARK}: 2026-12-01." in text
-    assert f"\n\n{report.HAND_MARK} `typed.json` edited by hand: typed.\n" in text
-    assert text.count(report.HAND_MARK) == 2, "the RMSNorm run is not marked"
-    summary = report.summary({"typed.json": typed})
-    assert f"| llama3-8b{report.HAND_MARK} |" in summary
-    assert summary.endswith(f"\n\n{report.HAND_MARK} `benchmarks/results/typed.json` edited by hand: typed.")
+    assert f"`python3 -m benchmarks.x`{runs.HAND_MARK}: 2026-12-01." in text
+    assert f"\n\n{runs.HAND_MARK} `typed.json` edited by hand: typed.\n" in text
+    assert text.count(runs.HAND_MARK) == 2, "the RMSNorm run is not marked"
+    summary = performance.summary({"typed.json": typed})
+    assert f"| llama3-8b{runs.HAND_MARK} |" in summary
+    assert summary.endswith(f"\n\n{runs.HAND_MARK} `benchmarks/results/typed.json` edited by hand: typed.")
     # a column taken from a run edited by hand marks its model's row too
     newer = {**typed, "environment": {**ENVIRONMENT, "date": "2026-12-02T10:00:00+00:00"}}
     newer["rows"] = newer["rows"][:1]
     del newer["hand_edited"]
-    assert f"| llama3-8b{report.HAND_MARK} | 20.00 | 1.10x |" in report.summary(
+    assert f"| llama3-8b{runs.HAND_MARK} | 20.00 | 1.10x |" in performance.summary(
         {"typed.json": typed, "new.json": newer}
     )
-    assert report.HAND_MARK not in report.summary({"new.json": newer})
+    assert runs.HAND_MARK not in performance.summary({"new.json": newer})
     # the two committed results edited by hand
-    committed = report.load()
+    committed = runs.load()
     edited = sorted(file for file, run in committed.items() if run.get("hand_edited"))
     assert edited == [
         "model_hf_gemma-7b_train_fp8-rowwise_snr-inputs-1.json",
         "model_llama3-8b_train_fp8-tensorwise-rowwise.json",
     ]
     readme = " ".join(report.README.read_text().splitlines())
-    assert all(f"{report.HAND_MARK} `{file}` edited by hand: " in readme for file in edited)
+    assert all(f"{runs.HAND_MARK} `{file}` edited by hand: " in readme for file in edited)
 
 
 def test_a_run_records_and_the_report_shows_the_transformers_and_peers_it_ran_with(monkeypatch):
@@ -360,7 +370,7 @@ def test_a_run_records_and_the_report_shows_the_transformers_and_peers_it_ran_wi
     monkeypatch.setattr(importlib.metadata, "version", without_transformers)
     assert record.environment()["transformers"] is None
     versions = {**ENVIRONMENT, "transformers": "5.25.0", "torchao": "0.18.0", "liger-kernel": "0.8.5"}
-    assert report._environment("x.json", versions, "").endswith(
+    assert runs.environment_line("x.json", versions, "").endswith(
         ": 1x NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, transformers 5.25.0, torchao 0.18.0, liger-kernel 0.8.5, "
         "2026-12-01."
     )
@@ -381,7 +391,7 @@ def test_the_readme_table_shows_liger_and_the_peak_memory_where_runs_have_them()
             rows[-1] = {"model": model, "column": "liger", "error": "RuntimeError: no"}
         configuration = {"models": {model: {}}, "mode": "train", "autocast": False, "batch": 2, "seq": 16}
         results[f"{model}.json"] = {**result("model", rows), "configuration": configuration}
-    summary = report.summary(results).splitlines()
+    summary = performance.summary(results).splitlines()
     assert summary[0] == (
         "| model, training | Inductor ms | bf16 | fp8 tensorwise | fp8 rowwise | torchao tensorwise | torchao rowwise |"
         " liger |"
@@ -415,11 +425,11 @@ def test_the_report_says_which_memory_goals_missed_and_where_a_peer_holds_less()
     assert "peak memory <= 1.02x Inductor's: 1.100x at most (fp8 tensorwise)" in text
     assert "fp8 peak memory <= torchao's: +0.50 GiB at most (tensorwise)" in text
     assert "Less memory than ours: torchao fp8 tensorwise by 0.50 GiB (4.5%); liger by 2.00 GiB (20.0%)" in text
-    figure = report._speedup_chart(plt, run)
+    figure = chart._speedup_chart(plt, run)
     assert [axes.get_xlabel() for axes in figure.axes] == ["speedup over Inductor", "peak GiB in a step"]
     plt.close(figure)
     cpu = {**result("model", model_rows("llama3-8b", columns, gpu=False)), "configuration": run["configuration"]}
-    figure = report._speedup_chart(plt, cpu)
+    figure = chart._speedup_chart(plt, cpu)
     assert len(figure.axes) == 1
     plt.close(figure)
     assert "Less memory" not in report.render({"m.json": cpu})

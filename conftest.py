@@ -1,3 +1,7 @@
+"""The tests' session, shared by both test folders: ``lowering_tests/`` (the package) and ``benchmarks/tests/`` (the
+harness). Triton's interpreter on a CPU, the test order and markers, each test's fresh state and its pass-failure
+guard, and the helpers the tests import by name (``from conftest import DEVICE``)."""
+
 import logging
 import os
 import zlib
@@ -32,7 +36,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # after the other had finished (with --dist worksteal the idle worker then takes the short tests still queued).
 LONG_FIRST = (
     "test_hf_llama.py",
-    "test_main_job.py",
+    "test_main_job.py",  # benchmarks/tests
     "test_fp8_producers.py",
     "test_hf_models.py",
     "test_moe.py",
@@ -47,7 +51,9 @@ LONG_FIRST = (
 QUICK = (
     "test_pipeline.py",
     "test_docs.py",
-    "test_benchmark_report.py",
+    "test_benchmark_report.py",  # benchmarks/tests, as the two below
+    "test_goals.py",
+    "test_cost_table.py",
     "test_bad_input.py",
     "test_dispatcher.py",
     "test_backend.py",

@@ -1,0 +1,179 @@
+"""How the main job measures a column: its cold compile by phase, its step time (on a GPU also its kernel time and
+peak memory), and its numerics against Inductor's column as SNRs."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import time
+
+import torch
+
+import turbo_inductor
+
+# A compile's phases: torch's own timers, and ours for the passes. What none of them covers (AOTAutograd's tracing,
+# the scheduler, guards, the first run) is "other".
+COMPILE_TIMERS = {
+    "dynamo": "bytecode_tracing",
+    "lowering": "GraphLowering.run",
+    "codegen": "GraphLowering.codegen",
+    "triton wait": "async_compile.wait",  # Triton kernels compiling in Inductor's worker processes
+}
+
+
+def time_ms(step, device: str) -> float:
+    if device == "cuda":
+        from triton.testing import do_bench
+
+        # The median of 1.5 s of steps: 25 or more of a 2-layer model at published sizes. Over 5 steps one tree's
+        # ratios moved by 1% between runs.
+        return do_bench(step, warmup=25, rep=1500, return_mode="median")
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def warm_up_compiler(device: str) -> None:
+    """One small Inductor compile: what a process pays once (Inductor's compile workers starting, imports) is then
+    in no column's compile time. Without it, the first column compiled 4.4 s of Triton kernels in this process
+    while the workers started (Llama-3 prefill on an H200)."""
+    from torch._inductor.utils import fresh_inductor_cache
+
+    x = torch.randn(64, 64, device=device)
+    with fresh_inductor_cache():
+        torch.compile(lambda a: torch.softmax(a @ a, dim=-1), backend="inductor")(x)
+    torch._dynamo.reset()
+
+
+def measure(
+    step, gradients, device: str, kernels: int = 0, left_over: int = 0, cold: bool = True, compile_kernels: int = 0
+) -> dict:
+    """A compile (the first step; ``cold``: with an empty Inductor cache), then the step's time (on a GPU also its
+    kernel time and peak memory, less ``left_over`` bytes of earlier columns), its output and ``gradients()`` (on
+    the device); prints ``kernels`` kernels, and with ``compile_kernels`` the Triton kernels slowest to compile."""
+    from torch._inductor.utils import fresh_inductor_cache
+
+    timers, compiles = compile_timers(), []
+    start = time.perf_counter()
+    with (
+        fresh_inductor_cache() if cold else contextlib.nullcontext(),
+        triton_compiles(compiles) if compile_kernels else contextlib.nullcontext(),
+    ):
+        out = step().detach()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    compile_s = time.perf_counter() - start
+    phases = compile_phases(timers, compile_s)
+    compiled = any(s for phase, s in phases.items() if phase != "other")  # not the eager column
+    if compiled:
+        print("    compile", ", ".join(f"{phase} {s:.1f} s" for phase, s in phases.items()))
+    result = {"ms": time_ms(step, device), "compile_s": compile_s, "compile_phases": phases, "out": out}
+    if compile_kernels and compiled:
+        result["triton_compiles"] = slowest_compiles(compiles, compile_kernels)
+    if device == "cuda":
+        result.update(gpu_figures(step, left_over, kernels))
+    result["grads"] = {name: grad.detach() for name, grad in gradients().items() if grad is not None}
+    return result
+
+
+def slowest_compiles(compiles: list[tuple[str, float]], shown: int) -> dict:
+    """How many Triton kernels compiled, in how long: printed with the ``shown`` slowest."""
+    compiles.sort(key=lambda kernel: -kernel[1])
+    total = {"kernels": len(compiles), "seconds": sum(s for _, s in compiles)}
+    print(f"    Triton compiles: {len(compiles)} kernels, {total['seconds']:.1f} s")
+    for name, s in compiles[:shown]:
+        print(f"    {s:7.2f} s  {name[:110]}")
+    return total
+
+
+def gpu_figures(step, left_over: int, kernels: int) -> dict:
+    """One step's peak memory (GiB, less ``left_over`` bytes) and kernel time (ms); prints its ``kernels`` slowest
+    kernels."""
+    from benchmarks.common import kernel_us
+
+    # One step's peak, on its own: do_bench's 256 MiB cache-flushing buffer is allocated during its timed steps.
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    peak_gib = (torch.cuda.max_memory_allocated() - left_over) / 2**30
+    per_kernel = sorted(kernel_us(step, steps=5).items(), key=lambda item: -item[1])
+    for kernel, us in per_kernel[:kernels]:
+        print(f"    {us:9.1f} us  {kernel[:110]}")
+    return {"peak_gib": peak_gib, "gpu_ms": sum(us for _, us in per_kernel) / 1e3}
+
+
+def compile_timers() -> dict[str, float]:
+    """Seconds so far per timer of COMPILE_TIMERS (torch sums them over the process), and in our passes."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    timers = {phase: sum(compilation_time_metrics.get(name, ())) for phase, name in COMPILE_TIMERS.items()}
+    timers["passes"] = sum(sum(record.seconds.values()) for record in turbo_inductor.compile_records())
+    return timers
+
+
+def triton_knobs():
+    """Triton's knobs module, or None (Triton < 3.4)."""
+    try:
+        import triton.knobs
+    except ImportError:
+        return None
+    return triton.knobs
+
+
+@contextlib.contextmanager
+def triton_compiles(compiles: list):
+    """Appends (kernel, seconds) to ``compiles`` for each Triton kernel compiled in this process; Inductor compiles
+    its kernels here too (compile_threads=1), one at a time, so that each is seen."""
+    compilation = triton_knobs().compilation
+
+    def listener(src, metadata, metadata_group, times, cache_hit):
+        if not cache_hit:
+            name = getattr(src, "name", None) or getattr(getattr(src, "fn", None), "__name__", "?")
+            compiles.append((name, times.total / 1e6))  # microseconds
+
+    previous, compilation.listener = compilation.listener, listener
+    try:
+        with torch._inductor.config.patch(compile_threads=1):
+            yield
+    finally:
+        compilation.listener = previous
+
+
+def compile_phases(before: dict[str, float], compile_s: float) -> dict[str, float]:
+    """Seconds per phase since ``before`` (:func:`compile_timers`), of a compile that took ``compile_s``."""
+    phases = {phase: s - before[phase] for phase, s in compile_timers().items()}
+    return {**phases, "other": compile_s - sum(phases.values())}
+
+
+def accuracy(measured: dict, reference: dict, hf_model: bool, train: bool) -> dict:
+    """SNRs against Inductor's column, each pooled over the inputs: the output's (with --hf the loss's or logits'),
+    and in training the input gradient's (dx), with --hf the worst parameter gradient's, its name, and its SNR on
+    each input alone."""
+    output = ("loss_snr_db" if train else "logits_snr_db") if hf_model else "out_snr_db"
+    snrs = {output: snr_db(measured["out"], reference["out"])}
+    grads, reference_grads = measured["grads"], reference["grads"]
+    if train and hf_model:
+        per_parameter = {
+            name: snr_db([g[name] for g in grads], [g[name] for g in reference_grads]) for name in reference_grads[0]
+        }
+        worst = min(per_parameter, key=per_parameter.get)
+        snrs["worst_grad_snr_db"] = per_parameter[worst]
+        snrs["worst_grad"] = worst if math.isfinite(per_parameter[worst]) else None  # None: every one is exact
+        if math.isfinite(per_parameter[worst]):
+            pairs = zip(grads, reference_grads)
+            snrs["worst_grad_snr_db_per_input"] = [snr_db([g[worst]], [r[worst]]) for g, r in pairs]
+    elif train:
+        snrs["dx_snr_db"] = snr_db([g["x"] for g in grads], [g["x"] for g in reference_grads])
+    return snrs
+
+
+def snr_db(outs: list, refs: list) -> float:
+    """10 log10(sum |ref|^2 / sum |out - ref|^2) over pairs of tensors: the numerical difference to Inductor (inf
+    when identical: null in JSON)."""
+    noise = sum((out.double() - ref.double()).pow(2).sum().item() for out, ref in zip(outs, refs, strict=True))
+    signal = sum(ref.double().pow(2).sum().item() for ref in refs)
+    return math.inf if noise == 0 else 10 * math.log10(signal / noise)
