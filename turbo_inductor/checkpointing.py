@@ -35,9 +35,11 @@ def trace_checkpointed_layers() -> None:
 
 
 def warn_if_checkpointed_layers_ran_eagerly() -> None:
-    """Once per process: a warning with the reason and the fix where Dynamo left a checkpointed region to eager."""
+    """Once per process: a warning with the reason and the fix where Dynamo left a checkpointed region to eager.
+    With the flag set, checkpointed regions take side effects: a region that still breaks on one is another
+    higher-order op (an autograd.Function), which the flag cannot help."""
     global _warned
-    if _warned:
+    if _warned or getattr(torch._dynamo.config, SKIP_REPLAY, True):
         return
     from torch._dynamo.utils import counters
 
