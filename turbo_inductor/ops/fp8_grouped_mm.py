@@ -34,6 +34,7 @@ from .fp8_operands import (
     QUANTIZE_KERNEL,
     check_quantized,
     check_recipe,
+    check_saved_x,
     fp8_formats,
     keeps_x,
     kernel_block,
@@ -326,11 +327,7 @@ def _check_backward(
         op,
         lambda: f"dy must be [S, {weight.shape[2]}] in {weight.dtype}, got {list(dy.shape)} {dy.dtype}",
     )
-    check(
-        x is None or keeps_x(recipe),
-        op,
-        lambda: f"x must be None for recipe {recipe!r}: its wgrad takes x^T quantized",
-    )
+    check_saved_x(op, x, recipe)
     if x is not None:
         check_grouped(op, x, weight, offs)
     if x_t.dim() == 2 and _pads_wgrad_operands(recipe):

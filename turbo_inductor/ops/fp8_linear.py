@@ -39,6 +39,7 @@ from .fp8_operands import (
     QUANTIZE_KERNEL,
     check_quantized,
     check_recipe,
+    check_saved_x,
     fp8_formats,
     keeps_x,
     kernel_block,
@@ -346,11 +347,7 @@ def _check_backward(dy: Tensor, x: Optional[Tensor], weight: Tensor, recipe: str
         op,
         lambda: f"dy must be [..., {weight.shape[0]}] in {weight.dtype}, got {list(dy.shape)} {dy.dtype}",
     )
-    check(
-        x is None or keeps_x(recipe),
-        op,
-        lambda: f"x must be None for recipe {recipe!r}: its wgrad takes x^T quantized",
-    )
+    check_saved_x(op, x, recipe)
     if x is not None:
         check_linear(op, x, weight, None)
 

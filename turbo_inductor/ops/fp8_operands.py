@@ -55,6 +55,15 @@ def keeps_x(recipe: str) -> bool:
     return RECIPES[recipe].high_precision_wgrad
 
 
+def check_saved_x(op: str, x, recipe: str) -> None:
+    """A backward's x: given only for a recipe whose wgrad takes x itself."""
+    check(
+        x is None or keeps_x(recipe),
+        op,
+        lambda: f"x must be None for recipe {recipe!r}: its wgrad takes x^T quantized",
+    )
+
+
 def saves_x_t(recipe: str, weight_grad: bool) -> bool:
     """Whether the forward saves x^T quantized, for the wgrad.
 
