@@ -1,8 +1,14 @@
-"""Models the tests and benchmarks share, written as real training code writes them. Weights are random."""
+"""What the tests and benchmarks share: models written as real training code writes them (weights random), and the
+tests' helpers, each module imported by name (``from turbo_inductor.testing.compare import assert_matches_inductor``).
+Only tests and benchmarks import this package: ``import turbo_inductor`` does not, and importing it chooses nothing
+(the tests' conftest.py sets ``TRITON_INTERPRET`` on a CPU before any kernel loads)."""
 
 import functools
 
 import torch
+
+# Where the tests run our ops: the GPU when there is one, else the CPU (Triton's kernels in its interpreter there).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @functools.cache

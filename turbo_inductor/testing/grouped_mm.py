@@ -1,0 +1,34 @@
+"""Grouped GEMM cases for the op and kernel tests: groups of every shape (empty, odd sizes, one expert taking every
+token, rows past the last group), the weight as transformers and torchtitan pass it or contiguous."""
+
+from __future__ import annotations
+
+import torch
+
+from turbo_inductor.testing import DEVICE
+
+# name: (rows per group, rows past the last group)
+PATTERNS = {
+    "odd sizes": ([1, 3, 17, 5], 0),
+    "one expert takes every token": ([0, 0, 26, 0], 0),
+    "empty first and last, rows past the last group": ([0, 9, 14, 0], 5),
+    # groups holding whole 32-row chunks (the interpreter's) and partial ones at either end, or within one chunk
+    "long groups": ([45, 70, 0, 3, 32], 2),
+}
+
+
+def case(pattern: str, k: int, n: int, dtype=torch.float32, weight_layout: str = "transposed", seed: int = 0):
+    """(x, parameter, weight, offs): x [S, K] random, and ``weight(parameter)`` the weight [E, K, N], either as
+    transformers and torchtitan pass it (the transpose of an [E, N, K] parameter) or contiguous."""
+    sizes, padding = PATTERNS[pattern]
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(sum(sizes) + padding, k, generator=gen)
+    if weight_layout == "transposed":
+        parameter = torch.randn(len(sizes), n, k, generator=gen) / k**0.5
+        weight = lambda p: p.transpose(-2, -1)  # noqa: E731
+    else:
+        parameter = torch.randn(len(sizes), k, n, generator=gen) / k**0.5
+        weight = lambda p: p  # noqa: E731
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    x, parameter = (t.to(DEVICE, dtype).requires_grad_() for t in (x, parameter))
+    return x, parameter, weight, offs.to(DEVICE)
