@@ -1,9 +1,10 @@
 """The tests' session, shared by both test folders: ``lowering_tests/`` (the package) and ``benchmarks/tests/`` (the
 harness). Triton's interpreter on a CPU, the test order and markers, each test's fresh state and its pass-failure
-guard, and the helpers the tests import by name (``from conftest import DEVICE``)."""
+guard. The tests' helpers are ``turbo_inductor.testing``'s modules, imported by name."""
 
 import logging
 import os
+import pathlib
 import zlib
 
 import pytest
@@ -14,14 +15,13 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import turbo_inductor  # noqa: E402
+from turbo_inductor.testing import DEVICE  # noqa: E402
 
 # pytest hands its log capture to every logger that does not propagate, torch's structured trace log too. torch then
 # builds each compile's trace records (graphs, fake tensors) for it: a quarter of a compiling test's time. Made to
 # propagate, the log keeps no handler of its own and torch builds none.
 logging.getLogger("torch.__trace").propagate = True
 
-# Each dtype's tolerance against a float64 reference: Primus-Turbo's test gates (bf16 and fp16 1e-2, fp32 1e-4).
-TOLERANCE = {torch.float64: 1e-7, torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 # Under pytest-xdist every worker already has a core: torch's own intra-op threads would only contend (small CPU
 # ops ran ~100x slower with two workers on two cores).
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -31,43 +31,57 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     if not torch.cuda.is_available():
         torch._inductor.config.compile_threads = 1
 
-# Files whose tests compile whole models, the longest first (seconds to minutes each on CPU). They run before the
-# rest: pytest-xdist hands tests out in this order, and a long test handed out last kept one worker busy for minutes
-# after the other had finished (with --dist worksteal the idle worker then takes the short tests still queued).
+ROOT = pathlib.Path(__file__).resolve().parent
+
+# Files whose tests compile whole models, the longest first (seconds to minutes each on CPU), by their path from here.
+# They run before the rest: pytest-xdist hands tests out in this order, and a long test handed out last kept one worker
+# busy for minutes after the other had finished (with --dist worksteal the idle worker then takes the short tests
+# still queued).
 LONG_FIRST = (
-    "test_hf_llama.py",
-    "test_main_job.py",  # benchmarks/tests
-    "test_fp8_producers.py",
-    "test_hf_models.py",
-    "test_moe.py",
-    "test_fp8_linear.py",
-    "test_gemm_allreduce.py",
-    "test_gemm_allreduce_dgrad.py",
-    "test_gemm_push.py",
+    "lowering_tests/models/test_hf_llama.py",
+    "benchmarks/tests/test_main_job.py",
+    "lowering_tests/passes/test_fp8_producers.py",
+    "lowering_tests/models/test_hf_models.py",
+    "lowering_tests/passes/test_moe.py",
+    "lowering_tests/passes/test_fp8_linear.py",
+    "lowering_tests/system/test_distributed.py",
+    "lowering_tests/passes/test_gemm_allreduce.py",
+    "lowering_tests/passes/test_gemm_allreduce_dgrad.py",
+    "lowering_tests/kernels/test_gemm_push.py",
 )
 
 
 # Files whose tests take seconds: ``pytest -m quick`` runs them (about two minutes) for local iteration.
 QUICK = (
-    "test_pipeline.py",
-    "test_docs.py",
-    "test_benchmark_report.py",  # benchmarks/tests, as the two below
-    "test_goals.py",
-    "test_cost_table.py",
-    "test_bad_input.py",
-    "test_dispatcher.py",
-    "test_backend.py",
-    "test_rmsnorm_ops.py",
-    "test_glu_ops.py",
-    "test_fp8_gemm_kernels.py",
-    "test_traced_ops.py",
+    "lowering_tests/system/test_pipeline.py",
+    "lowering_tests/system/test_docs.py",
+    "benchmarks/tests/test_benchmark_report.py",
+    "benchmarks/tests/test_goals.py",
+    "benchmarks/tests/test_cost_table.py",
+    "lowering_tests/ops/test_bad_input.py",
+    "lowering_tests/kernels/test_dispatcher.py",
+    "lowering_tests/system/test_backend.py",
+    "lowering_tests/ops/test_rmsnorm.py",
+    "lowering_tests/ops/test_glu.py",
+    "lowering_tests/kernels/test_fp8_gemm.py",
+    "lowering_tests/ops/test_traced_ops.py",
 )
 
 
 # Files whose tests every session with a GPU runs in its first call (``pytest -m gpu_quick``, at most three minutes on
 # one H200): the kernels at real sizes and a compiled Llama block, our ops traced into compiled graphs, the pipeline
 # and the backend.
-GPU_QUICK = ("test_gpu.py", "test_traced_ops.py", "test_pipeline.py", "test_backend.py")
+GPU_QUICK = (
+    "lowering_tests/system/test_gpu.py",
+    "lowering_tests/ops/test_traced_ops.py",
+    "lowering_tests/system/test_pipeline.py",
+    "lowering_tests/system/test_backend.py",
+)
+
+
+def _path(item) -> str:
+    """The test's file, by its path from the repository's root."""
+    return item.path.resolve().relative_to(ROOT).as_posix()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -77,26 +91,21 @@ def pytest_collection_modifyitems(config, items):
         if long_fuzz:
             config.hook.pytest_deselected(items=long_fuzz)
             items[:] = [item for item in items if not item.get_closest_marker("fuzz")]
-    rank = {name: i for i, name in enumerate(LONG_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))
+    rank = {path: i for i, path in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(_path(item), len(LONG_FIRST)))
     for item in items:
-        if item.path.name in QUICK:
+        if _path(item) in QUICK:
             item.add_marker(pytest.mark.quick)
-        if item.path.name in GPU_QUICK:
+        if _path(item) in GPU_QUICK:
             item.add_marker(pytest.mark.gpu_quick)
 
 
-# Op tests run where the Triton kernels really run: the GPU when there is one, else the CPU interpreter.
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Op tests run where the Triton kernels really run (turbo_inductor.testing.DEVICE): the GPU when there is one, else
+# the CPU interpreter.
 if DEVICE == "cpu":
     # Inductor's C++ without SIMD: its code generation and compile take about a fifth less, and these tests check
     # our rewrites and numerics, not Inductor's vectorizer.
     torch._inductor.config.cpp.simdlen = 1
-
-
-def assert_close(actual, expected, dtype=None):
-    tol = TOLERANCE[dtype or actual.dtype]
-    torch.testing.assert_close(actual.double(), expected.double(), rtol=tol, atol=tol)
 
 
 @pytest.fixture(autouse=True)
@@ -143,34 +152,6 @@ def reference_kernels_on_cpu(request, monkeypatch):
         from turbo_inductor.kernels import registry
 
         monkeypatch.setenv(registry.IMPL_ENV, "reference")
-
-
-class TakingSome:
-    """An implementation that takes only some of a kernel's arguments (its ``supports``), as a module of kernel
-    functions for the kernel tests: a call it does not take skips the test, naming why."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __getattr__(self, kernel: str):
-        from turbo_inductor.kernels import registry
-
-        implementation = registry.implementations(kernel)[self.name]
-
-        def call(*args, **kwargs):
-            reason = implementation.declines(*args, **kwargs)
-            if reason is not None:
-                pytest.skip(f"{self.name} {kernel}: {reason}")
-            return implementation.fn(*args, **kwargs)
-
-        return call
-
-
-def native_on_device() -> dict:
-    """{"native": its kernels} where the native extension was built and runs on DEVICE, else {}."""
-    from turbo_inductor.kernels import native
-
-    return {"native": TakingSome("native")} if native.unavailable_reason(torch.device(DEVICE)) is None else {}
 
 
 @pytest.fixture

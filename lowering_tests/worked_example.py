@@ -1,6 +1,6 @@
 """Runs docs/adding-an-op.md's worked example in this process: each block as the module its heading names (the
 package's modules by their dotted names, so that their relative imports resolve), the pass added to the pipeline's
-fuse phase, then the example's tests. ``python lowering_tests/worked_example.py``; test_docs.py runs it in a
+fuse phase, then the example's tests. ``python lowering_tests/worked_example.py``; system/test_docs.py runs it in a
 process of its own, so that the example's op and kernels register nowhere else."""
 
 import pathlib
@@ -18,9 +18,8 @@ def blocks() -> list[tuple[str, str]]:
 
 
 def main() -> None:
-    sys.path[:0] = [str(ROOT), str(ROOT / "lowering_tests")]
+    sys.path[:0] = [str(ROOT)]
     import conftest  # noqa: F401  (the Triton interpreter on a CPU, before any kernel loads)
-
     import turbo_inductor  # noqa: F401
     from turbo_inductor.passes import PASSES, Phase, check_order
 
@@ -34,7 +33,7 @@ def main() -> None:
         if name.startswith("turbo_inductor."):
             setattr(sys.modules[module.__package__], name.rpartition(".")[2], module)
         else:
-            tests = {key: value for key, value in module.__dict__.items() if key.startswith("test_")}
+            tests.update({key: value for key, value in module.__dict__.items() if key.startswith("test_")})
         for value in module.__dict__.values():
             if isinstance(value, type) and getattr(value, "phase", None) is Phase.FUSE and value.__module__ == name:
                 last_fuse = max(i for i, p in enumerate(PASSES) if p.phase is Phase.FUSE)

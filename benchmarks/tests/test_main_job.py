@@ -7,11 +7,11 @@ import math
 
 import pytest
 import torch
-from compare import default_counts, masked_attentions
 
 from benchmarks import columns as column_table
 from benchmarks import convergence, goals, measure, models, run_model
 from turbo_inductor.testing import hf
+from turbo_inductor.testing.compare import default_counts, masked_attentions
 
 # the benchmark's harness is what these tests check (kernels: conftest.reference_kernels_on_cpu)
 pytestmark = pytest.mark.reference_kernels
@@ -311,9 +311,9 @@ def test_fsdp2_benchmark_runs_every_column_on_two_processes(tmp_path):
     """The FSDP2 benchmark (torchtitan's composition: each layer compiled, then sharded) on gloo: every column, the
     linears FP8 inside the parameters' all-gather and the gradients' reduce-scatter, outputs and reduced gradients
     against Inductor's bf16, and the same numbers with W^T quantized again in the backward."""
-    from test_gemm_allreduce import _spawn
+    from turbo_inductor.testing.distributed import spawn
 
-    _spawn(_fsdp2_benchmark, str(tmp_path))
+    spawn(_fsdp2_benchmark, str(tmp_path))
     written = read_json(tmp_path / "fsdp2_tiny_2ranks_layers-1_seq-16_fp8-rowwise.json")
     columns = {c["column"]: c for c in written["rows"]}
     device = "cuda" if torch.cuda.device_count() >= 2 else "cpu"  # as bench_fsdp2 decides

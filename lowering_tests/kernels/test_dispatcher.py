@@ -1,0 +1,134 @@
+"""The kernel dispatcher: implementations that take only some arguments, forced implementations, autotuning (per
+argument signature, once, on tensors being traced too), and the backend option that turns autotuning on."""
+
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from turbo_inductor.kernels import registry
+from turbo_inductor.testing import DEVICE
+from turbo_inductor.testing.compare import assert_matches_inductor
+
+KERNEL = "test_dispatcher_scale"
+CALLS = []
+
+
+def _available(device):
+    return None
+
+
+def _not_on(device):
+    return "never available here"
+
+
+@registry.implementation(
+    KERNEL,
+    "slow",
+    priority=30,
+    unavailable_reason=_available,
+    supports=lambda x, factor: None if factor > 0 else "positive factors only",
+)
+def _slow(x, factor):
+    CALLS.append("slow")
+    time.sleep(0.002)  # sure to lose every measurement
+    return x * factor
+
+
+@registry.implementation(KERNEL, "fast", priority=20, unavailable_reason=_available)
+def _fast(x, factor):
+    CALLS.append("fast")
+    return x * factor
+
+
+@registry.implementation(KERNEL, "absent", priority=40, unavailable_reason=_not_on)
+def _absent(x, factor):
+    raise AssertionError("an unavailable implementation must never run")
+
+
+@pytest.fixture(autouse=True)
+def clean():
+    CALLS.clear()
+    registry._WINNERS.clear()
+    yield
+    registry._WINNERS.clear()
+
+
+def test_best_available_that_takes_the_arguments():
+    x = torch.randn(8)
+    select = registry.select(KERNEL, x.device)
+    torch.testing.assert_close(select(x, 2.0), x * 2)
+    torch.testing.assert_close(select(x, -2.0), x * -2)
+    assert CALLS == ["slow", "fast"]  # the unavailable one is skipped; the slow one declines negative factors
+    assert registry.kernel_calls()[(KERNEL, "slow")] == 1 and registry.kernel_calls()[(KERNEL, "fast")] == 1
+
+
+def test_forced_implementation_never_substitutes():
+    x = torch.randn(8)
+    with pytest.raises(ValueError, match="'slow' of test_dispatcher_scale cannot take these arguments: positive"):
+        registry.select(KERNEL, x.device, "slow")(x, -1.0)
+    with pytest.raises(RuntimeError, match="'absent' of test_dispatcher_scale cannot run on cpu: never available"):
+        registry.select(KERNEL, x.device, "absent")
+    assert CALLS == []
+
+
+def test_autotune_measures_once_per_signature_and_keeps_the_fastest():
+    x = torch.randn(8)
+    tuned = registry.select(KERNEL, x.device, "autotune")
+    torch.testing.assert_close(tuned(x, 3.0), x * 3)
+    assert set(CALLS) == {"slow", "fast"}  # both measured
+    CALLS.clear()
+    y = torch.randn(8)
+    torch.testing.assert_close(tuned(y, 3.0), y * 3)  # the same signature: no new measurement, the winner runs
+    assert CALLS == ["fast"]
+    assert registry.autotuned() == {(KERNEL, "cpu", ((8,), torch.float32), 3.0): "fast"}
+    CALLS.clear()
+    tuned(torch.randn(16), 3.0)  # a new size is measured again
+    assert "slow" in CALLS
+    CALLS.clear()
+    tuned(x, -1.0)  # the slow one declines: only the fast one is a candidate
+    assert set(CALLS) == {"fast"}
+
+
+def test_autotune_on_tensors_being_traced_measures_real_ones():
+    with FakeTensorMode():
+        fake = torch.empty(32)
+        out = registry.select(KERNEL, fake.device, "autotune")(fake, 2.0)
+        assert out.shape == (32,)
+    assert registry.autotuned()[(KERNEL, "cpu", ((32,), torch.float32), 2.0)] == "fast"
+
+
+def test_autotune_spec_per_kernel_and_environment(monkeypatch):
+    x = torch.randn(8)
+    monkeypatch.setenv(registry.IMPL_ENV, f"{KERNEL}=autotune")
+    registry.select(KERNEL, x.device)(x, 1.0)
+    assert len(registry.autotuned()) == 1
+
+
+def test_backend_option_autotune_trains_like_inductor():
+    model = nn.Sequential(nn.Linear(32, 64), nn.RMSNorm(64, eps=1e-6)).to(DEVICE)
+    counts = assert_matches_inductor(model, [torch.randn(4, 32, device=DEVICE)], options={"impl": "autotune"})
+    assert counts["rmsnorm"] == 1
+    assert {key[0] for key in registry.autotuned()} == {"rmsnorm_fwd", "rmsnorm_bwd"}
+    assert {name for (kernel, name) in registry.kernel_calls()} <= {"triton", "reference", "native"}
+
+
+def test_unknown_implementation_is_named():
+    with pytest.raises(ValueError, match="no implementation 'cutlass'.*'autotune'"):
+        registry.select(KERNEL, torch.device("cpu"), "cutlass")
+
+
+def test_no_implementation_taking_the_arguments_is_named():
+    kernel = "test_dispatcher_picky"
+    registry.implementation(
+        kernel,
+        "picky",
+        priority=1,
+        unavailable_reason=_available,
+        supports=lambda x: "odd sizes only" if x.numel() % 2 == 0 else None,
+    )(lambda x: x)
+    with pytest.raises(ValueError, match=r"no implementation of test_dispatcher_picky takes .*picky: odd sizes only"):
+        registry.select(kernel, torch.device("cpu"))(torch.randn(4))
+    assert registry.select(kernel, torch.device("cpu"))(torch.ones(3)).sum() == 3

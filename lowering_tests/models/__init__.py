@@ -1,0 +1,1 @@
+"""Whole transformers models compiled with the backend."""

@@ -1,0 +1,228 @@
+"""Grouped GEMM ops (MoE experts), bf16/fp32 and FP8: forward and gradients against float64 for each implementation,
+the FP8 recipes at their SNR gates, groups of every shape (empty, odd sizes, one expert taking every token, rows past
+the last group), weights as transformers and torchtitan pass them, fakes, bad input, and the rewrite predicates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import turbo_inductor
+from turbo_inductor.ops.fp8_grouped_mm import can_rewrite_fp8
+from turbo_inductor.ops.grouped_mm import GroupedMMNode, can_rewrite
+from turbo_inductor.ops.library import OpInputError
+from turbo_inductor.recipes import RECIPES
+from turbo_inductor.testing import DEVICE
+from turbo_inductor.testing.grouped_mm import case
+from turbo_inductor.testing.tolerance import TOLERANCE, snr_db
+
+ops = turbo_inductor.ops
+GRADIENT_GATE = {"e4m3": 25.0, "e5m2": 20.0}
+# The interpreter's fp8 stores round wrongly near binade edges: SNR gates run on the reference quantization on CPU.
+EXACT_IMPL = "auto" if DEVICE == "cuda" else "reference"
+IMPLS = ["reference", "triton"] + (["auto"] if DEVICE == "cuda" else [])
+TRITON_FP8 = (
+    "fp8_quantize=reference,fp8_quantize_grouped=reference,fp8_grouped_gemm=triton,fp8_grouped_gemm_wgrad=triton,"
+    "grouped_gemm_wgrad=triton"
+)
+
+
+def float64_reference(x, parameter, weight, offs, dy):
+    """y, dx, d(parameter) in float64, by an explicit loop over the groups."""
+    x64, p64 = (t.detach().double().requires_grad_() for t in (x, parameter))
+    w64, ends = weight(p64), [0] + offs.tolist()
+    y = torch.zeros(x.shape[0], w64.shape[2], dtype=torch.float64, device=x.device)
+    for g in range(len(ends) - 1):
+        y[ends[g] : ends[g + 1]] = x64[ends[g] : ends[g + 1]] @ w64[g]
+    y.backward(dy.double())
+    return y.detach(), x64.grad, p64.grad
+
+
+def _close(got, want, dtype):
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * max(1.0, want.abs().max().item()))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(
+    "pattern, dtype, weight_layout",
+    [
+        ("odd sizes", torch.float32, "transposed"),
+        ("one expert takes every token", torch.bfloat16, "contiguous"),
+        ("empty first and last, rows past the last group", torch.bfloat16, "transposed"),
+    ],
+)
+def test_forward_and_gradients_match_float64(impl, pattern, dtype, weight_layout):
+    x, parameter, weight, offs = case(pattern, 32, 48, dtype, weight_layout)
+    y = ops.grouped_mm(x, weight(parameter), offs, impl=impl)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    want_y, want_dx, want_dp = float64_reference(x, parameter, weight, offs, dy)
+    assert y.dtype == dtype and y.shape == want_y.shape and y.is_contiguous()
+    _close(y, want_y, dtype)
+    _close(x.grad, want_dx, dtype)
+    _close(parameter.grad, want_dp, dtype)
+    # the parameter's gradient in its own layout, with no copy; the rows past the last group: zero, zero gradient
+    assert parameter.grad.is_contiguous()
+    last = offs[-1].item()
+    assert y[last:].count_nonzero() == 0 and x.grad[last:].count_nonzero() == 0
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_fp8_recipes_meet_the_snr_gates(recipe):
+    """Out >= 25 dB, dx >= 25 dB (20 where the gradient is e5m2), dW >= 20 dB against float64; every group shape
+    at once: empty first and last groups, odd sizes, rows past the last group. K 256: two 128-wide blocks."""
+    sizes = [0, 5, 17, 1, 9, 0]
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(sum(sizes) + 3, 256, generator=gen).to(DEVICE, torch.bfloat16).requires_grad_()
+    parameter = (torch.randn(len(sizes), 48, 256, generator=gen) / 16).to(DEVICE, torch.bfloat16).requires_grad_()
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(DEVICE)
+    weight = lambda p: p.transpose(-2, -1)  # noqa: E731
+    y = ops.fp8_grouped_mm(x, weight(parameter), offs, recipe, impl=EXACT_IMPL)
+    with torch.no_grad():  # the inference op: the same forward, no operands quantized for a backward
+        assert torch.equal(ops.fp8_grouped_mm(x, weight(parameter), offs, recipe, impl=EXACT_IMPL), y)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    want_y, want_dx, want_dp = float64_reference(x, parameter, weight, offs, dy)
+    r = RECIPES[recipe]
+    assert y.dtype == torch.bfloat16 and parameter.grad.is_contiguous()
+    assert snr_db(y, want_y) >= 25
+    assert snr_db(x.grad, want_dx) >= GRADIENT_GATE[r.gradient_format]
+    assert snr_db(parameter.grad, want_dp) >= (40 if r.high_precision_wgrad else 20)
+    assert y[-3:].count_nonzero() == 0 and x.grad[-3:].count_nonzero() == 0
+    assert parameter.grad[0].count_nonzero() == 0 and parameter.grad[-1].count_nonzero() == 0  # empty groups
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "blockwise", "mxfp8"])
+def test_fp8_triton_kernels_match_the_reference(recipe):
+    """The Triton FP8 grouped GEMMs (epilogue scales, per-chunk scales, e5m2 gradients) on the same quantized operands
+    as the reference: the same exact products summed in another order. The weight contiguous [E, K, N]: the other
+    flattening of W and the dW layout of a contiguous weight."""
+    x, parameter, weight, offs = case(
+        "empty first and last, rows past the last group", 128, 32, weight_layout="contiguous"
+    )
+    results = []
+    for impl in (TRITON_FP8, "reference"):
+        for t in (x, parameter):
+            t.grad = None
+        y = ops.fp8_grouped_mm(x, weight(parameter), offs, recipe, impl=impl)
+        y.backward(torch.linspace(-1, 1, y.numel(), device=DEVICE).view(y.shape))
+        results.append((y.detach(), x.grad, parameter.grad))
+    tol = 1e-5 if DEVICE == "cpu" else 1e-3
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol * want.abs().max().item())
+
+
+def test_opcheck():
+    x, parameter, weight, offs = case("empty first and last, rows past the last group", 32, 48)
+    w = weight(parameter)
+    torch.library.opcheck(torch.ops.turbo_inductor.grouped_mm, (x, w, offs, "reference"))
+    for transposed in (False, True):
+        dy = torch.randn(x.shape[0], 48, device=DEVICE)
+        torch.library.opcheck(
+            torch.ops.turbo_inductor.grouped_mm_wgrad, (x.detach(), dy, offs, transposed, "reference")
+        )
+    # FP8 outputs cannot be compared on CPU by the schema test (as ops/test_fp8_linear.py's test_opcheck): skipped
+    # where an op returns (takes) fp8 tensors. The public op gets every test, AOT autograd included.
+    no_schema = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    x, parameter, weight, offs = case("odd sizes", 32, 32)
+    torch.library.opcheck(torch.ops.turbo_inductor.fp8_grouped_mm, (x, weight(parameter), offs, "rowwise", "reference"))
+    fwd = torch.ops.turbo_inductor.fp8_grouped_mm_fwd
+    for recipe in ("rowwise", "mxfp8"):  # mxfp8: W's rows padded to whole 32-row blocks, the scales cut back
+        torch.library.opcheck(fwd, (x, weight(parameter), offs, recipe, "reference"), test_utils=no_schema[:2])
+    saved = fwd(x.detach(), weight(parameter.detach()), offs, "rowwise", "reference")[1:]
+    dy = torch.randn(x.shape[0], 32, device=DEVICE)
+    torch.library.opcheck(
+        torch.ops.turbo_inductor.fp8_grouped_mm_bwd,
+        (dy, None, weight(parameter.detach()), offs, *saved, "rowwise", "reference"),
+        test_utils=no_schema,
+    )
+    # a weight that wants no gradient: no x^T saved, an empty dweight
+    saved = fwd(x.detach(), weight(parameter.detach()), offs, "rowwise", "reference", False)[1:]
+    assert saved[0].numel() == 0
+    dx, dweight = torch.ops.turbo_inductor.fp8_grouped_mm_bwd(
+        dy, None, weight(parameter.detach()), offs, *saved, "rowwise", "reference"
+    )
+    assert dx.shape == x.shape and dweight.shape == (0,)
+
+
+@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise", "blockwise", "rowwise_with_gw_hp"])
+def test_fp8_fakes_give_each_outputs_layout(recipe):
+    """fp8_grouped_mm_fwd's and _bwd's fakes against the real outputs: shape, dtype and strides of each, the saved
+    x^T in the padded layout included, with a weight gradient and without (opcheck cannot compare FP8 outputs on
+    CPU: test_opcheck)."""
+    x, parameter, weight, offs = case("empty first and last, rows past the last group", 32, 48)
+    x, w, dy = x.detach(), weight(parameter.detach()), torch.randn(x.shape[0], 48, device=DEVICE)
+    keeps_x = RECIPES[recipe].high_precision_wgrad
+
+    def forward_and_backward(x, w, offs, dy, weight_grad):
+        fwd = torch.ops.turbo_inductor.fp8_grouped_mm_fwd(x, w, offs, recipe, EXACT_IMPL, weight_grad)
+        saved_x = x if keeps_x and weight_grad else None
+        return *fwd, *torch.ops.turbo_inductor.fp8_grouped_mm_bwd(dy, saved_x, w, offs, *fwd[1:], recipe, EXACT_IMPL)
+
+    for weight_grad in (True, False):
+        real = forward_and_backward(x, w, offs, dy, weight_grad)
+        with FakeTensorMode() as mode:
+            fake = forward_and_backward(*(mode.from_tensor(t) for t in (x, w, offs, dy)), weight_grad)
+        for i, (r, f) in enumerate(zip(real, fake)):
+            assert (f.shape, f.dtype, f.stride()) == (r.shape, r.dtype, r.stride()), f"output {i}"
+
+
+def test_no_rows_gives_empty_outputs_and_zero_weight_gradients():
+    x, parameter, weight, offs = case("odd sizes", 32, 32)
+    x = x.detach()[:0].requires_grad_()
+    offs = torch.zeros_like(offs)
+    for y in (ops.grouped_mm(x, weight(parameter), offs), ops.fp8_grouped_mm(x, weight(parameter), offs)):
+        assert y.shape == (0, 32)
+        y.sum().backward()
+        assert parameter.grad.count_nonzero() == 0 and parameter.grad.shape == parameter.shape
+        parameter.grad = None
+
+
+def _bad(**changes):
+    """Good CPU inputs (offs values are checked on the host only) with ``changes``."""
+    x, parameter, weight, offs = case("odd sizes", 32, 32)
+    args = dict(x=x.detach().cpu(), weight=weight(parameter.detach()).cpu(), offs=offs.cpu()) | changes
+    return args["x"], args["weight"], args["offs"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (lambda: _bad(x=torch.ones(26, 32, dtype=torch.int32)), "x has dtype torch.int32"),
+        (lambda: _bad(weight=torch.randn(32, 32)), "weight must be 3-D"),
+        (lambda: _bad(weight=torch.randn(4, 32, 32, dtype=torch.bfloat16)), "in x's dtype"),
+        (lambda: _bad(weight=torch.randn(4, 16, 32)), "must share K"),
+        (lambda: _bad(offs=torch.tensor([1, 4, 21, 26])), "offs must be a 1-D int32 tensor"),
+        (lambda: _bad(offs=torch.tensor([[1, 4, 21, 26]], dtype=torch.int32)), "offs must be a 1-D int32 tensor"),
+        (lambda: _bad(offs=torch.tensor([1, 4, 26], dtype=torch.int32)), "4 values, got 3"),
+        (lambda: _bad(offs=torch.tensor([1, 4, 3, 26], dtype=torch.int32)), r"non-decreasing within \[0, 26\]"),
+        (lambda: _bad(offs=torch.tensor([1, 4, 21, 27], dtype=torch.int32)), r"non-decreasing within \[0, 26\]"),
+        (lambda: _bad(offs=torch.tensor([1, 4, 21, 26], dtype=torch.int32, device="meta")), "different devices"),
+    ],
+)
+def test_bad_input_is_named(args, message):
+    x, weight, offs = args()
+    for call in (ops.grouped_mm, lambda *a: ops.fp8_grouped_mm(*a, impl="reference")):
+        with pytest.raises(OpInputError, match=message):
+            call(x, weight, offs)
+
+
+def test_fp8_bad_input_is_named():
+    x, weight, offs = _bad()
+    with pytest.raises(OpInputError, match="recipe must be one of"):
+        ops.fp8_grouped_mm(x, weight, offs, "fp4")
+    with pytest.raises(OpInputError, match=r"multiples of 16 for the FP8 GEMM, got \[32, 24\]"):
+        ops.fp8_grouped_mm(x, torch.randn(4, 32, 24, device=x.device), offs)
+
+
+def test_rewrite_predicates():
+    x, parameter, weight, offs = case("odd sizes", 32, 48)
+    assert can_rewrite(x, weight(parameter), offs)
+    assert can_rewrite_fp8(x, weight(parameter), offs)
+    assert not can_rewrite(x, weight(parameter), offs.long())
+    assert not can_rewrite(x, weight(parameter)[:3], offs)
+    assert can_rewrite(x, weight(parameter)[..., :40], offs)
+    assert not can_rewrite_fp8(x, weight(parameter)[..., :40], offs)  # N = 40: no FP8 GEMM shape
+    assert GroupedMMNode.call_arguments(x=1, weight=2, offs=3) == ((1, 2, 3), {})

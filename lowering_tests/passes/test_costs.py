@@ -1,0 +1,127 @@
+"""The FP8 cost model: ``"auto"`` puts a GEMM in FP8 where the device's cost table measured it faster, logs each
+choice and keeps it in the compile record; ``true`` forces FP8, ``false`` keeps high precision. That the shipped table
+is what its runs make: benchmarks/tests/test_cost_table.py."""
+
+import logging
+
+import pytest
+import torch
+
+import turbo_inductor
+from turbo_inductor import costs
+from turbo_inductor.recipes import FP8Config
+from turbo_inductor.testing import DEVICE
+from turbo_inductor.testing.compare import rewrites_without_compiling
+from turbo_inductor.testing.moe import TitanMoE
+
+EXPERTS, HIDDEN, INTERMEDIATE, TOKENS, TOP_K = 4, 64, 32, 16, 2
+
+
+def a_table(grouped_ms=None, linear_ms=None) -> dict:
+    """A cost table measuring the MoE below: its experts' grouped GEMMs (gate and up [K 64, N 32], down [K 32,
+    N 64]), and its shared expert's linears of the same shapes, where given."""
+    shapes = ((HIDDEN, INTERMEDIATE), (INTERMEDIATE, HIDDEN))
+    grouped = [
+        {"groups": EXPERTS, "rows": TOKENS * TOP_K, "k": k, "n": n, "ms": grouped_ms, "source": "test"}
+        for k, n in shapes
+    ]
+    return {
+        "device": "test",
+        "margin": 0.02,
+        "defaults": {costs.GROUPED_MM: costs.HIGH_PRECISION, costs.LINEAR: "fp8"},
+        costs.GROUPED_MM: grouped if grouped_ms else [],
+        costs.LINEAR: [
+            {"groups": 1, "rows": TOKENS, "k": k, "n": n, "ms": linear_ms, "source": "test"} for k, n in shapes
+        ]
+        if linear_ms
+        else [],
+    }
+
+
+@pytest.fixture
+def on_a_gpu_with(monkeypatch):
+    """Makes the compile see a GPU model whose cost table is the one given."""
+
+    def use(table):
+        monkeypatch.setattr(costs, "device_slug", lambda device: "test-gpu")
+        monkeypatch.setattr(costs, "table", lambda slug: table if slug == "test-gpu" else None)
+
+    return use
+
+
+def moe_rewrites(experts_option):
+    model = TitanMoE(HIDDEN, INTERMEDIATE, experts=EXPERTS, top_k=TOP_K, expert_dtype=torch.bfloat16)
+    x = torch.randn(1, TOKENS, HIDDEN, device=DEVICE, dtype=torch.bfloat16)
+    options = {"fp8": {"recipe": "rowwise", "experts": experts_option}}
+    return rewrites_without_compiling(model.to(DEVICE, torch.bfloat16), [x], options=options)
+
+
+@pytest.mark.parametrize(
+    "experts, measured, fp8",
+    [
+        ("auto", {costs.HIGH_PRECISION: 1.0, "rowwise": 1.2}, False),  # measured slower
+        ("auto", {costs.HIGH_PRECISION: 1.0, "rowwise": 0.99}, False),  # faster, but within the margin
+        ("auto", {costs.HIGH_PRECISION: 1.0, "rowwise": 0.8}, True),
+        ("auto", None, False),  # not measured: the table's default for experts
+        (True, {costs.HIGH_PRECISION: 1.0, "rowwise": 1.2}, True),  # forced
+        (False, {costs.HIGH_PRECISION: 1.0, "rowwise": 0.8}, False),
+    ],
+)
+def test_experts_take_fp8_where_the_table_says_it_wins(on_a_gpu_with, caplog, experts, measured, fp8):
+    on_a_gpu_with(a_table(grouped_ms=measured))
+    with caplog.at_level(logging.INFO, logger="turbo_inductor"):
+        counts = moe_rewrites(experts)
+    assert counts["fp8_experts"] == (3 if fp8 else 0)
+    decisions = [line for record in turbo_inductor.compile_records() for line in record.decisions]
+    experts_lines = [line for line in decisions if line.startswith("fp8_experts: experts: ")]
+    assert len(experts_lines) == (2 if experts == "auto" else 0), decisions  # one per shape: gate/up, down
+    for line in experts_lines:
+        assert line in caplog.text
+        if measured:
+            assert "measured on test-gpu at 32 rows: 1.000 ms in high precision" in line
+        else:
+            assert "not measured on test-gpu: high precision, the table's default" in line
+
+
+def test_a_linear_measured_slower_in_fp8_stays(on_a_gpu_with):
+    """The shared expert's three linears (the router's N, the number of experts, is too narrow for FP8)."""
+    on_a_gpu_with(a_table(linear_ms={costs.HIGH_PRECISION: 1.0, "rowwise": 1.5}))
+    counts = moe_rewrites(False)
+    assert counts["fp8"] == counts["fp8_concat"] == 0
+    on_a_gpu_with(a_table())  # not measured: the table's default for linears
+    counts = moe_rewrites(False)
+    assert (counts["fp8"], counts["fp8_concat"]) == (1, 1)  # down; gate and up as one
+
+
+def test_a_device_without_a_table_takes_fp8_as_asked():
+    decision = costs.decide(costs.GROUPED_MM, "rowwise", torch.device("cpu"), 32, 64, 64, 4)
+    assert decision.fp8 and decision.reason == "no cost table for cpu: FP8 as the option asks"
+    assert moe_rewrites("auto")["fp8_experts"] == 3
+
+
+def test_the_nearest_measured_rows_within_a_factor_of_two_decide(on_a_gpu_with):
+    on_a_gpu_with(a_table(grouped_ms={costs.HIGH_PRECISION: 1.0, "rowwise": 0.5}))
+
+    def decide(rows, recipe="rowwise"):
+        return costs.decide(costs.GROUPED_MM, recipe, torch.device("cuda"), rows, HIDDEN, INTERMEDIATE, EXPERTS)
+
+    assert decide(60).fp8 and decide(17).fp8  # 32 measured
+    assert not decide(65).fp8 and not decide(15).fp8 and not decide(None).fp8  # the default
+    assert not decide(32, "blockwise").fp8
+
+
+@pytest.mark.cost_tables
+def test_the_h200_table_keeps_mixtrals_experts_in_bf16(monkeypatch):
+    """Measured on an H200: Mixtral's FP8 rowwise experts, quantization included, were slower than bf16."""
+    monkeypatch.setattr(costs, "device_slug", lambda device: "nvidia-h200")
+    decision = costs.decide(costs.GROUPED_MM, "rowwise", torch.device("cuda"), 16384, 4096, 28672, 8)
+    assert not decision.fp8
+    assert "18.678 ms in high precision, 19.545 ms in FP8 rowwise" in decision.reason
+
+
+@pytest.mark.parametrize("value, parsed", [("auto", "auto"), ("AUTO", "auto"), (True, True), ("false", False)])
+def test_the_option_takes_true_false_or_auto(value, parsed):
+    assert FP8Config.from_option({"recipe": "rowwise", "experts": value}).experts == parsed
+    assert FP8Config.from_option("rowwise").experts == FP8Config.from_option("rowwise").linears == "auto"
+    with pytest.raises(ValueError, match="option 'fp8.linears' takes true, false or 'auto', got 'maybe'"):
+        FP8Config.from_option({"recipe": "rowwise", "linears": "maybe"})
