@@ -123,7 +123,7 @@ def native_extension() -> tuple[list, dict]:
     return [extension], {"build_ext": optional_build(cpp_extension.BuildExtension, required, ";".join(archs))}
 
 
-if __name__ == "__main__":  # as pip's build backend runs it; lowering_tests/test_native.py imports the helpers
+if __name__ == "__main__":  # as pip's build backend runs it; lowering_tests/kernels/test_native.py imports the helpers
     ext_modules, cmdclass = native_extension()
     setup(
         name="turbo_inductor",

@@ -6,8 +6,9 @@
 #   marked gpu_quick, every GPU session's first step; tests: the test suite (lowering_tests, benchmarks/tests);
 #   profile: profiler tables; costs: the FP8 cost table of this GPU (benchmarks/cost_table.py), from grouped GEMMs and
 #   linears measured fwd+bwd.
-#   TESTS="lowering_tests/test_gpu.py ..." limits the tests; MODEL_ARGS, GEMM_AR_ARGS, FSDP2_ARGS add arguments to
-#   that step; TESTS_TIMEOUT bounds the tests (s); MAX_JOBS sets the native build's jobs; INSTALLED=1 skips the install.
+#   TESTS="lowering_tests/system/test_gpu.py ..." limits the tests; MODEL_ARGS, GEMM_AR_ARGS, FSDP2_ARGS add arguments
+#   to that step; TESTS_TIMEOUT bounds the tests (s); MAX_JOBS sets the native build's jobs; INSTALLED=1 skips the
+#   install.
 set -o pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/turbo_out}
 mkdir -p "$OUT"
