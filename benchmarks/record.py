@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import importlib.metadata
 import json
 import math
 import os
@@ -30,21 +29,14 @@ def output_dir(out: str | None = None) -> pathlib.Path:
     return path
 
 
-def installed_version(distribution: str) -> str | None:
-    """The installed version of ``distribution``, None where it is not installed. Read from its metadata, not by
-    importing it: torchao's CPU build warns about GPU libraries on import."""
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def environment() -> dict:
     """Where and how this run was made: GPUs (or "cpu"), versions (of transformers and the peers torchao and
     Liger-Kernel: null where not installed), the UTC date, the process's command line and the turbo_inductor and
     Inductor variables it started with."""
     import torch
     import triton
+
+    from turbo_inductor.environment import installed_version
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return {

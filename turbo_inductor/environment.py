@@ -7,6 +7,7 @@ The backend's cache key covers them (``passes/manager.py``); ``python -m turbo_i
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 
 import torch
 import triton
@@ -38,3 +39,12 @@ def identity() -> str:
         f"implementations {registry.fingerprint(devices)}",
     )
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed version of ``distribution``, None where it is not installed. Read from its metadata, not by
+    importing it: torchao's CPU build warns about GPU libraries on import."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None

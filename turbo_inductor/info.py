@@ -8,7 +8,6 @@ would. Elsewhere it imports nothing optional.
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import platform
 
@@ -17,13 +16,6 @@ import triton
 
 from . import __version__, environment
 from .kernels import aiter, native, registry
-
-
-def _installed(distribution: str) -> str:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
 
 
 def _native(device: torch.device) -> str:
@@ -57,8 +49,10 @@ def report() -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "triton": triton.__version__,  # its distribution's name differs on ROCm
-        # not imported: torchao's CPU build warns about GPU libraries on import
-        **{name: _installed(name) for name in ("transformers", "torchao", aiter.PACKAGE)},
+        **{
+            name: environment.installed_version(name) or "not installed"
+            for name in ("transformers", "torchao", aiter.PACKAGE)
+        },
         "device": description,
         "native": _native(device),
         "aiter": aiter.unavailable_reason(device) or "available",

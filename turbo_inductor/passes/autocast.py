@@ -85,17 +85,17 @@ def _is(node: fx.Node, functions: set, methods: set) -> bool:
     return node.op == "call_method" and node.target in methods
 
 
-def cast_for_every_use(node: fx.Node, device_type: str) -> torch.dtype | None:
+def cast_for_every_use(node: fx.Node, in_force: dict[fx.Node, torch.dtype | None]) -> torch.dtype | None:
     """The dtype autocast casts ``node``'s value to wherever it is used, through ops that only move elements; None
-    where some use reads it uncast (another op, a graph output) or uses differ."""
-    in_force = dtypes_in_force(node.graph, device_type)
+    where some use reads it uncast (another op, a graph output) or uses differ. ``in_force``: the graph's
+    :func:`dtypes_in_force`."""
     dtypes, todo, seen = set(), list(node.users), set()
     while todo:
         user = todo.pop()
         if user in seen:
             continue
         seen.add(user)
-        if _is(user, _LOWER_PRECISION_FUNCTIONS, _LOWER_PRECISION_METHODS) and in_force[user] is not None:
+        if _is(user, _LOWER_PRECISION_FUNCTIONS, _LOWER_PRECISION_METHODS) and in_force.get(user) is not None:
             dtypes.add(in_force[user])
         elif _is(user, _LAYOUT_FUNCTIONS, _LAYOUT_METHODS):
             todo.extend(user.users)
