@@ -45,7 +45,7 @@ def main(argv=None):
         cases = {  # name: (function, inputs, direct op call); bytes: fwd reads 2n writes n, bwd reads 3n writes 2n
             "swiglu": (swiglu, (g, u), lambda g, u: turbo_inductor.ops.swiglu(g, u)),
             "swiglu fused gate/up": (swiglu_fused, (x,), lambda x: turbo_inductor.ops.glu_fused(x)),
-            "swiglu probs (MoE)": (swiglu_probs, (x, probs), lambda x, p: turbo_inductor.ops.glu_fused(x, "silu", p)),
+            "swiglu probs (MoE)": (swiglu_probs, (x, probs), lambda x, p: turbo_inductor.ops.glu_fused(x, p)),
         }
         for name, (fn, inputs, direct) in cases.items():
             bench_backends(rows, f"{name} {tokens}x{width}", fn, inputs, direct, 3 * n, 8 * n)

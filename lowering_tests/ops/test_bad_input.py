@@ -1,5 +1,9 @@
 """Every public op on bad input, called eagerly and inside a compiled function: an error that names the op and the
-problem, or a defined result (an empty input gives an empty result and gradients; NaN stays in its own row)."""
+problem, or a defined result (an empty input gives an empty result and gradients; NaN stays in its own row). And
+every wrapper in turbo_inductor.ops takes its op's arguments in the schema's order, so that a positional call means
+what it means to the op."""
+
+import inspect
 
 import pytest
 import torch
@@ -136,3 +140,28 @@ def test_nan_stays_in_its_row(name):
     out = call(*inputs)
     assert out[1].isnan().any(), "NaN propagates"
     assert torch.isfinite(out[[0, 2, 3]]).all(), "and stays in its row"
+
+
+# Wrappers of an op of their name; geglu, which calls glu, has none.
+WRAPPERS = sorted(
+    name
+    for name, function in vars(ops).items()
+    if inspect.isfunction(function)
+    and function.__module__ == ops.__name__
+    and not name.startswith("_")
+    and hasattr(torch.ops.turbo_inductor, name)
+)
+# A wrapper's parameter that takes more than its schema argument: a ProcessGroup as well as its name.
+SCHEMA_NAME = {"group": "group_name"}
+
+
+@pytest.mark.parametrize("name", WRAPPERS)
+def test_wrapper_takes_its_schema_order(name):
+    """Positionally the schema's first arguments, then keyword-only ones in its order. The wrapper may leave out the
+    rest: it fixes them (rotary's transposed) or takes them by name (``**arguments``)."""
+    parameters = [p for p in inspect.signature(getattr(ops, name)).parameters.values() if p.kind != p.VAR_KEYWORD]
+    names = [SCHEMA_NAME.get(p.name, p.name) for p in parameters]
+    schema = [argument.name for argument in getattr(torch.ops.turbo_inductor, name).default._schema.arguments]
+    positional = [n for n, p in zip(names, parameters) if p.kind == p.POSITIONAL_OR_KEYWORD]
+    assert positional == schema[: len(positional)]
+    assert names == [argument for argument in schema if argument in names]

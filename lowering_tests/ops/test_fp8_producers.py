@@ -72,7 +72,7 @@ def test_glu_op_gradients_are_the_glus_and_the_linear_takes_its_fp8_output(recip
 
     def unfused():
         if up is None:
-            out = ops.glu_fused(gate, "silu", probs, mask, impl="reference")
+            out = ops.glu_fused(gate, probs, mask, "silu", impl="reference")
         else:
             out = torch.ops.turbo_inductor.glu(gate, up, probs, mask, "silu", "reference")
         return ops.fp8_linear(out, lin, None, recipe, impl="reference")

@@ -41,7 +41,7 @@ def test_separate_and_fused_forms_against_float64(impl, act, dtype, width):
     x = make(2, 3, 2 * width, dtype=dtype, requires_grad=True)
     g, u = (t.detach().clone().requires_grad_() for t in x.chunk(2, -1))
     separate = torch.ops.turbo_inductor.glu(g, u, None, None, act, impl)
-    fused = turbo_inductor.ops.glu_fused(x, act, impl=impl)
+    fused = turbo_inductor.ops.glu_fused(x, activation=act, impl=impl)
     dout = torch.randn_like(separate)
     separate.backward(dout)
     fused.backward(dout)
@@ -62,7 +62,7 @@ def test_moe_probs_and_mask(impl):
     x = make(tokens, 2 * width, dtype=torch.bfloat16, requires_grad=True)
     probs = torch.rand(tokens, device=DEVICE, requires_grad=True)
     mask = torch.tensor([True, False, True, True, False, True, False, True, True], device=DEVICE)
-    out = turbo_inductor.ops.glu_fused(x, "silu", probs, mask, impl=impl)
+    out = turbo_inductor.ops.glu_fused(x, probs, mask, "silu", impl=impl)
     dout = torch.randn_like(out)
     out.backward(dout)
     x64, p64 = x.detach().double().requires_grad_(), probs.detach().double().requires_grad_()
@@ -102,15 +102,13 @@ def test_empty_and_non_contiguous():
         (lambda: turbo_inductor.ops.swiglu(make(2, 8), make(2, 9)), r"up \(\[2, 9\], torch.float32\) must match gate"),
         (lambda: turbo_inductor.ops.swiglu(make(2, 8).double(), make(2, 8).double()), "gate has dtype torch.float64"),
         (lambda: turbo_inductor.ops.glu_fused(make(2, 7)), "it must be even"),
-        (lambda: turbo_inductor.ops.glu_fused(make(2, 8), "relu"), "activation must be one of"),
+        (lambda: turbo_inductor.ops.glu_fused(make(2, 8), activation="relu"), "activation must be one of"),
         (
-            lambda: turbo_inductor.ops.glu_fused(make(2, 8), "silu", torch.rand(3, device=DEVICE)),
+            lambda: turbo_inductor.ops.glu_fused(make(2, 8), torch.rand(3, device=DEVICE)),
             "probs must be float32",
         ),
         (
-            lambda: turbo_inductor.ops.glu_fused(
-                make(2, 8), "silu", None, torch.ones(2, dtype=torch.bool, device=DEVICE)
-            ),
+            lambda: turbo_inductor.ops.glu_fused(make(2, 8), None, torch.ones(2, dtype=torch.bool, device=DEVICE)),
             "mask needs probs",
         ),
         (lambda: turbo_inductor.ops.geglu(make(2, 8), make(2, 8), "fast"), "approximate must be"),

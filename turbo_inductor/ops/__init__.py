@@ -77,9 +77,9 @@ def geglu(gate: Tensor, up: Tensor, approximate: str = "none", *, impl: str = "a
 
 def glu_fused(
     x: Tensor,
-    activation: str = "silu",
     probs: Optional[Tensor] = None,
     mask: Optional[Tensor] = None,
+    activation: str = "silu",
     *,
     impl: str = "auto",
 ) -> Tensor:
