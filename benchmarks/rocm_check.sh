@@ -12,7 +12,8 @@ python3 -c "import sys, torch; sys.exit(None if torch.version.hip and torch.cuda
   f'needs a ROCm build of torch and an AMD GPU; this is torch {torch.__version__}')" || exit 1
 python3 -m turbo_inductor.info | tee "$OUT/info.log"
 # aiter's tests first, in one process: aiter builds each kernel family at its first call (minutes, then cached).
-python3 -m pytest lowering_tests/kernels/test_aiter.py -q 2>&1 | tee "$OUT/tests_aiter.log" | tail -15
+python3 -m pytest lowering_tests/kernels/test_aiter.py lowering_tests/kernels/test_aiter_source.py -q 2>&1 \
+  | tee "$OUT/tests_aiter.log" | tail -15
 aiter_status=$?
 python3 -m pytest lowering_tests/kernels/test_rmsnorm.py lowering_tests/kernels/test_fp8_quant.py \
   lowering_tests/kernels/test_fp8_gemm.py lowering_tests/kernels/test_native.py lowering_tests/system/test_gpu.py \
