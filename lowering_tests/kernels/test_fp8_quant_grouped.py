@@ -20,6 +20,7 @@ from turbo_inductor.testing import DEVICE
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 
 KERNEL = "fp8_quantize_grouped"
+E4M3 = torch.float8_e4m3fn
 # Mantissa bits of the OCP formats.
 MANTISSA_BITS = {torch.float8_e4m3fn: 3, torch.float8_e5m2: 2}
 # name: (end row of each group, rows of t)
@@ -145,6 +146,22 @@ def test_triton_matches_the_reference(monkeypatch, pattern, dtype, block):
     assert all(torch.equal(g, w) for g, w in zip(quantize("triton", t, offs), got[2:]))  # the transposed alone
 
 
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_gathered_rows_equal_the_rows_gathered_first(monkeypatch, impl):
+    """``rows``: t's rows read where they lie, as an MoE layer's tokens in expert order (each token k times, uneven
+    groups, an empty one, rows past the last group), bit for bit what quantizing ``t[rows]`` gives."""
+    monkeypatch.setattr(triton_grouped, "BLOCK_ROWS", 16)
+    t, offs = case("groups of 1 and 17, an empty one, rows past the last group", 40, seed=2)
+    tokens = t[:9]
+    rows = torch.randperm(26, generator=torch.Generator().manual_seed(3)).to(DEVICE) % 9  # 26 rows of 9 tokens
+    got = quantize(impl, tokens, offs, power_of_two=True, rows=rows)
+    want = quantize(impl, tokens[rows], offs, power_of_two=True)
+    for g, w in zip(got, want):
+        assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)) if g.dtype == E4M3 else torch.equal(g, w)
+    with pytest.raises(ValueError, match="no rowwise copy of gathered rows"):
+        quantize(impl, tokens, offs, rows=rows, rowwise=True)
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf / inf in the interpreter
 @pytest.mark.parametrize("impl", ["reference", "triton"])
 def test_a_nan_or_inf_shows_in_its_group_and_column_only(impl):
@@ -173,9 +190,9 @@ from triton.compiler import ASTSource
 from turbo_inductor.kernels.triton import fp8_quant_grouped as grouped
 
 kernel, names = grouped._grouped_transposed_kernel, grouped._grouped_transposed_kernel.arg_names
-constants = dict(stride_xc=1, FORMAT=0, FMAX=448.0, POW2=False, FIX_NAN=False, NAN_BITS=0x7F, ALIGN=16, BLOCK_E=16,
-                 BLOCK_R=grouped.BLOCK_ROWS, BLOCK_C=grouped.BLOCK_COLS)
-pointers = {"X": "*bf16", "QT": "*u8", "SCALE": "*fp32", "PADDED_OFFS": "*i32", "OFFS": "*i32"}
+constants = dict(stride_xc=1, FORMAT=0, FMAX=448.0, POW2=False, FIX_NAN=False, NAN_BITS=0x7F, HAS_ROWS=False,
+                 ALIGN=16, BLOCK_E=16, BLOCK_R=grouped.BLOCK_ROWS, BLOCK_C=grouped.BLOCK_COLS)
+pointers = {"X": "*bf16", "ROWS": "*i64", "QT": "*u8", "SCALE": "*fp32", "PADDED_OFFS": "*i32", "OFFS": "*i32"}
 signature = {name: pointers.get(name, "constexpr" if name in constants else "i32") for name in names}
 aligned = (*pointers, "C", "S_PAD", "stride_xs")
 source = ASTSource(

@@ -9,6 +9,9 @@ columns after the last group's padded end, up to the static ``S_pad`` (:func:`pa
 past the last group appear nowhere. Per group and column, ``scale = max(amax, 1e-12) / fmax`` and ``q = sat(t *
 (1 / scale))``, as ``fp8_quant`` quantizes a block. ``offs`` is never read on the host. See docs/kernels.md,
 "Grouped FP8 quantization".
+
+With ``rows`` [S] int64, the operand is t's rows gathered, ``t[rows]``: an MoE layer's tokens in expert order, read
+where they lie, so that no copy of them in that order is written.
 """
 
 from __future__ import annotations
@@ -30,7 +33,13 @@ def padded_columns(rows: int, groups: int) -> int:
     return PAD_ALIGN * (rows // PAD_ALIGN + groups)
 
 
-def check_args(t: torch.Tensor, offs: torch.Tensor, fp8_dtype: torch.dtype) -> None:
+def check_args(
+    t: torch.Tensor,
+    offs: torch.Tensor,
+    fp8_dtype: torch.dtype,
+    rows: torch.Tensor | None = None,
+    rowwise: bool = False,
+) -> None:
     """The argument checks every implementation makes; raises ValueError."""
     if t.dim() != 2 or t.dtype not in INPUT_DTYPES:
         raise ValueError(
@@ -43,6 +52,14 @@ def check_args(t: torch.Tensor, offs: torch.Tensor, fp8_dtype: torch.dtype) -> N
         )
     if fp8_dtype not in FP8_DTYPES:
         raise ValueError(f"turbo_inductor: fp8_quantize_grouped fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}")
+    if rows is not None and (rows.dim() != 1 or rows.dtype != torch.int64 or rows.device != t.device):
+        raise ValueError(
+            f"turbo_inductor: fp8_quantize_grouped expects rows 1-D int64 on t's device, got {tuple(rows.shape)} "
+            f"{rows.dtype} on {rows.device}"
+        )
+    if rows is not None and rowwise:
+        # Gathered rows are an MoE layer's tokens, whose rowwise copy the permute moves in FP8 (moe_permute_fp8).
+        raise ValueError("turbo_inductor: fp8_quantize_grouped writes no rowwise copy of gathered rows")
 
 
 def group_layout(offs: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -58,12 +75,19 @@ def group_layout(offs: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Ten
     "fp8_quantize_grouped", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=traced_off_cpu
 )
 def fp8_quantize_grouped(
-    t: torch.Tensor, offs: torch.Tensor, fp8_dtype: torch.dtype, power_of_two: bool = False, rowwise: bool = False
+    t: torch.Tensor,
+    offs: torch.Tensor,
+    fp8_dtype: torch.dtype,
+    power_of_two: bool = False,
+    rowwise: bool = False,
+    rows: torch.Tensor | None = None,
 ):
     """``(q_t [C, S_pad], scale_t [E, C] fp32, padded_offs [E] int32)``, each contiguous; with ``rowwise``, first
     ``(q [S, C], scale [S, 1])``, ``fp8_quantize`` of t per row over all of C (the rows-grouped GEMM's operand).
-    ``power_of_two``: scales rounded up to powers of two."""
-    check_args(t, offs, fp8_dtype)
+    ``power_of_two``: scales rounded up to powers of two. ``rows``: the operand is ``t[rows]`` (no rowwise copy)."""
+    check_args(t, offs, fp8_dtype, rows, rowwise)
+    if rows is not None:
+        t = t[rows]
     (rows, cols), groups = t.shape, offs.shape[0]
     s_pad = padded_columns(rows, groups)
     starts, ends, padded_starts, padded_ends = group_layout(offs, rows)

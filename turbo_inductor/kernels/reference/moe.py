@@ -1,5 +1,6 @@
 """MoE token routing in plain PyTorch. It defines the semantics of the routing kernels.
 Choices sort by expert, stably; experts outside [0, E) are sentinels and sort last.
+``moe_dispatch_fp8`` quantizes each token once and moves its FP8 row and scales, for FP8 experts.
 See docs/kernels.md, MoE routing.
 """
 
@@ -9,6 +10,7 @@ import torch
 
 from ..registry import implementation
 from . import traced_off_cpu, unavailable_reason
+from .fp8_quant import fp8_quantize
 
 
 @implementation("moe_route", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=traced_off_cpu)
@@ -55,4 +57,16 @@ def moe_gather_sum(src, positions, weights, out_dtype):
     return _scaled(src[positions], weights).sum(1).to(out_dtype)
 
 
-__all__ = ["moe_route", "moe_dispatch", "moe_gather_sum"]
+@implementation(
+    "moe_dispatch_fp8", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=traced_off_cpu
+)
+def moe_dispatch_fp8(x, positions, fp8_dtype, block_cols, power_of_two=False):
+    """``(q [T * k, H], scale [T * k, cdiv(H, block_cols)])``: x [T, H] quantized per token in blocks of 1 x
+    ``block_cols`` (``fp8_quantize``'s numerics), token t's FP8 row and scales copied to rows ``positions[t, :]``.
+    A scale within a row is the same whichever expert the row goes to: this equals quantizing the moved rows."""
+    q, scale = fp8_quantize(x, fp8_dtype, 1, block_cols, False, power_of_two=power_of_two)
+    q_sorted = moe_dispatch(q.view(torch.uint8), positions)[0].view(fp8_dtype)  # the FP8 bytes, copied exactly
+    return q_sorted, moe_dispatch(scale, positions)[0]
+
+
+__all__ = ["moe_route", "moe_dispatch", "moe_gather_sum", "moe_dispatch_fp8"]

@@ -10,6 +10,9 @@ and no host value depends on the group sizes.
 The rowwise copy (``rowwise``) comes from ``fp8_quantize``'s one-pass row kernel. Its scale needs a whole row and the
 transposed one a whole column of a group, so no program sees both before it casts: whichever kernel writes the rowwise
 copy reads t once more, and the row kernel reads whole rows.
+
+With ``rows`` the walk reads row ``rows[r]`` of t for the operand's row r: t's tokens gathered into expert order as
+they are quantized, without a copy in that order.
 """
 
 from __future__ import annotations
@@ -43,8 +46,17 @@ def _maximum(a, b):
 
 
 @triton.jit
+def _source_rows(ROWS, rows, end, HAS_ROWS: tl.constexpr):
+    """X's rows (int64) holding the operand's ``rows``: ROWS[rows] with HAS_ROWS, else the rows themselves."""
+    if HAS_ROWS:
+        return tl.load(ROWS + rows, mask=rows < end, other=0)
+    return rows.to(tl.int64)
+
+
+@triton.jit
 def _grouped_transposed_kernel(
     X,
+    ROWS,
     QT,
     SCALE,
     PADDED_OFFS,
@@ -62,6 +74,7 @@ def _grouped_transposed_kernel(
     POW2: tl.constexpr,
     FIX_NAN: tl.constexpr,
     NAN_BITS: tl.constexpr,
+    HAS_ROWS: tl.constexpr,
     ALIGN: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -69,7 +82,7 @@ def _grouped_transposed_kernel(
 ):
     """Work item (g, column block), for items pid, pid + programs, ...: SCALE [E, C] row g, and QT [C, S_PAD]
     (contiguous) in those columns from the group's padded start to the next group's (for the last group, S_PAD);
-    PADDED_OFFS[g] from the first column block."""
+    PADDED_OFFS[g] from the first column block. With HAS_ROWS, the operand's row r is X's row ROWS[r]."""
     # The padded layout, as the reference computes it: ends bounded within [previous end, S], then sizes rounded
     # up to a non-zero multiple of ALIGN and summed.
     e = tl.arange(0, BLOCK_E)
@@ -99,7 +112,7 @@ def _grouped_transposed_kernel(
         for r0 in range(start, end, BLOCK_R):
             rows = r0 + tl.arange(0, BLOCK_R)
             x = tl.load(
-                X + rows.to(tl.int64)[:, None] * stride_xs + cols64[None, :] * stride_xc,
+                X + _source_rows(ROWS, rows, end, HAS_ROWS)[:, None] * stride_xs + cols64[None, :] * stride_xc,
                 mask=(rows < end)[:, None] & col_in[None, :],
                 other=0.0,
             ).to(tl.float32)
@@ -111,7 +124,7 @@ def _grouped_transposed_kernel(
             rows = start + (p - padded_start)
             holds = (rows < end)[:, None]
             x = tl.load(
-                X + rows.to(tl.int64)[:, None] * stride_xs + cols64[None, :] * stride_xc,
+                X + _source_rows(ROWS, rows, end, HAS_ROWS)[:, None] * stride_xs + cols64[None, :] * stride_xc,
                 mask=holds & col_in[None, :],
                 other=0.0,
             ).to(tl.float32)
@@ -124,13 +137,18 @@ def _grouped_transposed_kernel(
     "fp8_quantize_grouped", "triton", priority=20, unavailable_reason=unavailable_reason, traceable=traceable
 )
 def fp8_quantize_grouped(
-    t: torch.Tensor, offs: torch.Tensor, fp8_dtype: torch.dtype, power_of_two: bool = False, rowwise: bool = False
+    t: torch.Tensor,
+    offs: torch.Tensor,
+    fp8_dtype: torch.dtype,
+    power_of_two: bool = False,
+    rowwise: bool = False,
+    rows: torch.Tensor | None = None,
 ):
     """``(q_t, scale_t, padded_offs)``, with ``rowwise`` after ``(q, scale)``; see
     ``..reference.fp8_quant_grouped.fp8_quantize_grouped``."""
-    check_args(t, offs, fp8_dtype)
-    (rows, cols), groups = t.shape, offs.shape[0]
-    s_pad = padded_columns(rows, groups)
+    check_args(t, offs, fp8_dtype, rows, rowwise)
+    (n_rows, cols), groups = (t.shape[0] if rows is None else rows.shape[0], t.shape[1]), offs.shape[0]
+    s_pad = padded_columns(n_rows, groups)
     q_t = torch.empty((cols, s_pad), dtype=fp8_dtype, device=t.device)
     scale_t = torch.empty((groups, cols), dtype=torch.float32, device=t.device)
     padded_offs = torch.empty(groups, dtype=torch.int32, device=t.device)
@@ -140,11 +158,12 @@ def fp8_quantize_grouped(
     with on_device(t.device):
         launch(_grouped_transposed_kernel)[(min(n_items, persistent_programs(t.device, PROGRAMS_PER_SM)),)](
             t,
+            t if rows is None else rows.contiguous(),  # not read without HAS_ROWS
             q_t.view(torch.uint8),  # FP8 travels as raw bytes (see .fp8_formats)
             scale_t,
             padded_offs,
             offs,
-            rows,
+            n_rows,
             cols,
             s_pad,
             groups,
@@ -153,6 +172,7 @@ def fp8_quantize_grouped(
             n_col_blocks,
             n_items,
             **format_constexprs(fp8_dtype, t.device, power_of_two),
+            HAS_ROWS=rows is not None,
             ALIGN=PAD_ALIGN,
             BLOCK_E=max(16, triton.next_power_of_2(groups)),
             BLOCK_R=BLOCK_ROWS,

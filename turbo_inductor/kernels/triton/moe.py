@@ -1,5 +1,6 @@
 """MoE token routing in Triton: the kernels of ``..reference.moe``. No atomics, no host sync.
-``moe_route`` is a counting sort in one launch. See docs/kernels.md, MoE routing.
+``moe_route`` is a counting sort in one launch. ``moe_dispatch_fp8`` reads each token once, quantizes it with the FP8
+producers' epilogue and stores it at its k rows. See docs/kernels.md, MoE routing.
 """
 
 from __future__ import annotations
@@ -8,8 +9,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..registry import implementation
+from ..registry import FP8_IN_ITS_PASS, implementation
 from . import launch, on_device, traceable, unavailable_reason
+from .fp8_quant import format_constexprs, store_fp8_row_blocks
 
 # Choices a routing program takes per step.
 ROUTE_BLOCK = 1024
@@ -18,6 +20,9 @@ ROUTE_NUM_WARPS = 4
 TILE_ELEMENTS = 4096
 MIN_BLOCK_H = 64
 NUM_WARPS = 4
+# moe_dispatch_fp8: columns per program where the blocks are narrower than a row; the widest row quantized whole.
+FP8_BLOCK_H = 1024
+MAX_FP8_ROW = 16384
 
 
 def priority(device: torch.device) -> int:
@@ -126,6 +131,57 @@ def _gather_sum_kernel(
     tl.store(OUT + t * stride_out + cols, tl.sum(rows, axis=0).to(OUT.dtype.element_ty), mask=col_in)
 
 
+@triton.jit
+def _dispatch_fp8_kernel(
+    X,
+    POS,
+    Q,
+    SCALE,
+    H,
+    stride_x,
+    n_scale_cols,
+    K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    QB: tl.constexpr,
+    FORMAT: tl.constexpr,
+    FMAX: tl.constexpr,
+    POW2: tl.constexpr,
+    FIX_NAN: tl.constexpr,
+    NAN_BITS: tl.constexpr,
+):
+    """Token t's columns of chunk pid(1), read once, quantized in blocks of 1 x QB and stored at each of its K rows
+    POS[t, :] with their scales. Each store recomputes the scales from the row in registers."""
+    t = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    cols = chunk * BLOCK_H + tl.arange(0, BLOCK_H)
+    col_in = cols < H
+    x = tl.load(X + t * stride_x + cols, mask=col_in, other=0.0).to(tl.float32)[None, :]
+    one = tl.arange(0, 1)
+    first_block = chunk * (BLOCK_H // QB)
+    for j in tl.static_range(K):
+        row = tl.load(POS + t * K + j + one)
+        store_fp8_row_blocks(
+            x,
+            Q,
+            SCALE,
+            row,
+            cols,
+            one == 0,
+            col_in,
+            H,
+            n_scale_cols,
+            first_block,
+            1,
+            BLOCK_H,
+            QB,
+            FORMAT,
+            FMAX,
+            POW2,
+            FIX_NAN,
+            NAN_BITS,
+        )
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
@@ -214,4 +270,56 @@ def moe_gather_sum(src, positions, weights, out_dtype):
     return out
 
 
-__all__ = ["moe_route", "moe_dispatch", "moe_gather_sum"]
+def quantizes_rows(hidden: int, block_cols: int) -> bool:
+    """Whether :func:`moe_dispatch_fp8` takes rows of ``hidden`` in blocks of 1 x ``block_cols``: power-of-two
+    blocks, or one block per row that a program holds whole."""
+    block = min(block_cols, hidden)
+    return block & (block - 1) == 0 if block < hidden else triton.next_power_of_2(hidden) <= MAX_FP8_ROW
+
+
+@implementation(
+    "moe_dispatch_fp8",
+    "triton",
+    priority=priority,
+    unavailable_reason=unavailable_reason,
+    traceable=traceable,
+    capabilities={FP8_IN_ITS_PASS: lambda width, element_size, block_cols: quantizes_rows(width, block_cols)},
+)
+def moe_dispatch_fp8(x, positions, fp8_dtype, block_cols, power_of_two=False):
+    """See ``..reference.moe.moe_dispatch_fp8``."""
+    tokens, k = positions.shape
+    hidden = x.shape[1]
+    if not quantizes_rows(hidden, block_cols):
+        raise ValueError(
+            f"turbo_inductor: moe_dispatch_fp8 (triton) takes no blocks of 1 x {block_cols} in rows of {hidden}"
+        )
+    x, positions = _rows(x), positions.contiguous()
+    row_wide = block_cols >= hidden
+    block_h = (
+        triton.next_power_of_2(hidden)
+        if row_wide
+        else max(block_cols, min(FP8_BLOCK_H, triton.next_power_of_2(hidden)))
+    )
+    n_scale_cols = triton.cdiv(hidden, block_cols)
+    q = x.new_empty((tokens * k, hidden), dtype=fp8_dtype)
+    scale = x.new_empty((tokens * k, n_scale_cols), dtype=torch.float32)
+    if tokens and hidden:
+        with on_device(x.device):
+            launch(_dispatch_fp8_kernel)[(tokens, triton.cdiv(hidden, block_h))](
+                x,
+                positions,
+                q.view(torch.uint8),  # FP8 travels as raw bytes
+                scale,
+                hidden,
+                x.stride(0),
+                n_scale_cols,
+                K=k,
+                BLOCK_H=block_h,
+                QB=block_h if row_wide else block_cols,
+                **format_constexprs(fp8_dtype, x.device, power_of_two),
+                num_warps=min(16, max(NUM_WARPS, block_h // 1024)),
+            )
+    return q, scale
+
+
+__all__ = ["moe_route", "moe_dispatch", "moe_gather_sum", "moe_dispatch_fp8", "quantizes_rows"]
