@@ -9,7 +9,7 @@ import torch
 import turbo_inductor
 from turbo_inductor.ops.library import OpInputError
 from turbo_inductor.testing import DEVICE
-from turbo_inductor.testing.tolerance import TOLERANCE
+from turbo_inductor.testing.tolerance import TOLERANCE, snr_db
 
 ops = turbo_inductor.ops
 TRITON = "moe_route=triton,moe_dispatch=triton,moe_gather_sum=triton"
@@ -169,3 +169,112 @@ def test_fp8_grouped_mm_takes_the_glus_fp8_output(recipe):
         assert torch.equal(got, want)
     with pytest.raises(OpInputError, match="x_scale must be the rowwise scales of x"):
         ops.fp8_grouped_mm(out.detach(), w.transpose(-2, -1), offs, "rowwise", x_q=q, x_scale=scale[:, :0])
+
+
+# ---- the permute in FP8 ---------------------------------------------------------------------------------------
+
+FP8_OUT = ("test_autograd_registration", "test_faketensor")  # fp8 outputs: opcheck's schema and AOT tests sum them
+
+
+def _fp8_experts(recipe: str, hidden: int = 128, experts: int = E):
+    """Tokens [T, hidden] bf16, a routing with an empty expert and sentinels, router weights and experts' W^T."""
+    indices = torch.randint(0, experts - 1, (T, K))  # the last expert gets no token
+    indices = torch.where(torch.rand(T, K) < 0.2, experts + 1, indices).to(DEVICE)  # sentinels: last, uncounted
+    x = torch.randn(T, hidden, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    weights = torch.rand(T, K, device=DEVICE, requires_grad=True)
+    w = (torch.randn(experts, 32, hidden, device=DEVICE) / 12).to(torch.bfloat16).requires_grad_()
+    return x, indices, weights, w
+
+
+def _experts_through(fused: bool, x, indices, weights, w, recipe: str, impl: str = "reference"):
+    """y = the FP8 experts' rows times weights_sorted, through moe_permute_fp8 (fused) or moe_permute."""
+    if fused:
+        q, scale, w_sorted, offs, _, positions = torch.ops.turbo_inductor.moe_permute_fp8(
+            x, indices, weights, E, recipe, impl
+        )
+        y = ops.fp8_grouped_mm(
+            x, w.transpose(-2, -1), offs, recipe, impl=impl, x_q=q, x_scale=scale, positions=positions
+        )
+    else:
+        x_sorted, w_sorted, offs, _, _ = ops.moe_permute(x, indices, weights, E, impl=impl)
+        y = ops.fp8_grouped_mm(x_sorted, w.transpose(-2, -1), offs, recipe, impl=impl)
+    return y * w_sorted.unsqueeze(-1).to(y.dtype)
+
+
+@pytest.mark.parametrize("recipe", ["rowwise", "rowwise_with_gw_hp", "blockwise", "mxfp8"])
+def test_fp8_permute_is_bit_identical_to_quantizing_x_sorted(recipe):
+    """A scale within a row is the same whichever expert the row goes to: the forward, dx (the rows' gradients
+    gather-summed), the router weights' and the experts' gradients equal the bf16 permute's bit for bit. An empty
+    expert and sentinel rows included."""
+    x, indices, weights, w = _fp8_experts(recipe)
+    results = []
+    for fused in (False, True):
+        y = _experts_through(fused, x, indices, weights, w, recipe)
+        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(0)).to(DEVICE, y.dtype)
+        results.append((y, *torch.autograd.grad(y, (x, weights, w), dy)))
+    for got, want in zip(*results):
+        assert torch.equal(got, want)
+
+
+def test_fp8_permute_meets_the_gates_against_float64():
+    """rowwise: out >= 25 dB, every gradient >= 20 dB against the routing and experts in float64."""
+    x, indices, weights, w = _fp8_experts("rowwise")
+    impl = "reference" if DEVICE == "cpu" else "auto"  # the interpreter's fp8 stores round wrongly
+    y = _experts_through(True, x, indices, weights, w, "rowwise", impl=impl)
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (x, weights, w), dy)
+    x64, weights64, w64 = (t.detach().double().requires_grad_() for t in (x, weights, w))
+    rows = torch.arange(T * K, device=DEVICE) // K
+    expert = indices.flatten()
+    y64 = torch.zeros(T * K, 32, device=DEVICE, dtype=torch.float64)
+    for e in range(E):  # each choice of a real expert: x's row times W[e]^T, times its router weight
+        mine = expert == e
+        y64 = torch.where(mine[:, None], x64[rows] @ w64[e].t(), y64)
+    y64 = y64 * weights64.flatten()[:, None]
+    order = torch.tensor(_expected_order(indices.cpu()), device=DEVICE)
+    want = torch.autograd.grad(y64[order], (x64, weights64, w64), dy.double())
+    assert snr_db(y, y64[order]) >= 25
+    for got, truth in zip(grads, want):
+        assert snr_db(got, truth) >= 20
+
+
+def test_fp8_permute_opcheck_and_no_tokens():
+    x, indices, weights, w = _fp8_experts("rowwise")
+    for recipe, wts in (("rowwise", weights), ("blockwise", None)):
+        args = (x.detach(), indices, wts, E, recipe, "reference")
+        torch.library.opcheck(torch.ops.turbo_inductor.moe_permute_fp8, args, test_utils=FP8_OUT)
+    q, scale, _, offs, _, positions = torch.ops.turbo_inductor.moe_permute_fp8(x, indices, None, E, "rowwise")
+    fwd_args = (x.detach(), w.detach().transpose(-2, -1), offs, "rowwise", "reference", True, q, scale, positions)
+    torch.library.opcheck(torch.ops.turbo_inductor.fp8_grouped_mm_fwd, fwd_args, test_utils=FP8_OUT)
+    empty = torch.ops.turbo_inductor.moe_permute_fp8(x[:0], indices[:0], None, E, "mxfp8")
+    assert empty[0].shape == (0, 128) and empty[1].shape == (0, 4) and not empty[3].any()
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda x, i, w, p: fp8_permute(x, i, "tensorwise"), "recipe must quantize x in blocks within a row"),
+        (lambda x, i, w, p: fp8_permute(x, i[:5], "rowwise"), r"indices must be \[T, k\] with T = 13"),
+        (
+            lambda x, i, w, p: ops.fp8_grouped_mm(x, w, p[3], "rowwise", positions=p[5]),
+            "positions needs x_q and x_scale",
+        ),
+        (
+            lambda x, i, w, p: ops.fp8_grouped_mm(x, w, p[3], "rowwise", x_q=p[0], x_scale=p[1], positions=p[5][1:]),
+            r"positions must be moe_permute_fp8's \[T, k\] int64 with T = 13",
+        ),
+        (
+            lambda x, i, w, p: ops.fp8_grouped_mm(x, w, p[3], "rowwise", x_q=p[0][1:], x_scale=p[1], positions=p[5]),
+            r"x_q must be x quantized as \[39, 128\]",
+        ),
+    ],
+)
+def test_fp8_permute_bad_input_is_named(call, message):
+    x, indices, _, w = (t.cpu().detach() for t in _fp8_experts("rowwise"))
+    permuted = fp8_permute(x, indices, "rowwise")
+    with pytest.raises(OpInputError, match=message):
+        call(x, indices, w.transpose(-2, -1), permuted)
+
+
+def fp8_permute(x, indices, recipe):
+    return torch.ops.turbo_inductor.moe_permute_fp8(x, indices, None, E, recipe)

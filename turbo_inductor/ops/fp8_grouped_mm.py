@@ -1,18 +1,23 @@
 """FP8 grouped GEMMs for MoE layers: ``grouped_mm`` with x and each expert's weight quantized by a recipe.
 
 Ops in ``torch.ops.turbo_inductor``:
-  fp8_grouped_mm(x, weight, offs, recipe, impl, x_q, x_scale) -> y
+  fp8_grouped_mm(x, weight, offs, recipe, impl, x_q, x_scale, positions) -> y
                                                           public op: fp8_grouped_mm_fwd(...)[0] where a gradient is
                                                           wanted, else fp8_grouped_mm_inference
-  fp8_grouped_mm_inference(x, weight, offs, recipe, impl, x_q, x_scale) -> y
-  fp8_grouped_mm_fwd(x, weight, offs, recipe, impl, weight_grad, x_q, x_scale) -> (y, x_t, x_t_scale, w_t, w_t_scale)
+  fp8_grouped_mm_inference(x, weight, offs, recipe, impl, x_q, x_scale, positions) -> y
+  fp8_grouped_mm_fwd(x, weight, offs, recipe, impl, weight_grad, x_q, x_scale, positions)
+                                                          -> (y, x_t, x_t_scale, w_t, w_t_scale)
                                                           custom op; backward: fp8_grouped_mm_bwd
   fp8_grouped_mm_bwd(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl) -> (dx, dweight)
 
 Shapes and semantics: ``grouped_mm``'s. FP8 recipes quantize as in ``fp8_linear``; tensorwise is per expert for W.
 The tensorwise and rowwise recipes save x^T as ``fp8_quantize_grouped`` writes it: [K, S_pad], each group padded,
 with x_t_scale [E, K, 1], per group.
-``x_q``, ``x_scale``: x already quantized by its producer (``glu_fp8``).
+``x_q``, ``x_scale``: x already quantized by its producer (``glu_fp8``, ``moe_permute_fp8``).
+``positions`` [T, k] (``moe_permute_fp8``'s): x [T, K] is an MoE layer's tokens, and the GEMM's rows are their
+choices in expert order, row positions[t, j] holding x[t], given quantized as x_q. No copy of x in that order is
+written: x^T is quantized from x's rows where they lie, dx is ``moe_combine`` of the rows' gradients, and
+rowwise_with_gw_hp's wgrad gathers x's rows again in the backward.
 FP8 blocks and why: ``docs/ops.md``, "Grouped GEMMs", "FP8".
 """
 
@@ -52,6 +57,7 @@ from .grouped_mm import (
     transposed_layout,
 )
 from .library import check, composite_op, kernel_op
+from .moe import moe_combine, moe_combine_bwd
 from .node import OpNode
 
 FP8_GROUPED_KERNEL, FP8_WGRAD_KERNEL = "fp8_grouped_gemm", "fp8_grouped_gemm_wgrad"
@@ -67,9 +73,11 @@ def _check(
     recipe: str,
     x_q: Optional[Tensor] = None,
     x_scale: Optional[Tensor] = None,
+    positions: Optional[Tensor] = None,
 ) -> None:
     check_recipe(op, recipe)
-    check_grouped(op, x, weight, offs)
+    rows = x.shape[0] if positions is None else _check_positions(op, x, x_q, positions)
+    check_grouped(op, x, weight, offs, rows)
     k, n = weight.shape[1:]
     check(
         k % ALIGNMENT == 0 and n % ALIGNMENT == 0,
@@ -78,7 +86,36 @@ def _check(
     )
     check((x_q is None) == (x_scale is None), op, lambda: "x_q and x_scale must be given together")
     if x_q is not None:
-        check_quantized(op, "x", x_q, x_scale, x.shape[0], k, x.device, RECIPES[recipe].activation_block, recipe)
+        check_quantized(op, "x", x_q, x_scale, rows, k, x.device, RECIPES[recipe].activation_block, recipe)
+
+
+def _check_positions(op: str, x: Tensor, x_q: Optional[Tensor], positions: Tensor):
+    """The GEMM's rows, T * k, for x [T, K] read through ``positions`` [T, k]."""
+    check(
+        isinstance(positions, Tensor)
+        and positions.dim() == 2
+        and positions.dtype == torch.int64
+        and positions.shape[0] == x.shape[0]
+        and positions.device == x.device,
+        op,
+        lambda: (
+            f"positions must be moe_permute_fp8's [T, k] int64 with T = {x.shape[0]} (x's tokens) on {x.device}, got "
+            f"{list(positions.shape)} {positions.dtype} on {positions.device}"
+        ),
+    )
+    check(
+        x_q is not None,
+        op,
+        lambda: "positions needs x_q and x_scale: x's rows in expert order, quantized (moe_permute_fp8)",
+    )
+    return positions.shape[0] * positions.shape[1]
+
+
+def _token_rows(positions: Tensor) -> Tensor:
+    """The token each row of the expert order holds: row positions[t, j] holds t."""
+    tokens, k = positions.shape
+    flat = positions.reshape(-1)
+    return torch.empty_like(flat).scatter_(0, flat, torch.arange(tokens * k, device=flat.device) // k)
 
 
 def _activations(
@@ -120,9 +157,9 @@ def _grouped_quantizer(t: Tensor, impl: str) -> Callable:
     return registry.select(GROUPED_QUANTIZE_KERNEL, t.device, impl)
 
 
-def _allocating_grouped_quantize(t, offs, fp8_dtype, power_of_two=False, rowwise=False):
+def _allocating_grouped_quantize(t, offs, fp8_dtype, power_of_two=False, rowwise=False, rows=None):
     """``fp8_quantize_grouped``'s outputs, allocated (the shapes the fakes return)."""
-    (rows, cols), groups = t.shape, offs.shape[0]
+    (rows, cols), groups = (t.shape[0] if rows is None else rows.shape[0], t.shape[1]), offs.shape[0]
     transposed = (
         t.new_empty((cols, padded_columns(rows, groups)), dtype=fp8_dtype),
         t.new_empty((groups, cols), dtype=torch.float32),
@@ -132,15 +169,23 @@ def _allocating_grouped_quantize(t, offs, fp8_dtype, power_of_two=False, rowwise
 
 
 def _wgrad_operands(
-    t: Tensor, offs: Tensor, recipe: str, fp8_dtype: torch.dtype, impl: str, q: Optional[tuple[Tensor, Tensor]] = None
+    t: Tensor,
+    offs: Tensor,
+    recipe: str,
+    fp8_dtype: torch.dtype,
+    impl: str,
+    q: Optional[tuple[Tensor, Tensor]] = None,
+    rows: Optional[Tensor] = None,
 ) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]:
     """((q, scale), (q_t, scale_t, offs_t)): t [S, C] quantized for the rows-grouped GEMM (``q``: already, or None)
-    and t^T for the FP8 wgrad, with the group offsets of its columns.
+    and t^T for the FP8 wgrad, with the group offsets of its columns. ``rows``: the operand is ``t[rows]``, q given.
 
     Where :func:`_pads_wgrad_operands`: q_t [C, S_pad] padded, scale_t [E, C, 1] (per group, one block along its
     columns), offs_t the padded offsets. Otherwise t^T in the recipe's blocks, with offs."""
     r = RECIPES[recipe]
     if not _pads_wgrad_operands(recipe):
+        # These blocks run along the rows in expert order, across groups: the rows are gathered for them.
+        t = t if rows is None else t[rows]
         quantize = quantizer(t, impl)
         if q is None:
             q, transposed = _activations(t, recipe, fp8_dtype, quantize, True)
@@ -154,7 +199,7 @@ def _wgrad_operands(
     else:
         # t already quantized, or tensorwise: one scale over all of t, which no group's program sees
         q = q or _activations(t, recipe, fp8_dtype, quantizer(t, impl), False)[0]
-        q_t, scale_t, offs_t = grouped(t, offs, fp8_dtype, r.power_of_two)
+        q_t, scale_t, offs_t = grouped(t, offs, fp8_dtype, r.power_of_two, rows=rows)
     return q, (q_t, scale_t.unsqueeze(-1), offs_t)
 
 
@@ -211,22 +256,25 @@ def _forward(
     weight_grad: bool = True,
     x_q: Optional[Tensor] = None,
     x_scale: Optional[Tensor] = None,
+    positions: Optional[Tensor] = None,
 ) -> tuple[Tensor, ...]:
     """(y,), or with ``for_backward`` (y, x_t, x_t_scale, w_t, w_t_scale).
 
-    ``x_q``, ``x_scale``: x already quantized, or None. On fake tensors: the same views of allocated outputs."""
+    ``x_q``, ``x_scale``: x already quantized, or None; with ``positions``, x's rows in expert order.
+    On fake tensors: the same views of allocated outputs."""
     r, e4m3 = RECIPES[recipe], fp8_formats(x.device)[0]
     quantize = quantizer(x, impl)
     given = None if x_q is None else (x_q, x_scale)
     x_t = None
     if for_backward and weight_grad and not keeps_x(recipe):
         # The backward gets the offsets of x^T's columns again from dy^T's quantization: a function of offs and S.
-        x_q, (*x_t, _) = _wgrad_operands(x, offs, recipe, e4m3, impl, given)
+        rows = None if positions is None else _token_rows(positions)
+        x_q, (*x_t, _) = _wgrad_operands(x, offs, recipe, e4m3, impl, given, rows)
     else:
         x_q = given or _activations(x, recipe, e4m3, quantize, False)[0]
     w_q, w_t = weight_operands(weight, recipe, quantize, True, for_backward)
-    if isinstance(x, FakeTensor) or x.shape[0] == 0:
-        y = x.new_zeros((x.shape[0], weight.shape[2]))
+    if isinstance(x, FakeTensor) or x_q[0].shape[0] == 0:
+        y = x.new_zeros((x_q[0].shape[0], weight.shape[2]))
     else:
         gemm = registry.select(FP8_GROUPED_KERNEL, x.device, impl)
         y = gemm(*x_q, *w_q, offs, x.dtype, fast_accum=r.fast_accum_forward)
@@ -250,9 +298,10 @@ def fp8_grouped_mm_fwd(
     weight_grad: bool = True,
     x_q: Optional[Tensor] = None,
     x_scale: Optional[Tensor] = None,
+    positions: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    _check("fp8_grouped_mm", x, weight, offs, recipe, x_q, x_scale)
-    return _forward(x, weight, offs, recipe, impl, True, weight_grad, x_q, x_scale)
+    _check("fp8_grouped_mm", x, weight, offs, recipe, x_q, x_scale, positions)
+    return _forward(x, weight, offs, recipe, impl, True, weight_grad, x_q, x_scale, positions)
 
 
 @kernel_op("fp8_grouped_mm_inference", (QUANTIZE_KERNEL, FP8_GROUPED_KERNEL), symbolic_sizes=False, fake=True)
@@ -264,9 +313,10 @@ def fp8_grouped_mm_inference(
     impl: str = "auto",
     x_q: Optional[Tensor] = None,
     x_scale: Optional[Tensor] = None,
+    positions: Optional[Tensor] = None,
 ) -> Tensor:
     """The forward alone, quantizing no operands for a backward."""
-    _check("fp8_grouped_mm", x, weight, offs, recipe, x_q, x_scale)
+    _check("fp8_grouped_mm", x, weight, offs, recipe, x_q, x_scale, positions)
     return _forward(x, weight, offs, recipe, impl, False, x_q=x_q, x_scale=x_scale)[0]
 
 
@@ -343,18 +393,24 @@ def _check_backward(
 
 
 def _fp8_setup(ctx, inputs, output):
-    x, weight, offs, recipe, impl, weight_grad = inputs[:6]
+    x, weight, offs, recipe, impl, weight_grad, _x_q, _x_scale, positions = inputs
     saved = output[1:]
-    ctx.save_for_backward(x if keeps_x(recipe) and weight_grad else None, weight, offs, *saved)
+    ctx.save_for_backward(x if keeps_x(recipe) and weight_grad else None, weight, offs, positions, *saved)
     ctx.mark_non_differentiable(*saved)
     ctx.recipe, ctx.impl = recipe, impl
 
 
 def _fp8_backward(ctx, dy, *_saved_grads):
-    x, weight, offs, *saved = ctx.saved_tensors
+    x, weight, offs, positions, *saved = ctx.saved_tensors
+    if positions is not None and x is not None:
+        # rowwise_with_gw_hp's wgrad reads x's rows in expert order: gathered again here rather than kept from the
+        # forward, which holds T rows instead of T * k until the backward.
+        x = moe_combine_bwd(x, None, None, positions, ctx.impl)[0]
     dx, dweight = fp8_grouped_mm_bwd(dy, x, weight, offs, *saved, ctx.recipe, ctx.impl)
     wants_dx, wants_dweight = ctx.needs_input_grad[:2]
-    return dx if wants_dx else None, dweight if wants_dweight else None, None, None, None, None, None, None
+    if wants_dx and positions is not None:  # each token's gradient: its rows' summed, as moe_permute's backward does
+        dx = moe_combine(dx, None, positions, ctx.impl)
+    return dx if wants_dx else None, dweight if wants_dweight else None, *([None] * 7)
 
 
 fp8_grouped_mm_fwd.register_autograd(_fp8_backward, setup_context=_fp8_setup)
@@ -369,13 +425,22 @@ def fp8_grouped_mm(
     impl: str = "auto",
     x_q: Optional[Tensor] = None,
     x_scale: Optional[Tensor] = None,
+    positions: Optional[Tensor] = None,
 ) -> Tensor:
     # Decided at decomposition, under autograd: AOTAutograd traces training and inference graphs apart.
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         return fp8_grouped_mm_fwd(
-            x, weight, offs, recipe, impl, weight_grad=weight.requires_grad, x_q=x_q, x_scale=x_scale
+            x,
+            weight,
+            offs,
+            recipe,
+            impl,
+            weight_grad=weight.requires_grad,
+            x_q=x_q,
+            x_scale=x_scale,
+            positions=positions,
         )[0]
-    return fp8_grouped_mm_inference(x, weight, offs, recipe, impl, x_q=x_q, x_scale=x_scale)
+    return fp8_grouped_mm_inference(x, weight, offs, recipe, impl, x_q=x_q, x_scale=x_scale, positions=positions)
 
 
 def can_rewrite_fp8(x: Tensor, weight: Tensor, offs: Tensor) -> bool:
@@ -391,6 +456,13 @@ def can_rewrite_fp8(x: Tensor, weight: Tensor, offs: Tensor) -> bool:
         and n % ALIGNMENT == 0
         and all(registry.available_on(kernel, x.device) for kernel in FP8_KERNELS)
     )
+
+
+def reads_permuted_x_in_place(recipe: str, weight_grad: bool) -> bool:
+    """Whether the GEMM, given x with ``positions``, writes no copy of x's rows in expert order: its x^T is the padded
+    per-group layout, which ``fp8_quantize_grouped`` gathers as it quantizes, or its wgrad takes x (gathered in the
+    backward), or it has no wgrad. Blockwise and MXFP8 x^T blocks run across groups: their rows are gathered first."""
+    return not weight_grad or keeps_x(recipe) or _pads_wgrad_operands(recipe)
 
 
 class FP8GroupedMMNode(OpNode):

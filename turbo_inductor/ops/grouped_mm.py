@@ -31,8 +31,10 @@ GROUPED_KERNEL, WGRAD_KERNEL = "grouped_gemm", "grouped_gemm_wgrad"
 # ---- checks ---------------------------------------------------------------------------------------------------
 
 
-def check_grouped(op: str, x: Tensor, weight: Tensor, offs: Tensor) -> None:
-    """x [S, K], weight [E, K, N] in x's dtype, offs [E] int32 non-decreasing within [0, S] (checked on CPU)."""
+def check_grouped(op: str, x: Tensor, weight: Tensor, offs: Tensor, rows=None) -> None:
+    """x [S, K], weight [E, K, N] in x's dtype, offs [E] int32 non-decreasing within [0, S] (checked on CPU).
+
+    ``rows``: S where the GEMM's rows are x's gathered (an MoE layer's tokens in expert order), else x's own."""
     check_float(op, "x", x)
     check(x.dim() == 2, op, lambda: f"x must be 2-D [S, K] (rows sorted by group), got shape {list(x.shape)}")
     check(
@@ -46,7 +48,7 @@ def check_grouped(op: str, x: Tensor, weight: Tensor, offs: Tensor) -> None:
         lambda: f"weight [E, K, N] must share K with x [S, K], got weight {list(weight.shape)}, x {list(x.shape)}",
     )
     check(weight.shape[0] >= 1, op, lambda: "weight must hold at least one group (expert)")
-    _check_offs(op, offs, weight.shape[0], x.shape[0])
+    _check_offs(op, offs, weight.shape[0], x.shape[0] if rows is None else rows)
     check_same_device(op, x=x, weight=weight, offs=offs)
 
 

@@ -3,6 +3,8 @@
 Ops in ``torch.ops.turbo_inductor``:
   moe_permute(x, indices, weights, num_experts, impl) -> (x_sorted, weights_sorted, offs, order, positions)
                                                      custom op; backward: moe_combine (dx), a gather (dweights)
+  moe_permute_fp8(x, indices, weights, num_experts, recipe, impl) -> (q, scale, weights_sorted, offs, order, positions)
+                                                     custom op; backward: a gather (dweights)
   moe_combine(y, weights, positions, impl) -> out    custom op; backward: moe_combine_bwd
   moe_combine_bwd(dout, y, weights, positions, impl) -> (dy, dweights)
 
@@ -14,6 +16,10 @@ moe_permute orders the choices by expert, stably. Indices outside [0, E) go last
   offs [E] int32               each expert's cumulative end row, for grouped_mm
   order [T * k] int64          the choice of each row
   positions [T, k] int64       the row of each choice
+
+moe_permute_fp8: moe_permute for FP8 experts. x is quantized once per token as ``recipe`` quantizes a grouped GEMM's x
+(blocks within a row), and the FP8 rows and their scales move in place of x_sorted: q [T * k, H], scale [T * k, blocks].
+x's gradient flows through the FP8 grouped GEMMs, which take x and positions (``fp8_grouped_mm``).
 
 moe_combine: out[t] = sum_j weights[t, j] * y[positions[t, j]], unweighted without weights.
 It accumulates in fp32 and returns y's dtype. Nothing is read on the host.
@@ -28,10 +34,13 @@ import torch
 from torch import Tensor
 
 from ..kernels import registry
+from ..recipes import ROW_RECIPES, Recipe
+from .fp8_operands import check_row_recipe, producer_quantization, scale_shape
 from .library import SUPPORTED_FLOAT_DTYPES, check, check_float, check_same_device, kernel_op
 from .node import OpNode
 
 ROUTE_KERNEL, DISPATCH_KERNEL, GATHER_SUM_KERNEL = "moe_route", "moe_dispatch", "moe_gather_sum"
+DISPATCH_FP8_KERNEL = "moe_dispatch_fp8"
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -58,8 +67,9 @@ def _check_choices(op: str, tokens, indices_name: str, indices: Tensor, weights:
         )
 
 
-def _check_permute(x: Tensor, indices: Tensor, weights: Optional[Tensor], num_experts: int) -> None:
-    op = "moe_permute"
+def _check_permute(
+    x: Tensor, indices: Tensor, weights: Optional[Tensor], num_experts: int, op: str = "moe_permute"
+) -> None:
     check_float(op, "x", x)
     check(x.dim() == 2, op, lambda: f"x must be 2-D [T, H] (one row per token), got shape {list(x.shape)}")
     _check_choices(op, x.shape[0], "indices", indices, weights)
@@ -152,6 +162,65 @@ def _permute_backward(ctx, dx_sorted, dweights_sorted, *_index_grads):
     return dx, None, dweights, None, None
 
 
+# ---- permute in FP8 -------------------------------------------------------------------------------------------
+
+
+def _check_permute_fp8(x: Tensor, indices: Tensor, weights: Optional[Tensor], num_experts: int, recipe: str) -> None:
+    _check_permute(x, indices, weights, num_experts, "moe_permute_fp8")
+    check_row_recipe("moe_permute_fp8", recipe)
+
+
+def _fp8_rows(x: Tensor, rows, recipe: str) -> tuple[Tensor, Tensor]:
+    """(q, scale) of ``rows`` rows of x's width, allocated."""
+    dtype, block_cols = producer_quantization(recipe, x)
+    return (
+        x.new_empty((rows, x.shape[1]), dtype=dtype),
+        x.new_empty(scale_shape(rows, x.shape[1], 1, block_cols), dtype=torch.float32),
+    )
+
+
+@kernel_op("moe_permute_fp8", (ROUTE_KERNEL, DISPATCH_FP8_KERNEL))
+def moe_permute_fp8(
+    x: Tensor, indices: Tensor, weights: Optional[Tensor], num_experts: int, recipe: str, impl: str = "auto"
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    _check_permute_fp8(x, indices, weights, num_experts, recipe)
+    offs, order, positions = registry.select(ROUTE_KERNEL, x.device, impl)(indices, num_experts)
+    if x.shape[0] == 0:
+        q, scale = _fp8_rows(x, 0, recipe)
+    else:
+        dtype, block_cols = producer_quantization(recipe, x)
+        dispatch = registry.select(DISPATCH_FP8_KERNEL, x.device, impl)
+        q, scale = dispatch(x, positions, dtype, block_cols, Recipe.from_name(recipe).power_of_two)
+    weights_sorted = _no_weights(x) if weights is None else weights.reshape(-1)[order]
+    return q, scale, weights_sorted, offs, order, positions
+
+
+@moe_permute_fp8.register_fake
+def _(x, indices, weights, num_experts, recipe, impl="auto"):
+    _check_permute_fp8(x, indices, weights, num_experts, recipe)
+    rows = indices.shape[0] * indices.shape[1]
+    return (
+        *_fp8_rows(x, rows, recipe),
+        _no_weights(x) if weights is None else weights.new_empty(rows),
+        x.new_empty(num_experts, dtype=torch.int32),
+        x.new_empty(rows, dtype=torch.int64),
+        x.new_empty(indices.shape, dtype=torch.int64),
+    )
+
+
+def _permute_fp8_setup(ctx, inputs, output):
+    ctx.save_for_backward(output[5])
+    ctx.mark_non_differentiable(*output[:2], *output[3:])
+    ctx.has_weights = inputs[2] is not None
+
+
+def _permute_fp8_backward(ctx, _dq, _dscale, dweights_sorted, *_index_grads):
+    """x gets no gradient here: it flows through the FP8 grouped GEMMs reading x with positions."""
+    (positions,) = ctx.saved_tensors
+    wants_dweights = ctx.needs_input_grad[2] and ctx.has_weights
+    return None, None, dweights_sorted[positions] if wants_dweights else None, None, None, None
+
+
 # ---- combine --------------------------------------------------------------------------------------------------
 
 
@@ -201,6 +270,7 @@ def _combine_backward(ctx, dout):
 
 
 moe_permute.register_autograd(_permute_backward, setup_context=_permute_setup)
+moe_permute_fp8.register_autograd(_permute_fp8_backward, setup_context=_permute_fp8_setup)
 moe_combine.register_autograd(_combine_backward, setup_context=_combine_setup)
 
 
@@ -239,10 +309,27 @@ def can_combine(y: Tensor, weights: Optional[Tensor]) -> bool:
     )
 
 
+def can_permute_fp8(x: Tensor, recipe: str, impl: str) -> bool:
+    """Whether :func:`moe_permute_fp8` can quantize fake ``x`` [T, H] by ``recipe`` (a row recipe) as it moves it."""
+    if recipe not in ROW_RECIPES or not _available(x.device, MoEPermuteFP8Node.kernels):
+        return False
+    block = producer_quantization(recipe, x)[1]
+    return registry.has_capability(
+        DISPATCH_FP8_KERNEL, x.device, impl, registry.FP8_IN_ITS_PASS, x.shape[-1], x.element_size(), block
+    )
+
+
 class MoEPermuteNode(OpNode):
     op = torch.ops.turbo_inductor.moe_permute.default
     kernels = (ROUTE_KERNEL, DISPATCH_KERNEL, GATHER_SUM_KERNEL)  # the backward combines
     outputs = ("x_sorted", "weights_sorted", "offs", "order", "positions")
+
+
+class MoEPermuteFP8Node(OpNode):
+    op = torch.ops.turbo_inductor.moe_permute_fp8.default
+    # The backward of the grouped GEMMs reading its positions: dx gather-summed, and x gathered for a bf16 wgrad.
+    kernels = (ROUTE_KERNEL, DISPATCH_FP8_KERNEL, GATHER_SUM_KERNEL, DISPATCH_KERNEL)
+    outputs = ("q", "scale", "weights_sorted", "offs", "order", "positions")
 
 
 class MoECombineNode(OpNode):
