@@ -13,7 +13,15 @@ import torch
 
 import turbo_inductor
 from turbo_inductor.testing import DEVICE
-from turbo_inductor.testing.compare import assert_matches_inductor, assert_ran, declines, ops_after, rewritten, run
+from turbo_inductor.testing.compare import (
+    assert_matches_inductor,
+    assert_ran,
+    declines,
+    ops_after,
+    rewrites_without_compiling,
+    rewritten,
+    run,
+)
 from turbo_inductor.testing.moe import TitanMoE, hf_sparse_moe
 from turbo_inductor.testing.tolerance import snr_db
 
@@ -84,8 +92,10 @@ def test_no_recompile_as_the_routing_or_the_length_changes():
 @pytest.mark.parametrize(
     "exclude, fused",
     [
-        (r"^(w1|w3|shared)", dict(fp8_experts=1, glu_fp8=1)),  # the down projection, its input from the GLU
-        (r"^(w2|shared)", dict(fp8_experts=2, glu_fp8=0)),  # the gate and up projections
+        # the down projection, its input from the GLU
+        (r"^(w1|w3|shared)", dict(fp8_experts=1, glu_fp8=1, moe_permute_fp8=0)),
+        # the gate and up projections, their input from the permute in FP8
+        (r"^(w2|shared)", dict(fp8_experts=2, glu_fp8=0, moe_permute_fp8=1)),
     ],
     ids=["down", "gate and up"],
 )
@@ -123,7 +133,10 @@ def test_an_fp8_layer_meets_the_chained_gates_with_its_routing_held(recipe):
     x = torch.randn(2, 8, 64, device=DEVICE, dtype=torch.bfloat16)
     impl = {"impl": "reference"} if DEVICE == "cpu" else {}  # the interpreter's fp8 stores round wrongly
     outs, grads = run(model, [x], "primus_turbo", options={"fp8": recipe, **impl})
-    assert turbo_inductor.rewrite_counts()["fp8_experts"] == 3
+    counts = turbo_inductor.rewrite_counts()
+    assert counts["fp8_experts"] == 3
+    # the permute moves FP8 rows for rowwise; the GLUs (experts', shared expert's) write the down GEMMs' FP8 input
+    assert (counts["moe_permute_fp8"], counts["glu_fp8"]) == ((1, 2) if recipe == "rowwise" else (0, 0))
     assert ops_after("turbo_inductor.fp8_grouped_mm") == 3 and ops_after("turbo_inductor.grouped_mm") == 0
     assert ops_after("linear") == 1  # the router
     truth, x32 = copy.deepcopy(model).float(), x.float().requires_grad_()
@@ -264,3 +277,31 @@ def test_router_weights_on_the_glu_output_go_into_the_glu():
     assert record.ops_after["mul"] == 0  # the weighting went into the GLU (the outputs below still agree)
     with torch.no_grad():
         torch.testing.assert_close(out, model(x), rtol=2e-2, atol=2e-2)
+
+
+def test_qwen3_moe_permutes_in_fp8_and_its_glu_writes_fp8_in_training():
+    """Qwen3-MoE's block is Mixtral's routing and experts (the test below compiles Mixtral's): the same rewrites."""
+    model, inputs = _hf("qwen3_moe", torch.bfloat16)
+    counts = rewrites_without_compiling(model, inputs, options={"fp8": {"recipe": "rowwise", "experts": True}})
+    assert (counts["fp8_experts"], counts["moe_permute_fp8"], counts["glu_fp8"], counts["moe_combine"]) == (2, 1, 1, 1)
+
+
+def test_fp8_experts_take_the_permutes_fp8_rows_in_transformers_blocks():
+    """Training transformers' sparse MoE block with FP8 rowwise experts: the permute moves x's FP8 rows and scales
+    (no bf16 x_sorted: moe_dispatch runs once, for the combine's backward) and the GLU writes the down GEMM's FP8
+    input; out and dx within the chained FP8 gates of backend="inductor"'s, the experts' and the router's gradients
+    too (two GEMMs in series, as test_an_fp8_layer_meets_the_chained_gates_with_its_routing_held chains them)."""
+    model, inputs = _hf("mixtral", torch.bfloat16)
+    want_outs, want_grads = run(model, inputs, "inductor")
+    impl = {"impl": "reference"} if DEVICE == "cpu" else {}  # the interpreter's fp8 stores round wrongly
+    outs, grads = run(model, inputs, "primus_turbo", options={"fp8": {"recipe": "rowwise", "experts": True}, **impl})
+    counts = turbo_inductor.rewrite_counts()
+    assert (counts["fp8_experts"], counts["moe_permute_fp8"], counts["glu_fp8"], counts["moe_combine"]) == (2, 1, 1, 1)
+    assert ops_after("turbo_inductor.moe_permute") == 0 and ops_after("turbo_inductor.moe_permute_fp8") == 1
+    assert_ran("moe_dispatch_fp8", 1)
+    assert_ran("moe_dispatch", 1)  # the combine's dy: no x_sorted in bf16
+    assert_ran("moe_gather_sum", 2)  # the combine; dx, the gate/up GEMM's rows summed per token
+    chained = 10 * math.log10(2)
+    assert snr_db(outs[0], want_outs[0]) >= 25 - chained
+    for got, want in zip(grads, want_grads, strict=True):
+        assert snr_db(got, want) >= 20 - chained

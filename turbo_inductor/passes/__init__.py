@@ -27,6 +27,7 @@ from .manager import (
 )
 from .moe_combine import MoECombinePass
 from .moe_permute import MoEPermutePass
+from .moe_permute_fp8 import MoEPermuteFP8Pass
 from .rmsnorm import RMSNormPass
 from .rmsnorm_fp8 import RMSNormFP8Pass
 from .rmsnorm_residual import RMSNormResidualPass
@@ -59,6 +60,7 @@ PASSES: list[RewritePass] = check_order(
         # producers: norms and GLUs write the FP8 input of the linears and grouped GEMMs they feed
         RMSNormFP8Pass(),
         GLUFP8Pass(),
+        MoEPermuteFP8Pass(),  # a permute feeding FP8 experts moves x's FP8 rows and scales, not its bf16 rows
         FP8SharedInputPass(),  # FP8 linears reading one x no producer quantized: x and x^T quantized once for all
     ]
 )
