@@ -106,6 +106,54 @@ def gpu_figures(step, left_over: int, kernels: int) -> dict:
     return {"peak_gib": peak_gib, "gpu_ms": sum(us for _, us in per_kernel) / 1e3}
 
 
+def saved_for_backward(step, draw) -> dict:
+    """What a training step's forward keeps for its backward beyond the parameters, in GiB by kind and dtype:
+    ``activations`` depend on the input, ``weights and constants`` do not (FP8 copies of W, tables, masks).
+    Told apart by content over two inputs (``draw(k)`` writes input k; input 0 is drawn back), since a weight copy
+    and an activation can share a shape. Measured on any device: the forward saves the same tensors on CPU."""
+    first, second = _saved_tensors(step, draw, 1, copy=True), _saved_tensors(step, draw, 0)
+    pairs = len(first) == len(second) and all(_same_layout(a[2], b[2]) for a, b in zip(first, second))
+    constant, held = {}, {}  # per storage: a storage saved twice is held once, constant if all it holds is
+    for (storage, nbytes, t), (_, _, u) in zip(first, second if pairs else first):
+        constant[storage] = constant.get(storage, True) and pairs and _equal(t, u)
+        held[storage] = (str(t.dtype).removeprefix("torch."), nbytes)
+    by_kind: dict[str, float] = {}
+    for storage, (dtype, nbytes) in held.items():
+        kind = f"{'weights and constants' if constant[storage] else 'activations'} {dtype}"
+        by_kind[kind] = by_kind.get(kind, 0.0) + nbytes / 2**30
+    return {"saved_gib": sum(by_kind.values()), "saved_gib_by_kind": dict(sorted(by_kind.items()))}
+
+
+def _saved_tensors(step, draw, k: int, copy: bool = False) -> list[tuple[int, int, torch.Tensor]]:
+    """(storage, its bytes, tensor) for each tensor a step on input ``k`` saved for its backward, held past it,
+    except the parameters and buffers. ``copy``: tensors as they were then, not as the next input, drawn in place,
+    leaves a saved input."""
+    kept = {t.untyped_storage().data_ptr() for t in (*step.model.parameters(), *step.model.buffers())}
+    saved = []
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in kept:
+            saved.append((storage.data_ptr(), storage.nbytes(), t.detach().clone() if copy else t.detach()))
+        return t
+
+    draw(k)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step()
+    return saved
+
+
+def _same_layout(a, b) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype
+
+
+def _equal(a, b) -> bool:
+    """Bitwise equality; one-byte dtypes (FP8) compared as bytes, which torch.equal may not support."""
+    if a.element_size() == 1:
+        a, b = a.view(torch.uint8), b.view(torch.uint8)
+    return torch.equal(a, b)
+
+
 def compile_timers() -> dict[str, float]:
     """Seconds so far per timer of COMPILE_TIMERS (torch sums them over the process), and in our passes."""
     from torch._dynamo.utils import compilation_time_metrics

@@ -23,7 +23,7 @@ import torch
 import turbo_inductor
 from benchmarks import chart, goals, models, record
 from benchmarks.columns import DEFAULT_FP8, for_run
-from benchmarks.measure import accuracy, measure, triton_knobs, warm_up_compiler
+from benchmarks.measure import accuracy, measure, saved_for_backward, triton_knobs, warm_up_compiler
 
 CPU_NOTE = "On CPU: timings are CPU wall-clock times, not GPU figures; GPU time, memory and goals are GPU-only."
 # Options that do not name a run's file: the models, its mode and recipes name it otherwise; the rest change no
@@ -47,6 +47,12 @@ def add_workload_arguments(parser: argparse.ArgumentParser, on_gpu: bool) -> Non
         f"sizes (tiny on CPU), LM head and loss included (default: {default})",
     )
     parser.add_argument("--tiny", action="store_true", help="with --hf: each family's tiny config, as on a CPU")
+    parser.add_argument(
+        "--published",
+        action="store_true",
+        help="with --hf on a CPU: the published sizes, as on a GPU (what a step saves for its backward is the same "
+        "on both; minutes per column)",
+    )
     parser.add_argument(
         "--layers", type=int, default=None, help="default: 2 with --hf, else 1 on GPU and the config's on CPU"
     )
@@ -151,8 +157,10 @@ def check(parser: argparse.ArgumentParser, args) -> None:
             parser.error(f"--column {column!r}: expected NAME=JSON-object ({error})")
     if args.hf is not None and args.config is not None:
         parser.error("--config and --hf: give one of them")
-    if args.tiny and args.config is not None:
-        parser.error("--tiny goes with --hf (the tiny decoder is --config tiny)")
+    if (args.tiny or args.published) and args.config is not None:
+        parser.error("--tiny and --published go with --hf (the tiny decoder is --config tiny)")
+    if args.tiny and args.published:
+        parser.error("--tiny or --published: give one of them")
 
 
 def arguments(argv, on_gpu: bool) -> tuple[argparse.Namespace, list[str], list[str]]:
@@ -175,7 +183,7 @@ def arguments(argv, on_gpu: bool) -> tuple[argparse.Namespace, list[str], list[s
     if unknown or not names:
         choices = sorted(family.models)
         parser.error(f"{family.option}: unknown model {unknown or getattr(args, option)!r}; choose from {choices}")
-    args.tiny = args.tiny or not on_gpu  # a CPU runs the tiny configs
+    args.tiny = args.tiny or not (on_gpu or args.published)  # a CPU runs the tiny configs unless told
     if args.seq is None:
         args.seq = family.seq(on_gpu)
     if option == "config":
@@ -324,6 +332,10 @@ def run_column(args, work, column, device: str, allocated_before: int, autocast_
         if column.backend == "primus_turbo":
             result["rewrites"] = turbo_inductor.rewrite_counts()
             print(f"{name} fused:", result["rewrites"])
+        if step.train:
+            result.update(saved_for_backward(step, work.draw))
+            kinds = ", ".join(f"{kind} {gib:.3f}" for kind, gib in result["saved_gib_by_kind"].items())
+            print(f"    saved for the backward {result['saved_gib']:.3f} GiB: {kinds}")
         return name, result, step.samples(result, args.snr_inputs)
 
 
@@ -348,6 +360,7 @@ def table_rows(args, work, model_name: str, results: dict, on_gpu: bool) -> list
                 "model_tflops": flops / r["ms"] / 1e9,
                 "speedup_vs_inductor": ref["ms"] / r["ms"],
                 **({"peak_gib": r["peak_gib"]} if on_gpu else {}),
+                **{key: r[key] for key in ("saved_gib", "saved_gib_by_kind") if key in r},
                 "compile_s": r["compile_s"],
                 "compile_phases": r["compile_phases"],
                 **({"triton_compiles": r["triton_compiles"]} if "triton_compiles" in r else {}),
@@ -366,6 +379,7 @@ TABLE = (
     ("TFLOP/s", "model_tflops", "{:8.1f}"),
     ("vs inductor", "speedup_vs_inductor", "{:11.2f}x"),
     ("peak GiB", "peak_gib", "{:9.2f}"),
+    ("saved GiB", "saved_gib", "{:10.3f}"),
     ("compile s", "compile_s", "{:10.1f}"),
     ("out SNR dB", "out_snr_db", "{:11.1f}"),
     ("dx SNR dB", "dx_snr_db", "{:10.1f}"),

@@ -74,6 +74,7 @@ def model_table(result: dict) -> list[str]:
             Field("vs Inductor", "speedup_vs_inductor", ".2f", "x"),
             Field("GPU ms", "gpu_ms"),
             Field("peak GiB", "peak_gib", ".2f"),
+            Field("saved GiB", "saved_gib", ".2f"),
             Field("compile s", "compile_s", ".1f"),
             Field("out SNR dB", "out_snr_db", ".1f", none="exact"),
             Field("dx SNR dB", "dx_snr_db", ".1f", none="exact"),
@@ -110,7 +111,8 @@ BENCHMARKS = (
         "run_model.py",
         "model",
         model_table,
-        "GPU ms: kernels only; compile: cold; SNR against Inductor; peak GiB: a step's. transformers' models run with "
+        "GPU ms: kernels only; compile: cold; SNR against Inductor; peak GiB: a step's; saved GiB: what its forward "
+        "keeps for the backward beyond the parameters. transformers' models run with "
         "their LM head, and in training their loss; each row is against the Inductor of its own run. A peer's memory "
         "is against ours of its precision (torchao's recipe; bf16 for Liger).",
         goals_lines,
