@@ -216,6 +216,18 @@ def test_the_fp8_gate_is_lowered_no_further_than_its_floor():
             assert_agree(example, what, at(GATE_FLOOR_DB - 0.5), want, lambda: alone, lambda: 100.0)
 
 
+def test_a_low_precision_result_is_judged_against_float64_where_the_graph_before_is_off():
+    """The graph before 0.05 from float64, beyond the bf16 gate: ours, off the other way, passes while no farther
+    from float64 than it, give or take the gate (0.01); farther, it fails."""
+    example = generate(BASE, ("norm", "off", {}), count=0, dtype=torch.bfloat16)
+    assert example.precision == torch.bfloat16 and not example.fp8
+    true = torch.linspace(-1, 1, 64, dtype=torch.float64)
+    want = (true + 0.05).bfloat16()
+    assert_agree(example, "gradient of w", (true - 0.04).bfloat16(), want, truth=lambda: true)
+    with pytest.raises(AssertionError, match="from float64"):
+        assert_agree(example, "gradient of w", (true - 0.1).bfloat16(), want, truth=lambda: true)
+
+
 # ---- end to end, compiled ----------------------------------------------------------------------------------------
 
 

@@ -34,9 +34,12 @@ def capture(model: nn.Module, x: torch.Tensor, train: bool, dynamic: bool) -> tu
     return graphs[0]
 
 
-def evaluate(gm: torch.fx.GraphModule, inputs: list, train: bool) -> tuple[list, list, collections.Counter]:
+def evaluate(
+    gm: torch.fx.GraphModule, inputs: list, train: bool, cotangent_dtype: torch.dtype | None = None
+) -> tuple[list, list, collections.Counter]:
     """(outputs, gradients of every input, kernels run by the backward) of ``gm`` run eagerly. The output
-    cotangents are fixed random values."""
+    cotangents are fixed random values, rounded to ``cotangent_dtype`` first when given (a float64 run then sees
+    the values a low-precision run does)."""
     inputs = [
         t.detach().clone().requires_grad_(train and t.is_floating_point()) if isinstance(t, torch.Tensor) else t
         for t in inputs
@@ -46,7 +49,9 @@ def evaluate(gm: torch.fx.GraphModule, inputs: list, train: bool) -> tuple[list,
     if not train:
         return [o.detach() for o in outs], [], collections.Counter()
     generator = torch.Generator().manual_seed(1)
-    cotangents = [torch.randn(o.shape, generator=generator).to(o.device, o.dtype) for o in outs]
+    cotangents = [
+        torch.randn(o.shape, generator=generator).to(cotangent_dtype or o.dtype).to(o.device, o.dtype) for o in outs
+    ]
     leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
     before = collections.Counter(turbo_inductor.kernel_calls())
     grads = torch.autograd.grad(outs, leaves, cotangents, allow_unused=True)
