@@ -3,6 +3,8 @@ the peak-memory goals, and the peers at less memory than ours."""
 
 import math
 
+import pytest
+
 from benchmarks import goals
 
 
@@ -136,3 +138,25 @@ def test_transformers_models_goals_are_the_issue_targets():
     assert not goals.transformers_goals(inference)[0]["met"]
     prefill = goals.evaluate(inference, {**train, "mode": "inference"}, "qwen2.5-7b")
     assert [g["target_speedup"] for g in prefill[:1]] == [goals.HF_PREFILL.bf16]
+
+
+def test_no_fp8_column_of_a_saved_moe_run_is_slower_than_its_bf16():
+    """The `fp8` option never makes transformers' MoE models slower than bf16 (its experts "auto"): held on every saved
+    GPU run of them, the data the README shows."""
+    from benchmarks import runs
+
+    moe_runs = {
+        file: result
+        for file, result in runs.load().items()
+        if result["benchmark"] == "model"
+        and result["configuration"].get("hf")
+        and set(result["configuration"]["models"]) & set(goals.MOE)
+    }
+    if not moe_runs:
+        pytest.skip("no GPU run of transformers' MoE models saved: run_model --hf mixtral-8x7b,qwen3-30b-a3b")
+    for file, result in moe_runs.items():
+        for model in set(result["configuration"]["models"]) & set(goals.MOE):
+            table = [row for row in result["rows"] if row["model"] == model]
+            held = goals.speed(table, goals.targets(result["configuration"], model))
+            slower = [g for g in held if g["goal"].endswith(">= bf16") and not g["met"]]
+            assert not slower, (file, model, slower)
