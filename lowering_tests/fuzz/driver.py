@@ -24,6 +24,7 @@ import torch.nn as nn
 import turbo_inductor
 from lowering_tests.fuzz.blocks import KINDS
 from lowering_tests.fuzz.blocks.base import E4M3_MAX, MAX_ROWS, Block, Expect, Setting
+from lowering_tests.fuzz.blocks.moe import WHOLE_ROW_RECIPES
 from turbo_inductor.passes import PASSES
 from turbo_inductor.recipes import RECIPES, ROW_RECIPES
 from turbo_inductor.testing.graph import capture, evaluate, rewrite
@@ -59,15 +60,18 @@ OP_KERNELS = {
     "grouped_mm": ({"grouped_gemm"}, {"grouped_gemm", "grouped_gemm_wgrad"}),
     "fp8_grouped_mm": ({"fp8_quantize", "fp8_grouped_gemm"}, {"fp8_grouped_gemm"}),  # dW's kernel: by recipe
     "moe_permute": ({"moe_route", "moe_dispatch"}, {"moe_gather_sum"}),
+    # dx: the FP8 grouped GEMMs reading its positions gather-sum their rows' gradients per token
+    "moe_permute_fp8": ({"moe_route", "moe_dispatch_fp8"}, {"moe_gather_sum"}),
     "moe_combine": ({"moe_gather_sum"}, {"moe_dispatch"}),
     "rotary": ({"rotary"}, {"rotary"}),
     "embedding": ({"embedding_fwd"}, {"embedding_bwd"}),
     "cross_entropy": ({"cross_entropy_fwd"}, {"cross_entropy_bwd"}),
 }
 # Example i leads with LEADS[i % len(LEADS)]: (block kind, the fp8 option, its arguments). The fp8 option: "row"
-# a recipe whose producers fuse, "concat" one that also concatenates linears reading one x, "shared" one whose
-# linears on one x stay separate (they share its quantization), "any" any recipe, "off" none, None drawn. Any
-# len(LEADS) consecutive seeds take every block kind and fire every pass.
+# a recipe whose producers fuse, "whole_row" one whose scales also span the row (an MoE permute moves x in FP8),
+# "concat" one that also concatenates linears reading one x, "shared" one whose linears on one x stay separate (they
+# share its quantization), "any" any recipe, "off" none, None drawn. Any len(LEADS) consecutive seeds take every
+# block kind and fire every pass.
 LEADS = (
     ("norm", None, {}),
     ("residual_norm", None, {"residual": True}),
@@ -82,7 +86,7 @@ LEADS = (
     ("dgrad", "off", {}),
     ("titan_moe", None, {}),
     ("hf_moe", "off", {}),
-    ("hf_moe", "row", {}),  # fp8_experts
+    ("hf_moe", "whole_row", {}),  # fp8_experts, moe_permute_fp8
     ("rotary", None, {}),
     ("attention", None, {"mask": "bool, by index"}),  # causal_mask
     ("embedding", None, {"fused": True}),
@@ -166,6 +170,8 @@ def generate(seed: int, lead: tuple | None = None, kinds=None, count: int | None
     kinds = {k for k, _ in plan}
     if fp8 == "row":
         recipe = rng.choice(ROW_RECIPES)
+    elif fp8 == "whole_row":
+        recipe = rng.choice(WHOLE_ROW_RECIPES)
     elif fp8 == "concat":
         recipe = rng.choice(CONCAT_RECIPES)
     elif fp8 == "shared":

@@ -1,13 +1,26 @@
 """MoE blocks: torchtitan's layer and transformers' sparse MoE blocks (grouped_mm, moe_permute, moe_combine,
-fp8_experts)."""
+fp8_experts, moe_permute_fp8)."""
 
 from __future__ import annotations
 
 import torch
 
-from lowering_tests.fuzz.blocks.base import Block, Expect
-from turbo_inductor.recipes import RECIPES
+from lowering_tests.fuzz.blocks.base import Block, Expect, Setting
+from turbo_inductor.recipes import RECIPES, ROW_RECIPES
 from turbo_inductor.testing.moe import TitanMoE, hf_sparse_moe
+
+# Row recipes with whole-row scales: the GEMMs after an FP8 permute quantize x^T per group from x's rows where they
+# lie (rowwise_with_gw_hp's wgrad takes x). Blockwise and MXFP8 x^T blocks run across groups: their rows would be
+# gathered in expert order anyway, so their permute moves x in FP8 only for experts without a weight gradient.
+WHOLE_ROW_RECIPES = tuple(name for name in ROW_RECIPES if RECIPES[name].activation_block[1] == 0)
+
+
+def permute_fp8(s: Setting, *weights: torch.Tensor) -> Expect:
+    """moe_permute_fp8 on a permute whose x_sorted only the FP8 experts of ``weights`` read: it replaces the
+    moe_permute. A parameter requires grad in an inference graph too (Dynamo's fake of it, whatever the grad mode)."""
+    frozen = not any(weight.requires_grad for weight in weights)
+    fires = int(s.fp8 in WHOLE_ROW_RECIPES or (s.fp8 in ROW_RECIPES and frozen))
+    return Expect().fired(moe_permute_fp8=fires).left(moe_permute=-fires, moe_permute_fp8=fires)
 
 
 class TitanMoEBlock(Block):
@@ -44,6 +57,10 @@ class TitanMoEBlock(Block):
         if s.fp8 is None:
             return expect.left(grouped_mm=3, glu=1 + shared)
         expect.fired(fp8=3 * shared, fp8_experts=3).left(fp8_linear=3 * shared, fp8_grouped_mm=3)
+        # In an fp32 model, x_sorted is read by its casts to the experts' bf16, scores before the experts by their
+        # product: the permute then stays.
+        if s.dtype == self.layer.expert_dtype and not self.scores_first:
+            expect.add(permute_fp8(s, self.layer.w1, self.layer.w3))
         # the shared expert's w1 and w3 read one x: concatenated, their outputs are the halves of one
         width = self.layer.shared.w1.out_features if self.shared else 0
         concatenated = int(self.shared and RECIPES[s.fp8].concatenates_exactly([width, width]))
@@ -82,6 +99,7 @@ class HFMoEBlock(Block):
         if self.setting.fp8 is None:
             return expect.left(grouped_mm=2, glu_fused=1)
         expect.fired(fp8_experts=2).left(fp8_grouped_mm=2)
+        expect.add(permute_fp8(self.setting, self.layer.experts.gate_up_proj))
         if self.setting.fp8_producers:
             return expect.fired(glu_fp8=1).left(glu_fp8=1)
         return expect.left(glu_fused=1)
