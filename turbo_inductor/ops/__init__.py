@@ -173,7 +173,8 @@ def fp8_grouped_mm(
     """:func:`grouped_mm` with x and each expert's weight quantized to FP8 by ``recipe``.
 
     Tensorwise scales W per expert. ``arguments``: the op's others by name. ``x_q``, ``x_scale``: x already
-    quantized, as :func:`glu_fp8` gives them."""
+    quantized, as :func:`glu_fp8` gives them. With ``positions`` (:func:`moe_permute_fp8`'s), x [T, K] is the tokens
+    and x_q, x_scale their rows in expert order: dx is then per token."""
     return torch.ops.turbo_inductor.fp8_grouped_mm(x, weight, offs, recipe, impl, **arguments)
 
 
@@ -185,6 +186,24 @@ def moe_permute(
     x's rows and ``weights`` (or None) in that stable order; indices outside [0, num_experts) go last. offs is for
     :func:`grouped_mm`; order gives each row's choice, positions each choice's row."""
     return torch.ops.turbo_inductor.moe_permute(x, indices, weights, num_experts, impl)
+
+
+def moe_permute_fp8(
+    x: Tensor,
+    indices: Tensor,
+    weights: Optional[Tensor],
+    num_experts: int,
+    recipe: str = "rowwise",
+    *,
+    impl: str = "auto",
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(q, scale, weights_sorted, offs, order, positions)``: :func:`moe_permute` for FP8 experts, x's rows moved in
+    FP8, each token quantized once as ``recipe`` quantizes a grouped GEMM's x (blocks within a row: all but
+    tensorwise).
+
+    q and scale get no gradient: :func:`fp8_grouped_mm` takes x itself with ``x_q=q, x_scale=scale,
+    positions=positions``, and x's gradient flows through it."""
+    return torch.ops.turbo_inductor.moe_permute_fp8(x, indices, weights, num_experts, recipe, impl)
 
 
 def moe_combine(y: Tensor, weights: Optional[Tensor], positions: Tensor, *, impl: str = "auto") -> Tensor:
