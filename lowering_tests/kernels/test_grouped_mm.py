@@ -10,8 +10,7 @@ import torch
 from turbo_inductor.kernels import registry
 from turbo_inductor.kernels.reference.grouped_mm import group_bounds
 from turbo_inductor.kernels.vendor import grouped_mm as vendor_grouped
-from turbo_inductor.ops.fp8_grouped_mm import weight_operands
-from turbo_inductor.ops.fp8_operands import kernel_block
+from turbo_inductor.ops.fp8_operands import kernel_block, weight_operands
 from turbo_inductor.recipes import RECIPES
 from turbo_inductor.testing import DEVICE
 from turbo_inductor.testing.grouped_mm import case

@@ -27,7 +27,6 @@ from collections.abc import Callable
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 
@@ -47,6 +46,7 @@ from .fp8_operands import (
     quantizer,
     recipe_formats,
     unsaved_operand,
+    weight_operands,
 )
 from .grouped_mm import (
     WGRAD_KERNEL,
@@ -57,7 +57,7 @@ from .grouped_mm import (
     transposed_layout,
 )
 from .library import check, composite_op, kernel_op
-from .moe import moe_combine, moe_combine_bwd
+from .moe import DISPATCH_KERNEL, GATHER_SUM_KERNEL, moe_combine, moe_combine_bwd
 from .node import OpNode
 
 FP8_GROUPED_KERNEL, FP8_WGRAD_KERNEL = "fp8_grouped_gemm", "fp8_grouped_gemm_wgrad"
@@ -201,49 +201,6 @@ def _wgrad_operands(
         q = q or _activations(t, recipe, fp8_dtype, quantizer(t, impl), False)[0]
         q_t, scale_t, offs_t = grouped(t, offs, fp8_dtype, r.power_of_two, rows=rows)
     return q, (q_t, scale_t.unsqueeze(-1), offs_t)
-
-
-def weight_operands(
-    weight: Tensor, recipe: str, quantize: Callable, forward: bool, backward: bool
-) -> tuple[Optional[tuple[Tensor, Tensor]], Optional[tuple[Tensor, Tensor]]]:
-    """W's per-expert FP8 operands in the recipe's weight blocks: (q, scale) each, or None where not wanted.
-
-    Forward: W[g]^T [N, K] as [E, N, K], scales [E, N blocks, K blocks]. Backward (dx): W[g] [K, N] as
-    [E, K, N], scales [E, K blocks, N blocks]. Strided views; the contracted dimension is contiguous."""
-    r, e4m3 = RECIPES[recipe], fp8_formats(weight.device)[0]
-    experts = weight.shape[0]
-    w_t = weight.transpose(-2, -1)
-    # base [E, R, C]: the layout that flattens to [E * R, C] as a view. A copy where neither does.
-    if _flattens(w_t) or not _flattens(weight):
-        base, base_is_forward = w_t, True
-    else:
-        base, base_is_forward = weight, False
-    rows_block, cols_block = r.weight_block  # an operand's rows, its contracted dimension; 0: the whole
-    R, C = base.shape[1:]
-    # A block must not straddle two experts, so R is padded to whole blocks: rows_block for base's layout,
-    # cols_block for its transpose. A block of the whole dimension is one expert's R.
-    pad = -R % max(rows_block, cols_block, 1)
-    rows = R + pad
-    flat = (F.pad(base, (0, 0, 0, pad)) if pad else base).reshape(experts * rows, C)
-    own = transposed = None
-    if forward if base_is_forward else backward:
-        block = rows_block or rows
-        q, scale = quantize(flat, e4m3, block, cols_block or C, False, power_of_two=r.power_of_two)
-        own = q.view(experts, rows, C)[:, :R], scale.view(experts, -1, scale.shape[1])[:, : -(-R // block)]
-    if backward if base_is_forward else forward:
-        # [C, R] per expert, R contracted: rows_block along C, cols_block along R. Read in base's layout.
-        block = cols_block or rows
-        q, scale = quantize(flat, e4m3, block, rows_block or C, True, power_of_two=r.power_of_two)
-        transposed = (
-            q.view(C, experts, rows)[:, :, :R].permute(1, 0, 2),
-            scale.view(experts, -1, scale.shape[1])[:, : -(-R // block)].transpose(1, 2),
-        )
-    return (own, transposed) if base_is_forward else (transposed, own)
-
-
-def _flattens(t: Tensor) -> bool:
-    """Whether [E, R, C] reshapes to [E * R, C] as a view."""
-    return t.shape[1] <= 1 or t.stride(0) == t.shape[1] * t.stride(1)
 
 
 def _forward(
@@ -467,4 +424,6 @@ def reads_permuted_x_in_place(recipe: str, weight_grad: bool) -> bool:
 
 class FP8GroupedMMNode(OpNode):
     op = fp8_grouped_mm
-    kernels = FP8_KERNELS
+    # With positions, the backward gathers dx per token and, for a bf16 wgrad, x's rows: moe_permute_fp8 takes a
+    # permute only where those kernels are available too, so the plain GEMM's rewrite asks for FP8_KERNELS alone.
+    kernels = (*FP8_KERNELS, GATHER_SUM_KERNEL, DISPATCH_KERNEL)

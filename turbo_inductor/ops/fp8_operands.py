@@ -4,14 +4,17 @@ An operand [R, C] (C contracted) is quantized with dynamic scaling in blocks of 
 and role: activation or gradient, or weight. A recipe's block (rows, cols), 0 for the whole dimension, is the
 quantization kernel's block by :func:`kernel_block`. Its scale is fp32 [cdiv(R, block rows), cdiv(C, block cols)]
 (:func:`scale_shape`). The kernel (``fp8_quantize``) writes q in the operand's layout, its transpose's, or both.
+A grouped GEMM's experts' weights [E, K, N] are quantized in one call per layout (:func:`weight_operands`).
 Formats follow the device (:func:`fp8_formats`). Why: ``docs/ops.md``, "FP8 linear".
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 
@@ -128,6 +131,49 @@ def quantizer(x: Tensor, impl: str) -> Callable:
 def unsaved_operand(t: Tensor, fp8_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """Empty (q^T, scale): what the forward returns for a transpose it does not save."""
     return t.new_empty(0, dtype=fp8_dtype), t.new_empty(0, dtype=torch.float32)
+
+
+def weight_operands(
+    weight: Tensor, recipe: str, quantize: Callable, forward: bool, backward: bool
+) -> tuple[Optional[tuple[Tensor, Tensor]], Optional[tuple[Tensor, Tensor]]]:
+    """W's per-expert FP8 operands in the recipe's weight blocks: (q, scale) each, or None where not wanted.
+
+    Forward: W[g]^T [N, K] as [E, N, K], scales [E, N blocks, K blocks]. Backward (dx): W[g] [K, N] as
+    [E, K, N], scales [E, K blocks, N blocks]. Strided views; the contracted dimension is contiguous."""
+    r, e4m3 = RECIPES[recipe], fp8_formats(weight.device)[0]
+    experts = weight.shape[0]
+    w_t = weight.transpose(-2, -1)
+    # base [E, R, C]: the layout that flattens to [E * R, C] as a view. A copy where neither does.
+    if _flattens(w_t) or not _flattens(weight):
+        base, base_is_forward = w_t, True
+    else:
+        base, base_is_forward = weight, False
+    rows_block, cols_block = r.weight_block  # an operand's rows, its contracted dimension; 0: the whole
+    R, C = base.shape[1:]
+    # A block must not straddle two experts, so R is padded to whole blocks: rows_block for base's layout,
+    # cols_block for its transpose. A block of the whole dimension is one expert's R.
+    pad = -R % max(rows_block, cols_block, 1)
+    rows = R + pad
+    flat = (F.pad(base, (0, 0, 0, pad)) if pad else base).reshape(experts * rows, C)
+    own = transposed = None
+    if forward if base_is_forward else backward:
+        block = rows_block or rows
+        q, scale = quantize(flat, e4m3, block, cols_block or C, False, power_of_two=r.power_of_two)
+        own = q.view(experts, rows, C)[:, :R], scale.view(experts, -1, scale.shape[1])[:, : -(-R // block)]
+    if backward if base_is_forward else forward:
+        # [C, R] per expert, R contracted: rows_block along C, cols_block along R. Read in base's layout.
+        block = cols_block or rows
+        q, scale = quantize(flat, e4m3, block, rows_block or C, True, power_of_two=r.power_of_two)
+        transposed = (
+            q.view(C, experts, rows)[:, :, :R].permute(1, 0, 2),
+            scale.view(experts, -1, scale.shape[1])[:, : -(-R // block)].transpose(1, 2),
+        )
+    return (own, transposed) if base_is_forward else (transposed, own)
+
+
+def _flattens(t: Tensor) -> bool:
+    """Whether [E, R, C] reshapes to [E * R, C] as a view."""
+    return t.shape[1] <= 1 or t.stride(0) == t.shape[1] * t.stride(1)
 
 
 # ---- checks ---------------------------------------------------------------------------------------------------
