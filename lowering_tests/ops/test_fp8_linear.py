@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 import turbo_inductor
 from turbo_inductor.ops.fp8_linear import quantize_weight
+from turbo_inductor.ops.library import OpInputError
 from turbo_inductor.recipes import RECIPES
 from turbo_inductor.testing import DEVICE
 from turbo_inductor.testing.tolerance import snr_db
@@ -57,6 +58,13 @@ def test_opcheck(recipe):
         (torch.randn(2, 16, 32, device=DEVICE), x_saved, w.detach(), *saved, recipe, "reference"),
         test_utils=no_schema,
     )
+    # where W^T was saved the backward needs no W (a concatenated W is then not held): the same results without it
+    dy = torch.randn(2, 16, 32, device=DEVICE)
+    bwd = torch.ops.turbo_inductor.fp8_linear_bwd
+    given = bwd(dy, x_saved, w.detach(), *saved, recipe, "reference")
+    for got, want in zip(bwd(dy, x_saved, None, *saved, recipe, "reference"), given, strict=True):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    torch.library.opcheck(bwd, (dy, x_saved, None, *saved, recipe, "reference"), test_utils=no_schema)
     # a weight that wants no gradient: no x^T saved, an empty dweight
     torch.library.opcheck(fwd, (x, w.detach(), b, recipe, "reference", None, None, False), test_utils=no_schema[:2])
     saved = fwd(x.detach(), w.detach(), b.detach(), recipe, "reference", None, None, False)[1:]
@@ -74,6 +82,8 @@ def test_opcheck(recipe):
     torch.library.opcheck(fwd, (x, w, b, recipe, "reference", None, None, True, False), test_utils=no_schema[:2])
     saved = fwd(x.detach(), w.detach(), b.detach(), recipe, "reference", None, None, True, False)[1:]
     assert saved[2].dim() == 1
+    with pytest.raises(OpInputError, match="weight may be None only where the forward saved W"):
+        torch.ops.turbo_inductor.fp8_linear_bwd(dy, x_saved, None, *saved, recipe, "reference")
     torch.library.opcheck(
         torch.ops.turbo_inductor.fp8_linear_bwd,
         (torch.randn(2, 16, 32, device=DEVICE), x_saved, w.detach(), *saved, recipe, "reference"),

@@ -158,3 +158,25 @@ def test_recipes_concatenate_where_no_weight_scale_spans_two_weights():
     assert exact == ["rowwise", "rowwise_pow2", "rowwise_with_gw_hp", "mxfp8"]
     blockwise = RECIPES["blockwise"]
     assert blockwise.concatenates_exactly([128, 384]) and not blockwise.concatenates_exactly([128, 64])
+
+
+def test_the_backward_holds_no_concatenated_weight():
+    """The backward reads W^T quantized, saved by the forward: the concatenated W, made in the graph where the
+    parameters are not, is not held from forward to backward."""
+    model = Readers([64, 32, 32]).to(DEVICE)
+    x = torch.randn(2, 8, 64, device=DEVICE, requires_grad=True)
+    compiled = torch.compile(model, backend="primus_turbo", options=ROWWISE)
+    compiled(x)[0].sum().backward()  # compiles
+    assert turbo_inductor.rewrite_counts()["fp8_concat"] == 1
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = []
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in parameters:
+            saved.append((tuple(t.shape), t.dtype))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        outs = compiled(x)
+    sum(o.sum() for o in outs).backward()
+    assert saved and ((128, 64), torch.float32) not in saved, saved

@@ -12,7 +12,8 @@ Ops in ``torch.ops.turbo_inductor``:
   fp8_linear_bwd(dy, x, weight, x_t, x_t_scale, w_t, w_t_scale, recipe, impl) -> (dx, dweight)
 
 Each GEMM operand is quantized with dynamic scaling, in blocks set by the recipe (``turbo_inductor.recipes``).
-The forward saves x^T and W^T quantized; the backward reads neither x nor W again.
+The forward saves x^T and W^T quantized; the backward reads neither x nor W again, and W is not held for it (a
+W concatenated in the graph, ``fp8_concat``'s, would otherwise stay alive until the backward).
 A weight that wants no gradient (``weight_grad`` False) gets no wgrad: dweight is empty.
 ``save_weight_t=False``: the backward quantizes W^T from W instead of saving it (FSDP2).
 ``x_q``, ``x_scale``: x already quantized by its producer (``rmsnorm_fp8``, ``glu_fp8``, ``fp8_shared_input``).
@@ -246,9 +247,19 @@ def _(
     return y, *_saved_transposes(x2, weight, recipe, weight_grad and not _handed(x_t), save_weight_t)
 
 
+def _requantizes_weight(inputs: tuple) -> bool:
+    """Whether the backward reads W: only to quantize W^T where the forward saved none (``save_weight_t=False``)."""
+    return not _arguments(inputs)["save_weight_t"]
+
+
+def _arguments(inputs: tuple) -> dict:
+    """fp8_linear_fwd's inputs by name."""
+    return dict(zip((a.name for a in torch.ops.turbo_inductor.fp8_linear_fwd.default._schema.arguments), inputs))
+
+
 def _saves(inputs: tuple, saved: tuple) -> tuple:
     """What the backward reads: the forward's saved transposes, with x^T the input where it was handed one."""
-    arguments = dict(zip((a.name for a in torch.ops.turbo_inductor.fp8_linear_fwd.default._schema.arguments), inputs))
+    arguments = _arguments(inputs)
     x_t = arguments["x_t"]
     if saves_x_t(arguments["recipe"], arguments["weight_grad"]) and _handed(x_t):
         return (x_t, arguments["x_t_scale"], *saved[2:])
@@ -299,7 +310,7 @@ def quantize_weight(weight: Tensor, recipe: str, impl: str = "auto") -> tuple[Te
 def fp8_linear_bwd(
     dy: Tensor,
     x: Optional[Tensor],
-    weight: Tensor,
+    weight: Optional[Tensor],
     x_t: Tensor,
     x_t_scale: Tensor,
     w_t: Tensor,
@@ -307,14 +318,15 @@ def fp8_linear_bwd(
     recipe: str,
     impl: str = "auto",
 ) -> tuple[Tensor, Tensor]:
-    _check_backward(dy, x, weight, recipe)
+    """(dx, dweight). ``weight`` may be None where W^T was saved: dW then takes dy's dtype, as W has."""
+    _check_backward(dy, x, weight, w_t, recipe)
     r, (e4m3, grad_dtype) = RECIPES[recipe], recipe_formats(recipe, dy.device)
-    k = weight.shape[1]
-    dy2 = dy.reshape(-1, weight.shape[0])
+    n, k = _weight_shape(dy, weight, w_t)
+    dy2 = dy.reshape(-1, n)
     dx_shape = dy.shape[:-1] + (k,)
     wgrad = _wgrad(x, x_t, recipe)
     if dy2.shape[0] == 0:
-        return dy.new_zeros(dx_shape), torch.zeros_like(weight) if wgrad else weight.new_empty(0)
+        return dy.new_zeros(dx_shape), dy.new_zeros((n, k) if wgrad else 0)
     # dy^T only for an FP8 wgrad. A weight wanting no gradient gets an empty one.
     if wgrad and not r.high_precision_wgrad:
         dy_q, dy_t = quantize_operand_both(dy2, r.activation_block, grad_dtype, r, impl)
@@ -324,12 +336,17 @@ def fp8_linear_bwd(
         w_t, w_t_scale = quantize_operand(weight, r.weight_block, e4m3, r, impl, transposed=True)
     dx = _gemm(dy_q, (w_t, w_t_scale), dy.dtype, impl)
     if not wgrad:
-        dweight = weight.new_empty(0)
+        dweight = dy.new_empty(0)
     elif r.high_precision_wgrad:
-        dweight = (dy2.t() @ x.reshape(-1, k)).to(weight.dtype)
+        dweight = dy2.t() @ x.reshape(-1, k)
     else:
-        dweight = _gemm(dy_t, (x_t, x_t_scale), weight.dtype, impl)
+        dweight = _gemm(dy_t, (x_t, x_t_scale), dy.dtype, impl)
     return dx.view(dx_shape), dweight
+
+
+def _weight_shape(dy: Tensor, weight: Optional[Tensor], w_t: Tensor) -> tuple[int, int]:
+    """W's [N, K]: the weight's, or where none is given, from dy and the saved W^T [K, N]."""
+    return tuple(weight.shape) if weight is not None else (dy.shape[-1], w_t.shape[0])
 
 
 def _wgrad(x: Optional[Tensor], x_t: Tensor, recipe: str) -> bool:
@@ -339,24 +356,36 @@ def _wgrad(x: Optional[Tensor], x_t: Tensor, recipe: str) -> bool:
     return x is not None if keeps_x(recipe) else x_t.dim() == 2
 
 
-def _check_backward(dy: Tensor, x: Optional[Tensor], weight: Tensor, recipe: str) -> None:
+def _check_backward(dy: Tensor, x: Optional[Tensor], weight: Optional[Tensor], w_t: Tensor, recipe: str) -> None:
     op = "fp8_linear_bwd"
     check_recipe(op, recipe)
     check(
-        dy.dim() >= 1 and dy.shape[-1] == weight.shape[0] and dy.dtype == weight.dtype,
+        weight is not None or w_t.dim() == 2,
         op,
-        lambda: f"dy must be [..., {weight.shape[0]}] in {weight.dtype}, got {list(dy.shape)} {dy.dtype}",
+        lambda: "weight may be None only where the forward saved W^T (w_t [K, N]): give the weight",
+    )
+    n, k = _weight_shape(dy, weight, w_t)
+    dtype = dy.dtype if weight is None else weight.dtype
+    check(
+        dy.dim() >= 1 and dy.shape[-1] == n and dy.dtype == dtype,
+        op,
+        lambda: f"dy must be [..., {n}] in {dtype}, got {list(dy.shape)} {dy.dtype}",
+    )
+    check(
+        w_t.dim() != 2 or tuple(w_t.shape) == (k, n),
+        op,
+        lambda: f"w_t must be W^T, [{k}, {n}], got {list(w_t.shape)}",
     )
     check_saved_x(op, x, recipe)
     if x is not None:
-        check_linear(op, x, weight, None)
+        check(x.shape[-1] == k, op, lambda: f"x must be [..., {k}] for a weight of [{n}, {k}], got {list(x.shape)}")
 
 
 @fp8_linear_bwd.register_fake
 def _(dy, x, weight, x_t, x_t_scale, w_t, w_t_scale, recipe, impl="auto"):
-    _check_backward(dy, x, weight, recipe)
-    dweight = weight.new_empty(weight.shape if _wgrad(x, x_t, recipe) else 0)
-    return dy.new_empty(dy.shape[:-1] + (weight.shape[1],)), dweight
+    _check_backward(dy, x, weight, w_t, recipe)
+    n, k = _weight_shape(dy, weight, w_t)
+    return dy.new_empty(dy.shape[:-1] + (k,)), dy.new_empty((n, k) if _wgrad(x, x_t, recipe) else 0)
 
 
 register_linear_autograd(
@@ -364,6 +393,7 @@ register_linear_autograd(
     fp8_linear_bwd,
     keeps_x=lambda recipe, weight: keeps_x(recipe) and weight.requires_grad,
     saves=_saves,
+    keeps_weight=_requantizes_weight,
 )
 
 

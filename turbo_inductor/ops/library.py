@@ -181,12 +181,14 @@ def register_linear_autograd(
     backward_op,
     keeps_x: Callable[[object, torch.Tensor], bool] = lambda arg, weight: True,
     saves: Callable[[tuple, tuple], tuple] = lambda inputs, saved: saved,
+    keeps_weight: Callable[[tuple], bool] = lambda inputs: True,
 ) -> None:
     """Autograd of ``op(x, weight, bias, arg, impl, *rest)``, which returns y or ``(y, *saved)``.
 
     ``backward_op(dy, x, weight, *saved, arg, impl)`` returns ``(dx, dweight[, dbias])``; dbias defaults to dy's
-    row sum. It gets x None where ``keeps_x(arg, weight)`` is False. ``arg`` is a recipe or group name.
-    ``saves(inputs, saved)`` may put inputs in place of saved outputs. ``saved`` and ``rest`` get no gradient.
+    row sum. It gets x None where ``keeps_x(arg, weight)`` is False, and weight None where ``keeps_weight(inputs)``
+    is: a W computed in the graph (a concatenation) is then not held for the backward. ``arg`` is a recipe or group
+    name. ``saves(inputs, saved)`` may put inputs in place of saved outputs. ``saved`` and ``rest`` get no gradient.
     A gradient no input wants is None."""
 
     def setup(ctx, inputs, output):
@@ -194,7 +196,7 @@ def register_linear_autograd(
         ctx.n_rest = len(rest)
         returned = tuple(output[1:]) if isinstance(output, (tuple, list)) else ()
         saved = saves(inputs, returned)
-        ctx.save_for_backward(x if keeps_x(arg, weight) else None, weight, *saved)
+        ctx.save_for_backward(x if keeps_x(arg, weight) else None, weight if keeps_weight(inputs) else None, *saved)
         ctx.mark_non_differentiable(*returned)
         ctx.arg, ctx.impl, ctx.has_bias = arg, impl, bias is not None
 
