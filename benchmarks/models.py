@@ -92,7 +92,7 @@ def hf_workload(args, name: str, on_gpu: bool, device: str, dtype: torch.dtype) 
     its logits; its gradients are the parameters'."""
     layers, train = args.layers or TRANSFORMERS.layers, args.mode == "train"
     with torch.device(device):  # random weights drawn on the GPU: a billion of them take a minute on the host
-        lm = hf.build(name, layers, tiny=args.tiny)
+        lm = hf.build(name, layers, tiny=args.tiny, shrink=args.shrink)
     base = (hf.CausalLMLoss(lm) if train else hf.CausalLMLogits(lm)).to(device, dtype)
     config = lm.config
     input_ids = torch.empty(args.batch, args.seq, dtype=torch.long, device=device)
@@ -105,7 +105,8 @@ def hf_workload(args, name: str, on_gpu: bool, device: str, dtype: torch.dtype) 
         draw,
         lambda loss: loss.backward(),
         lambda model: {key: p.grad for key, p in model.named_parameters() if p.grad is not None},
-        f"{name} ({type(lm).__name__}{', tiny config' if args.tiny else ''}) x{layers} layer(s) with the LM "
+        f"{name} ({type(lm).__name__}{', tiny config' if args.tiny else ''}"
+        f"{f', widths / {args.shrink}' if args.shrink > 1 else ''}) x{layers} layer(s) with the LM "
         f"head and {'loss' if train else 'logits'}",
         model_flops(hf.matrix_parameters(lm), layers, config.num_attention_heads, head_dim, args.batch, args.seq),
         hf=True,
@@ -120,7 +121,7 @@ def decoder_description(args, name: str, on_gpu: bool) -> dict:
 def hf_description(args, name: str, on_gpu: bool) -> dict:
     """A transformers model as the run's JSON records it: its class, config fields, layer count and whether it is
     the tiny variant."""
-    fields = hf.config_fields(name, tiny=args.tiny)
+    fields = hf.config_fields(name, tiny=args.tiny, shrink=args.shrink)
     layers = args.layers or TRANSFORMERS.layers
     return {"class": hf.MODELS[name].model_class, **fields, "layers": layers, "tiny": args.tiny}
 

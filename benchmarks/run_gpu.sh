@@ -5,7 +5,8 @@
 #   grouped_mm: MoE expert GEMMs; gemm_ar, fsdp2: on every GPU of the host (kind nvidia-h200-x2); quick: the tests
 #   marked gpu_quick, every GPU session's first step; tests: the test suite (lowering_tests, benchmarks/tests);
 #   profile: profiler tables; costs: the FP8 cost table of this GPU (benchmarks/cost_table.py), from grouped GEMMs and
-#   linears measured fwd+bwd.
+#   linears measured fwd+bwd; memory: the main job beside FP8 columns that save no W^T (save_weight_t's cost in time
+#   against the memory it holds).
 #   TESTS="lowering_tests/system/test_gpu.py ..." limits the tests; MODEL_ARGS, GEMM_AR_ARGS, FSDP2_ARGS add arguments
 #   to that step; TESTS_TIMEOUT bounds the tests (s); MAX_JOBS sets the native build's jobs; INSTALLED=1 skips the
 #   install.
@@ -61,6 +62,9 @@ for step in "${steps[@]}"; do
            bench bench_fp8 python3 -m benchmarks.bench_fp8
            python3 -m benchmarks.cost_table "$OUT"/grouped_mm*.json "$OUT"/fp8*.json --out "$OUT" ;;
     model) bench run_model python3 -m benchmarks.run_model ${MODEL_ARGS:-} ;;
+    memory) bench run_model python3 -m benchmarks.run_model --hf llama3-8b,phi3-mini --snr-inputs 1 \
+              --column 'fp8 tensorwise no W^T={"fp8": {"recipe": "tensorwise", "save_weight_t": false}}' \
+              --column 'fp8 rowwise no W^T={"fp8": {"recipe": "rowwise", "save_weight_t": false}}' ;;
     convergence) bench convergence python3 -m benchmarks.convergence ;;
     profile) bench profile python3 -m benchmarks.profile_compiled ;;
     gemm_ar) bench bench_gemm_allreduce torchrun --nproc-per-node "$gpus" -m benchmarks.bench_gemm_allreduce ${GEMM_AR_ARGS:-} ;;

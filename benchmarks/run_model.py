@@ -48,10 +48,11 @@ def add_workload_arguments(parser: argparse.ArgumentParser, on_gpu: bool) -> Non
     )
     parser.add_argument("--tiny", action="store_true", help="with --hf: each family's tiny config, as on a CPU")
     parser.add_argument(
-        "--published",
-        action="store_true",
-        help="with --hf on a CPU: the published sizes, as on a GPU (what a step saves for its backward is the same "
-        "on both; minutes per column)",
+        "--shrink",
+        type=int,
+        default=1,
+        help="with --hf: the published sizes, every width and the vocabulary divided by N, also on a CPU. At N times "
+        "fewer tokens, each tensor a step saves for its backward is N^2 times smaller than at published sizes",
     )
     parser.add_argument(
         "--layers", type=int, default=None, help="default: 2 with --hf, else 1 on GPU and the config's on CPU"
@@ -157,10 +158,12 @@ def check(parser: argparse.ArgumentParser, args) -> None:
             parser.error(f"--column {column!r}: expected NAME=JSON-object ({error})")
     if args.hf is not None and args.config is not None:
         parser.error("--config and --hf: give one of them")
-    if (args.tiny or args.published) and args.config is not None:
-        parser.error("--tiny and --published go with --hf (the tiny decoder is --config tiny)")
-    if args.tiny and args.published:
-        parser.error("--tiny or --published: give one of them")
+    if (args.tiny or args.shrink != 1) and args.config is not None:
+        parser.error("--tiny and --shrink go with --hf (the tiny decoder is --config tiny)")
+    if args.tiny and args.shrink != 1:
+        parser.error("--tiny or --shrink: give one of them")
+    if args.shrink < 1:
+        parser.error(f"--shrink must be at least 1, got {args.shrink}")
 
 
 def arguments(argv, on_gpu: bool) -> tuple[argparse.Namespace, list[str], list[str]]:
@@ -183,7 +186,7 @@ def arguments(argv, on_gpu: bool) -> tuple[argparse.Namespace, list[str], list[s
     if unknown or not names:
         choices = sorted(family.models)
         parser.error(f"{family.option}: unknown model {unknown or getattr(args, option)!r}; choose from {choices}")
-    args.tiny = args.tiny or not (on_gpu or args.published)  # a CPU runs the tiny configs unless told
+    args.tiny = args.tiny or not (on_gpu or args.shrink > 1)  # a CPU runs the tiny configs unless told
     if args.seq is None:
         args.seq = family.seq(on_gpu)
     if option == "config":

@@ -268,6 +268,9 @@ def test_a_bad_column_is_named(capsys, column):
         (["--config", "tiny,llama9"], "--config: unknown model ['llama9']"),
         (["--hf", "gemma-7b,tiny"], "--hf: unknown model ['tiny']"),
         (["--hf", "gemma-7b", "--config", "tiny"], "--config and --hf: give one of them"),
+        (["--config", "tiny", "--shrink", "8"], "--tiny and --shrink go with --hf"),
+        (["--hf", "llama3-8b", "--tiny", "--shrink", "8"], "--tiny or --shrink: give one of them"),
+        (["--hf", "llama3-8b", "--shrink", "0"], "--shrink must be at least 1, got 0"),
     ],
 )
 def test_an_unknown_model_is_named(capsys, arguments, error):
@@ -290,6 +293,25 @@ def test_with_no_arguments_the_main_job_trains_transformers_llama3(on_gpu):
     assert (described["class"], described["layers"]) == ("LlamaForCausalLM", 2)
     assert described["hidden_size"] == (4096 if on_gpu else 64)
     assert goals.targets(vars(args), "llama3-8b") == goals.HF_TRAIN["llama3-8b"]
+
+
+def test_shrink_divides_the_published_widths_also_on_a_cpu():
+    """--shrink N: the published sizes with every width and the vocabulary divided by N (head_dim kept), so that a
+    CPU measures what a step saves for its backward, each tensor N^2 times smaller at N times fewer tokens."""
+    args, _, named = run_model.arguments(["--hf", "llama3-8b", "--shrink", "8"], on_gpu=False)
+    assert not args.tiny and named == ["shrink-8"]
+    described = models.TRANSFORMERS.describe(args, "llama3-8b", False)
+    published = hf.config_fields("llama3-8b")
+    assert {k: described[k] for k in published} == {
+        **published,
+        "hidden_size": 512,
+        "intermediate_size": 1792,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "vocab_size": 16032,
+    }
+    with pytest.raises(ValueError, match="shrink 8 divides the published widths evenly; these do not: "):
+        hf.config_fields("qwen2.5-7b", shrink=8)  # 28 heads
 
 
 def test_convergence_run_writes_curves_and_chart(tmp_path):

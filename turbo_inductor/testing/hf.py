@@ -149,20 +149,32 @@ MODELS = {
 }
 
 
-def config_fields(name: str, tiny: bool = False) -> dict:
-    """The config fields ``build`` sets for model ``name`` (the published sizes, or the tiny ones)."""
+# The widths ``shrink`` divides; head_dim is kept, so that the heads' count divides with the hidden size.
+WIDTHS = ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_attention_heads", "num_key_value_heads")
+
+
+def config_fields(name: str, tiny: bool = False, shrink: int = 1) -> dict:
+    """The config fields ``build`` sets for model ``name``: the published sizes, or the tiny ones. ``shrink``: the
+    published widths and vocabulary divided by it, each tensor's bytes by shrink^2 at as many tokens per width."""
     if name not in MODELS:
         raise ValueError(f"unknown Hugging Face model {name!r}; choose from {sorted(MODELS)}")
-    return dict(MODELS[name].tiny if tiny else MODELS[name].published)
+    fields = dict(MODELS[name].tiny if tiny else MODELS[name].published)
+    if shrink == 1:
+        return fields
+    uneven = {key: value for key, value in fields.items() if key in WIDTHS and value % shrink}
+    if tiny or uneven:
+        raise ValueError(f"{name}: shrink {shrink} divides the published widths evenly; these do not: {uneven}")
+    shrunk = {key: value // shrink for key, value in fields.items() if key in WIDTHS}
+    return {**fields, **shrunk, "vocab_size": -(-fields["vocab_size"] // shrink)}
 
 
-def build(name: str, layers: int, tiny: bool = False) -> nn.Module:
+def build(name: str, layers: int, tiny: bool = False, shrink: int = 1) -> nn.Module:
     """Model ``name`` as its transformers causal LM class, with ``layers`` decoder layers and random weights.
 
-    Attention runs through SDPA. ``tiny``: small shapes for CPU runs."""
+    Attention runs through SDPA. ``tiny``: small shapes for CPU runs; ``shrink``: see :func:`config_fields`."""
     import transformers
 
-    fields = config_fields(name, tiny)
+    fields = config_fields(name, tiny, shrink)
     model = MODELS[name]
     config = getattr(transformers, model.config_class)(**fields, num_hidden_layers=layers, attn_implementation="sdpa")
     return getattr(transformers, model.model_class)(config)
