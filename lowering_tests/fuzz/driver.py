@@ -306,26 +306,18 @@ def _check(example: Example) -> None:
         inputs_db, results = rounded()
         return max(0.0, inputs_db - snr_db(results[kind][i], want))
 
-    for i, (got, want) in enumerate(zip(got_outs, want_outs)):
-        assert_agree(
-            example,
-            f"output {i}",
-            got,
-            want,
-            lambda i=i: ideal()[0][i],
-            lambda i=i, w=want: conditioning(0, i, w),
-            lambda i=i: truth()[0][i],
-        )
-    for i, (got, want) in enumerate(zip(got_grads, want_grads)):
-        assert_agree(
-            example,
-            f"gradient of {names[i]}",
-            got,
-            want,
-            lambda i=i: ideal()[1][i],
-            lambda i=i, w=want: conditioning(1, i, w),
-            lambda i=i: truth()[1][i],
-        )
+    labels = ([f"output {i}" for i in range(len(got_outs))], [f"gradient of {name}" for name in names])
+    for kind, (gots, wants) in enumerate(((got_outs, want_outs), (got_grads, want_grads))):
+        for i, (got, want) in enumerate(zip(gots, wants)):
+            assert_agree(
+                example,
+                labels[kind][i],
+                got,
+                want,
+                lambda kind=kind, i=i: ideal()[kind][i],
+                lambda kind=kind, i=i, w=want: conditioning(kind, i, w),
+                lambda kind=kind, i=i: truth()[kind][i],
+            )
 
 
 def inputs_in_fp8(example: Example) -> tuple[float, tuple[list, list]]:
