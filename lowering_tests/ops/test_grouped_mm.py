@@ -147,6 +147,26 @@ def test_opcheck():
     assert dx.shape == x.shape and dweight.shape == (0,)
 
 
+@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise", "blockwise"])
+def test_without_saving_w_t_the_backward_quantizes_it_again_to_the_same_results(recipe):
+    """save_weight_t=False: the forward returns no W^T (nothing of W's FP8 is held until the backward), and the
+    backward quantizes it from W, as the forward would have: outputs and gradients bit-equal to saving it."""
+    x, parameter, weight, offs = case("empty first and last, rows past the last group", 32, 48)
+    dy = torch.randn(x.shape[0], 48, device=DEVICE)
+    results = []
+    for save in (True, False):
+        for t in (x, parameter):
+            t.grad = None
+        fwd = torch.ops.turbo_inductor.fp8_grouped_mm_fwd
+        w_t = fwd(x.detach(), weight(parameter.detach()), offs, recipe, EXACT_IMPL, save_weight_t=save)[3]
+        assert (w_t.dim() == 3) is save
+        y = ops.fp8_grouped_mm(x, weight(parameter), offs, recipe, impl=EXACT_IMPL, save_weight_t=save)
+        y.backward(dy)
+        results.append((y.detach(), x.grad, parameter.grad))
+    for got, want in zip(*results, strict=True):
+        assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("recipe", ["rowwise", "tensorwise", "blockwise", "rowwise_with_gw_hp"])
 def test_fp8_fakes_give_each_outputs_layout(recipe):
     """fp8_grouped_mm_fwd's and _bwd's fakes against the real outputs: shape, dtype and strides of each, the saved

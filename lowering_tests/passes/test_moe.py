@@ -160,6 +160,30 @@ def test_an_fp8_layer_meets_the_chained_gates_with_its_routing_held(recipe):
         assert snr_db(got, want) >= 20 - chained, (name, snr_db(got, want))
 
 
+@pytest.mark.parametrize("save", [True, False])
+def test_the_experts_hold_their_fp8_w_t_only_where_the_option_saves_it(save):
+    """The fp8 option's save_weight_t reaches the experts: False holds no FP8 copy of their weights from forward to
+    backward (FSDP2's way, and the memory-first one), and their gradients are the same."""
+    model, inputs = _titan()
+    options = {"fp8": {"recipe": "rowwise", "save_weight_t": save}, "impl": "reference"}
+    compiled = torch.compile(model, backend="primus_turbo", options=options)
+    compiled(*inputs).float().sum().backward()  # compiles
+    assert turbo_inductor.rewrite_counts()["fp8_experts"] == 3  # w1, w2, w3
+    experts = {tuple(p.shape) for p in model.parameters() if p.dim() == 3}
+    saved = []
+
+    def pack(t):
+        if t.dtype == torch.float8_e4m3fn and t.dim() == 3:
+            saved.append(tuple(t.transpose(-2, -1).shape))
+        return t
+
+    model.zero_grad()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = compiled(*inputs)
+    out.float().sum().backward()
+    assert (set(saved) == experts) if save else not saved, (saved, experts)
+
+
 def test_the_experts_filter_leaves_experts_in_bf16():
     """In inference as well: the routing fused, the shared expert in FP8, the experts bf16 grouped GEMMs."""
     model, inputs = _titan()

@@ -1,11 +1,11 @@
 """FP8 grouped GEMMs for MoE layers: ``grouped_mm`` with x and each expert's weight quantized by a recipe.
 
 Ops in ``torch.ops.turbo_inductor``:
-  fp8_grouped_mm(x, weight, offs, recipe, impl, x_q, x_scale, positions) -> y
+  fp8_grouped_mm(x, weight, offs, recipe, impl, x_q, x_scale, positions, save_weight_t) -> y
                                                           public op: fp8_grouped_mm_fwd(...)[0] where a gradient is
                                                           wanted, else fp8_grouped_mm_inference
   fp8_grouped_mm_inference(x, weight, offs, recipe, impl, x_q, x_scale, positions) -> y
-  fp8_grouped_mm_fwd(x, weight, offs, recipe, impl, weight_grad, x_q, x_scale, positions)
+  fp8_grouped_mm_fwd(x, weight, offs, recipe, impl, weight_grad, x_q, x_scale, positions, save_weight_t)
                                                           -> (y, x_t, x_t_scale, w_t, w_t_scale)
                                                           custom op; backward: fp8_grouped_mm_bwd
   fp8_grouped_mm_bwd(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl) -> (dx, dweight)
@@ -18,6 +18,8 @@ with x_t_scale [E, K, 1], per group.
 choices in expert order, row positions[t, j] holding x[t], given quantized as x_q. No copy of x in that order is
 written: x^T is quantized from x's rows where they lie, dx is ``moe_combine`` of the rows' gradients, and
 rowwise_with_gw_hp's wgrad gathers x's rows again in the backward.
+``save_weight_t=False``: the backward quantizes the experts' W for dx again instead of holding it from the forward, as
+``fp8_linear``'s does.
 FP8 blocks and why: ``docs/ops.md``, "Grouped GEMMs", "FP8".
 """
 
@@ -214,8 +216,9 @@ def _forward(
     x_q: Optional[Tensor] = None,
     x_scale: Optional[Tensor] = None,
     positions: Optional[Tensor] = None,
+    save_weight_t: bool = True,
 ) -> tuple[Tensor, ...]:
-    """(y,), or with ``for_backward`` (y, x_t, x_t_scale, w_t, w_t_scale).
+    """(y,), or with ``for_backward`` (y, x_t, x_t_scale, w_t, w_t_scale); w_t empty unless ``save_weight_t``.
 
     ``x_q``, ``x_scale``: x already quantized, or None; with ``positions``, x's rows in expert order.
     On fake tensors: the same views of allocated outputs."""
@@ -229,7 +232,7 @@ def _forward(
         x_q, (*x_t, _) = _wgrad_operands(x, offs, recipe, e4m3, impl, given, rows)
     else:
         x_q = given or _activations(x, recipe, e4m3, quantize, False)[0]
-    w_q, w_t = weight_operands(weight, recipe, quantize, True, for_backward)
+    w_q, w_t = weight_operands(weight, recipe, quantize, True, for_backward and save_weight_t)
     if isinstance(x, FakeTensor) or x_q[0].shape[0] == 0:
         y = x.new_zeros((x_q[0].shape[0], weight.shape[2]))
     else:
@@ -237,7 +240,7 @@ def _forward(
         y = gemm(*x_q, *w_q, offs, x.dtype, fast_accum=r.fast_accum_forward)
     if not for_backward:
         return (y,)
-    return y, *(x_t or unsaved_operand(x, e4m3)), *w_t
+    return y, *(x_t or unsaved_operand(x, e4m3)), *(w_t or unsaved_operand(x, e4m3))
 
 
 @kernel_op(
@@ -256,9 +259,10 @@ def fp8_grouped_mm_fwd(
     x_q: Optional[Tensor] = None,
     x_scale: Optional[Tensor] = None,
     positions: Optional[Tensor] = None,
+    save_weight_t: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     _check("fp8_grouped_mm", x, weight, offs, recipe, x_q, x_scale, positions)
-    return _forward(x, weight, offs, recipe, impl, True, weight_grad, x_q, x_scale, positions)
+    return _forward(x, weight, offs, recipe, impl, True, weight_grad, x_q, x_scale, positions, save_weight_t)
 
 
 @kernel_op("fp8_grouped_mm_inference", (QUANTIZE_KERNEL, FP8_GROUPED_KERNEL), symbolic_sizes=False, fake=True)
@@ -314,6 +318,8 @@ def _backward(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl)
         dy_q, (*dy_t, wgrad_offs) = _wgrad_operands(dy, offs, recipe, gradient_format, impl)
     else:
         dy_q = _activations(dy, recipe, gradient_format, quantizer(dy, impl), False)[0]
+    if w_t.dim() != 3:  # no W^T saved (save_weight_t=False): quantized from W again
+        w_t, w_t_scale = weight_operands(weight, recipe, quantizer(dy, impl), False, True)[1]
     dx = registry.select(FP8_GROUPED_KERNEL, dy.device, impl)(*dy_q, w_t, w_t_scale, offs, dy.dtype)
     if not wgrad:
         return dx, weight.new_empty(0)
@@ -350,7 +356,7 @@ def _check_backward(
 
 
 def _fp8_setup(ctx, inputs, output):
-    x, weight, offs, recipe, impl, weight_grad, _x_q, _x_scale, positions = inputs
+    x, weight, offs, recipe, impl, weight_grad, _x_q, _x_scale, positions, _save_weight_t = inputs
     saved = output[1:]
     ctx.save_for_backward(x if keeps_x(recipe) and weight_grad else None, weight, offs, positions, *saved)
     ctx.mark_non_differentiable(*saved)
@@ -367,7 +373,7 @@ def _fp8_backward(ctx, dy, *_saved_grads):
     wants_dx, wants_dweight = ctx.needs_input_grad[:2]
     if wants_dx and positions is not None:  # each token's gradient: its rows' summed, as moe_permute's backward does
         dx = moe_combine(dx, None, positions, ctx.impl)
-    return dx if wants_dx else None, dweight if wants_dweight else None, *([None] * 7)
+    return dx if wants_dx else None, dweight if wants_dweight else None, *([None] * 8)
 
 
 fp8_grouped_mm_fwd.register_autograd(_fp8_backward, setup_context=_fp8_setup)
@@ -383,6 +389,7 @@ def fp8_grouped_mm(
     x_q: Optional[Tensor] = None,
     x_scale: Optional[Tensor] = None,
     positions: Optional[Tensor] = None,
+    save_weight_t: bool = True,
 ) -> Tensor:
     # Decided at decomposition, under autograd: AOTAutograd traces training and inference graphs apart.
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
@@ -396,6 +403,7 @@ def fp8_grouped_mm(
             x_q=x_q,
             x_scale=x_scale,
             positions=positions,
+            save_weight_t=save_weight_t,
         )[0]
     return fp8_grouped_mm_inference(x, weight, offs, recipe, impl, x_q=x_q, x_scale=x_scale, positions=positions)
 

@@ -81,6 +81,7 @@ class FP8ExpertsPass(RewritePass):
                 offs=gemm.offs,
                 recipe=config.recipe,
                 impl=gemm.impl,
+                save_weight_t=config.save_weight_t,
             )
             count += 1
         return count
