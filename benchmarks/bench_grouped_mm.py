@@ -20,8 +20,7 @@ import turbo_inductor
 from benchmarks import record
 from benchmarks.common import bench_ms, fwd_bwd_step, kernel_us
 from turbo_inductor.kernels import registry
-from turbo_inductor.ops.fp8_grouped_mm import weight_operands
-from turbo_inductor.ops.fp8_operands import kernel_block
+from turbo_inductor.ops.fp8_operands import kernel_block, weight_operands
 from turbo_inductor.recipes import RECIPES
 
 # name: (experts, top k, hidden, expert intermediate)
