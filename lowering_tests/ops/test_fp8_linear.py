@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import turbo_inductor
-from turbo_inductor.ops.fp8_linear import quantize_weight
+from turbo_inductor.ops.fp8 import quantize_weight
 from turbo_inductor.ops.library import OpInputError
 from turbo_inductor.recipes import RECIPES
 from turbo_inductor.testing import DEVICE

@@ -7,6 +7,7 @@ Ops in ``torch.ops.turbo_inductor``, not differentiable (``fp8_linear`` carries 
       q = saturate(x * (1 / scale)), in x^T's layout [K, M] with transpose.
   fp8_gemm(a, a_scale, b, b_scale, out_dtype, impl) -> a_deq @ b_deq^T
       a [M, K] and b [N, K] in FP8. Scales: [M or 1 or M/bm, K/bk] and [N or 1 or N/bn, K/bk].
+``quantize_weight(weight, recipe)``: W for a recipe's forward GEMM as one fp8_quantize node (constant folding).
 
 Formats follow the device. NVIDIA and MI350 (gfx950): e4m3fn and e5m2. MI300 (gfx942): the fnuz pair.
 What an FP8 op family's operands are (formats, blocks, scale layouts): ``fp8_operands``.
@@ -20,8 +21,9 @@ from torch import Tensor
 from ..kernels import registry
 from ..kernels.reference.fp8_gemm import block_size
 from ..kernels.reference.fp8_quant import FP8_DTYPES
-from .fp8_operands import QUANTIZE_KERNEL, quantize_outputs
-from .library import check, check_float, kernel_op
+from ..recipes import RECIPES
+from .fp8_operands import QUANTIZE_KERNEL, fp8_formats, kernel_block, quantize_outputs
+from .library import check, check_float, kept_whole, kernel_op
 
 GEMM_KERNEL = "fp8_gemm"
 
@@ -89,6 +91,22 @@ def _resolves(size: int, n_blocks: int) -> bool:
     except ValueError:
         return False
     return True
+
+
+def quantize_weight(weight: Tensor, recipe: str, impl: str = "auto") -> tuple[Tensor, Tensor]:
+    """(w_q, w_scale): W quantized for ``recipe``'s forward GEMM.
+
+    One ``fp8_quantize`` node, kept whole for constant folding (``docs/ops.md``, "Freezing")."""
+    r = RECIPES[recipe]
+    with kept_whole():
+        return fp8_quantize(
+            weight,
+            fp8_formats(weight.device)[0],
+            *kernel_block(r.weight_block, *weight.shape),
+            False,
+            r.power_of_two,
+            impl,
+        )
 
 
 @kernel_op("fp8_gemm", (GEMM_KERNEL,), symbolic_sizes=False)

@@ -34,7 +34,7 @@ from torch._inductor import config as inductor_config
 
 from ..kernels import registry
 from ..recipes import RECIPES
-from .fp8 import GEMM_KERNEL, fp8_quantize
+from .fp8 import GEMM_KERNEL, quantize_weight
 from .fp8_operands import (
     ALIGNMENT,
     QUANTIZE_KERNEL,
@@ -56,7 +56,6 @@ from .library import (
     check,
     check_linear,
     composite_op,
-    kept_whole,
     kernel_op,
     register_linear_autograd,
 )
@@ -288,22 +287,6 @@ def fp8_linear_inference(
 def _(x, weight, bias, recipe, impl="auto", x_q=None, x_scale=None, w_q=None, w_scale=None):
     _check("fp8_linear", x, weight, bias, recipe, x_q, x_scale, w_q, w_scale)
     return x.new_empty(x.shape[:-1] + ((weight if weight is not None else w_q).shape[0],))
-
-
-def quantize_weight(weight: Tensor, recipe: str, impl: str = "auto") -> tuple[Tensor, Tensor]:
-    """(w_q, w_scale): W quantized for ``recipe``'s forward GEMM.
-
-    One ``fp8_quantize`` node, kept whole for constant folding (``docs/ops.md``, "Freezing")."""
-    r = RECIPES[recipe]
-    with kept_whole():
-        return fp8_quantize(
-            weight,
-            fp8_formats(weight.device)[0],
-            *kernel_block(r.weight_block, *weight.shape),
-            False,
-            r.power_of_two,
-            impl,
-        )
 
 
 @kernel_op("fp8_linear_bwd", (QUANTIZE_KERNEL, GEMM_KERNEL), symbolic_sizes=False)
