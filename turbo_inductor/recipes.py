@@ -29,6 +29,9 @@ class Recipe:
     high_precision_wgrad: bool = False  # dW = dy^T x in the input dtype
     # The forward GEMM accumulates in fast mode, as torchao's recipes do. dgrad and wgrad accumulate in full.
     fast_accum_forward: bool = False
+    # What the option's "auto" may run instead where the cost table measured it faster: recipes with the same forward
+    # and a backward at least as accurate.
+    substitutes: tuple[str, ...] = ()
 
     @staticmethod
     def from_name(name: str) -> Recipe:
@@ -55,7 +58,7 @@ RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
         Recipe("tensorwise", (0, 0), (0, 0), "e5m2", fast_accum_forward=True),
-        Recipe("rowwise", (1, 0), (1, 0), "e4m3", fast_accum_forward=True),
+        Recipe("rowwise", (1, 0), (1, 0), "e4m3", fast_accum_forward=True, substitutes=("rowwise_with_gw_hp",)),
         # torchao's "rowwise"
         Recipe("rowwise_pow2", (1, 0), (1, 0), "e4m3", power_of_two=True, fast_accum_forward=True),
         # torchao's recipe of that name

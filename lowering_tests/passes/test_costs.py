@@ -49,10 +49,10 @@ def on_a_gpu_with(monkeypatch):
     return use
 
 
-def moe_rewrites(experts_option):
+def moe_rewrites(experts_option, **more_options):
     model = TitanMoE(HIDDEN, INTERMEDIATE, experts=EXPERTS, top_k=TOP_K, expert_dtype=torch.bfloat16)
     x = torch.randn(1, TOKENS, HIDDEN, device=DEVICE, dtype=torch.bfloat16)
-    options = {"fp8": {"recipe": "rowwise", "experts": experts_option}}
+    options = {"fp8": {"recipe": "rowwise", "experts": experts_option}, **more_options}
     return rewrites_without_compiling(model.to(DEVICE, torch.bfloat16), [x], options=options)
 
 
@@ -81,6 +81,32 @@ def test_experts_take_fp8_where_the_table_says_it_wins(on_a_gpu_with, caplog, ex
             assert "measured on test-gpu at 32 rows: 1.000 ms in high precision" in line
         else:
             assert "not measured on test-gpu: high precision, the table's default" in line
+
+
+@pytest.mark.parametrize(
+    "measured, runs",
+    [
+        ({"rowwise": 0.8, "rowwise_with_gw_hp": 0.7}, "rowwise_with_gw_hp"),  # the substitute measured faster
+        ({"rowwise": 0.7, "rowwise_with_gw_hp": 0.8}, "rowwise"),
+        ({"rowwise_with_gw_hp": 0.8}, "rowwise_with_gw_hp"),  # only the substitute measured
+        ({"rowwise": 1.2, "rowwise_with_gw_hp": 1.1}, None),  # neither wins
+    ],
+)
+def test_auto_runs_the_fastest_of_the_recipe_and_its_substitutes(on_a_gpu_with, measured, runs):
+    """rowwise_with_gw_hp has rowwise's forward and a bf16 weight gradient: where the table measured it faster,
+    "auto" runs it for rowwise experts, and says so."""
+    on_a_gpu_with(a_table(grouped_ms={costs.HIGH_PRECISION: 1.0, **measured}))
+    counts = moe_rewrites("auto", record_graphs=True)
+    assert counts["fp8_experts"] == (3 if runs else 0)
+    decisions = [line for record in turbo_inductor.compile_records() for line in record.decisions]
+    experts = [line for line in decisions if line.startswith("fp8_experts: ")]
+    verdict = f"FP8 {runs}" if runs else costs.HIGH_PRECISION
+    assert len(experts) == 2 and all(f": {verdict}, measured on test-gpu" in line for line in experts), decisions
+    # the three experts' GEMMs run the substitute; the shared expert's linears (unmeasured: FP8) the recipe asked
+    graph = turbo_inductor.compile_records()[-1].graph_after
+    gemms = [line for line in graph.splitlines() if "turbo_inductor.fp8_grouped_mm.default(" in line]
+    assert sum("'rowwise_with_gw_hp'" in line for line in gemms) == (3 if runs == "rowwise_with_gw_hp" else 0)
+    assert sum("'rowwise'" in line for line in gemms) == (3 if runs == "rowwise" else 0)
 
 
 def test_a_linear_measured_slower_in_fp8_stays(on_a_gpu_with):

@@ -3,9 +3,10 @@
 A table per GPU model lies beside this module (``nvidia-h200.json``), written by ``python -m
 benchmarks.cost_table`` from benchmark runs on that GPU; nothing in it is typed by hand. The ``fp8`` option's
 ``"auto"`` asks :func:`decide` per GEMM. A shape the table measured takes FP8 where its recipe ran faster, by
-``margin``, than high precision. An unmeasured shape takes the table's default for its kind of GEMM: the grouped
-GEMMs of MoE experts lost in FP8 wherever they were measured, the linears of dense models won. A device without a
-table takes FP8 as the option asks. Why: ``docs/fp8.md``, "Where FP8 pays".
+``margin``, than high precision; where the table also measured a substitute of the recipe (``Recipe.substitutes``:
+the same forward, a backward at least as accurate), the fastest of them runs. An unmeasured shape takes the table's
+default for its kind of GEMM: the grouped GEMMs of MoE experts lost in FP8 wherever they were measured, the linears
+of dense models won. A device without a table takes FP8 as the option asks. Why: ``docs/fp8.md``, "Where FP8 pays".
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import re
 
 import torch
 
+from ..recipes import RECIPES
+
 HERE = pathlib.Path(__file__).resolve().parent
 GROUPED_MM, LINEAR = "grouped_mm", "linear"
 HIGH_PRECISION = "high precision"
@@ -28,10 +31,11 @@ ROWS_FACTOR = 2.0
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-    """Whether one GEMM runs in FP8, and why, in words for the log and the compile record."""
+    """Whether one GEMM runs in FP8, in which recipe, and why, in words for the log and the compile record."""
 
     fp8: bool
     reason: str
+    recipe: str
 
 
 def device_slug(device: torch.device) -> str:
@@ -62,12 +66,14 @@ def decide(kind: str, recipe: str, device: torch.device, rows, k: int, n: int, g
     slug = device_slug(device)
     costs = table(slug)
     if costs is None:
-        return Decision(True, f"no cost table for {slug}: FP8 as the option asks")
+        return Decision(True, f"no cost table for {slug}: FP8 as the option asks", recipe)
     rows = _rows(rows)
     shape = f"[groups {groups}, rows {rows}, K {k}, N {n}]" if kind == GROUPED_MM else f"[{rows} x {k} -> {n}]"
+    candidates = (recipe, *RECIPES[recipe].substitutes)
     nearest = None
     for entry in costs.get(kind, ()):
-        if (entry["groups"], entry["k"], entry["n"]) != (groups, k, n) or recipe not in entry["ms"] or rows is None:
+        measured = any(candidate in entry["ms"] for candidate in candidates)
+        if (entry["groups"], entry["k"], entry["n"]) != (groups, k, n) or not measured or rows is None:
             continue
         distance = abs(math.log(entry["rows"] / rows))
         if distance <= math.log(ROWS_FACTOR) and (nearest is None or distance < nearest[0]):
@@ -75,13 +81,17 @@ def decide(kind: str, recipe: str, device: torch.device, rows, k: int, n: int, g
     if nearest is None:
         fp8 = costs["defaults"][kind] == "fp8"
         default = f"FP8 {recipe}" if fp8 else HIGH_PRECISION
-        return Decision(fp8, f"{shape} not measured on {slug}: {default}, the table's default for a {kind}")
+        return Decision(fp8, f"{shape} not measured on {slug}: {default}, the table's default for a {kind}", recipe)
     entry = nearest[1]
-    high, low = entry["ms"][HIGH_PRECISION], entry["ms"][recipe]
-    fp8 = low < high * (1 - costs["margin"])
-    verdict = f"FP8 {recipe}" if fp8 else HIGH_PRECISION
+    times = {candidate: entry["ms"][candidate] for candidate in candidates if candidate in entry["ms"]}
+    fastest = min(times, key=times.get)
+    high = entry["ms"][HIGH_PRECISION]
+    fp8 = times[fastest] < high * (1 - costs["margin"])
+    verdict = f"FP8 {fastest}" if fp8 else HIGH_PRECISION
+    fp8_times = ", ".join(f"{ms:.3f} ms in FP8 {candidate}" for candidate, ms in times.items())
     return Decision(
         fp8,
         f"{shape}: {verdict}, measured on {slug} at {entry['rows']} rows: {high:.3f} ms in high precision, "
-        f"{low:.3f} ms in FP8 {recipe} (fwd+bwd)",
+        f"{fp8_times} (fwd+bwd)",
+        fastest if fp8 else recipe,
     )

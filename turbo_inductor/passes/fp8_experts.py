@@ -66,12 +66,14 @@ class FP8ExpertsPass(RewritePass):
             if (config.exclude and re.search(config.exclude, name)) or min(wt.shape[1:]) < config.min_size:
                 declined(self.name, node, f"expert {name or '?'} excluded by the fp8 option's exclude or min_size")
                 continue
+            recipe = config.recipe
             if config.experts == AUTO:
                 groups, k, n = wt.shape
-                decision = costs.decide(costs.GROUPED_MM, config.recipe, xt.device, xt.shape[0], k, n, groups)
+                decision = costs.decide(costs.GROUPED_MM, recipe, xt.device, xt.shape[0], k, n, groups)
                 decided(self.name, "experts", decision.reason)  # one line per shape and verdict
                 if not decision.fp8:
                     continue
+                recipe = decision.recipe  # the recipe or a substitute the table measured faster
             surgery.replace_with_view(
                 graph,
                 node,
@@ -79,7 +81,7 @@ class FP8ExpertsPass(RewritePass):
                 x=gemm.x,
                 weight=gemm.weight,
                 offs=gemm.offs,
-                recipe=config.recipe,
+                recipe=recipe,
                 impl=gemm.impl,
                 save_weight_t=config.save_weight_t,
             )
