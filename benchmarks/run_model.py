@@ -25,7 +25,7 @@ from benchmarks import chart, goals, models, record
 from benchmarks.columns import DEFAULT_FP8, for_run
 from benchmarks.measure import accuracy, measure, saved_for_backward, triton_knobs, warm_up_compiler
 
-CPU_NOTE = "On CPU: timings are CPU wall-clock times, not GPU figures; GPU time, memory and goals are GPU-only."
+CPU_NOTE = "On CPU: timings are CPU wall-clock times, not GPU figures; GPU time, peak memory and goals are GPU-only."
 # Options that do not name a run's file: the models, its mode and recipes name it otherwise; the rest change no
 # figure.
 UNNAMED = {"config", "hf", "tiny", "mode", "fp8", "out", "kernels", "warm_compile"}
