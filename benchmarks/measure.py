@@ -112,7 +112,9 @@ def saved_for_backward(step, draw) -> dict:
     Told apart by content over two inputs (``draw(k)`` writes input k; input 0 is drawn back), since a weight copy
     and an activation can share a shape. Measured on any device: the forward saves the same tensors on CPU."""
     first, second = _saved_tensors(step, draw, 1, copy=True), _saved_tensors(step, draw, 0)
-    pairs = len(first) == len(second) and all(_same_layout(a[2], b[2]) for a, b in zip(first, second))
+    pairs = len(first) == len(second) and all(
+        (a.shape, a.dtype) == (b.shape, b.dtype) for (_, _, a), (_, _, b) in zip(first, second)
+    )
     constant, held = {}, {}  # per storage: a storage saved twice is held once, constant if all it holds is
     for (storage, nbytes, t), (_, _, u) in zip(first, second if pairs else first):
         constant[storage] = constant.get(storage, True) and pairs and _equal(t, u)
@@ -141,10 +143,6 @@ def _saved_tensors(step, draw, k: int, copy: bool = False) -> list[tuple[int, in
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         step()
     return saved
-
-
-def _same_layout(a, b) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype
 
 
 def _equal(a, b) -> bool:

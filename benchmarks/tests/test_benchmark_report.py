@@ -11,6 +11,7 @@ import pytest
 import benchmarks
 from benchmarks import chart, goals, record, report, runs, sections
 from benchmarks import summary as performance
+from turbo_inductor.testing import hide_package
 from turbo_inductor.testing.docs import generated
 
 BENCHMARKS_DIR = pathlib.Path(benchmarks.__file__).resolve().parent
@@ -360,14 +361,7 @@ def test_a_run_records_and_the_report_shows_the_transformers_and_peers_it_ran_wi
 
     environment = record.environment()
     assert environment["transformers"] == importlib.metadata.version("transformers")
-    installed = importlib.metadata.version
-
-    def without_transformers(name):
-        if name == "transformers":
-            raise importlib.metadata.PackageNotFoundError(name)
-        return installed(name)
-
-    monkeypatch.setattr(importlib.metadata, "version", without_transformers)
+    hide_package(monkeypatch, "transformers")
     assert record.environment()["transformers"] is None
     versions = {**ENVIRONMENT, "transformers": "5.25.0", "torchao": "0.18.0", "liger-kernel": "0.8.5"}
     assert runs.environment_line("x.json", versions, "").endswith(

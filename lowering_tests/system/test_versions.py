@@ -10,6 +10,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from turbo_inductor import info
+from turbo_inductor.testing import hide_package
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # Where the tests' imports are: the tests, the test helpers in the package, and the benchmarks the tests run.
@@ -65,12 +66,5 @@ def test_info_names_the_versions_of_torch_triton_transformers_and_torchao(monkey
     first_line = info.format_report(facts).splitlines()[0]
     assert f"torch {facts['torch']}, triton {facts['triton']}, transformers {facts['transformers']}, " in first_line
     assert f", torchao {facts['torchao']}, " in first_line
-    installed = importlib.metadata.version
-
-    def without_torchao(name):
-        if name == "torchao":
-            raise importlib.metadata.PackageNotFoundError(name)
-        return installed(name)
-
-    monkeypatch.setattr(importlib.metadata, "version", without_torchao)
+    hide_package(monkeypatch, "torchao")
     assert info.report()["torchao"] == "not installed"

@@ -22,3 +22,17 @@ def scaled_mm_takes_row_scales(device: str) -> bool:
     except (RuntimeError, NotImplementedError):
         return False
     return True
+
+
+def hide_package(monkeypatch, name: str) -> None:
+    """Makes ``importlib.metadata.version`` answer for package ``name`` as where it is not installed."""
+    import importlib.metadata
+
+    installed = importlib.metadata.version
+
+    def version(package: str) -> str:
+        if package == name:
+            raise importlib.metadata.PackageNotFoundError(package)
+        return installed(package)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
