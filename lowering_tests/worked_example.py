@@ -3,6 +3,7 @@ package's modules by their dotted names, so that their relative imports resolve)
 fuse phase, then the example's tests. ``python lowering_tests/worked_example.py``; system/test_docs.py runs it in a
 process of its own, so that the example's op and kernels register nowhere else."""
 
+import linecache
 import pathlib
 import re
 import sys
@@ -29,7 +30,9 @@ def main() -> None:
         module = types.ModuleType(name)
         module.__file__, module.__package__ = str(ROOT / path), name.rpartition(".")[0]
         sys.modules[name] = module
-        exec(compile(code, path, "exec"), module.__dict__)
+        # Triton's @jit reads a kernel's source through inspect, which finds a file absent from disk in linecache.
+        linecache.cache[module.__file__] = (len(code), None, code.splitlines(True), module.__file__)
+        exec(compile(code, module.__file__, "exec"), module.__dict__)
         if name.startswith("turbo_inductor."):
             setattr(sys.modules[module.__package__], name.rpartition(".")[2], module)
         else:
