@@ -416,6 +416,8 @@ def test_both_layouts_from_one_call(impl_name, block, M, K, two_pass, request):
     want_q_t, want_scale_t = quantize(x.t().contiguous(), torch.float8_e4m3fn, br, bc, False, power_of_two=pow2)
     assert q.shape == (M, K) and q_t.shape == (K, M) and all(t.is_contiguous() for t in (q, scale, q_t, scale_t))
     assert torch.equal(scale, want_scale) and torch.equal(scale_t, want_scale_t)
+    # Row-major strides, also of a size-1 dimension: the fakes allocate them, and the native kernels write them.
+    assert scale_t.stride() == want_scale_t.stride()
     assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
     assert torch.equal(q_t.view(torch.uint8), want_q_t.view(torch.uint8))
     if reference_fp8.layouts_share_blocks(M, K, br, bc):

@@ -33,6 +33,7 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..kernels import registry
+from ..kernels.reference.fp8_quant import transposed_scale
 from ..kernels.reference.fp8_quant_grouped import padded_columns
 from ..recipes import RECIPES
 from .fp8_operands import (
@@ -141,7 +142,7 @@ def _transposed_activations(
     r = RECIPES[recipe]
     block_rows, block_cols = kernel_block(r.activation_block, *t.shape)
     q_t, scale_t = quantize(t, fp8_dtype, block_cols, block_rows, True, power_of_two=r.power_of_two)
-    return q_t, scale_t.t().contiguous()
+    return q_t, transposed_scale(scale_t)
 
 
 def _pads_wgrad_operands(recipe: str) -> bool:

@@ -19,7 +19,7 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..kernels import registry
-from ..kernels.reference.fp8_quant import device_formats, scale_shape
+from ..kernels.reference.fp8_quant import device_formats, scale_shape, transposed_scale
 from ..recipes import RECIPES, ROW_RECIPES, Recipe
 from .library import check
 
@@ -88,7 +88,7 @@ def quantize_operand(
     if not transposed:
         return quantize(t, dtype, block_rows, block_cols, False, power_of_two=recipe.power_of_two)
     q_t, scale = quantize(t, dtype, block_cols, block_rows, True, power_of_two=recipe.power_of_two)
-    return q_t, scale.t().contiguous()
+    return q_t, transposed_scale(scale)
 
 
 def quantize_operand_both(
@@ -118,7 +118,7 @@ def allocating_quantize(x, fp8_dtype, block_rows, block_cols, transpose, power_o
     if not both_layouts:
         return q, scale
     q_t, scale_t = quantize_outputs(x, fp8_dtype, block_cols, block_rows, True)
-    return q, scale, q_t, scale_t.t().contiguous()
+    return q, scale, q_t, transposed_scale(scale_t)
 
 
 def quantizer(x: Tensor, impl: str) -> Callable:

@@ -119,7 +119,13 @@ def both_layouts_by_two_calls(
     x^T's blocks are x's blocks of the transposed shape, stored in x^T's layout."""
     q, scale = quantize(x, fp8_dtype, block_rows, block_cols, False, power_of_two=power_of_two)
     q_t, scale_t = quantize(x, fp8_dtype, block_cols, block_rows, True, power_of_two=power_of_two)
-    return q, scale, q_t, scale_t.t().contiguous()
+    return q, scale, q_t, transposed_scale(scale_t)
+
+
+def transposed_scale(scale: torch.Tensor) -> torch.Tensor:
+    """``scale`` transposed, in row-major strides. ``contiguous()`` would keep a size-1 dimension's stride; the
+    native kernels write fresh ones, and every implementation and fake must agree on them."""
+    return scale.t().clone(memory_format=torch.contiguous_format)
 
 
 __all__ = [
@@ -131,6 +137,7 @@ __all__ = [
     "device_formats",
     "layouts_share_blocks",
     "both_layouts_by_two_calls",
+    "transposed_scale",
     "FP8_DTYPES",
     "AMAX_FLOOR",
 ]

@@ -11,7 +11,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ..reference.fp8_quant import AMAX_FLOOR, both_layouts_by_two_calls, check_args, layouts_share_blocks, scale_shape
+from ..reference.fp8_quant import (
+    AMAX_FLOOR,
+    both_layouts_by_two_calls,
+    check_args,
+    layouts_share_blocks,
+    scale_shape,
+    transposed_scale,
+)
 from ..registry import implementation
 from . import interpreting, launch, on_device, traceable, unavailable_reason
 from .fp8_formats import format_id, to_fp8_bits
@@ -363,7 +370,7 @@ def fp8_quantize(
     scale = torch.empty((n_br, n_bc), dtype=torch.float32, device=x.device)
 
     def outputs():  # once the scales are written
-        return (q, scale, qt, scale.t().contiguous()) if both_layouts else (qt if transpose else q, scale)
+        return (q, scale, qt, transposed_scale(scale)) if both_layouts else (qt if transpose else q, scale)
 
     if M == 0 or K == 0:
         scale.fill_(1.0)
