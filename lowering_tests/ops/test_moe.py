@@ -186,8 +186,9 @@ def _fp8_experts(recipe: str, hidden: int = 128, experts: int = E):
     return x, indices, weights, w
 
 
-def _experts_through(fused: bool, x, indices, weights, w, recipe: str, impl: str = "reference"):
-    """y = the FP8 experts' rows times weights_sorted, through moe_permute_fp8 (fused) or moe_permute."""
+def _experts_through(fused: bool, x, indices, weights, w, recipe: str, impl: str = "reference", masked=False):
+    """y = the FP8 experts' rows times weights_sorted, through moe_permute_fp8 (fused) or moe_permute. ``masked``:
+    x_sorted's sentinel rows zeroed in place first, as transformers 5.17 does."""
     if fused:
         q, scale, w_sorted, offs, _, positions = torch.ops.turbo_inductor.moe_permute_fp8(
             x, indices, weights, E, recipe, impl
@@ -196,20 +197,24 @@ def _experts_through(fused: bool, x, indices, weights, w, recipe: str, impl: str
             x, w.transpose(-2, -1), offs, recipe, impl=impl, x_q=q, x_scale=scale, positions=positions
         )
     else:
-        x_sorted, w_sorted, offs, _, _ = ops.moe_permute(x, indices, weights, E, impl=impl)
+        x_sorted, w_sorted, offs, order, _ = ops.moe_permute(x, indices, weights, E, impl=impl)
+        if masked:
+            x_sorted.masked_fill_((indices.reshape(-1)[order] >= E).unsqueeze(-1), 0.0)
         y = ops.fp8_grouped_mm(x_sorted, w.transpose(-2, -1), offs, recipe, impl=impl)
     return y * w_sorted.unsqueeze(-1).to(y.dtype)
 
 
+@pytest.mark.parametrize("masked", [False, True], ids=["unmasked", "sentinels_masked"])
 @pytest.mark.parametrize("recipe", ["rowwise", "rowwise_with_gw_hp", "blockwise", "mxfp8"])
-def test_fp8_permute_is_bit_identical_to_quantizing_x_sorted(recipe):
+def test_fp8_permute_is_bit_identical_to_quantizing_x_sorted(recipe, masked):
     """A scale within a row is the same whichever expert the row goes to: the forward, dx (the rows' gradients
     gather-summed), the router weights' and the experts' gradients equal the bf16 permute's bit for bit. An empty
-    expert and sentinel rows included."""
+    expert and sentinel rows included; those x_sorted rows, past offs[-1], may be zeroed in place (transformers
+    5.17's mask, which the pass drops): the GEMMs never read them and write their gradient as zero."""
     x, indices, weights, w = _fp8_experts(recipe)
     results = []
     for fused in (False, True):
-        y = _experts_through(fused, x, indices, weights, w, recipe)
+        y = _experts_through(fused, x, indices, weights, w, recipe, masked=masked)
         dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(0)).to(DEVICE, y.dtype)
         results.append((y, *torch.autograd.grad(y, (x, weights, w), dy)))
     for got, want in zip(*results):

@@ -329,3 +329,49 @@ def test_fp8_experts_take_the_permutes_fp8_rows_in_transformers_blocks():
     assert snr_db(outs[0], want_outs[0]) >= 25 - chained
     for got, want in zip(grads, want_grads, strict=True):
         assert snr_db(got, want) >= 20 - chained
+
+
+class SentinelMasked(torch.nn.Module):
+    """transformers 5.17's grouped_mm experts: the expert-parallel sentinel mask (ids >= E) zeroes the sorted tokens'
+    rows in place and each grouped GEMM's output rows, always (5.25 does so under expert parallelism only)."""
+
+    def __init__(self):
+        super().__init__()
+        self.router = torch.nn.Linear(64, E, bias=False)
+        self.gate_up = torch.nn.Parameter(torch.randn(E, 64, 64) / 8)
+        self.down = torch.nn.Parameter(torch.randn(E, 64, 32) / 6)
+
+    def forward(self, x):
+        weights, indices = torch.topk(self.router(x).float().softmax(-1), 2, dim=-1)
+        ids, perm = torch.sort(indices.reshape(-1))
+        x_sorted = x[perm // 2]
+        offs = torch.cumsum(torch.histc(ids.float(), bins=E, min=0, max=E - 1), dim=0, dtype=torch.int32)
+        sentinel = (ids >= E).unsqueeze(-1)
+        ids.clamp_(max=E - 1)
+        x_sorted.masked_fill_(sentinel, 0.0)
+        h = torch._grouped_mm(x_sorted, self.gate_up.transpose(-2, -1), offs=offs).masked_fill(sentinel, 0.0)
+        gate, up = h.chunk(2, dim=-1)
+        h = torch.nn.functional.silu(gate) * up
+        y = torch._grouped_mm(h, self.down.transpose(-2, -1), offs=offs).masked_fill(sentinel, 0.0)
+        weighted = y * weights.reshape(-1)[perm].unsqueeze(-1).to(x.dtype)
+        inverse = torch.empty_like(perm)
+        inverse[perm] = torch.arange(perm.shape[0], device=perm.device)
+        return weighted[inverse].view(-1, 2, 64).sum(1)
+
+
+def test_the_permute_moves_fp8_rows_past_the_sentinel_mask_exactly():
+    """The mask on the sorted tokens fills only rows past offs[-1], which the FP8 grouped GEMMs never read and whose
+    gradient they write as zero: the FP8 permute takes its place, and outputs and gradients are those of the graph
+    without it, bit for bit (the GEMMs' masks stay; the GLU still writes the down GEMM's FP8 input)."""
+    torch.manual_seed(0)
+    model, x = SentinelMasked().to(DEVICE, torch.bfloat16), torch.randn(24, 64, device=DEVICE, dtype=torch.bfloat16)
+    options = {"fp8": {"recipe": "rowwise", "experts": True}, **({"impl": "reference"} if DEVICE == "cpu" else {})}
+    want_outs, want_grads = run(model, [x], "primus_turbo", options={**options, "moe_permute_fp8": False})
+    assert ops_after("turbo_inductor.moe_permute") == 1 and ops_after("Tensor.masked_fill_") == 1
+    turbo_inductor.reset_records()
+    outs, grads = run(model, [x], "primus_turbo", options=options)
+    counts = turbo_inductor.rewrite_counts()
+    assert (counts["fp8_experts"], counts["moe_permute_fp8"], counts["glu_fp8"], counts["moe_combine"]) == (2, 1, 1, 1)
+    assert ops_after("turbo_inductor.moe_permute") == 0 and ops_after("Tensor.masked_fill_") == 0
+    for got, want in zip(outs + grads, want_outs + want_grads, strict=True):
+        assert torch.equal(got, want)
