@@ -85,7 +85,7 @@ LEADS = (
     ("allreduce", "off", {}),
     ("dgrad", "off", {}),
     ("titan_moe", None, {}),
-    ("hf_moe", "off", {}),
+    ("hf_moe", "off", {"masks": True}),  # moe_sentinel_mask
     ("hf_moe", "whole_row", {}),  # fp8_experts, moe_permute_fp8
     ("rotary", None, {}),
     ("attention", None, {"mask": "bool, by index"}),  # causal_mask

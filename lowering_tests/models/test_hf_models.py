@@ -7,6 +7,7 @@ import torch
 import turbo_inductor
 from turbo_inductor.testing import DEVICE, hf
 from turbo_inductor.testing.compare import masked_attentions, rewrites_without_compiling, run
+from turbo_inductor.testing.moe import transformers_masks_sentinel_rows
 from turbo_inductor.testing.tolerance import snr_db
 
 pytest.importorskip("transformers")
@@ -105,4 +106,5 @@ def test_moe_families_get_the_routing_and_expert_rewrites(name):
     expected |= dict(moe_permute_fp8=LAYERS, moe_combine=LAYERS, rmsnorm_fp8=LAYERS, glu_fp8=LAYERS, **ENDS)
     expected |= {"rmsnorm": 2 * LAYERS} if name == "qwen3-30b-a3b" else {}
     expected |= {"causal_mask": masks} if masks else {}
+    expected |= {"moe_sentinel_mask": LAYERS} if transformers_masks_sentinel_rows() else {}
     assert {k: v for k, v in counts.items() if v} == expected

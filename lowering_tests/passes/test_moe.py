@@ -359,19 +359,24 @@ class SentinelMasked(torch.nn.Module):
         return weighted[inverse].view(-1, 2, 64).sum(1)
 
 
-def test_the_permute_moves_fp8_rows_past_the_sentinel_mask_exactly():
-    """The mask on the sorted tokens fills only rows past offs[-1], which the FP8 grouped GEMMs never read and whose
-    gradient they write as zero: the FP8 permute takes its place, and outputs and gradients are those of the graph
-    without it, bit for bit (the GEMMs' masks stay; the GLU still writes the down GEMM's FP8 input)."""
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_sentinel_masks_go_and_change_nothing(fp8):
+    """The masks fill only rows past offs[-1], which our grouped GEMMs never read and write as zero in y and in x's
+    gradient: both go, and outputs and gradients are those of the graph with them, bit for bit. In FP8 the permute
+    then moves FP8 rows and the GLU writes the down GEMM's FP8 input."""
     torch.manual_seed(0)
     model, x = SentinelMasked().to(DEVICE, torch.bfloat16), torch.randn(24, 64, device=DEVICE, dtype=torch.bfloat16)
-    options = {"fp8": {"recipe": "rowwise", "experts": True}, **({"impl": "reference"} if DEVICE == "cpu" else {})}
-    want_outs, want_grads = run(model, [x], "primus_turbo", options={**options, "moe_permute_fp8": False})
-    assert ops_after("turbo_inductor.moe_permute") == 1 and ops_after("Tensor.masked_fill_") == 1
+    options = {"fp8": {"recipe": "rowwise", "experts": True}} if fp8 else {}
+    options |= {"impl": "reference"} if DEVICE == "cpu" else {}
+    want_outs, want_grads = run(model, [x], "primus_turbo", options={**options, "moe_sentinel_mask": False})
+    assert ops_after("Tensor.masked_fill_") == 1 and ops_after("Tensor.masked_fill") == 2
     turbo_inductor.reset_records()
     outs, grads = run(model, [x], "primus_turbo", options=options)
     counts = turbo_inductor.rewrite_counts()
-    assert (counts["fp8_experts"], counts["moe_permute_fp8"], counts["glu_fp8"], counts["moe_combine"]) == (2, 1, 1, 1)
-    assert ops_after("turbo_inductor.moe_permute") == 0 and ops_after("Tensor.masked_fill_") == 0
+    assert (counts["moe_sentinel_mask"], counts["moe_combine"], counts["glu"] + counts["glu_fp8"]) == (1, 1, 1)
+    assert (counts["fp8_experts"], counts["moe_permute_fp8"], counts["glu_fp8"]) == ((2, 1, 1) if fp8 else (0, 0, 0))
+    assert ops_after("Tensor.masked_fill_") == 0 and ops_after("Tensor.masked_fill") == 0
     for got, want in zip(outs + grads, want_outs + want_grads, strict=True):
         assert torch.equal(got, want)
+    if not fp8:
+        assert assert_matches_inductor(model, [x], options=options)["moe_sentinel_mask"] == 1

@@ -17,7 +17,7 @@ from turbo_inductor.passes import PASSES, PassManager, PassOrderError, Phase, Re
 from turbo_inductor.passes.linears import linear_of
 from turbo_inductor.testing.distributed import SumOverRanks
 from turbo_inductor.testing.llama import LlamaConfig, LlamaDecoder
-from turbo_inductor.testing.moe import TitanMoE
+from turbo_inductor.testing.moe import TitanMoE, hf_sparse_moe
 from turbo_inductor.testing.rotary import Attention
 
 
@@ -144,6 +144,7 @@ class TensorParallel(nn.Module):
 def graphs() -> dict:
     """(capture, options) of graphs on which every pass fires: FP8 where it takes no linear the others want."""
     moe = TitanMoE(64, 32, experts=4, top_k=2, expert_dtype=torch.bfloat16).to(torch.bfloat16)
+    hf_moe = hf_sparse_moe("mixtral", expert_parallel_masks=True).to(torch.bfloat16)
     fp8 = {"fp8": "rowwise"}
 
     def decoder():
@@ -154,6 +155,8 @@ def graphs() -> dict:
         "decoder tensorwise": (decoder, {"fp8": "tensorwise"}),  # separate q/k/v and gate/up share x
         "tensor parallel": (lambda: dynamo_graph(TensorParallel(), torch.randn(4, 64, requires_grad=True)), {}),
         "moe": (lambda: dynamo_graph(moe, torch.randn(2, 8, 64, dtype=torch.bfloat16)), fp8),
+        # transformers' experts with the sentinel masks of expert parallelism (moe_sentinel_mask)
+        "hf moe": (lambda: dynamo_graph(hf_moe, torch.randn(2, 8, 64, dtype=torch.bfloat16)), {}),
         "attention": (lambda: dynamo_graph(Attention(), torch.randn(2, 6, 48, dtype=torch.bfloat16)), {}),
     }
 

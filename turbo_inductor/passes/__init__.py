@@ -28,6 +28,7 @@ from .manager import (
 from .moe_combine import MoECombinePass
 from .moe_permute import MoEPermutePass
 from .moe_permute_fp8 import MoEPermuteFP8Pass
+from .moe_sentinel_mask import MoESentinelMaskPass
 from .rmsnorm import RMSNormPass
 from .rmsnorm_fp8 import RMSNormFP8Pass
 from .rmsnorm_residual import RMSNormResidualPass
@@ -52,6 +53,7 @@ PASSES: list[RewritePass] = check_order(
         RMSNormPass(),
         RMSNormResidualPass(),  # on the norms RMSNormPass made
         MoEPermutePass(),  # MoE routing: sort by expert, gathers, offsets
+        MoESentinelMaskPass(),  # transformers' masks of sentinel rows, which the permute and GEMMs keep apart
         MoECombinePass(),  # on the permutes MoEPermutePass made: unpermute and top-k sum
         GLUPass(),  # also the experts' GLU on the grouped GEMM's output
         CrossEntropyPass(),  # the loss over the LM head's logits, read in their own dtype

@@ -2,50 +2,22 @@
 and scales moved into expert order instead of its bf16 rows (half the bytes, and T rows quantized instead of T * k).
 
 Taken where x_sorted's only readers are FP8 grouped GEMMs of one recipe that quantizes x within rows, which then take
-x, the moved q and scale, and positions (``fp8_grouped_mm``). Where anything else reads x_sorted it stays, but for
-transformers' expert-parallel sentinel mask (:func:`_fills_sentinel_rows`), which goes.
+x, the moved q and scale, and positions (``fp8_grouped_mm``). Where anything else reads x_sorted it stays.
 """
 
 from __future__ import annotations
 
-import operator
-
-import torch
 import torch.fx as fx
 
 from ..ops.fp8_grouped_mm import reads_permuted_x_in_place
 from ..ops.moe import MoEPermuteFP8Node, MoEPermuteNode, can_permute_fp8
 from ..options import Options
-from . import ir, moe_indices, patterns, surgery
+from . import ir, surgery
 from .fp8_input import fp8_readers
 from .manager import Phase, RewritePass, declined
 
 # The permute's outputs that the FP8 permute also returns; x_sorted gives way to q and scale.
 SHARED_OUTPUTS = ("weights_sorted", "offs", "order", "positions")
-
-
-def _fills_sentinel_rows(node: fx.Node, permute: MoEPermuteNode) -> bool:
-    """Whether ``node`` is ``x_sorted.masked_fill_((sorted ids >= c).unsqueeze(-1), value)`` for c >= E, unread: the
-    sorted ids are ``indices.reshape(-1)[order]``, compared before any other reader (one may write them in place).
-    transformers 5.17 applies this expert-parallel mask always, 5.25 only under expert parallelism."""
-    x_sorted = permute.output("x_sorted")
-    if node.users or not ir.calls(node, "masked_fill_", (torch.Tensor.masked_fill_,)) or node.args[0] is not x_sorted:
-        return False
-    if ir.as_number(ir.arg(node, 2, "value")) is None:
-        return False
-    compare = patterns.row_vector_of(ir.arg(node, 1, "mask"), (ir.fake(x_sorted).shape[0],))
-    if not ir.calls(compare, "ge", (operator.ge, torch.ge)) or len(compare.args) != 2 or compare.kwargs:
-        return False
-    ids, bound = compare.args
-    c = ir.call(ids)
-    if not (isinstance(bound, int) and bound >= permute.num_experts and c is not None and c.op == "getitem"):
-        return False
-    position = {n: i for i, n in enumerate(node.graph.nodes)}
-    return (
-        c.args[1] is permute.output("order")
-        and moe_indices.flat_source(c.args[0]) is permute.indices
-        and min(ids.users, key=position.__getitem__) is compare
-    )
 
 
 class MoEPermuteFP8Pass(RewritePass):
@@ -62,11 +34,8 @@ class MoEPermuteFP8Pass(RewritePass):
             x_sorted = permute.output("x_sorted") if permute is not None else None
             if x_sorted is None:
                 continue
-            # Ids >= E sort last, past offs[-1]: rows the grouped GEMMs never read and whose gradient they write as zero
-            # (as the mask's backward does), so the fill changes nothing they compute and goes with x_sorted.
-            fills = [user for user in x_sorted.users if _fills_sentinel_rows(user, permute)]
             readers = fp8_readers(x_sorted)
-            if readers is None or len(readers[0]) + len(fills) != len(x_sorted.users):
+            if readers is None or len(readers[0]) != len(x_sorted.users):
                 declined(self.name, node, "x_sorted is read by more than FP8 grouped GEMMs of one recipe")
                 continue
             gemms, recipe = readers
@@ -97,8 +66,6 @@ class MoEPermuteFP8Pass(RewritePass):
                     x_scale=fused.output("scale"),
                     positions=fused.output("positions"),
                 )
-            for fill in fills:
-                graph.erase_node(fill)
             surgery.erase_unused([node, *node.users])
             count += 1
         return count

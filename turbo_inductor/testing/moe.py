@@ -6,6 +6,7 @@ A torchtitan-style MoE: router, token reorder, ``torch._grouped_mm`` experts, a 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import torch.nn as nn
@@ -76,10 +77,18 @@ class TitanMoE(nn.Module):
         return out.scatter_add(dim=0, index=token_index, src=routed).reshape(bs, slen, dim)
 
 
-def hf_sparse_moe(family: str, hidden: int = 64, intermediate: int = 32, experts: int = 4, top_k: int = 2):
+def hf_sparse_moe(
+    family: str,
+    hidden: int = 64,
+    intermediate: int = 32,
+    experts: int = 4,
+    top_k: int = 2,
+    expert_parallel_masks: bool = False,
+):
     """transformers' own sparse MoE block (``mixtral`` or ``qwen3_moe``) from a tiny config.
 
-    Its experts run ``grouped_mm``; its weights are random."""
+    Its experts run ``grouped_mm``; its weights are random. ``expert_parallel_masks``: they mask the rows of sentinel
+    choices, as under expert parallelism (5.17 always does)."""
     if family == "mixtral":
         from transformers import MixtralConfig
         from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock as Block
@@ -102,10 +111,28 @@ def hf_sparse_moe(family: str, hidden: int = 64, intermediate: int = 32, experts
         raise ValueError(f"unknown MoE family {family!r}; choose from mixtral, qwen3_moe")
     config._experts_implementation = "grouped_mm"
     block = Block(config)
+    block.experts._is_expert_parallel = expert_parallel_masks or getattr(block.experts, "_is_expert_parallel", False)
     with torch.no_grad():
         for parameter in block.parameters():  # a bare block is not initialized
             parameter.normal_(0, parameter.shape[-1] ** -0.5)
     return block
+
+
+@functools.cache
+def transformers_masks_sentinel_rows() -> bool:
+    """Whether transformers' grouped_mm experts mask the rows of sentinel choices (expert ids >= E) outside expert
+    parallelism, the moe_sentinel_mask pass's sites: 5.17 does always, 5.25 only under it. Read from the graph
+    Dynamo captures of a tiny block (nothing compiled)."""
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(hf_sparse_moe("mixtral"), backend=capture)(torch.randn(1, 4, 64))
+    torch._dynamo.reset()
+    return any(n.op == "call_method" and n.target == "masked_fill_" for gm in graphs for n in gm.graph.nodes)
 
 
 @dataclasses.dataclass(frozen=True)

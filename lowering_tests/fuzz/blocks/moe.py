@@ -7,7 +7,7 @@ import torch
 
 from lowering_tests.fuzz.blocks.base import Block, Expect, Setting
 from turbo_inductor.recipes import RECIPES, ROW_RECIPES
-from turbo_inductor.testing.moe import TitanMoE, hf_sparse_moe
+from turbo_inductor.testing.moe import TitanMoE, hf_sparse_moe, transformers_masks_sentinel_rows
 
 # Row recipes with whole-row scales: the GEMMs after an FP8 permute quantize x^T per group from x's rows where they
 # lie (rowwise_with_gw_hp's wgrad takes x). Blockwise and MXFP8 x^T blocks run across groups: their rows would be
@@ -81,7 +81,7 @@ class HFMoEBlock(Block):
     kind = "hf_moe"
     moe = True
 
-    def __init__(self, rng, s):
+    def __init__(self, rng, s, masks: bool | None = None):
         super().__init__(rng, s)
         experts = self.choose(rng, "experts", [2, 3, 4, 8])
         self.layer = hf_sparse_moe(
@@ -91,11 +91,14 @@ class HFMoEBlock(Block):
             experts,
             # top-1: the weights, normalized over the choices, are 1: the router's gradient is rounding noise only
             self.choose(rng, "top_k", [k for k in (2, 3) if k <= experts]),
+            self.choose(rng, "expert parallel masks", [False, True] if masks is None else [masks]),
         ).to(s.dtype)
         self.setting = s
 
     def expect(self):
         expect = Expect().fired(grouped_mm=2, moe_permute=1, moe_combine=1, glu=1).left(moe_permute=1, moe_combine=1)
+        masks = self.choices["expert parallel masks"] or transformers_masks_sentinel_rows()
+        expect.fired(moe_sentinel_mask=int(masks))
         if self.setting.fp8 is None:
             return expect.left(grouped_mm=2, glu_fused=1)
         expect.fired(fp8_experts=2).left(fp8_grouped_mm=2)
