@@ -331,41 +331,14 @@ def test_fp8_experts_take_the_permutes_fp8_rows_in_transformers_blocks():
         assert snr_db(got, want) >= 20 - chained
 
 
-class SentinelMasked(torch.nn.Module):
-    """transformers 5.17's grouped_mm experts: the expert-parallel sentinel mask (ids >= E) zeroes the sorted tokens'
-    rows in place and each grouped GEMM's output rows, always (5.25 does so under expert parallelism only)."""
-
-    def __init__(self):
-        super().__init__()
-        self.router = torch.nn.Linear(64, E, bias=False)
-        self.gate_up = torch.nn.Parameter(torch.randn(E, 64, 64) / 8)
-        self.down = torch.nn.Parameter(torch.randn(E, 64, 32) / 6)
-
-    def forward(self, x):
-        weights, indices = torch.topk(self.router(x).float().softmax(-1), 2, dim=-1)
-        ids, perm = torch.sort(indices.reshape(-1))
-        x_sorted = x[perm // 2]
-        offs = torch.cumsum(torch.histc(ids.float(), bins=E, min=0, max=E - 1), dim=0, dtype=torch.int32)
-        sentinel = (ids >= E).unsqueeze(-1)
-        ids.clamp_(max=E - 1)
-        x_sorted.masked_fill_(sentinel, 0.0)
-        h = torch._grouped_mm(x_sorted, self.gate_up.transpose(-2, -1), offs=offs).masked_fill(sentinel, 0.0)
-        gate, up = h.chunk(2, dim=-1)
-        h = torch.nn.functional.silu(gate) * up
-        y = torch._grouped_mm(h, self.down.transpose(-2, -1), offs=offs).masked_fill(sentinel, 0.0)
-        weighted = y * weights.reshape(-1)[perm].unsqueeze(-1).to(x.dtype)
-        inverse = torch.empty_like(perm)
-        inverse[perm] = torch.arange(perm.shape[0], device=perm.device)
-        return weighted[inverse].view(-1, 2, 64).sum(1)
-
-
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 def test_sentinel_masks_go_and_change_nothing(fp8):
     """The masks fill only rows past offs[-1], which our grouped GEMMs never read and write as zero in y and in x's
     gradient: both go, and outputs and gradients are those of the graph with them, bit for bit. In FP8 the permute
     then moves FP8 rows and the GLU writes the down GEMM's FP8 input."""
     torch.manual_seed(0)
-    model, x = SentinelMasked().to(DEVICE, torch.bfloat16), torch.randn(24, 64, device=DEVICE, dtype=torch.bfloat16)
+    model = hf_sparse_moe("mixtral", expert_parallel_masks=True).to(DEVICE, torch.bfloat16)
+    x = torch.randn(2, 12, 64, device=DEVICE, dtype=torch.bfloat16)
     options = {"fp8": {"recipe": "rowwise", "experts": True}} if fp8 else {}
     options |= {"impl": "reference"} if DEVICE == "cpu" else {}
     want_outs, want_grads = run(model, [x], "primus_turbo", options={**options, "moe_sentinel_mask": False})
