@@ -37,6 +37,7 @@ def environment() -> dict:
     import triton
 
     from turbo_inductor.environment import installed_version
+    from turbo_inductor.kernels import native
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return {
@@ -46,6 +47,8 @@ def environment() -> dict:
         # transformers' version sets the graphs its models give (the causal-mask rewrite, and so the speed, depends
         # on it), a peer's its columns' kernels; null where not installed
         **{name: installed_version(name) for name in PACKAGES},
+        # TURBO_INDUCTOR_NATIVE=1 asks for the native kernels' build, which can fail: whether they ran
+        "native kernels": native.load_error() is None,
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": list(sys.orig_argv),

@@ -52,6 +52,8 @@ def environment_line(file: str, environment: dict, shared: str, edited: bool = F
     for package in record.PACKAGES:
         if environment.get(package):
             machine += f"{package} {environment[package]}, "
+    if environment.get("native kernels") is False and "TURBO_INDUCTOR_NATIVE" in environment.get("variables", {}):
+        machine += "native kernels not built, "
     words = environment.get("command", [])
     command = [w for i, w in enumerate(words) if w != "--out" and (i == 0 or words[i - 1] != "--out")]
     command = [f"{k}={v}" for k, v in environment.get("variables", {}).items()] + command

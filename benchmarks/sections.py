@@ -13,8 +13,9 @@ from benchmarks.tables import Field, pivot, rows_table
 
 
 def _runs_by_default(row: dict) -> bool:
-    """A grouped GEMM column that a user's default gets: forced Triton or vendor kernels are in the JSON alone."""
-    return not any(name in row["column"] for name in ("triton", "vendor"))
+    """A grouped GEMM column that a user's default gets, bf16 or the FP8 recipes ``auto`` chooses among for experts:
+    forced Triton or vendor kernels, tensorwise and blockwise are in the JSON alone."""
+    return not any(name in row["column"] for name in ("triton", "vendor", "tensorwise", "blockwise"))
 
 
 def _in_readme(column: str) -> bool:
@@ -155,8 +156,8 @@ BENCHMARKS = (
             baseline="",
             ratio_key="speedup_vs_torch_grouped_mm",
         ),
-        "Ratios to bf16 `torch._grouped_mm` of the same shape and mode; what `auto` runs (forced implementations: the "
-        "JSON).",
+        "Ratios to bf16 `torch._grouped_mm` of the same shape and mode; what `auto` runs, in bf16 and the FP8 recipes "
+        "it picks from for experts (the rest: the JSON).",
     ),
     Benchmark(
         "convergence",

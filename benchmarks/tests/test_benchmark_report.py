@@ -204,7 +204,7 @@ def test_a_run_is_written_as_json_named_by_its_configuration(tmp_path, monkeypat
     assert written["rows"] == [{"ms": 1.0, "snr": None, "gpu": None, "shape": [1, 2]}]
     assert written["benchmark"] == "rmsnorm" and written["configuration"]["shapes"] == "1x2,3x4"
     assert set(written["environment"]) == {
-        "machine", "torch", "triton", *record.PACKAGES, "python", "date", "command", "variables"
+        "machine", "torch", "triton", *record.PACKAGES, "native kernels", "python", "date", "command", "variables"
     }  # fmt: skip
     assert record.PACKAGES == ("transformers", "torchao", "liger-kernel")
     record.write("rmsnorm", parts, vars(args), rows, args.out)  # the same configuration again: overwritten
@@ -343,10 +343,11 @@ def test_a_result_edited_by_hand_is_marked_with_what_was_edited():
         {"typed.json": typed, "new.json": newer}
     )
     assert runs.HAND_MARK not in performance.summary({"new.json": newer})
-    # the two committed results edited by hand
+    # the committed results edited by hand
     committed = runs.load()
     edited = sorted(file for file, run in committed.items() if run.get("hand_edited"))
     assert edited == [
+        "grouped_mm_modes-fwd-bwd_kernels.json",
         "model_hf_gemma-7b_train_fp8-rowwise_snr-inputs-1.json",
         "model_llama3-8b_train_fp8-tensorwise-rowwise.json",
     ]
