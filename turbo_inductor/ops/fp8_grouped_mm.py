@@ -361,6 +361,8 @@ def _fp8_setup(ctx, inputs, output):
     saved = output[1:]
     ctx.save_for_backward(x if keeps_x(recipe) and weight_grad else None, weight, offs, positions, *saved)
     ctx.mark_non_differentiable(*saved)
+    # Eager autograd would otherwise hand the backward a zero-filled gradient of each saved FP8 operand, W^T too.
+    ctx.set_materialize_grads(False)
     ctx.recipe, ctx.impl = recipe, impl
 
 
