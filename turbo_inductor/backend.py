@@ -22,7 +22,7 @@ from .checkpointing import warn_if_checkpointed_layers_ran_eagerly
 from .kernels.triton import static_launch_config
 from .options import Options
 from .passes import PASSES, PassManager
-from .passes.manager import forget
+from .passes.manager import forget, mark_hop_bodies
 
 
 def primus_turbo(gm: torch.fx.GraphModule, example_inputs: list[Any], options: Mapping[str, Any] | None = None):
@@ -46,6 +46,7 @@ def primus_turbo(gm: torch.fx.GraphModule, example_inputs: list[Any], options: M
     # Without the tag, a changed op could load a compiled graph calling it with old arguments.
     tag = f"{torch.compiler.config.cache_key_tag}primus_turbo-{manager.uuid()}"
     check_ranks = ranks.first_call_check(gm)  # before the passes fuse the all-reduces
+    mark_hop_bodies(gm)
     try:
         with torch.compiler.config.patch(cache_key_tag=tag):
             compiled = compile_fx(gm, example_inputs, config_patches=patches)

@@ -117,6 +117,53 @@ def test_freezing_as_an_option_is_named_as_freezing_nothing():
     assert not [w for w in seen if "freezes no parameter" in str(w.message)]
 
 
+class SquareFunction(torch.autograd.Function):
+    """A user's autograd.Function, as Liger-Kernel's kernels are: Dynamo traces it as a higher-order op."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad
+
+
+class NormThenFunction(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.RMSNorm(32)
+
+    def forward(self, x):
+        return SquareFunction.apply(self.norm(x))
+
+
+def test_a_higher_order_ops_body_without_fake_tensors_is_left_to_inductor_and_no_failure():
+    """Inductor hands the passes each higher-order op's body too; torch 2.11 leaves their placeholders without fake
+    tensors. Such a body is compiled by Inductor alone, and the graph around it is rewritten as ever."""
+
+    def bodies_without_fakes(gm, example_inputs):
+        for module in gm.modules():
+            if module is not gm and isinstance(module, torch.fx.GraphModule):
+                for node in module.graph.find_nodes(op="placeholder"):
+                    node.meta.pop("example_value", None)
+                    node.meta.pop("val", None)
+        return backend.primus_turbo(gm, example_inputs)
+
+    model, x = NormThenFunction(), torch.randn(4, 32)
+    eager_x, compiled_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+    want = model(eager_x)
+    want.sum().backward()
+    out = torch.compile(model, backend=bodies_without_fakes)(compiled_x)
+    out.sum().backward()
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(compiled_x.grad, eager_x.grad)
+    (record,) = turbo_inductor.compile_records()
+    assert record.failures == [] and record.counts["rmsnorm"] == 1
+
+
 @pytest.mark.parametrize(
     "options, message",
     [

@@ -201,6 +201,18 @@ def _restore(graph: fx.Graph, snapshot: tuple[fx.Graph, dict]) -> None:
             env[node] = graph.node_copy(node, env.__getitem__)
 
 
+# GraphModule.meta key marking the bodies of higher-order ops (autograd.Function, checkpoint) in Dynamo's graph.
+HOP_BODY = "primus_turbo_hop_body"
+
+
+def mark_hop_bodies(gm: fx.GraphModule) -> None:
+    """Marks the graphs of ``gm``'s higher-order ops. Inductor hands each to the passes too; torch 2.11 leaves their
+    placeholders without fake tensors (Liger-Kernel's autograd.Functions), which is then no failure of ours."""
+    for module in gm.modules():
+        if module is not gm and isinstance(module, fx.GraphModule):
+            module.meta[HOP_BODY] = True
+
+
 class PassManager(CustomGraphPass):
     def __init__(self, passes: list[RewritePass], options: Options):
         self.passes = [p for p in passes if p.enabled(options.value(p.name))]
@@ -216,6 +228,9 @@ class PassManager(CustomGraphPass):
         if any(n.op == "placeholder" and not ({"example_value", "val"} & n.meta.keys()) for n in graph.nodes):
             # The matchers read shapes and dtypes from Dynamo's fake tensors. torch 2.11 retraces CPU graphs
             # under freezing without them, so nothing could match.
+            if getattr(graph.owning_module, "meta", {}).get(HOP_BODY):
+                log.debug("primus_turbo: a higher-order op's body carries no fake tensors: Inductor compiles it alone")
+                return
             record.failures.append(("all", "the graph carries no fake tensors"))
             warnings.warn(
                 "primus_turbo: the graph Inductor handed to the passes carries no fake tensors (torch 2.11 "
