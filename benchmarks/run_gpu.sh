@@ -6,7 +6,8 @@
 #   marked gpu_quick, every GPU session's first step; tests: the test suite (lowering_tests, benchmarks/tests);
 #   profile: profiler tables; costs: the FP8 cost table of this GPU (benchmarks/cost_table.py), from grouped GEMMs and
 #   linears measured fwd+bwd; memory: the main job beside FP8 columns that save no W^T (save_weight_t's cost in time
-#   against the memory it holds).
+#   against the memory it holds); moe: transformers' Mixtral and Qwen3-MoE with their kernel lists, FP8 experts forced
+#   beside auto's choice.
 #   TESTS="lowering_tests/system/test_gpu.py ..." limits the tests; MODEL_ARGS, GEMM_AR_ARGS, FSDP2_ARGS add arguments
 #   to that step; TESTS_TIMEOUT bounds the tests (s); MAX_JOBS sets the native build's jobs; INSTALLED=1 skips the
 #   install.
@@ -23,6 +24,9 @@ elif ! python3 -m pip install -v --no-deps --no-build-isolation -e . > "$OUT/ins
   TURBO_INDUCTOR_NATIVE=0 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$OUT/install.log" 2>&1 || { tail -30 "$OUT/install.log"; exit 1; }
 fi
 [ -e "$OUT/install.log" ] && grep -E "turbo_inductor: (native|building)" "$OUT/install.log"
+# Without the install's entry point every primus_turbo column and test fails with InvalidBackend: stop here instead.
+python3 -c "import torch; assert 'primus_turbo' in torch._dynamo.list_backends()" 2> /dev/null || {
+  echo "primus_turbo is no registered backend: the install failed (install.log)"; exit 1; }
 # The peers' columns in the model benchmark, torchao's (FP8) and Liger-Kernel's, where their wheels were carried along
 # (the GPU machine has no index): device tool carry=["wheels"], the wheels from `pip download --no-deps
 # --only-binary=:all: --python-version 3.12 torchao==0.18.0 liger-kernel==0.8.5 -d wheels` (requirements.txt's pins)
@@ -62,6 +66,8 @@ for step in "${steps[@]}"; do
            bench bench_fp8 python3 -m benchmarks.bench_fp8
            python3 -m benchmarks.cost_table "$OUT"/grouped_mm*.json "$OUT"/fp8*.json --out "$OUT" ;;
     model) bench run_model python3 -m benchmarks.run_model ${MODEL_ARGS:-} ;;
+    moe) bench run_model python3 -m benchmarks.run_model --hf mixtral-8x7b,qwen3-30b-a3b --kernels 30 --snr-inputs 1 \
+           --column 'fp8 rowwise experts={"fp8": {"recipe": "rowwise", "experts": true}}' ;;
     memory) bench run_model python3 -m benchmarks.run_model --hf llama3-8b,phi3-mini --snr-inputs 1 \
               --column 'fp8 tensorwise no W^T={"fp8": {"recipe": "tensorwise", "save_weight_t": false}}' \
               --column 'fp8 rowwise no W^T={"fp8": {"recipe": "rowwise", "save_weight_t": false}}' ;;
