@@ -10,6 +10,7 @@ from turbo_inductor.ops.fp8 import quantize_weight
 from turbo_inductor.ops.library import OpInputError
 from turbo_inductor.recipes import RECIPES
 from turbo_inductor.testing import DEVICE
+from turbo_inductor.testing.compare import ops_and_fp8_fills
 from turbo_inductor.testing.tolerance import snr_db
 
 GRADIENT_GATE = {"e4m3": 25.0, "e5m2": 20.0}  # the FP8 gates (docs/fp8.md): SNR in dB by gradient format
@@ -174,3 +175,12 @@ def test_weight_t_not_saved_is_quantized_again_in_backward(recipe, impl):
         results[save] = y.detach(), x.grad, w.grad, b.grad
     for got, want in zip(results[False], results[True]):
         assert torch.equal(got, want)
+
+
+def test_the_eager_backward_gets_no_zero_filled_gradient_of_the_saved_fp8_operands():
+    """x^T and W^T in FP8 are outputs of the forward op that take no gradient: eager autograd would hand the backward
+    a zero-filled tensor of each (W^T: as large as W), unless told not to."""
+    x, w = make(3, 16, 64), make(32, 64, scale=0.1)
+    y = turbo_inductor.ops.fp8_linear(x, w, None, "tensorwise", impl=EXACT_IMPL)
+    ran, fills = ops_and_fp8_fills(lambda: y.backward(torch.randn_like(y)))
+    assert "fp8_linear_bwd" in ran and fills == []

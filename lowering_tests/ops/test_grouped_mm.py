@@ -7,15 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import turbo_inductor
-from turbo_inductor.kernels.reference.fp8_quant import FP8_DTYPES
 from turbo_inductor.ops.fp8_grouped_mm import can_rewrite_fp8
 from turbo_inductor.ops.grouped_mm import GroupedMMNode, can_rewrite
 from turbo_inductor.ops.library import OpInputError
 from turbo_inductor.recipes import RECIPES
 from turbo_inductor.testing import DEVICE
+from turbo_inductor.testing.compare import ops_and_fp8_fills
 from turbo_inductor.testing.grouped_mm import case
 from turbo_inductor.testing.tolerance import TOLERANCE, snr_db
 
@@ -169,29 +168,13 @@ def test_without_saving_w_t_the_backward_quantizes_it_again_to_the_same_results(
         assert torch.equal(got, want)
 
 
-class OpsRun(TorchDispatchMode):
-    """The ops that run in the region, each with whether it returns an FP8 tensor."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        tensors = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-        self.ops.append((func.overloadpacket.__name__, any(t.dtype in FP8_DTYPES for t in tensors)))
-        return out
-
-
 def test_the_eager_backward_gets_no_zero_filled_gradient_of_the_saved_fp8_operands():
     """The saved FP8 operands (x^T, W^T) are outputs of the forward op that take no gradient: eager autograd would
     hand the backward a zero-filled tensor of each (W^T: as large as W), unless told not to."""
     x, parameter, weight, offs = case("empty first and last, rows past the last group", 32, 48)
     y = ops.fp8_grouped_mm(x, weight(parameter), offs, "rowwise", impl=EXACT_IMPL)
-    with OpsRun() as run:
-        y.backward(torch.randn_like(y))
-    assert "fp8_grouped_mm_bwd" in {name for name, _ in run.ops}
-    assert not [name for name, fp8 in run.ops if fp8 and name in ("zeros", "zeros_like", "fill_", "full", "new_zeros")]
+    ran, fills = ops_and_fp8_fills(lambda: y.backward(torch.randn_like(y)))
+    assert "fp8_grouped_mm_bwd" in ran and fills == []
 
 
 @pytest.mark.parametrize("recipe", ["rowwise", "tensorwise", "blockwise", "rowwise_with_gw_hp"])

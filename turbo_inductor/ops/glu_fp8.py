@@ -93,6 +93,7 @@ def _setup(ctx, inputs, output):
     x, up, probs, mask, activation, _recipe, impl = inputs
     ctx.save_for_backward(x, up, probs, mask)
     ctx.mark_non_differentiable(*output[1:])
+    ctx.set_materialize_grads(False)  # out is the one output with a gradient: no zero-filled q for the backward
     ctx.activation, ctx.impl = activation, impl
 
 

@@ -198,6 +198,8 @@ def register_linear_autograd(
         saved = saves(inputs, returned)
         ctx.save_for_backward(x if keeps_x(arg, weight) else None, weight if keeps_weight(inputs) else None, *saved)
         ctx.mark_non_differentiable(*returned)
+        # y is the one output with a gradient: the saved ones (W^T in FP8) are not zero-filled for the backward.
+        ctx.set_materialize_grads(False)
         ctx.arg, ctx.impl, ctx.has_bias = arg, impl, bias is not None
 
     def backward(ctx, dy, *_saved_grads):

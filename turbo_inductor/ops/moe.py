@@ -211,6 +211,7 @@ def _(x, indices, weights, num_experts, recipe, impl="auto"):
 def _permute_fp8_setup(ctx, inputs, output):
     ctx.save_for_backward(output[5])
     ctx.mark_non_differentiable(*output[:2], *output[3:])
+    ctx.set_materialize_grads(False)  # weights_sorted is the one output with a gradient: no zero-filled q
     ctx.has_weights = inputs[2] is not None
 
 

@@ -7,8 +7,10 @@ import copy
 
 import torch
 from torch._inductor.compile_fx import _recursive_pre_grad_passes
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import turbo_inductor
+from turbo_inductor.kernels.reference.fp8_quant import FP8_DTYPES
 from turbo_inductor.options import Options
 from turbo_inductor.passes import PASSES, PassManager
 from turbo_inductor.testing import DEVICE
@@ -218,3 +220,26 @@ def frozen_and_not(model, x, recipe):
             out = compiled(x)
         results[freezing] = out, kernel_calls("fp8_quantize"), turbo_inductor.rewrite_counts()
     return results
+
+
+class _OpsRun(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tensors = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        self.ops.append((func.overloadpacket.__name__, any(t.dtype in FP8_DTYPES for t in tensors)))
+        return out
+
+
+FILLS = ("zeros", "zeros_like", "new_zeros", "full", "full_like", "fill_", "zero_")
+
+
+def ops_and_fp8_fills(fn) -> tuple[set[str], list[str]]:
+    """(the ops ``fn()`` runs, those of them that fill an FP8 tensor): what eager autograd hands a backward for
+    outputs that take no gradient, unless told not to materialize them."""
+    with _OpsRun() as run:
+        fn()
+    return {name for name, _ in run.ops}, [name for name, fp8 in run.ops if fp8 and name in FILLS]
