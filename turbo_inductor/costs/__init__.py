@@ -1,12 +1,13 @@
 """Where FP8 wins: per device, the measured fwd+bwd times of GEMMs in high precision and in each FP8 recipe.
 
-A table per GPU model lies beside this module (``nvidia-h200.json``), written by ``python -m
-benchmarks.cost_table`` from benchmark runs on that GPU; nothing in it is typed by hand. The ``fp8`` option's
-``"auto"`` asks :func:`decide` per GEMM. A shape the table measured takes FP8 where its recipe ran faster, by
-``margin``, than high precision; where the table also measured a substitute of the recipe (``Recipe.substitutes``:
-the same forward, a backward at least as accurate), the fastest of them runs. An unmeasured shape takes the table's
-default for its kind of GEMM: the grouped GEMMs of MoE experts lost in FP8 wherever they were measured, the linears
-of dense models won. A device without a table takes FP8 as the option asks. Why: ``docs/fp8.md``, "Where FP8 pays".
+A table per GPU model lies beside this module (``nvidia-h200.json``), written by ``python -m benchmarks.cost_table``
+from benchmark runs on that GPU; nothing in it is typed by hand. The ``fp8`` option's ``"auto"`` asks :func:`decide`
+per GEMM. A shape the table measured takes FP8 where its recipe ran faster, by ``margin``, than high precision;
+where the table also measured a substitute of the recipe (``Recipe.substitutes``: the same forward, a backward at
+least as accurate), the fastest of them runs. An unmeasured shape takes the table's default for its kind of GEMM:
+high precision for the grouped GEMMs of MoE experts (never slower; FP8 lost at some measured shapes), FP8 for the
+linears of dense models (they won at every one). A device without a table takes FP8 as the option asks. Why:
+``docs/fp8.md``, "Where FP8 pays".
 """
 
 from __future__ import annotations

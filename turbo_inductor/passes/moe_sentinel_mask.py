@@ -36,11 +36,13 @@ def masks_sentinel_rows(node: fx.Node, permute: MoEPermuteNode, method: str) -> 
     c = ir.call(ids)
     if not (isinstance(bound, int) and bound >= permute.num_experts and c is not None and c.op == "getitem"):
         return False
-    position = {n: i for i, n in enumerate(node.graph.nodes)}
+    first_reader = ids.next
+    while first_reader not in ids.users:
+        first_reader = first_reader.next
     return (
         c.args[1] is permute.output("order")
         and moe_indices.flat_source(c.args[0]) is permute.indices
-        and min(ids.users, key=position.__getitem__) is compare
+        and first_reader is compare
     )
 
 

@@ -111,7 +111,8 @@ def hf_sparse_moe(
         raise ValueError(f"unknown MoE family {family!r}; choose from mixtral, qwen3_moe")
     config._experts_implementation = "grouped_mm"
     block = Block(config)
-    block.experts._is_expert_parallel = expert_parallel_masks or getattr(block.experts, "_is_expert_parallel", False)
+    if expert_parallel_masks:
+        block.experts._is_expert_parallel = True
     with torch.no_grad():
         for parameter in block.parameters():  # a bare block is not initialized
             parameter.normal_(0, parameter.shape[-1] ** -0.5)
