@@ -23,6 +23,8 @@ DEFAULT_FP8 = ("tensorwise", "rowwise")
 # torchao configs primus_turbo runs on its own fp8_linear (a column of the torchao model compiled by primus_turbo).
 TORCHAO_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 TORCHAO_ON_OURS = ("tensorwise", "rowwise")
+# The peer libraries whose columns a run adds where they are installed (run_model --peers).
+PEERS = ("torchao", "liger")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,9 +154,10 @@ def for_run(args, work, device: str) -> list[Column]:
     """Every column of a run on ``work`` (a ``models.Workload``), in the table's order."""
     recipes = [recipe for recipe in args.fp8.split(",") if recipe]
     impls = [impl for impl in args.impl.split(",") if impl]
+    peers = args.peers.split(",")
     return [
         *BASELINES,
         *ours(recipes, impls, args.column),
-        *torchao_columns(recipes, device, work.moe),
-        *liger_columns(work.base, work.hf),
+        *(torchao_columns(recipes, device, work.moe) if "torchao" in peers else []),
+        *(liger_columns(work.base, work.hf) if "liger" in peers else []),
     ]

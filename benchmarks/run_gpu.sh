@@ -7,7 +7,7 @@
 #   profile: profiler tables; costs: the FP8 cost table of this GPU (benchmarks/cost_table.py), from grouped GEMMs and
 #   linears measured fwd+bwd; memory: the main job beside FP8 columns that save no W^T (save_weight_t's cost in time
 #   against the memory it holds); moe: transformers' Mixtral and Qwen3-MoE with their kernel lists, FP8 experts forced
-#   beside auto's choice.
+#   beside auto's choice; both without the peers' columns.
 #   TESTS="lowering_tests/system/test_gpu.py ..." limits the tests; MODEL_ARGS, GEMM_AR_ARGS, FSDP2_ARGS add arguments
 #   to that step; TESTS_TIMEOUT bounds the tests (s); MAX_JOBS sets the native build's jobs; INSTALLED=1 skips the
 #   install.
@@ -66,9 +66,9 @@ for step in "${steps[@]}"; do
            bench bench_fp8 python3 -m benchmarks.bench_fp8
            python3 -m benchmarks.cost_table "$OUT"/grouped_mm*.json "$OUT"/fp8*.json --out "$OUT" ;;
     model) bench run_model python3 -m benchmarks.run_model ${MODEL_ARGS:-} ;;
-    moe) bench run_model python3 -m benchmarks.run_model --hf mixtral-8x7b,qwen3-30b-a3b --kernels 30 --snr-inputs 1 \
+    moe) bench run_model python3 -m benchmarks.run_model --hf mixtral-8x7b,qwen3-30b-a3b --kernels 30 --snr-inputs 1 --peers '' \
            --column 'fp8 rowwise experts={"fp8": {"recipe": "rowwise", "experts": true}}' ;;
-    memory) bench run_model python3 -m benchmarks.run_model --hf llama3-8b,phi3-mini --snr-inputs 1 \
+    memory) bench run_model python3 -m benchmarks.run_model --hf llama3-8b,phi3-mini --snr-inputs 1 --peers '' \
               --column 'fp8 tensorwise no W^T={"fp8": {"recipe": "tensorwise", "save_weight_t": false}}' \
               --column 'fp8 rowwise no W^T={"fp8": {"recipe": "rowwise", "save_weight_t": false}}' ;;
     convergence) bench convergence python3 -m benchmarks.convergence ;;

@@ -22,7 +22,7 @@ import torch
 
 import turbo_inductor
 from benchmarks import chart, goals, models, record
-from benchmarks.columns import DEFAULT_FP8, for_run
+from benchmarks.columns import DEFAULT_FP8, PEERS, for_run
 from benchmarks.measure import accuracy, measure, saved_for_backward, triton_knobs, warm_up_compiler
 
 CPU_NOTE = "On CPU: timings are CPU wall-clock times, not GPU figures; GPU time, peak memory and goals are GPU-only."
@@ -79,6 +79,12 @@ def add_workload_arguments(parser: argparse.ArgumentParser, on_gpu: bool) -> Non
         metavar="NAME=JSON",
         help='a primus_turbo column with these backend options, e.g. \'fp8 no norms={"fp8": '
         '"tensorwise", "rmsnorm": false}\' (repeatable)',
+    )
+    parser.add_argument(
+        "--peers",
+        default=",".join(PEERS),
+        help=f"the peer libraries' columns, comma-separated from {','.join(PEERS)}, each where it is installed "
+        "(empty: none)",
     )
     parser.add_argument("--mode", default="train", choices=("train", "inference"))
 
@@ -156,6 +162,9 @@ def check(parser: argparse.ArgumentParser, args) -> None:
                 raise ValueError("not a JSON object")
         except ValueError as error:
             parser.error(f"--column {column!r}: expected NAME=JSON-object ({error})")
+    unknown_peers = {peer for peer in args.peers.split(",") if peer} - set(PEERS)
+    if unknown_peers:
+        parser.error(f"--peers: unknown {sorted(unknown_peers)}; choose from {list(PEERS)}")
     if args.hf is not None and args.config is not None:
         parser.error("--config and --hf: give one of them")
     if (args.tiny or args.shrink != 1) and args.config is not None:

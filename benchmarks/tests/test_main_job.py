@@ -87,10 +87,10 @@ def test_main_job_runs_and_reports_every_column(capsys, tmp_path):
         assert not any("gpu_ms" in c or "peak_gib" in c for c in columns)
 
 
-def test_main_job_trains_transformers_models_with_their_loss(capsys, tmp_path, monkeypatch):
+def test_main_job_trains_transformers_models_with_their_loss(capsys, tmp_path):
     """--hf: transformers' own causal LMs (tiny on CPU), LM head and loss included. Each model gets its rows, the
     rewrites its family's spelling allows, and the SNR of its loss and worst parameter gradient against Inductor, in
-    strict JSON. torchao's columns are left out here: test_main_job_runs_and_reports_every_column runs them.
+    strict JSON. torchao's columns are left out (--peers liger): test_main_job_runs_and_reports_every_column runs them.
     Liger-Kernel's columns follow, compiled by Inductor and by primus_turbo: on a GPU measured alike; on a CPU its
     Triton kernels fail to compile (Triton's interpreter under Dynamo), and each column reports its error. Either way
     Liger's replacements in transformers' Qwen2 module are undone after its columns."""
@@ -99,14 +99,13 @@ def test_main_job_trains_transformers_models_with_their_loss(capsys, tmp_path, m
     replaced = ("apply_rotary_pos_emb", "Qwen2RMSNorm", "Qwen2MLP")  # by Liger, for every model of the family
     before = {name: getattr(modeling_qwen2, name) for name in replaced}
     forward = modeling_qwen2.Qwen2ForCausalLM.forward
-    monkeypatch.setattr(column_table, "TORCHAO_RECIPES", ())
-    monkeypatch.setattr(column_table, "TORCHAO_ON_OURS", ())
     arguments = ["--hf", "qwen2.5-7b", "--tiny", "--layers", "1", "--seq", "16", "--fp8", "rowwise", "--warm-compile"]
+    arguments += ["--peers", "liger"]
     run_model.main(arguments + ["--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert {name: getattr(modeling_qwen2, name) for name in replaced} == before
     assert modeling_qwen2.Qwen2ForCausalLM.forward is forward
-    path = tmp_path / "model_hf_qwen2.5-7b_train_fp8-rowwise_layers-1_seq-16.json"
+    path = tmp_path / "model_hf_qwen2.5-7b_train_fp8-rowwise_layers-1_seq-16_peers-liger.json"
     written = read_json(path)
     assert written["configuration"]["hf"] == "qwen2.5-7b"
     assert written["configuration"]["models"]["qwen2.5-7b"] == {
@@ -208,13 +207,12 @@ def test_main_job_measures_inference_and_a_column_of_any_backend_options(capsys,
     assert "inference" in out and "dx SNR" not in out
 
 
-def test_main_job_measures_frozen_inference(tmp_path, monkeypatch):
+def test_main_job_measures_frozen_inference(tmp_path):
+    """No peers' columns: test_main_job_runs_and_reports_every_column runs them."""
     import torch
 
-    monkeypatch.setattr(column_table, "TORCHAO_RECIPES", ())  # test_main_job_runs_and_reports_every_column runs them
-    monkeypatch.setattr(column_table, "TORCHAO_ON_OURS", ())
-    tiny_main_job(tmp_path, "--fp8", "rowwise", "--mode", "inference", "--freezing")
-    written = read_json(tmp_path / "model_tiny_inference_fp8-rowwise_layers-1_seq-16_freezing.json")
+    tiny_main_job(tmp_path, "--fp8", "rowwise", "--mode", "inference", "--freezing", "--peers", "")
+    written = read_json(tmp_path / "model_tiny_inference_fp8-rowwise_layers-1_seq-16_peers-none_freezing.json")
     assert written["configuration"]["freezing"] is True
     fp8 = next(c for c in written["rows"] if c["column"] == "primus_turbo fp8 rowwise")
     assert fp8["rewrites"]["fp8"] == 4 and fp8["out_snr_db"] > 25
@@ -223,12 +221,11 @@ def test_main_job_measures_frozen_inference(tmp_path, monkeypatch):
         run_model.main(["--freezing"])
 
 
-def test_training_with_frozen_linears_under_autocast(tmp_path, monkeypatch):
-    """torchao's columns are left out: test_main_job_runs_and_reports_every_column runs them."""
-    monkeypatch.setattr(column_table, "TORCHAO_RECIPES", ())
-    monkeypatch.setattr(column_table, "TORCHAO_ON_OURS", ())
-    tiny_main_job(tmp_path, "--fp8", "rowwise", "--frozen-linears", "--autocast")
-    written = read_json(tmp_path / "model_tiny_train_fp8-rowwise_layers-1_seq-16_frozen-linears_autocast.json")
+def test_training_with_frozen_linears_under_autocast(tmp_path):
+    """No peers' columns: test_main_job_runs_and_reports_every_column runs them."""
+    tiny_main_job(tmp_path, "--fp8", "rowwise", "--frozen-linears", "--autocast", "--peers", "")
+    name = "model_tiny_train_fp8-rowwise_layers-1_seq-16_peers-none_frozen-linears_autocast.json"
+    written = read_json(tmp_path / name)
     configuration = written["configuration"]
     assert configuration["frozen_linears"] is True and configuration["autocast"] is True
     fp8 = next(c for c in written["rows"] if c["column"] == "primus_turbo fp8 rowwise")
@@ -271,6 +268,7 @@ def test_a_bad_column_is_named(capsys, column):
         (["--config", "tiny", "--shrink", "8"], "--tiny and --shrink go with --hf"),
         (["--hf", "llama3-8b", "--tiny", "--shrink", "8"], "--tiny or --shrink: give one of them"),
         (["--hf", "llama3-8b", "--shrink", "0"], "--shrink must be at least 1, got 0"),
+        (["--hf", "llama3-8b", "--peers", "torchao,apex"], "--peers: unknown ['apex']"),
     ],
 )
 def test_an_unknown_model_is_named(capsys, arguments, error):
