@@ -278,6 +278,15 @@ class PassManager(CustomGraphPass):
             record.seconds[rewrite.name] += time.perf_counter() - start
             log.info("primus_turbo: replaced %d %s in %.3f s", count, rewrite.name, record.seconds[rewrite.name])
 
+    def __getstate__(self) -> dict:
+        # torch 2.11 pickles the Inductor config, this manager included, into its cache keys. The record (counts,
+        # timings) is what a compile did, not what the passes do: pickled, it would make every key new.
+        return {"passes": self.passes, "options": self.options}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.record = CompileRecord()
+
     def uuid(self) -> str:
         """The cache tag: the sources, the options, the rank layout, and what decides the kernels compiled code
         calls (versions, device, native build, implementations: ``environment.identity``)."""
