@@ -1,6 +1,8 @@
-"""FP8 quantization (tensorwise and rowwise, row-major, transposed and both layouts) of a Llama-3-8B layer's operands
-on the GPU: the reference eager and compiled by Inductor, the Triton kernels and the native ones where built.
-``python -m benchmarks.bench_fp8_quant [--shapes 8192x4096,...] [--heuristics default,...]``"""
+"""FP8 quantization on the GPU, each kernel's GPU time against a copy of the same tensor: a Llama-3-8B layer's
+operands (tensorwise and rowwise, row-major, transposed and both layouts) and, with ``--moe``, an MoE layer's expert
+operands (x and dy grouped and transposed per expert, W in both per-expert layouts). Backends: the reference eager and
+compiled by Inductor, the Triton kernels (with launch-heuristic variants) and the native ones where built.
+``python -m benchmarks.bench_fp8_quant [--shapes 8192x4096,...] [--heuristics default,...] [--moe mixtral-8x7b]``"""
 
 from __future__ import annotations
 
@@ -9,34 +11,73 @@ import argparse
 import torch
 
 from benchmarks import record
-from benchmarks.common import available_impls, bench_ms, print_table
+from benchmarks.bench_grouped_mm import CONFIGS, TOKENS, projections, routing
+from benchmarks.common import available_impls, bench_ms, gpu_ms, print_table
 
 # [rows, cols] of operands at batch 2 x seq 4096: x and dy (K 4096), the down projection's x (K 14336), a weight.
 SHAPES = "8192x4096,8192x14336,4096x14336"
-# Launch-heuristic variants (module constants of kernels.triton.fp8_quant).
+# Launch-heuristic variants: module constants of kernels.triton.fp8_quant (HEURISTICS) and of
+# kernels.triton.fp8_quant_grouped (GROUPED_HEURISTICS).
 HEURISTICS = {
     "default": {},
     "long rows in two passes (MAX_TILE_ELEMENTS=8192)": {"MAX_TILE_ELEMENTS": 8192},
     "bigger tiles (TILE_ELEMENTS=8192)": {"TILE_ELEMENTS": 8192},
     "8 elements per thread": {"ELEMENTS_PER_THREAD": 8},
 }
+GROUPED_HEURISTICS = {
+    "default": {},
+    "256 rows a step at 8 warps": {"BLOCK_ROWS": 256, "NUM_WARPS": 8},
+    "128 rows a step at 8 warps": {"BLOCK_ROWS": 128, "NUM_WARPS": 8},
+    "4 programs per SM": {"PROGRAMS_PER_SM": 4},
+    "128 columns an item": {"BLOCK_COLS": 128},
+}
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("``")[0])
-    parser.add_argument("--shapes", default=SHAPES, help="rows x columns, comma-separated")
-    parser.add_argument("--heuristics", default="default", help=f"comma-separated, of {sorted(HEURISTICS)}")
-    parser.add_argument("--out", default=None, help="folder for the JSON (default: $OUT, else benchmarks/out)")
-    args = parser.parse_args(argv)
+def measure(rows: list, shape: str, mode: str, variants, call, moved_bytes: int, copy_tbps: float) -> None:
+    """Appends a row per (backend, constants, fn) of ``variants``: ``call(fn)`` timed, its GPU time as TB/s of the
+    bytes an ideal kernel moves (each input read once, each output written once), and that as % of the copy's."""
+    for name, (module, constants), fn in variants:
+        saved = {constant: getattr(module, constant) for constant in constants}
+        for constant, value in constants.items():
+            setattr(module, constant, value)
+        try:
+            run = lambda: call(fn)  # noqa: E731
+            ms, gpu = bench_ms(run), gpu_ms(run)
+        finally:
+            for constant, value in saved.items():
+                setattr(module, constant, value)
+        rate = moved_bytes / gpu / 1e9
+        rows.append(
+            {"shape": shape, "mode": mode, "backend": name, "ms": ms, "gpu_ms": gpu, "rate": rate}
+            | {"copy_pct": 100 * rate / copy_tbps}
+        )
+
+
+def copy_rate(x: torch.Tensor) -> float:
+    """TB/s of a copy of ``x`` in GPU time (it reads and writes x's bytes once)."""
+    return 2 * x.nbytes / gpu_ms(lambda: x.clone()) / 1e9
+
+
+def layer_rows(shapes: str, heuristics: list[str]) -> list[dict]:
     from turbo_inductor.kernels import registry
     from turbo_inductor.kernels.reference import fp8_quant as reference
     from turbo_inductor.kernels.triton import fp8_quant as triton_fp8
 
-    compiled_reference = torch.compile(reference.fp8_quantize)
-    defaults = {name: getattr(triton_fp8, name) for variant in HEURISTICS.values() for name in variant}
+    backends = [("eager", (triton_fp8, {}), reference.fp8_quantize)]
+    backends += [("inductor", (triton_fp8, {}), torch.compile(reference.fp8_quantize))]
+    backends += [
+        ("triton" if name == "default" else f"triton: {name}", (triton_fp8, HEURISTICS[name]), triton_fp8.fp8_quantize)
+        for name in heuristics
+    ]
+    backends += [
+        ("native", (triton_fp8, {}), registry.implementations("fp8_quantize")["native"].fn)
+        for _ in available_impls("fp8_quantize", ("native",))
+    ]
     rows = []
-    for M, K in (map(int, shape.split("x")) for shape in args.shapes.split(",")):
+    for M, K in (map(int, shape.split("x")) for shape in shapes.split(",")):
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        copy_tbps = copy_rate(x)
+        print(f"copy {M}x{K}: {copy_tbps:.2f} TB/s")
         whole = max(M, K)  # the whole dimension in either layout
         # mode: (blocks, transpose, both layouts); a transposed operand's rowwise blocks are x's columns.
         modes = {
@@ -48,31 +89,74 @@ def main(argv=None):
             "rowwise both layouts": ((1, whole), False, True),
         }
         for mode, (blocks, transpose, both) in modes.items():
-            args_ = (x, torch.float8_e4m3fn, *blocks, transpose)
-            variants = [("eager", {}, reference.fp8_quantize), ("inductor", {}, compiled_reference)]
-            variants += [
-                ("triton" if name == "default" else f"triton: {name}", HEURISTICS[name], triton_fp8.fp8_quantize)
-                for name in args.heuristics.split(",")
-            ]
-            variants += [
-                ("native", {}, registry.implementations("fp8_quantize")["native"].fn)
-                for _ in available_impls("fp8_quantize", ("native",))
-            ]
-            for name, constants, quantize in variants:
-                for constant, value in {**defaults, **constants}.items():
-                    setattr(triton_fp8, constant, value)
-                ms = bench_ms(lambda: quantize(*args_, both_layouts=both))
-                rows.append(
-                    {
-                        "shape": f"{M}x{K}",
-                        "mode": mode,
-                        "backend": name,
-                        "ms": ms,
-                        "rate": (4 if both else 3) * x.numel() / ms / 1e9,
-                    }
-                )
-        copy_ms = bench_ms(lambda: x.clone())
-        print(f"copy {M}x{K}: {copy_ms:.4f} ms, {2 * x.nbytes / copy_ms / 1e9:.2f} TB/s")
+            call = lambda fn, blocks=blocks, transpose=transpose, both=both: fn(  # noqa: E731
+                x, torch.float8_e4m3fn, *blocks, transpose, both_layouts=both
+            )
+            measure(rows, f"{M}x{K}", mode, backends, call, (4 if both else 3) * x.numel(), copy_tbps)
+    return rows
+
+
+def moe_rows(configs: list[str], heuristics: list[str]) -> list[dict]:
+    """Per MoE config and projection: x [rows, K] and dy [rows, N] quantized grouped and transposed per expert (the
+    wgrad's operands), and W [E, K, N] in both per-expert rowwise layouts (the forward's and the dgrad's), as the FP8
+    grouped GEMM quantizes them."""
+    from turbo_inductor.kernels import registry
+    from turbo_inductor.kernels.triton import fp8_quant as triton_fp8
+    from turbo_inductor.kernels.triton import fp8_quant_grouped as triton_grouped
+    from turbo_inductor.ops.fp8_operands import weight_operands
+
+    # No eager or Inductor rows: at these sizes the reference's compile and run cost more than every kernel measured.
+    grouped = [
+        (
+            "triton" if name == "default" else f"triton: {name}",
+            (triton_grouped, GROUPED_HEURISTICS[name]),
+            triton_grouped.fp8_quantize_grouped,
+        )
+        for name in heuristics
+    ]
+    weights = [("triton", (triton_fp8, {}), triton_fp8.fp8_quantize)]
+    weights += [
+        ("native", (triton_fp8, {}), registry.implementations("fp8_quantize")["native"].fn)
+        for _ in available_impls("fp8_quantize", ("native",))
+    ]
+    rows = []
+    for config in configs:
+        experts, top_k, _, _ = CONFIGS[config]
+        torch.manual_seed(0)
+        offs = routing(TOKENS, experts, top_k)
+        for projection, (k, n) in projections(config).items():
+            for operand, cols in (("x", k), ("dy", n)):
+                t = torch.randn(TOKENS * top_k, cols, device="cuda", dtype=torch.bfloat16)
+                shape = f"{config} {projection} {operand} [{t.shape[0]}, {cols}]"
+                call = lambda fn, t=t: fn(t, offs, torch.float8_e4m3fn)  # noqa: E731
+                measure(rows, shape, "grouped transposed", grouped, call, 3 * t.numel(), copy_rate(t))
+            # The parameter as transformers and bench_grouped_mm hold it, [E, N, K], read as W [E, K, N].
+            weight = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16).transpose(-2, -1)
+            shape = f"{config} {projection} W [{experts}, {k}, {n}]"
+            call = lambda fn, w=weight: weight_operands(w, "rowwise", fn, True, True)  # noqa: E731
+            measure(rows, shape, "rowwise both layouts", weights, call, 4 * weight.numel(), copy_rate(weight))
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("``")[0])
+    parser.add_argument("--shapes", default=SHAPES, help="rows x columns, comma-separated (empty: none)")
+    parser.add_argument(
+        "--heuristics", default="default", help=f"comma-separated, of {sorted(HEURISTICS | GROUPED_HEURISTICS)}, or all"
+    )
+    parser.add_argument(
+        "--moe", default="", help=f"MoE configs' expert operands, comma-separated, of {sorted(CONFIGS)}"
+    )
+    parser.add_argument("--out", default=None, help="folder for the JSON (default: $OUT, else benchmarks/out)")
+    args = parser.parse_args(argv)
+    every = HEURISTICS | GROUPED_HEURISTICS
+    heuristics = list(every) if args.heuristics == "all" else [name for name in args.heuristics.split(",") if name]
+    unknown = [name for name in heuristics if name not in every]
+    configs = [config for config in args.moe.split(",") if config]
+    if unknown or not set(configs) <= CONFIGS.keys():
+        parser.error(f"unknown heuristics {unknown} or MoE configs {sorted(set(configs) - CONFIGS.keys())}")
+    rows = layer_rows(args.shapes, [h for h in heuristics if h in HEURISTICS]) if args.shapes else []
+    rows += moe_rows(configs, [h for h in heuristics if h in GROUPED_HEURISTICS])
     print_table("fp8_quant", rows)
     record.write("fp8_quant", record.changed_options(parser, args, ignore={"out"}), vars(args), rows, args.out)
 

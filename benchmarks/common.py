@@ -108,23 +108,31 @@ def bench_backends(
 
 
 def print_table(name: str, rows: list[dict], rate_unit: str = "TB/s") -> None:
-    """Adds to each row its ratio to Inductor's row of the same shape and mode (``speedup_vs_inductor``; with GPU
-    times also ``gpu_speedup_vs_inductor``) and prints the rows as a markdown table."""
+    """Adds to each row its ratio to Inductor's row of the same shape and mode, where one was measured
+    (``speedup_vs_inductor``; with GPU times also ``gpu_speedup_vs_inductor``) and prints the rows as a markdown
+    table."""
     gpu = all("gpu_ms" in row for row in rows)
+    copy = all("copy_pct" in row for row in rows)  # the rate as % of a copy's of the same tensor
     print(f"\n{name}:")
     print(
-        f"| shape | mode | backend | ms | {'GPU ms | ' if gpu else ''}{rate_unit} | speedup vs inductor |"
-        + (" GPU-time speedup |" if gpu else "")
+        f"| shape | mode | backend | ms | {'GPU ms | ' if gpu else ''}{rate_unit} | {'% of copy | ' if copy else ''}"
+        "speedup vs inductor |" + (" GPU-time speedup |" if gpu else "")
     )
-    print("|---|---|---|---|---|---|" + ("---|---|" if gpu else ""))
+    print("|---|---|---|---|---|---|" + ("---|" if copy else "") + ("---|---|" if gpu else ""))
     for row in rows:
         base = next(
-            r for r in rows if r["shape"] == row["shape"] and r["mode"] == row["mode"] and r["backend"] == "inductor"
+            (r for r in rows if r["shape"] == row["shape"] and r["mode"] == row["mode"] and r["backend"] == "inductor"),
+            None,
         )
-        row["speedup_vs_inductor"] = base["ms"] / row["ms"]
         line = f"| {row['shape']} | {row['mode']} | {row['backend']} | {row['ms']:.4f} | "
         if gpu:
-            row["gpu_speedup_vs_inductor"] = base["gpu_ms"] / row["gpu_ms"]
             line += f"{row['gpu_ms']:.4f} | "
-        line += f"{row['rate']:.2f} | {row['speedup_vs_inductor']:.2f}x |"
+        line += f"{row['rate']:.2f} | " + (f"{row['copy_pct']:.0f}% | " if copy else "")
+        if base is None:
+            print(line + " - |" + (" - |" if gpu else ""))
+            continue
+        row["speedup_vs_inductor"] = base["ms"] / row["ms"]
+        line += f"{row['speedup_vs_inductor']:.2f}x |"
+        if gpu:
+            row["gpu_speedup_vs_inductor"] = base["gpu_ms"] / row["gpu_ms"]
         print(line + (f" {row['gpu_speedup_vs_inductor']:.2f}x |" if gpu else ""))

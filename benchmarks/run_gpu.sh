@@ -2,7 +2,8 @@
 # The GPU machine's work in one call (device tool): install, then each step; each benchmark's log and JSON land in $OUT.
 #   bash benchmarks/run_gpu.sh [STEP...]   (default: all)
 #   all = model rmsnorm glu fp8_quant convergence fp8: every single-GPU benchmark, the main job first (nvidia-h200);
-#   grouped_mm: MoE expert GEMMs; gemm_ar, fsdp2: on every GPU of the host (kind nvidia-h200-x2); quick: the tests
+#   grouped_mm: MoE expert GEMMs; fp8_quant_moe: their operands' quantization kernels against a copy, with the grouped
+#   kernel's launch-heuristic variants; gemm_ar, fsdp2: on every GPU of the host (kind nvidia-h200-x2); quick: the tests
 #   marked gpu_quick, every GPU session's first step; tests: the test suite (lowering_tests, benchmarks/tests);
 #   profile: profiler tables; costs: the FP8 cost table of this GPU (benchmarks/cost_table.py), from grouped GEMMs and
 #   linears measured fwd+bwd; memory: the main job beside FP8 columns that save no W^T (save_weight_t's cost in time
@@ -61,6 +62,8 @@ for step in "${steps[@]}"; do
     glu) bench bench_glu python3 -m benchmarks.bench_glu ;;
     fp8) bench bench_fp8 python3 -m benchmarks.bench_fp8 ;;
     fp8_quant) bench bench_fp8_quant python3 -m benchmarks.bench_fp8_quant ;;
+    fp8_quant_moe) bench bench_fp8_quant python3 -m benchmarks.bench_fp8_quant --shapes '' \
+                     --moe mixtral-8x7b,qwen3-30b-a3b --heuristics all ;;
     grouped_mm) bench bench_grouped_mm python3 -m benchmarks.bench_grouped_mm ${GROUPED_MM_ARGS:-} ;;
     costs) bench bench_grouped_mm python3 -m benchmarks.bench_grouped_mm --modes fwd+bwd
            bench bench_fp8 python3 -m benchmarks.bench_fp8
