@@ -375,6 +375,19 @@ def test_triton_two_pass_path(tiny_tiles, monkeypatch, block, transpose):
     )
 
 
+@pytest.mark.parametrize("experts, rows", [(4, 32), (3, 48)])
+def test_per_expert_column_blocks_reduce_several_tiles_of_one_expert_per_program(tiny_tiles, experts, rows):
+    """An MoE weight's transposed rowwise operand: a column block per expert's rows. An amax program reduces several
+    tiles, all of one expert: its four 8-row tiles for 32 rows, pairs of its six for 48."""
+    M, K = experts * rows, 24
+    tiling = triton_fp8.fp8_tiling(M, K, rows, 1, True)
+    row_tiles = triton_fp8.amax_row_tiles(tiling, M, K, rows, experts)
+    assert not tiling.fused and rows % (tiling.tile_rows * row_tiles) == 0
+    assert tiling.tile_rows == 8 and row_tiles == (4 if rows == 32 else 2), (tiling, row_tiles)
+    x = _rand(M, K, torch.bfloat16, seed=29)
+    _check("triton", x, torch.float8_e4m3fn, rows, 1, True)
+
+
 def _both_layouts_block(name, M, K):
     """A block for both layouts: the whole dimension as the larger of the two, which spans it in either layout."""
     br, bc, pow2 = BLOCKS[name]

@@ -126,6 +126,22 @@ def fp8_tiling(M: int, K: int, block_rows: int, block_cols: int, transpose: bool
     return Fp8Tiling(False, sr, sc, tr // sr, tc // sc, num_warps_for(tr * tc))
 
 
+def amax_row_tiles(tiling: Fp8Tiling, M: int, K: int, block_rows: int, n_block_rows: int) -> int:
+    """Tiles, one below the other, that one program of the two-pass amax reduces: doubled while more than
+    AMAX_PROGRAMS programs remain and a program's tiles stay within one block (a block spanning all rows, or an MoE
+    weight's per-expert column blocks). Each program writes one partial per sub-tile column: fewer to write and
+    reduce (a Mixtral expert weight's transposed operand wrote 117 MB of them, one per 32 rows)."""
+    n_tile_rows, n_tile_cols = triton.cdiv(M, tiling.tile_rows), triton.cdiv(K, tiling.tile_cols)
+    row_tiles = 1
+    while (
+        (n_block_rows == 1 or block_rows % (tiling.tile_rows * row_tiles * 2) == 0)
+        and row_tiles * 2 <= n_tile_rows
+        and n_tile_rows * n_tile_cols // row_tiles > AMAX_PROGRAMS
+    ):
+        row_tiles *= 2
+    return row_tiles
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Kernels
 # --------------------------------------------------------------------------------------------------------------
@@ -423,9 +439,7 @@ def fp8_quantize(
                 )
             return outputs()
         n_tile_rows = triton.cdiv(M, tiling.tile_rows)
-        row_tiles = 1
-        while n_br == 1 and row_tiles * 2 <= n_tile_rows and n_tile_rows * n_tile_cols // row_tiles > AMAX_PROGRAMS:
-            row_tiles *= 2
+        row_tiles = amax_row_tiles(tiling, M, K, br, n_br)
         n_partial_rows = triton.cdiv(n_tile_rows, row_tiles) * tiling.group_rows
         n_partial_cols = triton.cdiv(K, tiling.sub_cols)
         partial = torch.empty((n_partial_rows, n_partial_cols), dtype=torch.float32, device=x.device)
@@ -450,7 +464,7 @@ def fp8_quantize(
             **constexprs,
         )
         # Sub-tiles per block (all of them along a dim that one block spans).
-        rows_per_block = n_partial_rows if n_br == 1 else br // tiling.sub_rows
+        rows_per_block = n_partial_rows if n_br == 1 else br // (tiling.sub_rows * row_tiles)
         cols_per_block = n_partial_cols if n_bc == 1 else bc // tiling.sub_cols
         # Column blocks one partial wide: SCALE_BLOCKS_PER_PROGRAM per program, reading coalesced rows.
         # One program per block would read a strided column each.
@@ -504,6 +518,7 @@ def fp8_quantize(
 __all__ = [
     "fp8_quantize",
     "fp8_tiling",
+    "amax_row_tiles",
     "Fp8Tiling",
     "num_warps_for",
     "store_fp8_row_blocks",
