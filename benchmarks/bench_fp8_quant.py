@@ -33,10 +33,11 @@ GROUPED_HEURISTICS = {
 }
 
 
-def measure(rows: list, shape: str, mode: str, variants, call, moved_bytes: int, copy_tbps: float) -> None:
-    """Appends a row per (backend, constants, fn) of ``variants``: ``call(fn)`` timed, its GPU time as TB/s of the
-    bytes an ideal kernel moves (each input read once, each output written once), and that as % of the copy's."""
-    for name, (module, constants), fn in variants:
+def measure(rows: list, shape: str, mode: str, module, variants, call, moved_bytes: int, copy_tbps: float) -> None:
+    """Appends a row per (backend, fn, constants of ``module`` it sets) of ``variants``: ``call(fn)`` timed, its GPU
+    time as TB/s of the bytes an ideal kernel moves (each input read once, each output written once), and that as %
+    of the copy's."""
+    for name, fn, constants in variants:
         saved = {constant: getattr(module, constant) for constant in constants}
         for constant, value in constants.items():
             setattr(module, constant, value)
@@ -53,26 +54,32 @@ def measure(rows: list, shape: str, mode: str, variants, call, moved_bytes: int,
         )
 
 
+def triton_variants(fn, table: dict, names: list[str]) -> list[tuple]:
+    """The Triton kernel ``fn`` under each named launch-heuristic variant of ``table``."""
+    return [("triton" if name == "default" else f"triton: {name}", fn, table[name]) for name in names]
+
+
+def native_quantize() -> list[tuple]:
+    """The native quantization kernel, where built."""
+    from turbo_inductor.kernels import registry
+
+    return [
+        ("native", registry.implementations("fp8_quantize")["native"].fn, {})
+        for _ in available_impls("fp8_quantize", ("native",))
+    ]
+
+
 def copy_rate(x: torch.Tensor) -> float:
     """TB/s of a copy of ``x`` in GPU time (it reads and writes x's bytes once)."""
     return 2 * x.nbytes / gpu_ms(lambda: x.clone()) / 1e9
 
 
 def layer_rows(shapes: str, heuristics: list[str]) -> list[dict]:
-    from turbo_inductor.kernels import registry
     from turbo_inductor.kernels.reference import fp8_quant as reference
     from turbo_inductor.kernels.triton import fp8_quant as triton_fp8
 
-    backends = [("eager", (triton_fp8, {}), reference.fp8_quantize)]
-    backends += [("inductor", (triton_fp8, {}), torch.compile(reference.fp8_quantize))]
-    backends += [
-        ("triton" if name == "default" else f"triton: {name}", (triton_fp8, HEURISTICS[name]), triton_fp8.fp8_quantize)
-        for name in heuristics
-    ]
-    backends += [
-        ("native", (triton_fp8, {}), registry.implementations("fp8_quantize")["native"].fn)
-        for _ in available_impls("fp8_quantize", ("native",))
-    ]
+    backends = [("eager", reference.fp8_quantize, {}), ("inductor", torch.compile(reference.fp8_quantize), {})]
+    backends += triton_variants(triton_fp8.fp8_quantize, HEURISTICS, heuristics) + native_quantize()
     rows = []
     for M, K in (map(int, shape.split("x")) for shape in shapes.split(",")):
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
@@ -92,7 +99,7 @@ def layer_rows(shapes: str, heuristics: list[str]) -> list[dict]:
             call = lambda fn, blocks=blocks, transpose=transpose, both=both: fn(  # noqa: E731
                 x, torch.float8_e4m3fn, *blocks, transpose, both_layouts=both
             )
-            measure(rows, f"{M}x{K}", mode, backends, call, (4 if both else 3) * x.numel(), copy_tbps)
+            measure(rows, f"{M}x{K}", mode, triton_fp8, backends, call, (4 if both else 3) * x.numel(), copy_tbps)
     return rows
 
 
@@ -100,25 +107,13 @@ def moe_rows(configs: list[str], heuristics: list[str]) -> list[dict]:
     """Per MoE config and projection: x [rows, K] and dy [rows, N] quantized grouped and transposed per expert (the
     wgrad's operands), and W [E, K, N] in both per-expert rowwise layouts (the forward's and the dgrad's), as the FP8
     grouped GEMM quantizes them."""
-    from turbo_inductor.kernels import registry
     from turbo_inductor.kernels.triton import fp8_quant as triton_fp8
     from turbo_inductor.kernels.triton import fp8_quant_grouped as triton_grouped
     from turbo_inductor.ops.fp8_operands import weight_operands
 
     # No eager or Inductor rows: at these sizes the reference's compile and run cost more than every kernel measured.
-    grouped = [
-        (
-            "triton" if name == "default" else f"triton: {name}",
-            (triton_grouped, GROUPED_HEURISTICS[name]),
-            triton_grouped.fp8_quantize_grouped,
-        )
-        for name in heuristics
-    ]
-    weights = [("triton", (triton_fp8, {}), triton_fp8.fp8_quantize)]
-    weights += [
-        ("native", (triton_fp8, {}), registry.implementations("fp8_quantize")["native"].fn)
-        for _ in available_impls("fp8_quantize", ("native",))
-    ]
+    grouped = triton_variants(triton_grouped.fp8_quantize_grouped, GROUPED_HEURISTICS, heuristics)
+    weights = triton_variants(triton_fp8.fp8_quantize, HEURISTICS, ["default"]) + native_quantize()
     rows = []
     for config in configs:
         experts, top_k, _, _ = CONFIGS[config]
@@ -129,12 +124,14 @@ def moe_rows(configs: list[str], heuristics: list[str]) -> list[dict]:
                 t = torch.randn(TOKENS * top_k, cols, device="cuda", dtype=torch.bfloat16)
                 shape = f"{config} {projection} {operand} [{t.shape[0]}, {cols}]"
                 call = lambda fn, t=t: fn(t, offs, torch.float8_e4m3fn)  # noqa: E731
-                measure(rows, shape, "grouped transposed", grouped, call, 3 * t.numel(), copy_rate(t))
+                measure(rows, shape, "grouped transposed", triton_grouped, grouped, call, 3 * t.numel(), copy_rate(t))
             # The parameter as transformers and bench_grouped_mm hold it, [E, N, K], read as W [E, K, N].
             weight = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16).transpose(-2, -1)
             shape = f"{config} {projection} W [{experts}, {k}, {n}]"
             call = lambda fn, w=weight: weight_operands(w, "rowwise", fn, True, True)  # noqa: E731
-            measure(rows, shape, "rowwise both layouts", weights, call, 4 * weight.numel(), copy_rate(weight))
+            measure(
+                rows, shape, "rowwise both layouts", triton_fp8, weights, call, 4 * weight.numel(), copy_rate(weight)
+            )
     return rows
 
 
