@@ -18,11 +18,16 @@ from benchmarks.common import available_impls, bench_ms, gpu_ms, print_table
 SHAPES = "8192x4096,8192x14336,4096x14336"
 # Launch-heuristic variants: module constants of kernels.triton.fp8_quant (HEURISTICS) and of
 # kernels.triton.fp8_quant_grouped (GROUPED_HEURISTICS).
+# Both layouts with x^T's blocks a column, as before the row pass wrote column maxima: x read three times.
+BY_TWO_CALLS = "both layouts by two calls (COLUMN_MAXIMA_PROGRAMS=0)"
 HEURISTICS = {
     "default": {},
     "long rows in two passes (MAX_TILE_ELEMENTS=8192)": {"MAX_TILE_ELEMENTS": 8192},
     "bigger tiles (TILE_ELEMENTS=8192)": {"TILE_ELEMENTS": 8192},
     "8 elements per thread": {"ELEMENTS_PER_THREAD": 8},
+    BY_TWO_CALLS: {"COLUMN_MAXIMA_PROGRAMS": 0},
+    "column maxima over 512 programs": {"COLUMN_MAXIMA_PROGRAMS": 512},
+    "column maxima over 2048 programs": {"COLUMN_MAXIMA_PROGRAMS": 2048},
 }
 GROUPED_HEURISTICS = {
     "default": {},
@@ -103,17 +108,19 @@ def layer_rows(shapes: str, heuristics: list[str]) -> list[dict]:
     return rows
 
 
-def moe_rows(configs: list[str], heuristics: list[str]) -> list[dict]:
+def moe_rows(configs: list[str], grouped_heuristics: list[str], heuristics: list[str]) -> list[dict]:
     """Per MoE config and projection: x [rows, K] and dy [rows, N] quantized grouped and transposed per expert (the
     wgrad's operands), and W [E, K, N] in both per-expert rowwise layouts (the forward's and the dgrad's), as the FP8
-    grouped GEMM quantizes them."""
+    grouped GEMM quantizes them: by default, and by two calls, W read three times."""
     from turbo_inductor.kernels.triton import fp8_quant as triton_fp8
     from turbo_inductor.kernels.triton import fp8_quant_grouped as triton_grouped
     from turbo_inductor.ops.fp8_operands import weight_operands
 
     # No eager or Inductor rows: at these sizes the reference's compile and run cost more than every kernel measured.
-    grouped = triton_variants(triton_grouped.fp8_quantize_grouped, GROUPED_HEURISTICS, heuristics)
-    weights = triton_variants(triton_fp8.fp8_quantize, HEURISTICS, ["default"]) + native_quantize()
+    grouped = triton_variants(triton_grouped.fp8_quantize_grouped, GROUPED_HEURISTICS, grouped_heuristics)
+    weight_heuristics = ["default", BY_TWO_CALLS] + [h for h in heuristics if h not in ("default", BY_TWO_CALLS)]
+    # No native row: its kernels cut x^T's columns whole, not per expert.
+    weights = triton_variants(triton_fp8.fp8_quantize, HEURISTICS, weight_heuristics)
     rows = []
     for config in configs:
         experts, top_k, _, _ = CONFIGS[config]
@@ -153,7 +160,9 @@ def main(argv=None):
     if unknown or not set(configs) <= CONFIGS.keys():
         parser.error(f"unknown heuristics {unknown} or MoE configs {sorted(set(configs) - CONFIGS.keys())}")
     rows = layer_rows(args.shapes, [h for h in heuristics if h in HEURISTICS]) if args.shapes else []
-    rows += moe_rows(configs, [h for h in heuristics if h in GROUPED_HEURISTICS])
+    rows += moe_rows(
+        configs, [h for h in heuristics if h in GROUPED_HEURISTICS], [h for h in heuristics if h in HEURISTICS]
+    )
     print_table("fp8_quant", rows)
     record.write("fp8_quant", record.changed_options(parser, args, ignore={"out"}), vars(args), rows, args.out)
 

@@ -439,6 +439,57 @@ def test_both_layouts_from_one_call(impl_name, block, M, K, two_pass, request):
         quantize(x, torch.float8_e4m3fn, br, bc, True, both_layouts=True)
 
 
+def _bits(t):
+    """``t``'s bits, to compare NaN equal to NaN."""
+    return t.view(torch.uint8 if t.element_size() == 1 else torch.int32)
+
+
+@pytest.mark.parametrize(
+    "experts, rows, programs, row_tiles",
+    [(1, 40, 1024, 1), (1, 40, 2, 4), (3, 32, 2, 8), (4, 24, 4, 2)],
+    ids=["rowwise", "rowwise_looping", "per_expert_one_program_each", "per_expert_three_programs_each"],
+)
+def test_both_layouts_with_column_blocks_read_x_twice(monkeypatch, experts, rows, programs, row_tiles):
+    """Both layouts where x^T's blocks are columns of x: rowwise over all rows, or an MoE weight's per-expert rows
+    (``block_cols_t``). The one-pass row kernel also writes column maxima (its programs loop over tiles of one
+    block), which give x^T's scales: bit for bit what two calls give, NaN included, and the float64 oracle's scales."""
+    monkeypatch.setattr(triton_fp8, "TILE_ELEMENTS", 128)  # rows of 24 in 4-row tiles, so that programs loop
+    monkeypatch.setattr(triton_fp8, "COLUMN_MAXIMA_PROGRAMS", programs)
+    original, taken = triton_fp8._rows_and_column_blocks, []
+    monkeypatch.setattr(triton_fp8, "_rows_and_column_blocks", lambda *args: taken.append(args) or original(*args))
+    M, K = experts * rows, 24
+    # Rowwise: blocks of the whole dimension in either layout (as kernel_block gives them); per expert: explicit.
+    block_cols, block_cols_t = (K, rows) if experts > 1 else (M + K + 1, 0)
+    assert triton_fp8.column_maxima_row_tiles(M, K, 1, block_cols, block_cols_t or block_cols) == row_tiles
+    x = _rand(M, K, torch.bfloat16, seed=41)
+    quantize = triton_fp8.fp8_quantize
+    fp8 = torch.float8_e4m3fn
+    q, scale, q_t, scale_t = quantize(x, fp8, 1, block_cols, False, both_layouts=True, block_cols_t=block_cols_t)
+    assert len(taken) == 1
+    oracle = _block_amax64(x, rows, 1).clamp_min(1e-12) / torch.finfo(fp8).max
+    torch.testing.assert_close(scale_t.double().cpu(), oracle.t(), rtol=1e-6, atol=0)
+    x[5, 7] = float("nan")
+    got = quantize(x, fp8, 1, block_cols, False, both_layouts=True, block_cols_t=block_cols_t)
+    want = reference_fp8.both_layouts_by_two_calls(quantize, x, fp8, 1, block_cols, False, block_cols_t)
+    assert len(taken) == 2 and scale_t.shape == (K, experts) and bool(got[3][7].isnan().any())
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.stride() == w.stride() and torch.equal(_bits(g), _bits(w))
+
+
+def test_both_layouts_with_column_blocks_take_two_calls_where_the_row_pass_cannot_give_them():
+    """The column maxima need x's blocks in one pass, room in registers beside the tile, and x^T's blocks one column
+    wide, holding whole row tiles; where x^T's blocks take one pass, two calls read x twice already."""
+    tiles = triton_fp8.column_maxima_row_tiles
+    assert tiles(8192, 4096, 1, 4096, 8192) and tiles(8 * 28672, 4096, 1, 4096, 28672)
+    assert not tiles(8192, 65536, 1, 65536, 8192)  # x's rows take two passes
+    assert tiles(8192, 16384, 1, 16384, 8192) and not tiles(8192, 28672, 1, 28672, 8192)  # 32768 maxima: no room
+    assert tiles(8192, 4096, 1, 128, 384)  # x's 1 x 128 blocks, a row per tile
+    assert not tiles(8192, 256, 1, 256, 24)  # x^T's blocks of 24 rows split x's 16-row tiles
+    assert not tiles(8192, 4096, 128, 128, 128)  # x^T's blocks span 128 columns
+    assert not tiles(8192, 1, 1, 1, 8192)  # one column: x^T's blocks take one pass
+    assert not tiles(0, 4096, 1, 4096, 8192)
+
+
 def test_layouts_share_blocks():
     share = reference_fp8.layouts_share_blocks
     assert share(300, 200, 300, 300) and share(300, 200, 128, 128) and share(300, 200, 1000, 1000)

@@ -53,6 +53,18 @@ def test_the_dispatcher_sends_each_quantization_to_the_faster_kernel():
     assert native_fp8.supports(torch.empty(4, 4096, dtype=torch.bfloat16), e4m3, 1, 4096, False) is None
 
 
+def test_per_expert_column_blocks_of_x_t_are_declined_and_named_when_forced():
+    """x^T's blocks of ``block_cols_t`` columns: native where they span x^T's rows, as block_cols would; an MoE
+    weight's per-expert blocks go to Triton, and a direct call names them (the kernels would cut whole columns)."""
+    from turbo_inductor.kernels.native import fp8_quant as native_fp8
+
+    e4m3, weights = torch.float8_e4m3fn, torch.randn(4 * 32, 64, dtype=torch.bfloat16)
+    assert native_fp8.supports(weights, e4m3, 1, 64, False, both_layouts=True, block_cols_t=4 * 32) is None
+    assert "32 on x^T" in native_fp8.supports(weights, e4m3, 1, 64, False, both_layouts=True, block_cols_t=32)
+    with pytest.raises(ValueError, match="native fp8_quantize cannot take these blocks: .* 1 x 32 on x\\^T"):
+        native_fp8.fp8_quantize(weights, e4m3, 1, 64, False, both_layouts=True, block_cols_t=32)
+
+
 @pytest.mark.skipif(BUILT, reason="the extension is built here")
 def test_missing_extension_is_explained():
     assert "native extension is not built" in native.load_error() and "README" in native.load_error()

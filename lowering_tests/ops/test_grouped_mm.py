@@ -9,7 +9,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import turbo_inductor
+from turbo_inductor.kernels import registry
+from turbo_inductor.kernels.triton import fp8_quant as triton_fp8
 from turbo_inductor.ops.fp8_grouped_mm import can_rewrite_fp8
+from turbo_inductor.ops.fp8_operands import weight_operands
 from turbo_inductor.ops.grouped_mm import GroupedMMNode, can_rewrite
 from turbo_inductor.ops.library import OpInputError
 from turbo_inductor.recipes import RECIPES
@@ -197,6 +200,26 @@ def test_fp8_fakes_give_each_outputs_layout(recipe):
             fake = forward_and_backward(*(mode.from_tensor(t) for t in (x, w, offs, dy)), weight_grad)
         for i, (r, f) in enumerate(zip(real, fake)):
             assert (f.shape, f.dtype, f.stride()) == (r.shape, r.dtype, r.stride()), f"output {i}"
+
+
+@pytest.mark.parametrize("recipe", ["rowwise", "blockwise", "tensorwise"])
+@pytest.mark.parametrize("weight_layout", ["transposed", "contiguous"])
+def test_both_weight_operands_from_one_call_are_those_of_a_call_each(monkeypatch, recipe, weight_layout):
+    """W's forward and dgrad operands, both from one Triton call where the blocks allow (rowwise: the row pass
+    writes the per-expert column maxima), bit for bit and stride for stride what a call per operand gives."""
+    original, taken = triton_fp8._rows_and_column_blocks, []
+    monkeypatch.setattr(triton_fp8, "_rows_and_column_blocks", lambda *args: taken.append(args) or original(*args))
+    # K 64, N 128: an expert's rows hold whole row tiles in either flattening.
+    parameter = torch.randn((3, 64, 128) if weight_layout == "contiguous" else (3, 128, 64), device=DEVICE)
+    w = parameter if weight_layout == "contiguous" else parameter.transpose(-2, -1)
+    quantize = registry.implementations("fp8_quantize")["triton"].fn
+    both = weight_operands(w, recipe, quantize, True, True)
+    apart = weight_operands(w, recipe, quantize, True, False)[0], weight_operands(w, recipe, quantize, False, True)[1]
+    assert len(taken) == (1 if recipe == "rowwise" else 0)
+    for got, want in zip((t for operand in both for t in operand), (t for operand in apart for t in operand)):
+        assert (got.shape, got.stride()) == (want.shape, want.stride())
+        bits = torch.uint8 if got.element_size() == 1 else torch.int32
+        assert torch.equal(got.view(bits), want.view(bits))
 
 
 def test_no_rows_gives_empty_outputs_and_zero_weight_gradients():

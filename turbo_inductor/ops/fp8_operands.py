@@ -4,7 +4,8 @@ An operand [R, C] (C contracted) is quantized with dynamic scaling in blocks of 
 and role: activation or gradient, or weight. A recipe's block (rows, cols), 0 for the whole dimension, is the
 quantization kernel's block by :func:`kernel_block`. Its scale is fp32 [cdiv(R, block rows), cdiv(C, block cols)]
 (:func:`scale_shape`). The kernel (``fp8_quantize``) writes q in the operand's layout, its transpose's, or both.
-A grouped GEMM's experts' weights [E, K, N] are quantized in one call per layout (:func:`weight_operands`).
+A grouped GEMM's experts' weights [E, K, N] are quantized by :func:`weight_operands`, both layouts in one call where
+both are wanted and their blocks have rows (the Triton kernel then reads W twice, not three times).
 Formats follow the device (:func:`fp8_formats`). Why: ``docs/ops.md``, "FP8 linear".
 """
 
@@ -112,12 +113,14 @@ def quantize_outputs(
     return q, scale
 
 
-def allocating_quantize(x, fp8_dtype, block_rows, block_cols, transpose, power_of_two=False, both_layouts=False):
+def allocating_quantize(
+    x, fp8_dtype, block_rows, block_cols, transpose, power_of_two=False, both_layouts=False, block_cols_t=0
+):
     """The quantization kernel's outputs, allocated (the shapes the fakes return)."""
     q, scale = quantize_outputs(x, fp8_dtype, block_rows, block_cols, transpose)
     if not both_layouts:
         return q, scale
-    q_t, scale_t = quantize_outputs(x, fp8_dtype, block_cols, block_rows, True)
+    q_t, scale_t = quantize_outputs(x, fp8_dtype, block_cols_t or block_cols, block_rows, True)
     return q, scale, q_t, transposed_scale(scale_t)
 
 
@@ -155,18 +158,35 @@ def weight_operands(
     pad = -R % max(rows_block, cols_block, 1)
     rows = R + pad
     flat = (F.pad(base, (0, 0, 0, pad)) if pad else base).reshape(experts * rows, C)
+    wants_own, wants_transposed = (forward, backward) if base_is_forward else (backward, forward)
+    # The transposed operand [C, R] per expert, R contracted: rows_block along C, cols_block along R.
+    own_block, transposed_block = (rows_block or rows, cols_block or C), (cols_block or rows, rows_block or C)
     own = transposed = None
-    if forward if base_is_forward else backward:
-        block = rows_block or rows
-        q, scale = quantize(flat, e4m3, block, cols_block or C, False, power_of_two=r.power_of_two)
-        own = q.view(experts, rows, C)[:, :R], scale.view(experts, -1, scale.shape[1])[:, : -(-R // block)]
-    if backward if base_is_forward else forward:
-        # [C, R] per expert, R contracted: rows_block along C, cols_block along R. Read in base's layout.
-        block = cols_block or rows
-        q, scale = quantize(flat, e4m3, block, rows_block or C, True, power_of_two=r.power_of_two)
+    if wants_own and wants_transposed and rows_block:
+        # One call: x^T's blocks, rows_block x (cols_block or rows) over flat^T, are per expert.
+        q, scale, q_t, scale_t = quantize(
+            flat,
+            e4m3,
+            *own_block,
+            False,
+            power_of_two=r.power_of_two,
+            both_layouts=True,
+            block_cols_t=transposed_block[0],
+        )
+        own, transposed = (q, scale), (q_t, transposed_scale(scale_t))
+    else:
+        if wants_own:
+            own = quantize(flat, e4m3, *own_block, False, power_of_two=r.power_of_two)
+        if wants_transposed:
+            transposed = quantize(flat, e4m3, *transposed_block, True, power_of_two=r.power_of_two)
+    if own is not None:
+        q, scale = own
+        own = q.view(experts, rows, C)[:, :R], scale.view(experts, -1, scale.shape[1])[:, : -(-R // own_block[0])]
+    if transposed is not None:
+        q, scale = transposed  # scale in flat's layout of blocks
         transposed = (
             q.view(C, experts, rows)[:, :, :R].permute(1, 0, 2),
-            scale.view(experts, -1, scale.shape[1])[:, : -(-R // block)].transpose(1, 2),
+            scale.view(experts, -1, scale.shape[1])[:, : -(-R // transposed_block[0])].transpose(1, 2),
         )
     return (own, transposed) if base_is_forward else (transposed, own)
 

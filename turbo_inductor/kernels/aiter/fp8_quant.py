@@ -37,6 +37,7 @@ def supports(
     transpose: bool,
     power_of_two: bool = False,
     both_layouts: bool = False,
+    block_cols_t: int = 0,
 ) -> str | None:
     if x.dim() != 2 or block_rows < 1 or block_cols < 1 or fp8_dtype not in FP8_DTYPES:
         return None  # invalid for every implementation: the call raises the error
@@ -89,9 +90,10 @@ def fp8_quantize(
     transpose: bool,
     power_of_two: bool = False,
     both_layouts: bool = False,
+    block_cols_t: int = 0,
 ):
     """``(q, scale)``; see ``..reference.fp8_quant.fp8_quantize`` and docs/kernels.md for the differences."""
-    check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts)
+    check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts, block_cols_t)
     aiter = module()
     M, K = x.shape
     granularity = _granularity(M, K, block_rows, block_cols)

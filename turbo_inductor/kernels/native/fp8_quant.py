@@ -25,6 +25,7 @@ def supports(
     transpose: bool,
     power_of_two: bool = False,
     both_layouts: bool = False,
+    block_cols_t: int = 0,
 ) -> str | None:
     if x.dim() != 2 or block_rows < 1 or block_cols < 1 or fp8_dtype not in FP8_DTYPES:
         return None  # invalid for every implementation: the call raises the error
@@ -32,11 +33,8 @@ def supports(
     blocks = _blocks_of(M, K, block_rows, block_cols)
     if blocks is None:
         return f"blocks of the whole tensor, of rows or of columns only, got {block_rows} x {block_cols}"
-    if both_layouts and (blocks == "columns" or _blocks_of(K, M, block_rows, block_cols) != blocks):
-        return (
-            f"both layouts in blocks of the whole tensor or of whole rows (of x and of x^T) only, got "
-            f"{block_rows} x {block_cols} on {M} x {K}"
-        )
+    if both_layouts and (reason := _both_layouts_decline(M, K, block_rows, block_cols, block_cols_t)):
+        return reason
     if blocks == "rows" and not both_layouts and K > LONGEST_ONE_LAYOUT_ROW:
         return f"row blocks in one layout on rows longer than {LONGEST_ONE_LAYOUT_ROW}: Triton's kernel is faster"
     if not x.is_contiguous():
@@ -55,12 +53,31 @@ def fp8_quantize(
     transpose: bool,
     power_of_two: bool = False,
     both_layouts: bool = False,
+    block_cols_t: int = 0,
 ):
     """``(q, scale)``, or ``(q, scale, q_t, scale_t)`` with ``both_layouts``; see
     ``..reference.fp8_quant.fp8_quantize``."""
-    check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts)
+    check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts, block_cols_t)
+    if both_layouts and block_cols_t:
+        if reason := _both_layouts_decline(*x.shape, block_rows, block_cols, block_cols_t):
+            raise ValueError(f"turbo_inductor: the native fp8_quantize cannot take these blocks: {reason}")
+        # The kernels cut x^T with block_cols. Both layouts' blocks span their rows here: the larger spans either's.
+        block_cols = max(block_cols, block_cols_t)
     outputs = ops().fp8_quantize(x, fp8_dtype, block_rows, block_cols, transpose, power_of_two, both_layouts)
     return tuple(outputs) if both_layouts else tuple(outputs[:2])
+
+
+def _both_layouts_decline(M: int, K: int, block_rows: int, block_cols: int, block_cols_t: int) -> str | None:
+    """Why the kernels cannot write both layouts in these blocks, or None: x's and x^T's must be the whole tensor
+    or whole rows of each."""
+    blocks = _blocks_of(M, K, block_rows, block_cols)
+    if blocks != "columns" and _blocks_of(K, M, block_rows, block_cols_t or block_cols) == blocks:
+        return None
+    shape_t = f"{block_rows} x {block_cols_t or block_cols}"
+    return (
+        f"both layouts in blocks of the whole tensor or of whole rows (of x and of x^T) only, got {block_rows} x "
+        f"{block_cols} on {M} x {K} and {shape_t} on x^T"
+    )
 
 
 def _blocks_of(rows: int, cols: int, block_rows: int, block_cols: int) -> str | None:

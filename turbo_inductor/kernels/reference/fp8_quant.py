@@ -33,10 +33,15 @@ def check_args(
     block_cols: int,
     transpose: bool = False,
     both_layouts: bool = False,
+    block_cols_t: int = 0,
 ) -> None:
     """The argument checks every implementation makes; raises ValueError."""
     if transpose and both_layouts:
         raise ValueError("turbo_inductor: fp8_quantize writes both layouts only with transpose=False")
+    if int(block_cols_t) < 0 or (block_cols_t and not both_layouts):
+        raise ValueError(
+            f"turbo_inductor: fp8_quantize block_cols_t must be >= 0 and set only with both_layouts, got {block_cols_t}"
+        )
     if x.dim() != 2 or x.dtype not in INPUT_DTYPES:
         raise ValueError(
             f"turbo_inductor: fp8_quantize expects a 2-D fp32/bf16/fp16 tensor, got {tuple(x.shape)} {x.dtype}"
@@ -47,10 +52,10 @@ def check_args(
         raise ValueError(f"turbo_inductor: fp8_quantize blocks must be >= 1, got {block_rows} x {block_cols}")
 
 
-def layouts_share_blocks(M: int, K: int, block_rows: int, block_cols: int) -> bool:
-    """Whether x's blocks and x^T's blocks of the same shape cut the same elements.
-    Then ``both_layouts``'s ``q_t`` is ``q`` transposed: the whole tensor, or square blocks."""
-    return min(block_rows, M) == min(block_cols, M) and min(block_rows, K) == min(block_cols, K)
+def layouts_share_blocks(M: int, K: int, block_rows: int, block_cols: int, block_cols_t: int = 0) -> bool:
+    """Whether x's blocks and x^T's blocks (block_rows x (block_cols_t or block_cols) over x^T) cut the same
+    elements. Then ``both_layouts``'s ``q_t`` is ``q`` transposed: the whole tensor, or square blocks."""
+    return min(block_rows, K) == min(block_cols, K) and min(block_rows, M) == min(block_cols_t or block_cols, M)
 
 
 def scale_shape(M: int, K: int, block_rows: int, block_cols: int) -> tuple[int, int]:
@@ -84,12 +89,14 @@ def fp8_quantize(
     transpose: bool,
     power_of_two: bool = False,
     both_layouts: bool = False,
+    block_cols_t: int = 0,
 ):
-    """``(q, scale)``, or ``(q, scale, q_t, scale_t)`` with ``both_layouts``.
+    """``(q, scale)``, or ``(q, scale, q_t, scale_t)`` with ``both_layouts``: x^T [K, M] in blocks of block_rows x
+    ``block_cols_t`` (0: block_cols), as an MoE weight's per-expert transposed operand takes them.
     ``power_of_two``: E8M0 scales, as MXFP8 uses. See docs/kernels.md, FP8 quantization."""
-    check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts)
+    check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts, block_cols_t)
     if both_layouts:
-        return both_layouts_by_two_calls(fp8_quantize, x, fp8_dtype, block_rows, block_cols, power_of_two)
+        return both_layouts_by_two_calls(fp8_quantize, x, fp8_dtype, block_rows, block_cols, power_of_two, block_cols_t)
     M, K = x.shape
     n_br, n_bc = scale_shape(M, K, block_rows, block_cols)
     if M == 0 or K == 0:
@@ -113,12 +120,18 @@ def fp8_quantize(
 
 
 def both_layouts_by_two_calls(
-    quantize, x: torch.Tensor, fp8_dtype: torch.dtype, block_rows: int, block_cols: int, power_of_two: bool
+    quantize,
+    x: torch.Tensor,
+    fp8_dtype: torch.dtype,
+    block_rows: int,
+    block_cols: int,
+    power_of_two: bool,
+    block_cols_t: int = 0,
 ):
     """``both_layouts``'s four outputs from two calls of ``quantize``.
-    x^T's blocks are x's blocks of the transposed shape, stored in x^T's layout."""
+    x^T's blocks are block_rows x (block_cols_t or block_cols) over x^T, stored in x^T's layout."""
     q, scale = quantize(x, fp8_dtype, block_rows, block_cols, False, power_of_two=power_of_two)
-    q_t, scale_t = quantize(x, fp8_dtype, block_cols, block_rows, True, power_of_two=power_of_two)
+    q_t, scale_t = quantize(x, fp8_dtype, block_cols_t or block_cols, block_rows, True, power_of_two=power_of_two)
     return q, scale, q_t, transposed_scale(scale_t)
 
 

@@ -48,6 +48,10 @@ SCALE_BLOCKS_PER_PROGRAM = 128
 # Each then loops over tiles, so the scale kernel reduces few maxima.
 # With one partial per tile, a tensorwise 8192 x 28672 operand took ~50 us to reduce (H200).
 AMAX_PROGRAMS = 2048
+# Both layouts where x^T's blocks are columns of x (rowwise, an MoE weight's per-expert operand): the one-pass row
+# kernel also writes column maxima, one per program and column, so x is read twice, not three times. It runs about
+# this many programs (a wave of 8-warp programs on an H200); 0 quantizes the layouts by two calls.
+COLUMN_MAXIMA_PROGRAMS = 1024
 
 MODE_FUSED, MODE_AMAX, MODE_CAST = 0, 1, 2
 
@@ -126,17 +130,20 @@ def fp8_tiling(M: int, K: int, block_rows: int, block_cols: int, transpose: bool
     return Fp8Tiling(False, sr, sc, tr // sr, tc // sc, num_warps_for(tr * tc))
 
 
-def amax_row_tiles(tiling: Fp8Tiling, M: int, K: int, block_rows: int, n_block_rows: int) -> int:
+def amax_row_tiles(
+    tiling: Fp8Tiling, M: int, K: int, block_rows: int, n_block_rows: int, programs: int | None = None
+) -> int:
     """Tiles, one below the other, that one program of the two-pass amax reduces: doubled while more than
-    AMAX_PROGRAMS programs remain and a program's tiles stay within one block (a block spanning all rows, or an MoE
-    weight's per-expert column blocks). Each program writes one partial per sub-tile column: fewer to write and
-    reduce (a Mixtral expert weight's transposed operand wrote 117 MB of them, one per 32 rows)."""
+    ``programs`` (AMAX_PROGRAMS) programs remain and a program's tiles stay within one block (a block spanning all
+    rows, or an MoE weight's per-expert column blocks). Each program writes one partial per sub-tile column: fewer to
+    write and reduce (a Mixtral expert weight's transposed operand wrote 117 MB of them, one per 32 rows)."""
     n_tile_rows, n_tile_cols = triton.cdiv(M, tiling.tile_rows), triton.cdiv(K, tiling.tile_cols)
+    programs = AMAX_PROGRAMS if programs is None else programs
     row_tiles = 1
     while (
         (n_block_rows == 1 or block_rows % (tiling.tile_rows * row_tiles * 2) == 0)
         and row_tiles * 2 <= n_tile_rows
-        and n_tile_rows * n_tile_cols // row_tiles > AMAX_PROGRAMS
+        and n_tile_rows * n_tile_cols // row_tiles > programs
     ):
         row_tiles *= 2
     return row_tiles
@@ -188,6 +195,7 @@ def _fp8_tile_kernel(
     POW2: tl.constexpr,
     WRITE_Q: tl.constexpr,
     WRITE_QT: tl.constexpr,
+    COLUMN_MAXIMA: tl.constexpr,
     FIX_NAN: tl.constexpr,
     NAN_BITS: tl.constexpr,
     GR: tl.constexpr,
@@ -198,13 +206,15 @@ def _fp8_tile_kernel(
 ):
     """ROW_TILES tiles per program, one below the other, each seen as [GR, SR, GC, SC].
     MODE_FUSED writes each sub-tile's scale and q. MODE_AMAX writes sub-tile maxima to PARTIAL.
-    MODE_CAST reads SCALE and writes q. WRITE_Q writes x's layout to Q, WRITE_QT x^T's to QT."""
+    MODE_CAST reads SCALE and writes q. WRITE_Q writes x's layout to Q, WRITE_QT x^T's to QT.
+    COLUMN_MAXIMA (MODE_FUSED): also the max |x| of each column over the program's rows, to PARTIAL row pid_r."""
     # One loop body for every mode, with no helper returning several values.
     # torch 2.11's mutation analysis gives up on such a helper. Inductor would then copy x back.
     pid = tl.program_id(0)
     pid_r = pid // n_tile_cols
     pid_c = pid % n_tile_cols
     amax_bits = tl.zeros([GR, GC], dtype=tl.int32)
+    column_bits = tl.zeros([GC, SC], dtype=tl.int32)
     for i in range(ROW_TILES):
         first_row = ((pid_r * ROW_TILES + i) * GR + tl.arange(0, GR)) * SR  # each sub-tile's first row / column
         first_col = (pid_c * GC + tl.arange(0, GC)) * SC
@@ -230,6 +240,8 @@ def _fp8_tile_kernel(
                 amax = tl.max(tl.max(abs_bits(x), 3), 1).to(tl.float32, bitcast=True)  # [GR, GC]
                 scale = scale_from_amax(amax, FMAX, POW2)
                 tl.store(SCALE + scale_offsets, scale, mask=sub_in)
+                if COLUMN_MAXIMA:
+                    column_bits = tl.maximum(column_bits, tl.max(tl.max(abs_bits(x), 1), 0))
             else:
                 scale = tl.load(SCALE + scale_offsets, mask=sub_in, other=1.0)
             # Saturated before the cast; the clamp keeps NaN.
@@ -238,6 +250,9 @@ def _fp8_tile_kernel(
                 tl.store(Q + rows64 * K + cols64, bits, mask=in_bounds)
             if WRITE_QT:
                 tl.store(QT + cols64 * M + rows64, bits, mask=in_bounds)
+    if COLUMN_MAXIMA:
+        cols = (pid_c * GC + tl.arange(0, GC))[:, None] * SC + tl.arange(0, SC)[None, :]
+        tl.store(PARTIAL + pid_r.to(tl.int64) * K + cols, column_bits.to(tl.float32, bitcast=True), mask=cols < K)
     if MODE == 1:
         # Sub-tile positions past x's edge hold 0, which never raises a block's amax.
         sub_r = pid_r * GR + tl.arange(0, GR)
@@ -371,14 +386,19 @@ def fp8_quantize(
     transpose: bool,
     power_of_two: bool = False,
     both_layouts: bool = False,
+    block_cols_t: int = 0,
 ):
     """``(q, scale)``, or ``(q, scale, q_t, scale_t)`` with ``both_layouts``; see
     ``..reference.fp8_quant.fp8_quantize``."""
-    check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts)
+    check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts, block_cols_t)
     formats = format_constexprs(fp8_dtype, x.device, power_of_two)
     M, K = x.shape
-    if both_layouts and not layouts_share_blocks(M, K, block_rows, block_cols):
-        return both_layouts_by_two_calls(fp8_quantize, x, fp8_dtype, block_rows, block_cols, power_of_two)
+    if both_layouts and not layouts_share_blocks(M, K, block_rows, block_cols, block_cols_t):
+        column_rows = block_cols_t or block_cols
+        row_tiles = column_maxima_row_tiles(M, K, block_rows, block_cols, column_rows)
+        if row_tiles:
+            return _rows_and_column_blocks(x, fp8_dtype, block_rows, block_cols, column_rows, row_tiles, formats)
+        return both_layouts_by_two_calls(fp8_quantize, x, fp8_dtype, block_rows, block_cols, power_of_two, block_cols_t)
     n_br, n_bc = scale_shape(M, K, block_rows, block_cols)
     write_q, write_qt = not transpose, transpose or both_layouts
     q = torch.empty((M, K), dtype=fp8_dtype, device=x.device) if write_q else None
@@ -393,13 +413,139 @@ def fp8_quantize(
         return outputs()
     br, bc = min(block_rows, M), min(block_cols, K)
     tiling = fp8_tiling(M, K, block_rows, block_cols, write_qt)
+    # One launch per layout: Triton 3.6 miscompiles a kernel storing both for the H200.
+    # Its x^T was wrong for fp32 and some bf16 inputs. Each store alone is exact.
+    writes = [(True, False), (False, True)] if both_layouts else [(write_q, write_qt)]
+    with on_device(x.device):
+        if tiling.fused:
+            for write in writes:
+                _launch_tiles(x, q, qt, scale, scale, tiling, br, bc, MODE_FUSED, write, formats)
+            return outputs()
+        row_tiles = amax_row_tiles(tiling, M, K, br, n_br)
+        partial = torch.empty(
+            (
+                triton.cdiv(triton.cdiv(M, tiling.tile_rows), row_tiles) * tiling.group_rows,
+                triton.cdiv(K, tiling.sub_cols),
+            ),
+            dtype=torch.float32,
+            device=x.device,
+        )
+        _launch_tiles(x, q, qt, scale, partial, tiling, br, bc, MODE_AMAX, writes[0], formats, row_tiles=row_tiles)
+        # Sub-tiles per block (all of them along a dim that one block spans).
+        rows_per_block = partial.shape[0] if n_br == 1 else br // (tiling.sub_rows * row_tiles)
+        cols_per_block = partial.shape[1] if n_bc == 1 else bc // tiling.sub_cols
+        _launch_scales(partial, scale, rows_per_block, cols_per_block, formats)
+        for write in writes:
+            _launch_tiles(x, q, qt, scale, partial, tiling, br, bc, MODE_CAST, write, formats)
+    return outputs()
+
+
+def column_maxima_row_tiles(M: int, K: int, block_rows: int, block_cols: int, column_rows: int) -> int:
+    """Tiles per program of a one-pass row kernel that also writes column maxima for x^T's blocks, ``column_rows``
+    of x's rows in one column; 0 where that does not apply: x^T's blocks span more than a column, x's blocks take two
+    passes, x^T's one (it is read twice already), the maxima would not fit registers beside the tile, or a block of
+    ``column_rows`` does not hold whole tiles."""
+    if not COLUMN_MAXIMA_PROGRAMS or M == 0 or K == 0 or min(block_rows, K) != 1:
+        return 0
+    tiling = fp8_tiling(M, K, block_rows, block_cols, False)
+    n_column_blocks = triton.cdiv(M, column_rows)
+    if not tiling.fused or fp8_tiling(M, K, column_rows, block_rows, True).fused:
+        return 0
+    if (tiling.tile_rows + 1) * tiling.tile_cols > MAX_TILE_ELEMENTS:
+        return 0
+    if n_column_blocks > 1 and column_rows % tiling.tile_rows:
+        return 0
+    return amax_row_tiles(tiling, M, K, column_rows, n_column_blocks, COLUMN_MAXIMA_PROGRAMS)
+
+
+def _rows_and_column_blocks(
+    x: torch.Tensor,
+    fp8_dtype: torch.dtype,
+    block_rows: int,
+    block_cols: int,
+    column_rows: int,
+    row_tiles: int,
+    formats: dict,
+):
+    """Both layouts, x^T's blocks a column of ``column_rows`` rows of x, reading x twice: the row kernel writes q
+    and each program's column maxima, which give x^T's scales; then x^T's cast."""
+    M, K = x.shape
+    tiling = fp8_tiling(M, K, block_rows, block_cols, False)
+    column_tiling = fp8_tiling(M, K, column_rows, block_rows, True)
+    n_br, n_bc = scale_shape(M, K, block_rows, block_cols)
+    q, scale = torch.empty((M, K), dtype=fp8_dtype, device=x.device), x.new_empty((n_br, n_bc), dtype=torch.float32)
+    q_t = torch.empty((K, M), dtype=fp8_dtype, device=x.device)
+    n_column_blocks = triton.cdiv(M, column_rows)
+    column_scale = x.new_empty((n_column_blocks, K), dtype=torch.float32)
+    n_programs = triton.cdiv(triton.cdiv(M, tiling.tile_rows), row_tiles)
+    partial = x.new_empty((n_programs, K), dtype=torch.float32)
+    br, bc, column_rows = min(block_rows, M), min(block_cols, K), min(column_rows, M)
+    with on_device(x.device):
+        _launch_tiles(
+            x,
+            q,
+            None,
+            scale,
+            partial,
+            tiling,
+            br,
+            bc,
+            MODE_FUSED,
+            (True, False),
+            formats,
+            row_tiles,
+            column_maxima=True,
+        )
+        rows_per_block = n_programs if n_column_blocks == 1 else column_rows // (tiling.tile_rows * row_tiles)
+        _launch_scales(partial, column_scale, rows_per_block, 1, formats)
+        _launch_tiles(
+            x, None, q_t, column_scale, partial, column_tiling, column_rows, 1, MODE_CAST, (False, True), formats
+        )
+    return q, scale, q_t, transposed_scale(column_scale)
+
+
+def _launch_tiles(
+    x: torch.Tensor,
+    q: torch.Tensor | None,
+    q_t: torch.Tensor | None,
+    scale: torch.Tensor,
+    partial: torch.Tensor,
+    tiling: Fp8Tiling,
+    br: int,
+    bc: int,
+    mode: int,
+    write: tuple[bool, bool],
+    formats: dict,
+    row_tiles: int = 1,
+    column_maxima: bool = False,
+) -> None:
+    """One launch of the tile kernel over x in ``tiling``, ``row_tiles`` tiles per program; ``write``: (q, q^T)."""
+    M, K = x.shape
     n_tile_cols = triton.cdiv(K, tiling.tile_cols)
-    grid = (triton.cdiv(M, tiling.tile_rows) * n_tile_cols,)
-    # Stored as raw bytes, alike on every backend. An output not written gets x, which is only read.
-    # Passing the other output would alias a written argument in the traced graph.
-    q_bits = q.view(torch.uint8) if write_q else x
-    qt_bits = qt.view(torch.uint8) if write_qt else x
-    constexprs = dict(
+    grid = (triton.cdiv(triton.cdiv(M, tiling.tile_rows), row_tiles) * n_tile_cols,)
+    write_q, write_qt = write
+    launch(_fp8_tile_kernel)[grid](
+        x,
+        # Stored as raw bytes, alike on every backend. An output not written gets x, which is only read.
+        # Passing the other output would alias a written argument in the traced graph.
+        q.view(torch.uint8) if write_q else x,
+        q_t.view(torch.uint8) if write_qt else x,
+        scale,
+        partial,
+        M,
+        K,
+        x.stride(0),
+        x.stride(1),
+        br,
+        bc,
+        scale.shape[1],
+        partial.shape[1],
+        n_tile_cols,
+        MODE=mode,
+        ROW_TILES=row_tiles,
+        WRITE_Q=write_q,
+        WRITE_QT=write_qt,
+        COLUMN_MAXIMA=column_maxima,
         **formats,
         GR=tiling.group_rows,
         SR=tiling.sub_rows,
@@ -407,118 +553,43 @@ def fp8_quantize(
         SC=tiling.sub_cols,
         num_warps=tiling.num_warps,
     )
-    # One launch per layout: Triton 3.6 miscompiles a kernel storing both for the H200.
-    # Its x^T was wrong for fp32 and some bf16 inputs. Each store alone is exact.
-    writes = (
-        [dict(WRITE_Q=True, WRITE_QT=False), dict(WRITE_Q=False, WRITE_QT=True)]
-        if both_layouts
-        else [dict(WRITE_Q=write_q, WRITE_QT=write_qt)]
+
+
+def _launch_scales(partial: torch.Tensor, scale: torch.Tensor, rows_per_block: int, cols_per_block: int, formats):
+    """Each block's scale from its ``rows_per_block`` x ``cols_per_block`` window of ``partial`` maxima."""
+    (n_partial_rows, n_partial_cols), (n_br, n_bc) = partial.shape, scale.shape
+    # Column blocks one partial wide: SCALE_BLOCKS_PER_PROGRAM per program, reading coalesced rows.
+    # One program per block would read a strided column each.
+    side_by_side = cols_per_block == 1 and n_bc > 1
+    if side_by_side:
+        reduce_c = min(_pow2(n_bc), SCALE_BLOCKS_PER_PROGRAM, REDUCE_TILE_ELEMENTS)
+        n_program_cols = triton.cdiv(n_bc, reduce_c)
+    else:
+        reduce_c, n_program_cols = min(_pow2(cols_per_block), REDUCE_TILE_ELEMENTS), n_bc
+    reduce_r = min(_pow2(rows_per_block), max(1, REDUCE_TILE_ELEMENTS // reduce_c))
+    launch(_fp8_scale_kernel)[(n_br * n_program_cols,)](
+        partial,
+        scale,
+        n_partial_rows,
+        n_partial_cols,
+        rows_per_block,
+        cols_per_block,
+        n_bc,
+        n_program_cols,
+        FMAX=formats["FMAX"],
+        POW2=formats["POW2"],
+        BLOCK_R=reduce_r,
+        BLOCK_C=reduce_c,
+        SIDE_BY_SIDE=side_by_side,
+        num_warps=num_warps_for(reduce_r * reduce_c),
     )
-    with on_device(x.device):
-        if tiling.fused:
-            for write in writes:
-                launch(_fp8_tile_kernel)[grid](
-                    x,
-                    q_bits,
-                    qt_bits,
-                    scale,
-                    scale,
-                    M,
-                    K,
-                    x.stride(0),
-                    x.stride(1),
-                    br,
-                    bc,
-                    n_bc,
-                    1,
-                    n_tile_cols,
-                    MODE=MODE_FUSED,
-                    ROW_TILES=1,
-                    **write,
-                    **constexprs,
-                )
-            return outputs()
-        n_tile_rows = triton.cdiv(M, tiling.tile_rows)
-        row_tiles = amax_row_tiles(tiling, M, K, br, n_br)
-        n_partial_rows = triton.cdiv(n_tile_rows, row_tiles) * tiling.group_rows
-        n_partial_cols = triton.cdiv(K, tiling.sub_cols)
-        partial = torch.empty((n_partial_rows, n_partial_cols), dtype=torch.float32, device=x.device)
-        launch(_fp8_tile_kernel)[(triton.cdiv(n_tile_rows, row_tiles) * n_tile_cols,)](
-            x,
-            q_bits,
-            qt_bits,
-            scale,
-            partial,
-            M,
-            K,
-            x.stride(0),
-            x.stride(1),
-            br,
-            bc,
-            n_bc,
-            n_partial_cols,
-            n_tile_cols,
-            MODE=MODE_AMAX,
-            ROW_TILES=row_tiles,
-            **writes[0],
-            **constexprs,
-        )
-        # Sub-tiles per block (all of them along a dim that one block spans).
-        rows_per_block = n_partial_rows if n_br == 1 else br // (tiling.sub_rows * row_tiles)
-        cols_per_block = n_partial_cols if n_bc == 1 else bc // tiling.sub_cols
-        # Column blocks one partial wide: SCALE_BLOCKS_PER_PROGRAM per program, reading coalesced rows.
-        # One program per block would read a strided column each.
-        side_by_side = cols_per_block == 1 and n_bc > 1
-        if side_by_side:
-            reduce_c = min(_pow2(n_bc), SCALE_BLOCKS_PER_PROGRAM, REDUCE_TILE_ELEMENTS)
-            n_program_cols = triton.cdiv(n_bc, reduce_c)
-        else:
-            reduce_c, n_program_cols = min(_pow2(cols_per_block), REDUCE_TILE_ELEMENTS), n_bc
-        reduce_r = min(_pow2(rows_per_block), max(1, REDUCE_TILE_ELEMENTS // reduce_c))
-        launch(_fp8_scale_kernel)[(n_br * n_program_cols,)](
-            partial,
-            scale,
-            n_partial_rows,
-            n_partial_cols,
-            rows_per_block,
-            cols_per_block,
-            n_bc,
-            n_program_cols,
-            FMAX=constexprs["FMAX"],
-            POW2=constexprs["POW2"],
-            BLOCK_R=reduce_r,
-            BLOCK_C=reduce_c,
-            SIDE_BY_SIDE=side_by_side,
-            num_warps=num_warps_for(reduce_r * reduce_c),
-        )
-        for write in writes:
-            launch(_fp8_tile_kernel)[grid](
-                x,
-                q_bits,
-                qt_bits,
-                scale,
-                partial,
-                M,
-                K,
-                x.stride(0),
-                x.stride(1),
-                br,
-                bc,
-                n_bc,
-                n_partial_cols,
-                n_tile_cols,
-                MODE=MODE_CAST,
-                ROW_TILES=1,
-                **write,
-                **constexprs,
-            )
-    return outputs()
 
 
 __all__ = [
     "fp8_quantize",
     "fp8_tiling",
     "amax_row_tiles",
+    "column_maxima_row_tiles",
     "Fp8Tiling",
     "num_warps_for",
     "store_fp8_row_blocks",
