@@ -362,3 +362,23 @@ def test_triton_fp8_gemm_at_a_real_shape(recipe):
         results.append((out, *torch.autograd.grad(out, (x, w), torch.ones_like(out))))
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("experts, rows, cols", [(4, 2048, 4096), (2, 4096, 14336), (1, 8192, 4096)])
+def test_both_layouts_from_the_row_pass_with_column_maxima_at_real_sizes(dtype, experts, rows, cols):
+    """Both layouts with x^T's blocks a column of each expert's rows (or of all rows), the row kernel writing the
+    column maxima: bit for bit the reference's two quantizations. Triton 3.6 miscompiled, for this GPU, a kernel
+    storing both of x's layouts; this one stores q and the maxima."""
+    from turbo_inductor.kernels.reference import fp8_quant as reference_fp8
+    from turbo_inductor.kernels.triton import fp8_quant as triton_fp8
+
+    M, e4m3 = experts * rows, fp8_formats(torch.device("cuda"))[0]
+    block_cols, block_cols_t = (cols, rows) if experts > 1 else (M + cols + 1, 0)
+    assert triton_fp8.column_maxima_row_tiles(M, cols, 1, block_cols, block_cols_t or block_cols) > 1
+    x = torch.randn(M, cols, device="cuda", dtype=dtype) * torch.rand(M, 1, device="cuda", dtype=dtype)
+    got = triton_fp8.fp8_quantize(x, e4m3, 1, block_cols, False, both_layouts=True, block_cols_t=block_cols_t)
+    want = reference_fp8.fp8_quantize(x, e4m3, 1, block_cols, False, both_layouts=True, block_cols_t=block_cols_t)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.stride() == w.stride()
+        assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)) if g.element_size() == 1 else torch.equal(g, w)
