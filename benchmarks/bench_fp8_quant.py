@@ -28,6 +28,7 @@ HEURISTICS = {
     BY_TWO_CALLS: {"COLUMN_MAXIMA_PROGRAMS": 0},
     "column maxima over 512 programs": {"COLUMN_MAXIMA_PROGRAMS": 512},
     "column maxima over 2048 programs": {"COLUMN_MAXIMA_PROGRAMS": 2048},
+    "looping programs, one tile in flight (LOOP_STAGES=1)": {"LOOP_STAGES": 1},
 }
 GROUPED_HEURISTICS = {
     "default": {},
@@ -35,6 +36,8 @@ GROUPED_HEURISTICS = {
     "128 rows a step at 8 warps": {"BLOCK_ROWS": 128, "NUM_WARPS": 8},
     "4 programs per SM": {"PROGRAMS_PER_SM": 4},
     "128 columns an item": {"BLOCK_COLS": 128},
+    "one tile in flight (STAGES=1)": {"STAGES": 1},
+    "two tiles in flight (STAGES=2)": {"STAGES": 2},
 }
 
 

@@ -191,7 +191,7 @@ from turbo_inductor.kernels.triton import fp8_quant_grouped as grouped
 
 kernel, names = grouped._grouped_transposed_kernel, grouped._grouped_transposed_kernel.arg_names
 constants = dict(stride_xc=1, FORMAT=0, FMAX=448.0, POW2=False, FIX_NAN=False, NAN_BITS=0x7F, HAS_ROWS=False,
-                 ALIGN=16, BLOCK_E=16, BLOCK_R=grouped.BLOCK_ROWS, BLOCK_C=grouped.BLOCK_COLS)
+                 ALIGN=16, BLOCK_E=16, BLOCK_R=grouped.BLOCK_ROWS, BLOCK_C=grouped.BLOCK_COLS, STAGES=grouped.STAGES)
 pointers = {"X": "*bf16", "ROWS": "*i64", "QT": "*u8", "SCALE": "*fp32", "PADDED_OFFS": "*i32", "OFFS": "*i32"}
 signature = {name: pointers.get(name, "constexpr" if name in constants else "i32") for name in names}
 aligned = (*pointers, "C", "S_PAD", "stride_xs")
@@ -202,13 +202,15 @@ source = ASTSource(
     attrs={(names.index(name),): [["tt.divisibility", 16]] for name in aligned},
 )
 ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": grouped.NUM_WARPS}).asm["ptx"]
-print(*(len(re.findall(pattern, ptx)) for pattern in (r"ld\.global\S*\.v4", r"st\.global\S*\.v4", r"st\.global\.b8")))
+loads = r"ld\.global\S*\.v4|cp\.async\S* \[[^]]*\], \[[^]]*\], 0x10"  # direct, or pipelined into shared memory
+print(*(len(re.findall(pattern, ptx)) for pattern in (loads, r"st\.global\S*\.v4", r"st\.global\.b8")))
 """
 
 
 def test_the_kernel_compiles_for_hopper_with_vector_loads_and_stores():
     """The kernel as the GPU runs it, not as the interpreter does (under TRITON_INTERPRET=1 nothing compiles, hence a
-    process of its own): it reads t's rows and writes q_t's columns 16 bytes at a time, no store a single byte."""
+    process of its own): it reads t's rows and writes q_t's columns 16 bytes at a time, no store a single byte. The
+    walks' loads are pipelined (``STAGES``): 16-byte asynchronous copies."""
     import os
     import subprocess
     import sys

@@ -48,6 +48,8 @@ SCALE_BLOCKS_PER_PROGRAM = 128
 # Each then loops over tiles, so the scale kernel reduces few maxima.
 # With one partial per tile, a tensorwise 8192 x 28672 operand took ~50 us to reduce (H200).
 AMAX_PROGRAMS = 2048
+# Tiles in flight per program that loops over several: the next one loads (cp.async) while one is reduced and cast.
+LOOP_STAGES = 2
 # Both layouts where x^T's blocks are columns of x (rowwise, an MoE weight's per-expert operand): the one-pass row
 # kernel also writes column maxima, one per program and column, so x is read twice, not three times. It runs about
 # this many programs (a wave of 8-warp programs on an H200); 0 quantizes the layouts by two calls.
@@ -203,6 +205,7 @@ def _fp8_tile_kernel(
     GC: tl.constexpr,
     SC: tl.constexpr,
     ROW_TILES: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     """ROW_TILES tiles per program, one below the other, each seen as [GR, SR, GC, SC].
     MODE_FUSED writes each sub-tile's scale and q. MODE_AMAX writes sub-tile maxima to PARTIAL.
@@ -215,7 +218,7 @@ def _fp8_tile_kernel(
     pid_c = pid % n_tile_cols
     amax_bits = tl.zeros([GR, GC], dtype=tl.int32)
     column_bits = tl.zeros([GC, SC], dtype=tl.int32)
-    for i in range(ROW_TILES):
+    for i in tl.range(ROW_TILES, num_stages=STAGES):
         first_row = ((pid_r * ROW_TILES + i) * GR + tl.arange(0, GR)) * SR  # each sub-tile's first row / column
         first_col = (pid_c * GC + tl.arange(0, GC)) * SC
         rows = first_row[:, None] + tl.arange(0, SR)[None, :]  # [GR, SR]
@@ -543,6 +546,7 @@ def _launch_tiles(
         n_tile_cols,
         MODE=mode,
         ROW_TILES=row_tiles,
+        STAGES=LOOP_STAGES,
         WRITE_Q=write_q,
         WRITE_QT=write_qt,
         COLUMN_MAXIMA=column_maxima,

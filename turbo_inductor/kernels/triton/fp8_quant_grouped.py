@@ -38,6 +38,9 @@ NUM_WARPS = 4
 # rows per group x BLOCK_COLS x element size (Mixtral's 1024-row groups in bf16: 34 MB at 2 per SM of an H200, whose
 # L2 holds 50 MB).
 PROGRAMS_PER_SM = 2
+# Tiles in flight per program in each walk: the next ones load (cp.async) while one is reduced or cast. With few
+# programs per SM, one 8 KB tile each left the walk waiting on memory.
+STAGES = 3
 
 
 @triton.jit
@@ -79,6 +82,7 @@ def _grouped_transposed_kernel(
     BLOCK_E: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     """Work item (g, column block), for items pid, pid + programs, ...: SCALE [E, C] row g, and QT [C, S_PAD]
     (contiguous) in those columns from the group's padded start to the next group's (for the last group, S_PAD);
@@ -109,7 +113,7 @@ def _grouped_transposed_kernel(
         col_in = cols < C
         cols64 = cols.to(tl.int64)
         amax_bits = tl.zeros([BLOCK_C], dtype=tl.int32)  # maxima of |t| as bits (see .fp8_quant.abs_bits)
-        for r0 in range(start, end, BLOCK_R):
+        for r0 in tl.range(start, end, BLOCK_R, num_stages=STAGES):
             rows = r0 + tl.arange(0, BLOCK_R)
             x = tl.load(
                 X + _source_rows(ROWS, rows, end, HAS_ROWS)[:, None] * stride_xs + cols64[None, :] * stride_xc,
@@ -119,7 +123,7 @@ def _grouped_transposed_kernel(
             amax_bits = tl.maximum(amax_bits, tl.max(abs_bits(x), 0))
         scale = scale_from_amax(amax_bits.to(tl.float32, bitcast=True), FMAX, POW2)
         tl.store(SCALE + g.to(tl.int64) * C + cols64, scale, mask=col_in)
-        for p0 in range(padded_start, stop, BLOCK_R):
+        for p0 in tl.range(padded_start, stop, BLOCK_R, num_stages=STAGES):
             p = p0 + tl.arange(0, BLOCK_R)
             rows = start + (p - padded_start)
             holds = (rows < end)[:, None]
@@ -177,6 +181,7 @@ def fp8_quantize_grouped(
             BLOCK_E=max(16, triton.next_power_of_2(groups)),
             BLOCK_R=BLOCK_ROWS,
             BLOCK_C=BLOCK_COLS,
+            STAGES=STAGES,
             num_warps=NUM_WARPS,
         )
     transposed = (q_t, scale_t, padded_offs)
