@@ -18,7 +18,7 @@ from benchmarks.common import available_impls, bench_ms, gpu_ms, print_table
 SHAPES = "8192x4096,8192x14336,4096x14336"
 # Launch-heuristic variants: module constants of kernels.triton.fp8_quant (HEURISTICS) and of
 # kernels.triton.fp8_quant_grouped (GROUPED_HEURISTICS).
-# Both layouts with x^T's blocks a column, as before the row pass wrote column maxima: x read three times.
+# Both layouts, x^T's blocks a column of x, by two calls (x read three times): the baseline of the column maxima.
 BY_TWO_CALLS = "both layouts by two calls (COLUMN_MAXIMA_PROGRAMS=0)"
 HEURISTICS = {
     "default": {},
