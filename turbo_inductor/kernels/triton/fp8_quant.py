@@ -425,14 +425,9 @@ def fp8_quantize(
                 _launch_tiles(x, q, qt, scale, scale, tiling, br, bc, MODE_FUSED, write, formats)
             return outputs()
         row_tiles = amax_row_tiles(tiling, M, K, br, n_br)
-        partial = torch.empty(
-            (
-                triton.cdiv(triton.cdiv(M, tiling.tile_rows), row_tiles) * tiling.group_rows,
-                triton.cdiv(K, tiling.sub_cols),
-            ),
-            dtype=torch.float32,
-            device=x.device,
-        )
+        # One maximum per sub-tile down each program's tiles and per sub-tile column.
+        partial_shape = (_program_rows(M, tiling, row_tiles) * tiling.group_rows, triton.cdiv(K, tiling.sub_cols))
+        partial = torch.empty(partial_shape, dtype=torch.float32, device=x.device)
         _launch_tiles(x, q, qt, scale, partial, tiling, br, bc, MODE_AMAX, writes[0], formats, row_tiles=row_tiles)
         # Sub-tiles per block (all of them along a dim that one block spans).
         rows_per_block = partial.shape[0] if n_br == 1 else br // (tiling.sub_rows * row_tiles)
@@ -441,6 +436,11 @@ def fp8_quantize(
         for write in writes:
             _launch_tiles(x, q, qt, scale, partial, tiling, br, bc, MODE_CAST, write, formats)
     return outputs()
+
+
+def _program_rows(M: int, tiling: Fp8Tiling, row_tiles: int) -> int:
+    """Programs down x's M rows, each over ``row_tiles`` tiles of ``tiling`` one below the other."""
+    return triton.cdiv(triton.cdiv(M, tiling.tile_rows), row_tiles)
 
 
 def column_maxima_row_tiles(M: int, K: int, block_rows: int, block_cols: int, column_rows: int) -> int:
@@ -480,7 +480,7 @@ def _rows_and_column_blocks(
     q_t = torch.empty((K, M), dtype=fp8_dtype, device=x.device)
     n_column_blocks = triton.cdiv(M, column_rows)
     column_scale = x.new_empty((n_column_blocks, K), dtype=torch.float32)
-    n_programs = triton.cdiv(triton.cdiv(M, tiling.tile_rows), row_tiles)
+    n_programs = _program_rows(M, tiling, row_tiles)
     partial = x.new_empty((n_programs, K), dtype=torch.float32)
     br, bc, column_rows = min(block_rows, M), min(block_cols, K), min(column_rows, M)
     with on_device(x.device):
@@ -525,7 +525,7 @@ def _launch_tiles(
     """One launch of the tile kernel over x in ``tiling``, ``row_tiles`` tiles per program; ``write``: (q, q^T)."""
     M, K = x.shape
     n_tile_cols = triton.cdiv(K, tiling.tile_cols)
-    grid = (triton.cdiv(triton.cdiv(M, tiling.tile_rows), row_tiles) * n_tile_cols,)
+    grid = (_program_rows(M, tiling, row_tiles) * n_tile_cols,)
     write_q, write_qt = write
     launch(_fp8_tile_kernel)[grid](
         x,
