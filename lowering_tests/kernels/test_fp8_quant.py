@@ -479,64 +479,18 @@ def test_both_layouts_with_column_blocks_read_x_twice(monkeypatch, experts, rows
 # Compiles the row kernel writing column maxima to sm_90 machine code with Triton's own ptxas, specialized as a launch
 # on contiguous bf16 x: Mixtral's expert weights flattened for their per-expert transposed operand (rows of 4096 and of
 # 14336). Prints per weight its tiles per program, spilled bytes and 16-byte loads.
-ROW_PASS_FOR_HOPPER = r"""
-import re
-import subprocess
-import tempfile
-
-import torch
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import get_ptxas
-from triton.compiler import ASTSource
-from turbo_inductor.kernels.triton import fp8_quant
-
-kernel, names = fp8_quant._fp8_tile_kernel, fp8_quant._fp8_tile_kernel.arg_names
-pointers = {"X": "*bf16", "Q": "*u8", "QT": "*u8", "SCALE": "*fp32", "PARTIAL": "*fp32"}
-aligned = (*pointers, "K", "stride_xm", "n_scale_cols", "n_partial_cols")
-for M, K, column_rows in ((8 * 28672, 4096, 28672), (8 * 4096, 14336, 4096)):
-    tiling = fp8_quant.fp8_tiling(M, K, 1, K, False)
-    row_tiles = fp8_quant.column_maxima_row_tiles(M, K, 1, K, column_rows)
-    constants = dict(
-        stride_xk=1, MODE=fp8_quant.MODE_FUSED, ROW_TILES=row_tiles, STAGES=fp8_quant.LOOP_STAGES, WRITE_Q=True,
-        WRITE_QT=False, COLUMN_MAXIMA=True, GR=tiling.group_rows, SR=tiling.sub_rows, GC=tiling.group_cols,
-        SC=tiling.sub_cols, **fp8_quant.format_constexprs(torch.float8_e4m3fn, torch.device("cuda"), False),
-    )
-    source = ASTSource(
-        fn=kernel,
-        signature={name: pointers.get(name, "constexpr" if name in constants else "i32") for name in names},
-        constexprs={(names.index(name),): value for name, value in constants.items()},
-        attrs={(names.index(name),): [["tt.divisibility", 16]] for name in aligned},
-    )
-    options = {"num_warps": tiling.num_warps}
-    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(ptx)
-        f.flush()
-        ptxas = [get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", f.name, "-o", "/dev/null"]
-        report = subprocess.run(ptxas, capture_output=True, text=True, check=True).stderr
-    spilled = sum(map(int, re.findall(r"(\d+) bytes spill stores", report)))
-    loads = len(re.findall(r"ld\.global\S*\.v4|cp\.async\S* \[[^]]*\], \[[^]]*\], 0x10", ptx))
-    print(row_tiles, spilled, loads)
-"""
-
-
 def test_the_row_pass_with_column_maxima_compiles_for_hopper_without_spills():
-    """The kernel as the GPU runs it (a process of its own: under TRITON_INTERPRET=1 nothing compiles): at Mixtral's
-    expert widths its programs loop over tiles, read 16 bytes at a time, and the column maxima beside the tile spill
-    no register (a 16384-wide tile holds 32 values and 32 maxima per thread of 16 warps)."""
-    import os
-    import subprocess
-    import sys
+    """The kernel as the GPU runs it (``turbo_inductor.testing.hopper``): at Mixtral's expert widths its programs loop
+    over tiles, read 16 bytes at a time, and the column maxima beside the tile spill no register (a 16384-wide tile
+    holds 32 values and 32 maxima per thread of 16 warps)."""
+    from turbo_inductor.testing import hopper
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [sys.executable, "-c", ROW_PASS_FOR_HOPPER], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    for line in done.stdout.strip().splitlines()[-2:]:
-        row_tiles, spilled, loads = map(int, line.split())
-        assert row_tiles > 1 and spilled == 0 and loads > 0, done.stdout
+    launches = hopper.facts_in_a_process("gate_up_weight", "down_weight")
+    row_passes = [f for f in launches if f["constexprs"].get("COLUMN_MAXIMA")]
+    assert len(row_passes) == 2, launches
+    for row_pass in row_passes:
+        assert row_pass["constexprs"]["ROW_TILES"] > 1 and row_pass["vector_loads"] > 0, row_pass
+        assert row_pass["spilled"] == 0, row_pass
 
 
 def test_both_layouts_with_column_blocks_take_two_calls_where_the_row_pass_cannot_give_them():

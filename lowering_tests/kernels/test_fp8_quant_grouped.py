@@ -182,46 +182,15 @@ def test_a_nan_or_inf_shows_in_its_group_and_column_only(impl):
 # Compiles the kernel to sm_90 machine code with Triton's own ptxas, specialized as a launch on contiguous bf16 t and
 # 16-byte-aligned outputs is (C a multiple of 16, as the FP8 GEMMs need); prints its 16-byte loads and stores and its
 # single-byte stores.
-COMPILE_FOR_HOPPER = r"""
-import re
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from turbo_inductor.kernels.triton import fp8_quant_grouped as grouped
-
-kernel, names = grouped._grouped_transposed_kernel, grouped._grouped_transposed_kernel.arg_names
-constants = dict(stride_xc=1, FORMAT=0, FMAX=448.0, POW2=False, FIX_NAN=False, NAN_BITS=0x7F, HAS_ROWS=False,
-                 ALIGN=16, BLOCK_E=16, BLOCK_R=grouped.BLOCK_ROWS, BLOCK_C=grouped.BLOCK_COLS, STAGES=grouped.STAGES)
-pointers = {"X": "*bf16", "ROWS": "*i64", "QT": "*u8", "SCALE": "*fp32", "PADDED_OFFS": "*i32", "OFFS": "*i32"}
-signature = {name: pointers.get(name, "constexpr" if name in constants else "i32") for name in names}
-aligned = (*pointers, "C", "S_PAD", "stride_xs")
-source = ASTSource(
-    fn=kernel,
-    signature=signature,
-    constexprs={(names.index(name),): value for name, value in constants.items()},
-    attrs={(names.index(name),): [["tt.divisibility", 16]] for name in aligned},
-)
-ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": grouped.NUM_WARPS}).asm["ptx"]
-loads = r"ld\.global\S*\.v4|cp\.async\S* \[[^]]*\], \[[^]]*\], 0x10"  # direct, or pipelined into shared memory
-print(*(len(re.findall(pattern, ptx)) for pattern in (loads, r"st\.global\S*\.v4", r"st\.global\.b8")))
-"""
-
-
 def test_the_kernel_compiles_for_hopper_with_vector_loads_and_stores():
-    """The kernel as the GPU runs it, not as the interpreter does (under TRITON_INTERPRET=1 nothing compiles, hence a
-    process of its own): it reads t's rows and writes q_t's columns 16 bytes at a time, no store a single byte. The
-    walks' loads are pipelined (``STAGES``): 16-byte asynchronous copies."""
-    import os
-    import subprocess
-    import sys
+    """The kernel as the GPU runs it (``turbo_inductor.testing.hopper``): it reads t's rows and writes q_t's columns
+    16 bytes at a time, no store a single byte. The walks' loads are pipelined (``STAGES``): 16-byte asynchronous
+    copies."""
+    from turbo_inductor.testing import hopper
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [sys.executable, "-c", COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    loads, stores, byte_stores = map(int, done.stdout.split()[-3:])
-    assert loads > 0 and stores > 0 and byte_stores == 0, done.stdout
+    launches = hopper.facts_in_a_process("grouped_transposed")
+    (walk,) = [f for f in launches if f["kernel"] == "_grouped_transposed_kernel"]
+    assert walk["vector_loads"] > 0 and walk["vector_stores"] > 0 and walk["byte_stores"] == 0, walk
 
 
 def test_bad_arguments_are_named():

@@ -192,3 +192,19 @@ def test_vendor_fp8_weight_gradient_hands_torch_padded_groups(monkeypatch):
     assert got[0].count_nonzero() == 0 and got[-1].count_nonzero() == 0
     exact = torch.stack([x[a:b].double().t() @ dy[a:b].double() for a, b in group_bounds(offs, x.shape[0])])
     assert snr_db(got, exact) >= 25
+
+
+def test_fp8_gemms_feed_hopper_tensor_cores_from_shared_memory():
+    """The Triton FP8 GEMMs as an H200 runs them (``turbo_inductor.testing.hopper``): operands go from global memory
+    into shared memory and from there to the MMA. Tiles loaded as bytes and bitcast to FP8 went back through registers
+    into shared memory before every MMA, which then had to finish before the next was issued. The fast-accumulation
+    forward keeps one MMA in flight while the next tiles land; the others add each chunk's product apart."""
+    from turbo_inductor.testing import hopper
+
+    cases = ("grouped_fwd", "grouped_dgrad", "grouped_blockwise", "grouped_wgrad", "dense_blockwise")
+    launches = {f["case"]: f for f in hopper.facts_in_a_process(*cases) if f["mma_in_flight"]}
+    assert set(launches) == set(cases), launches
+    for gemm in launches.values():
+        assert gemm["register_round_trips"] == 0 and gemm["mma_waits_added"] == 0 and gemm["spilled"] == 0, gemm
+        assert gemm["shared"] <= hopper.MAX_SHARED, gemm
+    assert launches["grouped_fwd"]["mma_in_flight"] == [1], launches["grouped_fwd"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import os
 
 import torch
@@ -43,6 +45,22 @@ def launch(kernel):
 def interpreting() -> bool:
     """True when kernels run in Triton's CPU interpreter. Its bf16 dot and fp8 stores are unreliable."""
     return _INTERPRETING
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceLimits:
+    sms: int  # streaming multiprocessors (compute units on AMD)
+    max_shared: int  # bytes of shared memory (LDS) one program may use
+
+
+@functools.cache
+def device_limits(device: torch.device) -> DeviceLimits:
+    """What the launch heuristics size persistent grids and pipeline stages by, on a GPU."""
+    import triton
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    max_shared = triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
+    return DeviceLimits(torch.cuda.get_device_properties(index).multi_processor_count, max_shared)
 
 
 def on_device(device: torch.device):

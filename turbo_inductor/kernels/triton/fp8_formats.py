@@ -46,14 +46,15 @@ def to_fp8_bits(y, FORMAT: tl.constexpr):
 
 
 @triton.jit
-def from_fp8_bits(bits, FORMAT: tl.constexpr):
-    """Raw bytes as FP8 values of the format numbered FORMAT."""
+def fp8_pointer(bytes_pointer, FORMAT: tl.constexpr):
+    """A pointer to raw bytes as one to FP8 values of the format numbered FORMAT. A GEMM loads its operands through
+    it: tiles bitcast after their load went from shared memory through registers and back before each MMA."""
     if FORMAT == 0:
-        q = bits.to(tl.float8e4nv, bitcast=True)
+        p = bytes_pointer.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
     elif FORMAT == 1:
-        q = bits.to(tl.float8e5, bitcast=True)
+        p = bytes_pointer.to(tl.pointer_type(tl.float8e5), bitcast=True)
     elif FORMAT == 2:
-        q = bits.to(tl.float8e4b8, bitcast=True)
+        p = bytes_pointer.to(tl.pointer_type(tl.float8e4b8), bitcast=True)
     else:
-        q = bits.to(tl.float8e5b16, bitcast=True)
-    return q
+        p = bytes_pointer.to(tl.pointer_type(tl.float8e5b16), bitcast=True)
+    return p

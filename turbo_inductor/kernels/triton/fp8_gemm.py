@@ -11,7 +11,7 @@ import triton.language as tl
 from ..reference.fp8_gemm import block_size
 from ..registry import implementation
 from . import interpreting, launch, on_device, traceable, unavailable_reason
-from .fp8_formats import format_id, from_fp8_bits
+from .fp8_formats import format_id, fp8_pointer
 
 # Output tile per program. The interpreter gets a small one: it runs every element in numpy.
 BLOCK_MN = 128
@@ -59,6 +59,8 @@ def _fp8_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
+    A = fp8_pointer(A, A_FORMAT)
+    B = fp8_pointer(B, B_FORMAT)
     pid = tl.program_id(0)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     rows = (pid // n_tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -74,11 +76,9 @@ def _fp8_gemm_kernel(
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + ks0
         k_in = ks < K
-        # Bytes outside the matrices load as 0, which is +0.0 in every format.
-        a = tl.load(A + rows64[:, None] * K + ks[None, :], mask=row_in[:, None] & k_in[None, :], other=0)
-        b = tl.load(B + cols64[None, :] * K + ks[:, None], mask=k_in[:, None] & col_in[None, :], other=0)
-        a = from_fp8_bits(a, A_FORMAT)
-        b = from_fp8_bits(b, B_FORMAT)
+        # Outside the matrices the loads are +0.0.
+        a = tl.load(A + rows64[:, None] * K + ks[None, :], mask=row_in[:, None] & k_in[None, :], other=0.0)
+        b = tl.load(B + cols64[None, :] * K + ks[:, None], mask=k_in[:, None] & col_in[None, :], other=0.0)
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)

@@ -15,18 +15,17 @@ chunks inside the group load whole tiles; only the group's first and last chunks
 groups' rows in registers: a mask along the contiguous rows of x^T and dy^T at bounds that are data would split
 every load into single bytes, which Triton neither vectorizes nor pipelines.
 
-FP8: operands travel as raw bytes (``.fp8_formats``) and go into ``tl.dot`` as FP8 (Hopper's FP8 MMA), both with
-the contracted dimension contiguous. Scales constant along the contracted dimension (tensorwise, rowwise, and a
-weight gradient's scales per group) multiply the tile once, in the epilogue; finer ones (1x128, 128x128, 1x32)
-multiply each chunk's product in the main loop, as ``.fp8_gemm`` does, the chunk never straddling a scaling block.
+FP8: operands travel as raw bytes (``.fp8_formats``), loaded through pointers cast to their format, and go into
+``tl.dot`` as FP8 (Hopper's FP8 MMA), both with the contracted dimension contiguous. Scales constant along the
+contracted dimension (tensorwise, rowwise, and a weight gradient's scales per group) multiply the tile once, in the
+epilogue; finer ones (1x128, 128x128, 1x32) multiply each chunk's product in the main loop, as ``.fp8_gemm`` does,
+the chunk never straddling a scaling block.
 Unless ``fast_accum``, each chunk's product is added to an fp32 accumulator apart (two-level accumulation: Hopper's
 FP8 MMA keeps fewer bits as it sums). Loads go through pointers with strides (any layout, AMD as well, and the
 interpreter, where the tiles are converted to fp32 before ``tl.dot``).
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import triton
@@ -35,8 +34,8 @@ import triton.language as tl
 from ..reference.fp8_gemm import block_size
 from ..reference.grouped_mm import wgrad_scales_reason
 from ..registry import implementation
-from . import interpreting, launch, on_device, traceable, unavailable_reason
-from .fp8_formats import format_id, from_fp8_bits
+from . import device_limits, interpreting, launch, on_device, traceable, unavailable_reason
+from .fp8_formats import format_id, fp8_pointer
 from .fp8_gemm import block_k_for
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) on an NVIDIA GPU by operand element size: the persistent matmul
@@ -57,15 +56,10 @@ INTERPRETER_PROGRAMS = 3
 ZERO_TILE = (32, 128)
 
 
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def persistent_programs(device: torch.device, per_sm: int = 1) -> int:
     """Programs of a persistent launch: ``per_sm`` per SM (a constant of the device, so the launch never depends on
     S); in the interpreter, INTERPRETER_PROGRAMS."""
-    return INTERPRETER_PROGRAMS if interpreting() else per_sm * _num_sms(device)
+    return INTERPRETER_PROGRAMS if interpreting() else per_sm * device_limits(device).sms
 
 
 def _launch_options(element_size: int, promoted: bool, block_k: int | None) -> dict:
@@ -133,6 +127,9 @@ def _grouped_gemm_kernel(
     [N, K] operand read transposed), for g < E; the rows past the last group (g = E) are written as zeros. With
     SCALED, A and B are FP8 bytes with block scales A_SCALE [S blocks, K blocks], B_SCALE [E, N blocks, K blocks];
     B_SCALE_PER_TILE: one scale of B per chunk spans the column tile. EVEN_K: BLOCK_K divides K."""
+    if SCALED:
+        A = fp8_pointer(A, A_FORMAT)
+        B = fp8_pointer(B, B_FORMAT)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     tile = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -162,17 +159,14 @@ def _grouped_gemm_kernel(
             k_stop = tl.where(g < E, K, 0)  # the rows past the last group multiply nothing
             for k0 in range(0, k_stop, BLOCK_K):
                 ks = k0 + tl.arange(0, BLOCK_K)
-                # Outside the operands the loads are 0 (+0.0 in every FP8 format): no term is added.
+                # Outside the operands the loads are +0.0: no term is added.
                 a_mask = row_in[:, None]
                 b_mask = col_in[None, :]
                 if not EVEN_K:
                     a_mask = a_mask & (ks < K)[None, :]
                     b_mask = b_mask & (ks < K)[:, None]
-                a = tl.load(A + rows64[:, None] * stride_am + ks[None, :] * stride_ak, mask=a_mask, other=0)
-                b = tl.load(b_group + ks[:, None] * stride_bk + cols64[None, :] * stride_bn, mask=b_mask, other=0)
-                if SCALED:
-                    a = from_fp8_bits(a, A_FORMAT)
-                    b = from_fp8_bits(b, B_FORMAT)
+                a = tl.load(A + rows64[:, None] * stride_am + ks[None, :] * stride_ak, mask=a_mask, other=0.0)
+                b = tl.load(b_group + ks[:, None] * stride_bk + cols64[None, :] * stride_bn, mask=b_mask, other=0.0)
                 if UPCAST:
                     a = a.to(tl.float32)
                     b = b.to(tl.float32)
@@ -247,8 +241,6 @@ def _wgrad_chunk(
     EDGE: tl.constexpr,
     SCALED: tl.constexpr,
     SCALE_PER_CHUNK: tl.constexpr,
-    A_FORMAT: tl.constexpr,
-    B_FORMAT: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -264,17 +256,14 @@ def _wgrad_chunk(
     if EDGE:
         # Whole tiles loaded (within S), the other groups' rows zeroed in registers.
         t_all = ts < S
-        a = tl.load(a_ptrs, mask=row_in[:, None] & t_all[None, :], other=0)
-        b = tl.load(b_ptrs, mask=t_all[:, None] & col_in[None, :], other=0)
+        a = tl.load(a_ptrs, mask=row_in[:, None] & t_all[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=t_all[:, None] & col_in[None, :], other=0.0)
         t_in = (ts >= start) & (ts < end)
         a = tl.where(t_in[None, :], a, tl.zeros_like(a))
         b = tl.where(t_in[:, None], b, tl.zeros_like(b))
     else:
-        a = tl.load(a_ptrs, mask=row_in[:, None], other=0)
-        b = tl.load(b_ptrs, mask=col_in[None, :], other=0)
-    if SCALED:
-        a = from_fp8_bits(a, A_FORMAT)
-        b = from_fp8_bits(b, B_FORMAT)
+        a = tl.load(a_ptrs, mask=row_in[:, None], other=0.0)
+        b = tl.load(b_ptrs, mask=col_in[None, :], other=0.0)
     if UPCAST:
         a = a.to(tl.float32)
         b = b.to(tl.float32)
@@ -335,6 +324,9 @@ def _grouped_wgrad_kernel(
     """OUT [E, M, N] (contiguous): OUT[g] = A [M, S] times B [N, S]^T over the rows t of group g (strides given).
     With SCALED, A and B are FP8 bytes with block scales A_SCALE [E, M blocks, S blocks], B_SCALE [E, N blocks,
     S blocks]: each group's own, or with stride_as_g = stride_bs_g = 0 one set shared by the groups."""
+    if SCALED:
+        A = fp8_pointer(A, A_FORMAT)
+        B = fp8_pointer(B, B_FORMAT)
     n_tiles_m = tl.cdiv(M, BLOCK_M)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
     pid = tl.program_id(0)
@@ -363,7 +355,7 @@ def _grouped_wgrad_kernel(
             acc, A, B, A_SCALE, B_SCALE, t0, start, end, S, rows, cols,
             stride_am, stride_at, stride_bn, stride_bt, stride_as_m, stride_as_t, stride_bs_n, stride_bs_t,
             a_block_rows, a_block_cols, b_block_rows, b_block_cols, M, N,
-            False, SCALED, SCALE_PER_CHUNK, A_FORMAT, B_FORMAT, UPCAST, IEEE, BLOCK_K,
+            False, SCALED, SCALE_PER_CHUNK, UPCAST, IEEE, BLOCK_K,
         )  # fmt: skip
     # The chunks holding the group's bounds where partial: before the whole ones (none for an empty group), after them.
     for edge in tl.static_range(2):
@@ -378,7 +370,7 @@ def _grouped_wgrad_kernel(
                 acc, A, B, A_SCALE, B_SCALE, t0, start, end, S, rows, cols,
                 stride_am, stride_at, stride_bn, stride_bt, stride_as_m, stride_as_t, stride_bs_n, stride_bs_t,
                 a_block_rows, a_block_cols, b_block_rows, b_block_cols, M, N,
-                True, SCALED, SCALE_PER_CHUNK, A_FORMAT, B_FORMAT, UPCAST, IEEE, BLOCK_K,
+                True, SCALED, SCALE_PER_CHUNK, UPCAST, IEEE, BLOCK_K,
             )  # fmt: skip
     if SCALED and not SCALE_PER_CHUNK:
         row_in = rows < M

@@ -6,7 +6,6 @@ See docs/kernels.md, RMSNorm.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 import triton
@@ -14,7 +13,7 @@ import triton.language as tl
 
 from ..reference.rmsnorm import sum_dtype
 from ..registry import FP8_IN_ITS_PASS, implementation
-from . import launch, on_device, traceable, unavailable_reason
+from . import device_limits, interpreting, launch, on_device, traceable, unavailable_reason
 from .fp8_quant import NO_FP8_OUTPUT, format_constexprs, fp8_quantize, store_fp8_row_blocks
 
 # --------------------------------------------------------------------------------------------------------------
@@ -88,20 +87,13 @@ def bwd_tiling(H: int, element_size: int) -> RowTiling:
     return _tiling(H, element_size, BWD_MAX_FUSED_BYTES, bwd_num_warps)
 
 
-@functools.cache
 def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return INTERPRETER_PROGRAMS
+    return INTERPRETER_PROGRAMS if interpreting() else device_limits(device).sms
 
 
-@functools.cache
 def _max_shared_mem(device: torch.device) -> int:
     """Shared memory one program may use, in bytes. Unbounded in the interpreter, which ignores stages."""
-    if device.type != "cuda":
-        return 1 << 30
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
+    return 1 << 30 if interpreting() else device_limits(device).max_shared
 
 
 @dataclasses.dataclass(frozen=True)
