@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import json
 import os
 import pkgutil
@@ -237,6 +238,60 @@ def _quantize_grouped_transposed(E: int, S: int, C: int):
     fp8_quant_grouped.fp8_quantize_grouped(_meta(S, C), _meta(E, dtype=torch.int32), E4M3, rowwise=True)
 
 
+def _triton(kernel: str):
+    """The Triton implementation of ``kernel``, called directly (the registry would pick by device)."""
+    from ..kernels import registry
+
+    return registry.implementations(kernel)["triton"].fn
+
+
+def _row_ops(T: int, H: int, inner: int):
+    """The row kernels of a dense layer at T tokens, hidden H, intermediate ``inner``, training, bf16 (RMSNorm with its
+    residual add, GLU, both writing FP8 copies, rotary)."""
+    x, w, rstd = _meta(T, H), _meta(H), _meta(T, dtype=torch.float32)
+    _triton("rmsnorm_fwd")(x, w, x, 1e-5)
+    _triton("rmsnorm_fwd_fp8")(x, w, x, 1e-5, E4M3, H)
+    _triton("rmsnorm_bwd")(x, x, w, rstd, x)
+    gate = _meta(T, inner)
+    _triton("glu_fwd")(gate, gate, None, None, "silu")
+    _triton("glu_fwd_fp8")(gate, gate, None, None, "silu", E4M3, inner)
+    _triton("glu_bwd")(gate, gate, gate, None, None, "silu", False)
+    _triton("rotary")(_meta(2, 32, T // 2, 128), _meta(T // 2, 128), _meta(T // 2, 128), False)
+
+
+def _wide_rows(T: int, H: int):
+    """RMSNorm on rows too wide for registers (taken in chunks), forward and backward."""
+    x, w = _meta(T, H), _meta(H)
+    _triton("rmsnorm_fwd")(x, w, None, 1e-5)
+    _triton("rmsnorm_bwd")(x, x, w, _meta(T, dtype=torch.float32), None)
+
+
+def _loss_and_embedding(T: int, V: int, H: int):
+    """The loss over a vocabulary of V at T tokens, and the embedding of hidden H: forward and backward."""
+    logits, target, per_row = _meta(T, V), _meta(T, dtype=torch.int64), _meta(T, dtype=torch.float32)
+    _triton("cross_entropy_fwd")(logits, target, -100)
+    _triton("cross_entropy_bwd")(logits, target, per_row, per_row, -100)
+    _triton("embedding_fwd")(_meta(V, H), target)
+    _triton("embedding_bwd")(_meta(T, H), target, V, -1)
+
+
+def _vendor_grouped_output_zeroed(S: int, N: int, E: int):
+    """The zeros written past the last group under torch's grouped GEMMs, which leave those rows unwritten."""
+    from ..kernels.triton import grouped_mm
+
+    grouped_mm.zero_rows_past_groups(_meta(S, N), _meta(E, dtype=torch.int32))
+
+
+def _routing(T: int, k: int, E: int, H: int):
+    """MoE routing of T tokens to k of E experts, hidden H: the permute (bf16 and FP8), its gradient's sum."""
+    indices, weights = _meta(T, k, dtype=torch.int64), _meta(T, k, dtype=torch.float32)
+    _triton("moe_route")(indices, E)
+    positions = _meta(T, k, dtype=torch.int64)
+    _triton("moe_dispatch")(_meta(T, H), positions, weights)
+    _triton("moe_dispatch_fp8")(_meta(T, H), positions, E4M3, H)
+    _triton("moe_gather_sum")(_meta(T * k, H), positions, weights, torch.bfloat16)
+
+
 # Each case: the launches of one call at the sizes the benchmarks run (Mixtral-8x7B's and Qwen3-30B-A3B's experts at
 # 2 x 4096 tokens, Llama-3-8B's linears).
 CASES = {
@@ -251,7 +306,23 @@ CASES = {
     "gate_up_weight": lambda: _quantize_weight_both_layouts(8, 28672, 4096),
     "down_weight": lambda: _quantize_weight_both_layouts(8, 4096, 14336),
     "grouped_transposed": lambda: _quantize_grouped_transposed(8, 16384, 4096),
+    "llama_rows": lambda: _row_ops(8192, 4096, 14336),
+    "loss_and_embedding": lambda: _loss_and_embedding(8192, 128256, 4096),
+    "mixtral_routing": lambda: _routing(8192, 2, 8, 4096),
+    "wide_rows": lambda: _wide_rows(1024, 65536),
+    "rows_past_groups": lambda: _vendor_grouped_output_zeroed(16384, 28672, 8),
 }
+
+
+def launched_kernels() -> set[str]:
+    """The kernels the Triton implementations launch (``launch(kernel)`` in their sources): what the cases cover."""
+    from ..kernels import triton as triton_kernels
+
+    names = set()
+    for info in pkgutil.iter_modules(triton_kernels.__path__):
+        source = importlib.util.find_spec(f"{triton_kernels.__name__}.{info.name}").origin
+        names |= set(re.findall(r"launch\((_\w+_kernel)\)", open(source).read()))
+    return names
 
 
 def facts(cases) -> list[dict]:
