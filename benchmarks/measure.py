@@ -91,8 +91,8 @@ def slowest_compiles(compiles: list[tuple[str, float]], shown: int) -> dict:
 
 
 def gpu_figures(step, left_over: int, kernels: int) -> dict:
-    """One step's peak memory (GiB, less ``left_over`` bytes) and kernel time (ms); prints its ``kernels`` slowest
-    kernels."""
+    """One step's peak memory (GiB, less ``left_over`` bytes) and kernel time (ms); with ``kernels``, every kernel's
+    GPU time per step (``kernels_us``, the table a floor argument rests on), printing the ``kernels`` slowest."""
     from benchmarks.common import kernel_us
 
     # One step's peak, on its own: do_bench's 256 MiB cache-flushing buffer is allocated during its timed steps.
@@ -103,7 +103,8 @@ def gpu_figures(step, left_over: int, kernels: int) -> dict:
     per_kernel = sorted(kernel_us(step, steps=5).items(), key=lambda item: -item[1])
     for kernel, us in per_kernel[:kernels]:
         print(f"    {us:9.1f} us  {kernel[:110]}")
-    return {"peak_gib": peak_gib, "gpu_ms": sum(us for _, us in per_kernel) / 1e3}
+    figures = {"peak_gib": peak_gib, "gpu_ms": sum(us for _, us in per_kernel) / 1e3}
+    return figures | ({"kernels_us": dict(per_kernel)} if kernels else {})
 
 
 def saved_for_backward(step, draw) -> dict:

@@ -128,7 +128,10 @@ def add_measurement_arguments(parser: argparse.ArgumentParser) -> None:
         "gradient SNR moves by ~0.1 dB between two compiles of the same arithmetic",
     )
     parser.add_argument(
-        "--kernels", type=int, default=0, help="GPU: print the N kernels taking most GPU time per column"
+        "--kernels",
+        type=int,
+        default=0,
+        help="GPU: print the N kernels taking most GPU time per column; every kernel's time goes in the JSON",
     )
     parser.add_argument(
         "--compile-kernels",

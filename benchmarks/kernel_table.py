@@ -1,0 +1,61 @@
+"""A step's GPU time by what its kernels do, from the per-kernel table a results row holds (``kernels_us``, written by
+``run_model --kernels N`` and ``bench_grouped_mm``): the table a floor argument starts from.
+
+    python -m benchmarks.kernel_table benchmarks/results/RUN.json [...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+# The first pattern a kernel's name matches names its kind. Attention before the GEMMs: cuDNN's attention kernels
+# carry "sm90" and "gemm"-like words in their names.
+KINDS = (
+    ("attention", r"flash|fmha|sdpa|attention"),
+    ("FP8 quantization", r"_fp8_tile_kernel|_fp8_scale_kernel|_grouped_transposed_kernel|_dispatch_fp8_kernel"),
+    ("GEMM", r"cutlass|gemm|nvjet|xmma|cublas|_grouped_wgrad_kernel"),
+    ("MoE routing", r"_route_kernel|_dispatch_kernel|_gather_sum_kernel|sort|topk|histc|scatter|gather|index"),
+    ("our row kernels", r"_rmsnorm|_dw_reduce|_glu_|_rotary|_cross_entropy|_embedding"),
+    ("Inductor's kernels", r"^triton_"),
+    ("copies and fills", r"copy|fill|zero"),
+)
+OTHER = "other"
+
+
+def kind_of(kernel: str) -> str:
+    return next((kind for kind, pattern in KINDS if re.search(pattern, kernel, re.IGNORECASE)), OTHER)
+
+
+def by_kind(kernels_us: dict[str, float]) -> dict[str, float]:
+    """GPU time per step (us) of each kind of kernel, largest first."""
+    totals: dict[str, float] = {}
+    for kernel, us in kernels_us.items():
+        totals[kind_of(kernel)] = totals.get(kind_of(kernel), 0.0) + us
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
+def print_run(path: str) -> None:
+    result = json.loads(open(path).read())
+    print(f"== {path} ({result['environment'].get('machine')}, torch {result['environment'].get('torch')})")
+    for row in result["rows"]:
+        if "kernels_us" not in row:
+            continue
+        total = sum(row["kernels_us"].values())
+        name = " ".join(str(row[key]) for key in ("model", "shape", "mode", "column") if key in row)
+        kinds = ", ".join(
+            f"{kind} {us / 1e3:.2f} ms ({us / total:.0%})" for kind, us in by_kind(row["kernels_us"]).items()
+        )
+        print(f"{name}: {total / 1e3:.2f} ms = {kinds}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", nargs="+", help="results JSON files")
+    for path in parser.parse_args().results:
+        print_run(path)
+
+
+if __name__ == "__main__":
+    main()
