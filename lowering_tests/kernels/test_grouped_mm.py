@@ -206,5 +206,5 @@ def test_fp8_gemms_feed_hopper_tensor_cores_from_shared_memory():
     assert set(launches) == set(cases), launches
     for gemm in launches.values():
         assert gemm["register_round_trips"] == 0 and gemm["mma_waits_added"] == 0 and gemm["spilled"] == 0, gemm
-        assert gemm["shared"] <= hopper.MAX_SHARED, gemm
+        assert gemm["shared"] <= hopper.MAX_SHARED and gemm["writes"] == ["OUT"], gemm
     assert launches["grouped_fwd"]["mma_in_flight"] == [1], launches["grouped_fwd"]

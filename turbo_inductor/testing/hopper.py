@@ -1,6 +1,7 @@
 """Our Triton kernels compiled for Hopper (sm_90: H100, H200) on a machine without a GPU, as the GPU machine would
 launch them: the launch heuristics' real configurations, Triton 3.x's own compiler and ptxas. What it tells without a
-GPU: that a kernel compiles, its shared memory and registers, spills, and how its main loop feeds the tensor cores.
+GPU: that a kernel compiles, its shared memory and registers, spills, how its main loop feeds the tensor cores, and
+which arguments torch's analysis finds written (a compiled graph copies those before the launch).
 
 Inside :func:`offline_hopper`, a launch of one of our kernels compiles it and runs nothing. The ops are called on
 ``meta`` tensors, so real sizes cost no memory. Nothing compiles under ``TRITON_INTERPRET=1``, which the tests set:
@@ -60,6 +61,8 @@ class Compiled:
 
     kernel: str
     constexprs: dict
+    tensors: list[str]  # its tensor arguments
+    writes: list[str]  # those torch's analysis finds written (a traced launch copies what is written)
     ttgir: str
     ptx: str
     shared: int
@@ -110,6 +113,8 @@ class Compiled:
         loop = self.main_loop()
         return dict(
             kernel=self.kernel,
+            tensors=self.tensors,
+            writes=self.writes,
             shared=self.shared,
             num_warps=self.num_warps,
             registers=registers,
@@ -123,6 +128,19 @@ class Compiled:
             register_round_trips=loop.count("ttg.local_alloc %"),
             constexprs={k: v for k, v in self.constexprs.items() if isinstance(v, (bool, int, float, str))},
         )
+
+
+def _written(kernel, arguments: dict) -> list[str]:
+    """The tensor arguments torch's analysis of the kernel's TTIR finds written: what Inductor copies before a traced
+    launch (every one where the analysis fails)."""
+    from torch._higher_order_ops import triton_kernel_wrap
+
+    if hasattr(triton_kernel_wrap, "identify_accessed_tensors"):  # torch >= 2.12
+        accesses = triton_kernel_wrap.identify_accessed_tensors(kernel, arguments, {})
+        written = [dep.name for dep in accesses.read_writes.writes]
+    else:
+        written = triton_kernel_wrap.identify_mutated_tensors(kernel, arguments, {})
+    return sorted(name for name in written if isinstance(arguments.get(name), torch.Tensor))
 
 
 @contextlib.contextmanager
@@ -145,15 +163,22 @@ def offline_hopper():
             def compile_only(*args, **kwargs):
                 kernel = self.kernel.warmup(*args, grid=grid, **kwargs)
                 constexprs = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages")}
+                arguments = dict(zip(self.kernel.arg_names, args)) | constexprs
+                tensors = [name for name, value in arguments.items() if isinstance(value, torch.Tensor)]
+                written = _written(self.kernel, arguments)
+                asm, metadata = kernel.asm, kernel.metadata
+                name = self.kernel.fn.__name__
                 compiled.append(
                     Compiled(
-                        self.kernel.fn.__name__,
+                        name,
                         constexprs,
-                        kernel.asm["ttgir"],
-                        kernel.asm["ptx"],
-                        kernel.metadata.shared,
-                        kernel.metadata.num_warps,
-                    )  # fmt: skip
+                        tensors,
+                        written,
+                        asm["ttgir"],
+                        asm["ptx"],
+                        metadata.shared,
+                        metadata.num_warps,
+                    )
                 )
 
             return compile_only
