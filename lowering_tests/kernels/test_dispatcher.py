@@ -132,3 +132,26 @@ def test_no_implementation_taking_the_arguments_is_named():
     with pytest.raises(ValueError, match=r"no implementation of test_dispatcher_picky takes .*picky: odd sizes only"):
         registry.select(kernel, torch.device("cpu"))(torch.randn(4))
     assert registry.select(kernel, torch.device("cpu"))(torch.ones(3)).sum() == 3
+
+
+def test_autotune_times_grouped_kernels_on_sorted_group_ends():
+    """Traced offs have no values: drawn at random they would leave most groups empty, and every candidate of a
+    grouped kernel would time alike. Autotune draws balanced group ends at multiples of 16 instead, the last at S
+    (where S is each kernel's grouped dimension: the FP8 wgrad's operands come transposed)."""
+    from turbo_inductor.kernels.reference.grouped_mm import GROUPED_KERNELS
+
+    S, K, E = 200, 32, 4
+    with FakeTensorMode():
+        rows, columns, offs = torch.empty(S, K), torch.empty(K, S), torch.empty(E, dtype=torch.int32)
+    arguments = {
+        "grouped_gemm": (rows, None, offs, None),
+        "grouped_gemm_wgrad": (rows, None, offs, None),
+        "fp8_grouped_gemm": (rows, None, None, None, offs, None),
+        "fp8_grouped_gemm_wgrad": (columns, None, None, None, offs, None),
+        "fp8_quantize_grouped": (rows, offs, None),
+    }
+    assert set(arguments) == set(GROUPED_KERNELS) and set(GROUPED_KERNELS) <= set(registry.kernels())
+    for kernel, args in arguments.items():
+        real = registry._real_arguments(kernel, args)
+        (ends,) = [a for a in real if isinstance(a, torch.Tensor) and a.dtype == torch.int32]
+        assert ends.tolist() == [48, 96, 144, 200], kernel

@@ -271,9 +271,19 @@ def _signature(device: torch.device, args: tuple, kwargs: dict) -> tuple:
     )
 
 
-def _real_arguments(args) -> tuple:
+# Per kernel, the arguments to time it on, made from random ones where random values would mislead: a grouped
+# GEMM's offs must be sorted group ends, or every group is empty and every candidate equally fast.
+_TIMING_ARGUMENTS: dict[str, Callable[..., tuple]] = {}
+
+
+def timing_arguments(kernel: str, make: Callable[..., tuple]) -> None:
+    """``make(*args) -> args``: what ``autotune`` times ``kernel`` on, from the random tensors drawn for traced ones."""
+    _TIMING_ARGUMENTS[kernel] = make
+
+
+def _real_arguments(kernel: str, args) -> tuple:
     """``args`` with every tensor real, for timing. A traced tensor (fake or functional) becomes a random one.
-    It keeps the size, dtype and device, made contiguous."""
+    It keeps the size, dtype and device, made contiguous; the kernel's ``timing_arguments`` then shape the values."""
     if all(type(a) in (torch.Tensor, torch.nn.Parameter) for a in args if isinstance(a, torch.Tensor)):
         return tuple(args)
 
@@ -285,7 +295,8 @@ def _real_arguments(args) -> tuple:
             return torch.randn(shape, device=a.device).to(a.dtype)
         return torch.randint(0, 2, shape, device=a.device).to(a.dtype)
 
-    return tuple(real(a) for a in args)
+    drawn = tuple(real(a) for a in args)
+    return _TIMING_ARGUMENTS[kernel](*drawn) if kernel in _TIMING_ARGUMENTS else drawn
 
 
 def _seconds_per_call(fn: Callable, args: tuple, kwargs: dict, device: torch.device) -> float:
@@ -319,7 +330,7 @@ def _call_autotuned(kernel: str, candidates: tuple[Implementation, ...], *args, 
         try:
             # Leave the trace's fake, functional and proxy modes: timing runs real kernels.
             with torch.no_grad(), _disable_current_modes():
-                real = _real_arguments(args)
+                real = _real_arguments(kernel, args)
                 for candidate in taking:
                     try:
                         times[candidate.name] = _seconds_per_call(candidate.fn, real, kwargs, device)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import implementation, never
+from ..registry import implementation, never, timing_arguments
 from . import unavailable_reason
 from .fp8_gemm import dequantize
 
@@ -20,6 +20,37 @@ def group_bounds(offs: torch.Tensor, rows: int) -> list[tuple[int, int]]:
         bounds.append((start, end))
         start = end
     return bounds
+
+
+def balanced_offsets(groups: int, rows: int, device: torch.device) -> torch.Tensor:
+    """Group ends splitting ``rows`` about evenly, each at a multiple of 16 (as the padded layouts' are), the last at
+    ``rows``: what a balanced router gives, to time grouped kernels on."""
+    ends = torch.arange(1, groups + 1, device=device) * rows // groups // 16 * 16
+    ends[-1] = rows
+    return ends.to(torch.int32)
+
+
+def _offs_balanced(index: int, grouped: int, dim: int):
+    """``timing_arguments`` for a kernel taking ``offs`` as argument ``index``, grouping dimension ``dim`` of argument
+    ``grouped``."""
+
+    def make(*args):
+        offs, rows = args[index], args[grouped].shape[dim]
+        return (*args[:index], balanced_offsets(offs.shape[0], rows, offs.device), *args[index + 1 :])
+
+    return make
+
+
+# Per grouped kernel: (offs' argument, the grouped argument, its grouped dimension). The FP8 wgrad's come transposed.
+GROUPED_KERNELS = {
+    "grouped_gemm": (2, 0, 0),
+    "grouped_gemm_wgrad": (2, 0, 0),
+    "fp8_grouped_gemm": (4, 0, 0),
+    "fp8_grouped_gemm_wgrad": (4, 0, 1),
+    "fp8_quantize_grouped": (1, 0, 0),
+}
+for kernel, where in GROUPED_KERNELS.items():
+    timing_arguments(kernel, _offs_balanced(*where))
 
 
 # Never traced: the loop reads offs on the host. The call stays one graph node.
