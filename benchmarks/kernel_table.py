@@ -10,15 +10,15 @@ import argparse
 import json
 import re
 
-# The first pattern a kernel's name matches names its kind. Attention before the GEMMs: cuDNN's attention kernels
-# carry "sm90" and "gemm"-like words in their names.
+# The first pattern a kernel's name matches names its kind. Inductor's names start with "triton_" and then name the
+# ops they fused (index, gather, ...); attention before the GEMMs, for cuDNN's names carry GEMM words.
 KINDS = (
+    ("Inductor's kernels", r"^triton_"),
     ("attention", r"flash|fmha|sdpa|attention"),
     ("FP8 quantization", r"_fp8_tile_kernel|_fp8_scale_kernel|_grouped_transposed_kernel|_dispatch_fp8_kernel"),
     ("GEMM", r"cutlass|gemm|nvjet|xmma|cublas|_grouped_wgrad_kernel"),
     ("MoE routing", r"_route_kernel|_dispatch_kernel|_gather_sum_kernel|sort|topk|histc|scatter|gather|index"),
     ("our row kernels", r"_rmsnorm|_dw_reduce|_glu_|_rotary|_cross_entropy|_embedding"),
-    ("Inductor's kernels", r"^triton_"),
     ("copies and fills", r"copy|fill|zero"),
 )
 OTHER = "other"

@@ -21,6 +21,7 @@ def test_kernels_of_a_saved_run_fall_in_their_kinds():
         "_gather_sum_kernel": "MoE routing",
         "_rmsnorm_bwd_kernel": "our row kernels",
         "triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0": "Inductor's kernels",
+        "triton_poi_fused_index_select_scatter_1": "Inductor's kernels",
         "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, ...>": "copies and fills",
         "ncclDevKernel_AllReduce_Sum_bf16_RING_LL": "other",
     }
