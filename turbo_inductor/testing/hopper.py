@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import json
 import os
+import pathlib
 import pkgutil
 import re
 import subprocess
@@ -345,8 +346,8 @@ def launched_kernels() -> set[str]:
 
     names = set()
     for info in pkgutil.iter_modules(triton_kernels.__path__):
-        source = importlib.util.find_spec(f"{triton_kernels.__name__}.{info.name}").origin
-        names |= set(re.findall(r"launch\((_\w+_kernel)\)", open(source).read()))
+        source = pathlib.Path(importlib.util.find_spec(f"{triton_kernels.__name__}.{info.name}").origin).read_text()
+        names |= set(re.findall(r"launch\((_\w+_kernel)\)", source))
     return names
 
 
