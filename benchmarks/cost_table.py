@@ -14,14 +14,10 @@ import json
 import pathlib
 import re
 
-from turbo_inductor.costs import GROUPED_MM, HERE, HIGH_PRECISION, LINEAR
+from turbo_inductor.costs import DEFAULTS, GROUPED_MM, HERE, HIGH_PRECISION, LINEAR
 
 # FP8 must be this much faster than high precision to be taken: the spread of repeated GPU timings of one step.
 MARGIN = 0.02
-# A shape no run measured: MoE experts' grouped GEMMs lost in FP8 at Qwen3-MoE's shapes and won by 2-6% at Mixtral's
-# (H200), so high precision is never slower; linears of dense models won in every run (Llama, Qwen2.5, Mistral,
-# Gemma, Phi-3).
-DEFAULTS = {GROUPED_MM: HIGH_PRECISION, LINEAR: "fp8"}
 _GROUPED = re.compile(r"\[(\d+), (\d+)\] x \[(\d+), (\d+), (\d+)\]")
 _LINEAR = re.compile(r"linear (\d+)x(\d+)->(\d+)")
 _FP8_COLUMN = re.compile(r"(?:fp8|primus_turbo fp8) (\w+)(?: auto)?$")

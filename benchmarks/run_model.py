@@ -378,7 +378,7 @@ def table_rows(args, work, model_name: str, results: dict, on_gpu: bool) -> list
                 **{key: r[key] for key in ("saved_gib", "saved_gib_by_kind") if key in r},
                 "compile_s": r["compile_s"],
                 "compile_phases": r["compile_phases"],
-                **({"triton_compiles": r["triton_compiles"]} if "triton_compiles" in r else {}),
+                **{key: r[key] for key in ("triton_compiles", "kernels_us") if key in r},
                 **r["accuracy"],
                 "rewrites": r.get("rewrites", {}),
             }

@@ -455,6 +455,7 @@ def test_both_layouts_with_column_blocks_read_x_twice(monkeypatch, experts, rows
     block), which give x^T's scales: bit for bit what two calls give, NaN included, and the float64 oracle's scales."""
     monkeypatch.setattr(triton_fp8, "TILE_ELEMENTS", 128)  # rows of 24 in 4-row tiles, so that programs loop
     monkeypatch.setattr(triton_fp8, "COLUMN_MAXIMA_PROGRAMS", programs)
+    monkeypatch.setattr(triton_fp8, "COLUMN_MAXIMA_MIN_ROWS", 1)
     original, taken = triton_fp8._rows_and_column_blocks, []
     monkeypatch.setattr(triton_fp8, "_rows_and_column_blocks", lambda *args: taken.append(args) or original(*args))
     M, K = experts * rows, 24
@@ -495,13 +496,16 @@ def test_the_row_pass_with_column_maxima_compiles_for_hopper_without_spills():
 
 def test_both_layouts_with_column_blocks_take_two_calls_where_the_row_pass_cannot_give_them():
     """The column maxima need x's blocks in one pass, room in registers beside the tile, and x^T's blocks one column
-    wide, holding whole row tiles; where x^T's blocks take one pass, two calls read x twice already."""
+    wide, holding whole row tiles and at least COLUMN_MAXIMA_MIN_ROWS rows; where x^T's blocks take one pass, two
+    calls read x twice already."""
     tiles = triton_fp8.column_maxima_row_tiles
     assert tiles(8192, 4096, 1, 4096, 8192) and tiles(8 * 28672, 4096, 1, 4096, 28672)
     assert not tiles(8192, 65536, 1, 65536, 8192)  # x's rows take two passes
     assert tiles(8192, 16384, 1, 16384, 8192) and not tiles(8192, 28672, 1, 28672, 8192)  # 32768 maxima: no room
-    assert tiles(8192, 4096, 1, 128, 384)  # x's 1 x 128 blocks, a row per tile
-    assert not tiles(8192, 256, 1, 256, 24)  # x^T's blocks of 24 rows split x's 16-row tiles
+    assert tiles(16384, 4096, 1, 128, 4096)  # x's 1 x 128 blocks, a row per tile
+    assert not tiles(8208, 256, 1, 256, 4104)  # x^T's blocks of 4104 rows split x's 16-row tiles
+    # Qwen3-MoE's experts: blocks of fewer rows than COLUMN_MAXIMA_MIN_ROWS, faster in two calls on an H100
+    assert not tiles(128 * 1536, 2048, 1, 2048, 1536) and not tiles(128 * 2048, 768, 1, 768, 2048)
     assert not tiles(8192, 4096, 128, 128, 128)  # x^T's blocks span 128 columns
     assert not tiles(8192, 1, 1, 1, 8192)  # one column: x^T's blocks take one pass
     assert not tiles(0, 4096, 1, 4096, 8192)

@@ -68,8 +68,9 @@ def test_warm_cache_reproduces_rewrites_and_results_and_options_and_versions_inv
             cpu = torch.device("cpu")
             assert all(names == registry.candidates(k, cpu) for k, names in warm_record.implementations.items())
         else:
-            # torch < 2.12 runs the passes only on a miss: a hit reports no rewrite (docs/architecture.md, Caches).
-            assert turbo_inductor.rewrite_counts() == {} and not warm_record.implementations
+            # torch < 2.12 runs the passes only on a miss: a hit reports no rewrite (docs/architecture.md, Caches),
+            # every pass's count zero (torch 2.11 on an H100).
+            assert not any(turbo_inductor.rewrite_counts().values()) and not warm_record.implementations
         for a, b in zip([cold[0], cold[1], *cold[2]], [warm[0], warm[1], *warm[2]]):
             assert torch.equal(a, b)
         torch._dynamo.reset()

@@ -6,8 +6,8 @@ per GEMM. A shape the table measured takes FP8 where its recipe ran faster, by `
 where the table also measured a substitute of the recipe (``Recipe.substitutes``: the same forward, a backward at
 least as accurate), the fastest of them runs. An unmeasured shape takes the table's default for its kind of GEMM:
 high precision for the grouped GEMMs of MoE experts (never slower; FP8 lost at some measured shapes), FP8 for the
-linears of dense models (they won at every one). A device without a table takes FP8 as the option asks. Why:
-``docs/fp8.md``, "Where FP8 pays".
+linears of dense models (they won at every one). A GPU without a table takes those defaults too; the CPU (the
+interpreter, the tests) takes FP8 as the option asks. Why: ``docs/fp8.md``, "Where FP8 pays".
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ GROUPED_MM, LINEAR = "grouped_mm", "linear"
 HIGH_PRECISION = "high precision"
 # A measured row stands for shapes of the same experts, K and N whose rows are within this factor of its own.
 ROWS_FACTOR = 2.0
+# A shape no run measured, on any GPU: MoE experts' grouped GEMMs lost in FP8 at Qwen3-MoE's shapes and won by 2-14%
+# at Mixtral's (H200, H100), so high precision is never slower; linears of dense models won in every run.
+DEFAULTS = {GROUPED_MM: HIGH_PRECISION, LINEAR: "fp8"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,10 +69,14 @@ def decide(kind: str, recipe: str, device: torch.device, rows, k: int, n: int, g
     ``rows`` routed rows in all; :data:`LINEAR`: [rows, K] x [K, N]) in ``recipe``, on ``device``."""
     slug = device_slug(device)
     costs = table(slug)
-    if costs is None:
-        return Decision(True, f"no cost table for {slug}: FP8 as the option asks", recipe)
     rows = _rows(rows)
     shape = f"[groups {groups}, rows {rows}, K {k}, N {n}]" if kind == GROUPED_MM else f"[{rows} x {k} -> {n}]"
+    if costs is None and device.type != "cuda":
+        return Decision(True, f"no cost table for {slug}: FP8 as the option asks", recipe)
+    if costs is None:
+        fp8 = DEFAULTS[kind] == "fp8"
+        default = f"FP8 {recipe}" if fp8 else HIGH_PRECISION
+        return Decision(fp8, f"{shape}: no cost table for {slug}: {default}, the default for a {kind}", recipe)
     candidates = (recipe, *RECIPES[recipe].substitutes)
     nearest = None
     for entry in costs.get(kind, ()):

@@ -54,6 +54,10 @@ LOOP_STAGES = 2
 # kernel also writes column maxima, one per program and column, so x is read twice, not three times. It runs about
 # this many programs (a wave of 8-warp programs on an H200); 0 quantizes the layouts by two calls.
 COLUMN_MAXIMA_PROGRAMS = 1024
+# ... where x^T's blocks hold at least this many of x's rows. On an H100 the row pass with maxima took Mixtral's
+# experts' W (blocks of 28672 and 4096 rows) in half the time of two calls, Qwen3-MoE's (1536 and 2048) in 2.3-2.9x
+# more (bench_fp8_quant --moe, benchmarks/results).
+COLUMN_MAXIMA_MIN_ROWS = 4096
 
 MODE_FUSED, MODE_AMAX, MODE_CAST = 0, 1, 2
 
@@ -445,10 +449,12 @@ def _program_rows(M: int, tiling: Fp8Tiling, row_tiles: int) -> int:
 
 def column_maxima_row_tiles(M: int, K: int, block_rows: int, block_cols: int, column_rows: int) -> int:
     """Tiles per program of a one-pass row kernel that also writes column maxima for x^T's blocks, ``column_rows``
-    of x's rows in one column; 0 where that does not apply: x^T's blocks span more than a column, x's blocks take two
-    passes, x^T's one (it is read twice already), the maxima would not fit registers beside the tile, or a block of
-    ``column_rows`` does not hold whole tiles."""
+    of x's rows in one column; 0 where that does not apply: x^T's blocks span more than a column or hold fewer than
+    COLUMN_MAXIMA_MIN_ROWS rows, x's blocks take two passes, x^T's one (it is read twice already), the maxima would
+    not fit registers beside the tile, or a block of ``column_rows`` does not hold whole tiles."""
     if not COLUMN_MAXIMA_PROGRAMS or M == 0 or K == 0 or min(block_rows, K) != 1:
+        return 0
+    if min(column_rows, M) < COLUMN_MAXIMA_MIN_ROWS:
         return 0
     tiling = fp8_tiling(M, K, block_rows, block_cols, False)
     n_column_blocks = triton.cdiv(M, column_rows)
