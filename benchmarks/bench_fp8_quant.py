@@ -34,7 +34,7 @@ GROUPED_HEURISTICS = {
     "default": {},
     "256 rows a step at 8 warps": {"BLOCK_ROWS": 256, "NUM_WARPS": 8},
     "128 rows a step at 8 warps": {"BLOCK_ROWS": 128, "NUM_WARPS": 8},
-    "4 programs per SM": {"PROGRAMS_PER_SM": 4},
+    "2 programs per SM": {"PROGRAMS_PER_SM": 2},
     "128 columns an item": {"BLOCK_COLS": 128},
     "one tile in flight (STAGES=1)": {"STAGES": 1},
     "two tiles in flight (STAGES=2)": {"STAGES": 2},

@@ -78,7 +78,11 @@ def main(argv=None):
         slug = slug_of(result["environment"]["machine"])
         path = pathlib.Path(args.out) / f"{slug}.json"
         old = tables.get(slug) or (json.loads(path.read_text()) if path.exists() else None)
-        source = f"{pathlib.Path(name).name} ({result['environment'].get('date', '?')[:10]}, torch "
+        # The run's file under benchmarks/results (where runs of other GPUs lie in a folder of their own).
+        path = pathlib.Path(name).resolve()
+        results = pathlib.Path(__file__).resolve().parent / "results"
+        shown = path.relative_to(results) if path.is_relative_to(results) else path.name
+        source = f"{shown} ({result['environment'].get('date', '?')[:10]}, torch "
         source += f"{result['environment'].get('torch', '?')})"
         tables[slug] = merge(old, entries(result, source), result["environment"])
     for slug, table in tables.items():
