@@ -32,7 +32,8 @@ def by_kind(kernels_us: dict[str, float]) -> dict[str, float]:
     """GPU time per step (us) of each kind of kernel, largest first."""
     totals: dict[str, float] = {}
     for kernel, us in kernels_us.items():
-        totals[kind_of(kernel)] = totals.get(kind_of(kernel), 0.0) + us
+        kind = kind_of(kernel)
+        totals[kind] = totals.get(kind, 0.0) + us
     return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 

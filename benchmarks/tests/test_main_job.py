@@ -362,7 +362,7 @@ def test_fsdp2_benchmark_runs_every_column_on_two_processes(tmp_path):
 
 def test_a_columns_kernel_table_goes_in_its_row():
     """``--kernels N`` on a GPU: each column's per-kernel GPU times reach its row of the JSON, the table a floor
-    argument rests on (they were printed and dropped)."""
+    argument rests on."""
     import types
 
     args, work = types.SimpleNamespace(batch=2, seq=8, mode="train"), types.SimpleNamespace(flops=1e9)

@@ -196,8 +196,8 @@ def test_vendor_fp8_weight_gradient_hands_torch_padded_groups(monkeypatch):
 
 def test_fp8_gemms_feed_hopper_tensor_cores_from_shared_memory():
     """The Triton FP8 GEMMs as an H200 runs them (``turbo_inductor.testing.hopper``): operands go from global memory
-    into shared memory and from there to the MMA. Tiles loaded as bytes and bitcast to FP8 went back through registers
-    into shared memory before every MMA, which then had to finish before the next was issued. The fast-accumulation
+    into shared memory and from there to the MMA. No tile goes back through registers into shared memory (as a tile
+    bitcast after its load does), which would make every MMA finish before the next is issued. The fast-accumulation
     forward keeps one MMA in flight while the next tiles land; the others add each chunk's product apart."""
     from turbo_inductor.testing import hopper
 

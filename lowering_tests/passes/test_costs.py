@@ -126,8 +126,8 @@ def test_a_device_without_a_table_takes_fp8_as_asked():
 
 
 def test_a_gpu_without_a_table_keeps_experts_in_high_precision():
-    """Never slower where nothing was measured: on an H100 without a table, FP8 experts made Qwen3-MoE 0.63x
-    Inductor against 1.19x in bf16. A GPU without one takes the defaults: experts in high precision, linears FP8."""
+    """Never slower where nothing was measured (FP8 experts as asked made Qwen3-MoE 0.63x Inductor on an H100,
+    against 1.19x in bf16): a GPU without a table takes the defaults, experts in high precision, linears FP8."""
     gpu = torch.device("cuda")
     assert costs.table(costs.device_slug(gpu)) is None  # this machine has no GPU: the slug is "cuda", no table
     experts = costs.decide(costs.GROUPED_MM, "rowwise", gpu, 8192, 2048, 1536, 128)

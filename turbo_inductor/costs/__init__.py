@@ -64,6 +64,12 @@ def _rows(value) -> int | None:
     return int(hint) if hint is not None else None
 
 
+def _default(defaults: dict, kind: str, recipe: str) -> tuple[bool, str]:
+    """(whether ``defaults`` put a ``kind`` GEMM in FP8, that choice in words)."""
+    fp8 = defaults[kind] == "fp8"
+    return fp8, f"FP8 {recipe}" if fp8 else HIGH_PRECISION
+
+
 def decide(kind: str, recipe: str, device: torch.device, rows, k: int, n: int, groups: int = 1) -> Decision:
     """FP8 or high precision for a ``kind`` GEMM (:data:`GROUPED_MM`: ``groups`` experts' weights [K, N] over
     ``rows`` routed rows in all; :data:`LINEAR`: [rows, K] x [K, N]) in ``recipe``, on ``device``."""
@@ -74,8 +80,7 @@ def decide(kind: str, recipe: str, device: torch.device, rows, k: int, n: int, g
     if costs is None and device.type != "cuda":
         return Decision(True, f"no cost table for {slug}: FP8 as the option asks", recipe)
     if costs is None:
-        fp8 = DEFAULTS[kind] == "fp8"
-        default = f"FP8 {recipe}" if fp8 else HIGH_PRECISION
+        fp8, default = _default(DEFAULTS, kind, recipe)
         return Decision(fp8, f"{shape}: no cost table for {slug}: {default}, the default for a {kind}", recipe)
     candidates = (recipe, *RECIPES[recipe].substitutes)
     nearest = None
@@ -87,8 +92,7 @@ def decide(kind: str, recipe: str, device: torch.device, rows, k: int, n: int, g
         if distance <= math.log(ROWS_FACTOR) and (nearest is None or distance < nearest[0]):
             nearest = distance, entry
     if nearest is None:
-        fp8 = costs["defaults"][kind] == "fp8"
-        default = f"FP8 {recipe}" if fp8 else HIGH_PRECISION
+        fp8, default = _default(costs["defaults"], kind, recipe)
         return Decision(fp8, f"{shape} not measured on {slug}: {default}, the table's default for a {kind}", recipe)
     entry = nearest[1]
     times = {candidate: entry["ms"][candidate] for candidate in candidates if candidate in entry["ms"]}

@@ -48,7 +48,7 @@ def to_fp8_bits(y, FORMAT: tl.constexpr):
 @triton.jit
 def fp8_pointer(bytes_pointer, FORMAT: tl.constexpr):
     """A pointer to raw bytes as one to FP8 values of the format numbered FORMAT. A GEMM loads its operands through
-    it: tiles bitcast after their load went from shared memory through registers and back before each MMA."""
+    it: a tile bitcast after its load would go from shared memory through registers and back before each MMA."""
     if FORMAT == 0:
         p = bytes_pointer.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
     elif FORMAT == 1:
