@@ -8,8 +8,9 @@
 #   profile: profiler tables; costs: the FP8 cost table of this GPU (benchmarks/cost_table.py), from grouped GEMMs and
 #   linears measured fwd+bwd; memory: the main job beside FP8 columns that save no W^T (save_weight_t's cost in time
 #   against the memory it holds); moe: transformers' Mixtral and Qwen3-MoE with their kernel lists, FP8 experts forced
-#   beside auto's choice; autocast: Llama-3-8B in bf16 and under autocast (fp32 parameters), whose ratios to Inductor
-#   are to be within 3%; these three without the peers' columns.
+#   beside auto's choice, then their quantization kernels and the floor of the FP8 step (benchmarks/floor.py);
+#   autocast: Llama-3-8B in bf16 and under autocast (fp32 parameters), whose ratios to Inductor are to be within 3%;
+#   these three without the peers' columns.
 #   TESTS="lowering_tests/system/test_gpu.py ..." limits the tests; MODEL_ARGS, GEMM_AR_ARGS, FSDP2_ARGS add arguments
 #   to that step; TESTS_TIMEOUT bounds the tests (s); MAX_JOBS sets the native build's jobs; INSTALLED=1 skips the
 #   install.
@@ -71,7 +72,10 @@ for step in "${steps[@]}"; do
            python3 -m benchmarks.cost_table "$OUT"/grouped_mm*.json "$OUT"/fp8*.json --out "$OUT" ;;
     model) bench run_model python3 -m benchmarks.run_model ${MODEL_ARGS:-} ;;
     moe) bench run_model python3 -m benchmarks.run_model --hf mixtral-8x7b,qwen3-30b-a3b --kernels 30 --snr-inputs 1 --peers '' \
-           --column 'fp8 rowwise experts={"fp8": {"recipe": "rowwise", "experts": true}}' ;;
+           --column 'fp8 rowwise experts={"fp8": {"recipe": "rowwise", "experts": true}}'
+         bench bench_fp8_quant python3 -m benchmarks.bench_fp8_quant --shapes '' --moe mixtral-8x7b,qwen3-30b-a3b
+         python3 -m benchmarks.floor "$(ls -t "$OUT"/model_*.json | head -1)" --out "$OUT/floor.json" \
+           --quant "$OUT/fp8_quant_shapes-none_moe-mixtral-8x7b-qwen3-30b-a3b.json" ;;
     autocast) bench run_model python3 -m benchmarks.run_model --hf llama3-8b --snr-inputs 1 --peers ''
               bench run_model python3 -m benchmarks.run_model --hf llama3-8b --snr-inputs 1 --peers '' --autocast ;;
     memory) bench run_model python3 -m benchmarks.run_model --hf llama3-8b,phi3-mini --snr-inputs 1 --peers '' \
