@@ -161,13 +161,15 @@ def training_by_size(sizes: list[int], tokens: int = 8192) -> list[dict]:
                 lambda x, w: F.linear(x, w), backend="primus_turbo", options={"fp8": recipe}
             )
         for name, fn in columns.items():
-            ms = bench_ms(fwd_bwd_step(fn, x, w))
+            step = fwd_bwd_step(fn, x, w)
+            ms = bench_ms(step)
             rows.append(
                 {
                     "shape": f"linear {tokens}x{d}->{d}",
                     "mode": "fwd+bwd",
                     "backend": name,
                     "ms": ms,
+                    "gpu_ms": gpu_ms(step),
                     "rate": 3 * 2 * tokens * d * d / ms / 1e9,
                 }
             )

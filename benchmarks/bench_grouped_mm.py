@@ -113,24 +113,24 @@ def run(configs: list[str], modes: list[str], kernels: bool = False) -> list[dic
             for mode in modes:
                 columns = variants() | (bare_fp8_gemms(x, parameter, offs) if mode == "fwd" else {})
                 for column, fn in columns.items():
-                    times_us = None
+                    row = {"shape": shape, "mode": mode, "column": column}
                     try:
                         if mode == "fwd":
                             with torch.no_grad():
-                                ms = bench_ms(lambda fn=fn: fn(x, parameter, offs))
+                                row["ms"] = bench_ms(lambda fn=fn: fn(x, parameter, offs))
                         else:
                             inputs = (x.clone().requires_grad_(), parameter.clone().requires_grad_())
                             step = fwd_bwd_step(lambda a, p, fn=fn: fn(a, p, offs), *inputs)
-                            ms = bench_ms(step)
+                            row["ms"], times_us = bench_ms(step), kernel_us(step)
+                            row["gpu_ms"] = sum(times_us.values()) / 1e3
                             if kernels and (column == BASELINE or column.startswith("fp8")):
-                                times_us = kernel_us(step)
+                                row["kernels_us"] = times_us
                                 print_kernels(f"{shape} {mode} {column}", times_us)
                     except Exception as error:  # one column failing leaves the others measured
                         print(f"{shape} {mode} {column}: failed: {type(error).__name__}: {error}")
                         continue
-                    work = flops * (1 if mode == "fwd" else 3)
-                    row = {"shape": shape, "mode": mode, "column": column, "ms": ms, "tflops": work / ms / 1e9}
-                    rows.append(row | ({"kernels_us": times_us} if times_us else {}))
+                    row["tflops"] = flops * (1 if mode == "fwd" else 3) / row["ms"] / 1e9
+                    rows.append(row)
                     torch.cuda.empty_cache()
     return rows
 

@@ -16,3 +16,24 @@ def test_the_shipped_table_is_what_its_runs_make(tmp_path):
     sources = {entry["source"].split(" ")[0] for kind in (costs.GROUPED_MM, costs.LINEAR) for entry in shipped[kind]}
     cost_table.main([str(RESULTS / name) for name in sorted(sources)] + ["--out", str(tmp_path)])
     assert json.loads((tmp_path / "nvidia-h200.json").read_text()) == shipped
+
+
+def test_a_row_costs_its_gpu_time_where_the_run_recorded_it():
+    shape = "linear 8192x2048->2048"
+    rows = [
+        {"shape": shape, "mode": "fwd+bwd", "backend": "inductor", "ms": 0.43, "gpu_ms": 0.41},
+        {"shape": shape, "mode": "fwd+bwd", "backend": "primus_turbo fp8 rowwise", "ms": 1.15, "gpu_ms": 0.35},
+        {"shape": shape, "mode": "fwd+bwd", "backend": "primus_turbo fp8 tensorwise", "ms": 1.27},
+        {"shape": shape, "mode": "fwd", "backend": "primus_turbo fp8 blockwise", "ms": 0.1, "gpu_ms": 0.1},
+    ]
+    table = cost_table.entries({"benchmark": "fp8", "rows": rows}, "fp8.json")
+    assert table[costs.LINEAR] == [
+        {
+            "groups": 1,
+            "rows": 8192,
+            "k": 2048,
+            "n": 2048,
+            "ms": {costs.HIGH_PRECISION: 0.41, "rowwise": 0.35, "tensorwise": 1.27},
+            "source": "fp8.json",
+        }
+    ]
