@@ -74,7 +74,7 @@ for step in "${steps[@]}"; do
     moe) bench run_model python3 -m benchmarks.run_model --hf mixtral-8x7b,qwen3-30b-a3b --kernels 30 --snr-inputs 1 --peers '' \
            --column 'fp8 rowwise experts={"fp8": {"recipe": "rowwise", "experts": true}}'
          bench bench_fp8_quant python3 -m benchmarks.bench_fp8_quant --shapes '' --moe mixtral-8x7b,qwen3-30b-a3b
-         python3 -m benchmarks.floor "$(ls -t "$OUT"/model_*.json | head -1)" --out "$OUT/floor.json" \
+         python3 -m benchmarks.floor "$(ls -t "$OUT"/model_*.json | head -1)" --out "$OUT/floor_moe.json" \
            --quant "$OUT/fp8_quant_shapes-none_moe-mixtral-8x7b-qwen3-30b-a3b.json" ;;
     autocast) bench run_model python3 -m benchmarks.run_model --hf llama3-8b --snr-inputs 1 --peers ''
               bench run_model python3 -m benchmarks.run_model --hf llama3-8b --snr-inputs 1 --peers '' --autocast ;;

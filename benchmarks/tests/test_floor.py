@@ -21,7 +21,8 @@ def _run(kernels_us: dict) -> dict:
         {"model": "mixtral-8x7b", "column": COLUMN, "step_ms": 32.0, "kernels_us": kernels_us},
     ]
     configuration = {"batch": 2, "seq": 1024, "models": {"mixtral-8x7b": MODEL}}
-    return {"configuration": configuration, "rows": rows, "environment": {"machine": "1x NVIDIA H200"}}
+    environment = {"machine": "1x NVIDIA H200"}
+    return {"benchmark": "model", "configuration": configuration, "rows": rows, "environment": environment}
 
 
 # Two bench rows: a copy at 4 TB/s (2.0 TB/s at 50%) and at 3 TB/s.
@@ -42,7 +43,7 @@ def test_quantization_moves_its_bytes_at_the_fastest_copy_and_gemms_run_at_the_b
         CUTLASS_GROUPED: 20000.0,
         "nvjet_dense": 3000.0,  # a dense GEMM: kept
     }
-    f = floor.floor(_run(kernels_us), QUANT, "mixtral-8x7b", COLUMN)
+    f = floor.model_floor(_run(kernels_us), QUANT, "mixtral-8x7b", COLUMN)
     assert f["quantization_ms"] == pytest.approx(6.5)
     assert f["copy_tbps"] == pytest.approx(4.0)
     # per layer: W 4 experts x 64 x 384 at 4 bytes; x 2048 x 64, then 4096 rows x (256 + 128 + 64) at 3 bytes
@@ -58,7 +59,25 @@ def test_quantization_moves_its_bytes_at_the_fastest_copy_and_gemms_run_at_the_b
     assert f["measured"] == pytest.approx(40 / 32)
     assert f["quantization_at_copy"] == pytest.approx(40 / at_copy)
     assert f["and_gemms_at_best"] == pytest.approx(40 / (at_copy - (20 - best_ms)))
-    assert f["target"] == 1.30
+    assert (f["baseline"], f["baseline_ms"], f["target"]) == ("inductor", 40.0, 1.30)
+
+
+def test_an_expert_gemm_moves_each_operand_once_per_layout():
+    shape = "mixtral-8x7b gate_up [256, 64] x [4, 64, 128]"
+    kernels_us = {"_fp8_tile_kernel": 300.0, "_grouped_transposed_kernel": 100.0, CUTLASS_GROUPED: 1000.0}
+    rows = [
+        {"shape": shape, "mode": "fwd+bwd", "column": "bf16 torch._grouped_mm", "ms": 2.0},
+        {"shape": shape, "mode": "fwd+bwd", "column": "fp8 rowwise auto", "ms": 1.6, "kernels_us": kernels_us},
+        {"shape": shape, "mode": "fwd", "column": "fp8 rowwise auto", "ms": 9.0},
+    ]
+    (f,) = floor.floors({"benchmark": "grouped_mm", "rows": rows}, QUANT, "fp8 rowwise auto")
+    # W, x and dy each read once and written in two FP8 layouts
+    gigabytes = 4 * (4 * 64 * 128 + 256 * 64 + 256 * 128) / 1e9
+    assert f["quantization_gb"] == pytest.approx(gigabytes)
+    assert f["expert_tflop_per_pass"] == pytest.approx(2 * 256 * 64 * 128 / 1e12)
+    at_copy = 1.6 - 0.4 + gigabytes / 4.0
+    assert f["quantization_at_copy"] == pytest.approx(2.0 / at_copy)
+    assert (f["baseline"], f["target"]) == ("bf16 torch._grouped_mm", 1.40)
 
 
 def test_the_command_prints_and_saves_each_models_floor(tmp_path, capsys, monkeypatch):
@@ -68,7 +87,8 @@ def test_the_command_prints_and_saves_each_models_floor(tmp_path, capsys, monkey
     monkeypatch.setattr("sys.argv", ["floor", str(run), "--quant", str(quant), "--out", str(out)])
     floor.main()
     printed = capsys.readouterr().out
-    assert f"mixtral-8x7b {COLUMN}: measured 1.250x (32.00 ms, Inductor 40.00)" in printed
+    assert f"mixtral-8x7b {COLUMN}: measured 1.250x (32.00 ms, inductor 40.00)" in printed
     saved = json.loads(out.read_text())
-    assert saved["sources"] == [str(run), str(quant)]
+    assert saved["configuration"]["sources"] == [str(run), str(quant)]
+    assert saved["environment"] == {"machine": "1x NVIDIA H200"}
     assert [row["quantization_ms"] for row in saved["rows"]] == [pytest.approx(1.0)]
