@@ -49,15 +49,15 @@ def _sizes(model: dict, batch: int, seq: int) -> tuple[int, int, int, int, int]:
 
 
 def quantization_bytes(model: dict, batch: int, seq: int) -> float:
-    """GB the experts' FP8 quantization moves in a training step at least: every operand read once and written once
-    in FP8 per layout it is used in. Each expert weight W: the forward's copy and the dgrad's, 4 bytes an element (the
+    """GB the experts' FP8 quantization moves in a training step at least: every operand read once and written in FP8
+    once per layout, in two layouts, 4 bytes an element. Each expert weight W: the forward's copy and the dgrad's (the
     rowwise recipe's dgrad copy, with a scale per column, reads W twice; with the forward's row scales folded into
     dy's quantization instead, the two copies share scales and one read writes both). Each activation (gate_up's x,
-    quantized before the permute, and dy; down's x and dy): 3 bytes an element."""
+    quantized before the permute, and dy; down's x and dy): rowwise and per group transposed for the wgrad."""
     experts, hidden, intermediate, tokens, rows = _sizes(model, batch, seq)
     weights = experts * hidden * 3 * intermediate
     activations = tokens * hidden + rows * (2 * intermediate + intermediate + hidden)
-    return model["layers"] * (4 * weights + 3 * activations) / 1e9
+    return model["layers"] * 4 * (weights + activations) / 1e9
 
 
 def copy_tbps(quant: dict) -> float:

@@ -46,8 +46,8 @@ def test_quantization_moves_its_bytes_at_the_fastest_copy_and_gemms_run_at_the_b
     f = floor.model_floor(_run(kernels_us), QUANT, "mixtral-8x7b", COLUMN)
     assert f["quantization_ms"] == pytest.approx(6.5)
     assert f["copy_tbps"] == pytest.approx(4.0)
-    # per layer: W 4 experts x 64 x 384 at 4 bytes; x 2048 x 64, then 4096 rows x (256 + 128 + 64) at 3 bytes
-    gigabytes = 2 * (4 * 4 * 64 * 384 + 3 * (2048 * 64 + 4096 * 448)) / 1e9
+    # per layer at 4 bytes an element: W 4 experts x 64 x 384; x 2048 x 64, then 4096 rows x (256 + 128 + 64)
+    gigabytes = 2 * 4 * (4 * 64 * 384 + 2048 * 64 + 4096 * 448) / 1e9
     assert f["quantization_gb"] == pytest.approx(gigabytes)
     assert f["quantization_at_copy_ms"] == pytest.approx(gigabytes / 4.0)
     # 4096 rows x 64 x 3 x 128 x 2 FLOPs per layer, 2 layers
