@@ -12,6 +12,7 @@ columns and of the baseline (``kernels_us`` in their rows), to show where the ti
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 
 import torch
@@ -27,6 +28,8 @@ from turbo_inductor.recipes import RECIPES
 CONFIGS = {"mixtral-8x7b": (8, 2, 4096, 14336), "qwen3-30b-a3b": (128, 8, 2048, 768)}
 TOKENS = 2 * 4096
 BASELINE = "bf16 torch._grouped_mm"
+# A row's shape, "<config> <projection> [S, K] x [E, K, N]": the groups capture S, K, E, K, N.
+SHAPE = re.compile(r"\[(\d+), (\d+)\] x \[(\d+), (\d+), (\d+)\]")
 DEVICE = "cuda"
 # Characters of a kernel's name printed by --kernels (CUTLASS's template names run to thousands).
 KERNEL_NAME_CHARS = 110

@@ -14,11 +14,11 @@ import json
 import pathlib
 import re
 
+from benchmarks.bench_grouped_mm import SHAPE
 from turbo_inductor.costs import DEFAULTS, GROUPED_MM, HERE, HIGH_PRECISION, LINEAR
 
 # FP8 must be this much faster than high precision to be taken: the spread of repeated GPU timings of one step.
 MARGIN = 0.02
-_GROUPED = re.compile(r"\[(\d+), (\d+)\] x \[(\d+), (\d+), (\d+)\]")
 _LINEAR = re.compile(r"linear (\d+)x(\d+)->(\d+)")
 _FP8_COLUMN = re.compile(r"(?:fp8|primus_turbo fp8) (\w+)(?: auto)?$")
 
@@ -35,7 +35,7 @@ def entries(result: dict, source: str) -> dict[str, list[dict]]:
         if row.get("mode") != "fwd+bwd":
             continue
         column = row.get("column", row.get("backend", ""))
-        if result["benchmark"] == "grouped_mm" and (match := _GROUPED.search(row["shape"])):
+        if result["benchmark"] == "grouped_mm" and (match := SHAPE.search(row["shape"])):
             rows, k, groups, _, n = map(int, match.groups())
             key = (GROUPED_MM, groups, rows, k, n)
             high = column == "grouped_mm impl=auto"

@@ -19,18 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 
+from .bench_grouped_mm import BASELINE, SHAPE
 from .goals import GROUPED_FP8, MOE
-from .kernel_table import by_kind, kind_of
+from .kernel_table import by_kind
 
 # DeepGEMM's FP8 grouped GEMM on an H800/H200, TFLOPS: forward (and dgrad, the same problem) and weight gradient.
 BEST_TFLOPS = {"forward": 1346.0, "wgrad": 873.0}
 # The expert GEMMs in a kernel table: torch's CUTLASS grouped kernels (their problem shape names the group) and ours.
 GROUPED_GEMM = ("GroupProblemShape", "_grouped_gemm_kernel", "_grouped_wgrad_kernel")
-# bench_grouped_mm's baseline column, and its shapes: "<model> <projection> [S, K] x [E, K, N]".
-BASELINE = "bf16 torch._grouped_mm"
-_GROUPED_SHAPE = re.compile(r"\[(\d+), (\d+)\] x \[(\d+), (\d+), (\d+)\]")
 
 
 def expert_tflop(model: dict, batch: int, seq: int) -> float:
@@ -68,14 +65,15 @@ def copy_tbps(quant: dict) -> float:
 def _floor(measured_ms: float, kernels_us: dict, gigabytes: float, tflop: float, bandwidth: float) -> dict:
     """A step of ``measured_ms`` whose kernels took ``kernels_us``, its quantization replaced by ``gigabytes`` at
     ``bandwidth`` TB/s, then its grouped GEMMs (``tflop`` per pass) by ``BEST_TFLOPS``'s times; ms."""
-    quant_us = sum(us for kernel, us in kernels_us.items() if kind_of(kernel) == "FP8 quantization")
+    kinds = by_kind(kernels_us)
+    quant_us = kinds.get("FP8 quantization", 0.0)
     grouped_us = sum(us for kernel, us in kernels_us.items() if any(name in kernel for name in GROUPED_GEMM))
     quant_floor_us = 1e3 * gigabytes / bandwidth
     best_grouped_us = 1e6 * tflop * (2 / BEST_TFLOPS["forward"] + 1 / BEST_TFLOPS["wgrad"])
     at_copy_ms = measured_ms - (quant_us - quant_floor_us) / 1e3
     return {
         "measured_ms": measured_ms,
-        "kinds_ms": {kind: us / 1e3 for kind, us in by_kind(kernels_us).items()},
+        "kinds_ms": {kind: us / 1e3 for kind, us in kinds.items()},
         "quantization_ms": quant_us / 1e3,
         "quantization_gb": gigabytes,
         "copy_tbps": bandwidth,
@@ -116,7 +114,7 @@ def model_floor(run: dict, quant: dict, model: str, column: str) -> dict:
 def grouped_floor(result: dict, quant: dict, shape: str, column: str) -> dict:
     """``column``'s fwd+bwd of one expert GEMM in a bench_grouped_mm run, against bf16 torch._grouped_mm."""
     rows = {row["column"]: row for row in result["rows"] if row["shape"] == shape and row["mode"] == "fwd+bwd"}
-    s, k, experts, _, n = map(int, _GROUPED_SHAPE.search(shape).groups())
+    s, k, experts, _, n = map(int, SHAPE.search(shape).groups())
     # W read once and written in two layouts; x and dy each read once and written rowwise and per group transposed
     gigabytes = 4 * (experts * k * n + s * k + s * n) / 1e9
     fp8 = rows[column]
