@@ -205,3 +205,107 @@ def test_bad_arguments_are_named():
         for impl in ("reference", "triton"):
             with pytest.raises(ValueError, match=f"fp8_quantize_grouped.*{message}"):
                 quantize(impl, args["t"], args["offs"], args["fp8_dtype"])
+
+
+# ---- fp8_quantize_grouped_rows: each row times its group's multiplier, quantized over the row -----------------------
+ROWS_KERNEL = "fp8_quantize_grouped_rows"
+
+
+def quantize_rows(impl: str, t, offs, multiplier, fp8_dtype=E4M3, **kwargs):
+    return registry.implementations(ROWS_KERNEL)[impl].fn(t, offs, multiplier, fp8_dtype, **kwargs)
+
+
+def multiplier_for(offs: torch.Tensor, cols: int, seed: int = 0) -> torch.Tensor:
+    """A multiplier per group and column in (0, 1] spread over 2^-8 .. 1, bf16 as the dgrad folds W's scales."""
+    gen = torch.Generator().manual_seed(seed)
+    m = torch.exp2(-8 * torch.rand(offs.shape[0], cols, generator=gen))
+    return m.to(DEVICE, torch.bfloat16)
+
+
+@pytest.mark.parametrize("pattern", list(PATTERNS))
+@pytest.mark.parametrize(
+    "dtype, fp8_dtype, power_of_two",
+    [
+        (torch.bfloat16, torch.float8_e4m3fn, False),
+        (torch.float32, torch.float8_e5m2, False),
+        (torch.float16, torch.float8_e4m3fn, True),
+    ],
+)
+def test_grouped_rows_reference_against_float64(pattern, dtype, fp8_dtype, power_of_two):
+    """Each row of group g times multiplier[g], rows past the last group as they are: its scale from that row's amax,
+    its values within the format's rounding of the product (float64)."""
+    t, offs = case(pattern, 24, dtype)
+    m = multiplier_for(offs, 24)
+    q, scale = quantize_rows("reference", t, offs, m, fp8_dtype, power_of_two=power_of_two)
+    rows = t.shape[0]
+    assert q.shape == t.shape and q.dtype == fp8_dtype and scale.shape == (rows, 1) and scale.dtype == torch.float32
+    factor = torch.ones(rows, 24, dtype=torch.float64)
+    for g, (start, n, _) in enumerate(layout(offs.tolist(), rows)):
+        factor[start : start + n] = m[g].double().cpu()
+    want = t.double().cpu() * factor
+    fmax, bits = torch.finfo(fp8_dtype).max, MANTISSA_BITS[fp8_dtype]
+    ratio = want.abs().amax(1, keepdim=True).clamp_min(1e-12) / fmax
+    s = scale.double().cpu()
+    if power_of_two:
+        assert bool((torch.frexp(s)[0] == 0.5).all()) and bool(
+            (s >= ratio * (1 - 2.0**-23)).all() and (s < 2 * ratio).all()
+        )
+    else:
+        torch.testing.assert_close(s, ratio, rtol=1e-6, atol=0)
+    tol = 2.0 ** -(bits + 1) * (1 + 1e-5) * want.abs() + torch.finfo(fp8_dtype).smallest_normal * 2.0**-bits * s
+    assert bool(((q.double().cpu() * s - want).abs() <= tol).all())
+
+
+@pytest.mark.parametrize(
+    "pattern, dtype, one_pass",
+    [
+        ("groups of 1 and 17, an empty one, rows past the last group", torch.bfloat16, True),
+        ("offsets out of order and past S", torch.float32, False),
+        ("empty first and last, a whole multiple of 16", torch.float16, False),
+        ("no rows", torch.bfloat16, True),
+    ],
+)
+def test_grouped_rows_triton_matches_the_reference(monkeypatch, pattern, dtype, one_pass):
+    """Rows in registers, or walked twice in chunks (the last one partial: 40 columns in chunks of 16)."""
+    if not one_pass:
+        monkeypatch.setattr(triton_grouped, "MAX_TILE_ELEMENTS", 32)
+        monkeypatch.setattr(triton_grouped, "ROW_CHUNK", 16)
+    t, offs = case(pattern, 40, dtype, seed=4)
+    m = multiplier_for(offs, 40, seed=5)
+    for power_of_two in (False, True):
+        got = quantize_rows("triton", t, offs, m, power_of_two=power_of_two)
+        want = quantize_rows("reference", t, offs, m, power_of_two=power_of_two)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.dtype == w.dtype and g.stride() == w.stride()
+        _assert_same_bits_or_interpreter_defect(got[0], want[0])
+        assert torch.equal(got[1], want[1])
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf / inf in the interpreter
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_grouped_rows_nan_shows_in_its_row_only(impl):
+    """A NaN in dy, or in a group's multiplier (a NaN in W's scales), makes the scale of each row it reaches NaN; the
+    other rows keep finite scales."""
+    t, offs = case("groups of 1 and 17, an empty one, rows past the last group", 8, torch.float32)
+    m = multiplier_for(offs, 8).float()
+    t[5, 2], m[3, 1] = float("nan"), float("nan")  # row 5 (group 1); group 3's rows 18 to 23
+    scale = quantize_rows(impl, t, offs, m)[1][:, 0]
+    bad = torch.zeros_like(scale, dtype=torch.bool)
+    bad[5], bad[18:23] = True, True
+    assert bool(scale[bad].isnan().all()) and bool(scale[~bad].isfinite().all())
+
+
+def test_grouped_rows_bad_arguments_are_named():
+    t, offs = case("empty first and last, a whole multiple of 16", 8)
+    m = multiplier_for(offs, 8)
+    for bad, message in (
+        (dict(t=t[0]), "2-D fp32/bf16/fp16 t"),
+        (dict(offs=offs.long()), "offs of at least one group, 1-D int32"),
+        (dict(multiplier=m[:, :4]), r"a multiplier per group and column, \[4, 8\]"),
+        (dict(multiplier=m.to(torch.int32)), "a multiplier per group and column"),
+        (dict(fp8_dtype=torch.float16), "fp8_dtype must be one of"),
+    ):
+        args = dict(t=t, offs=offs, multiplier=m, fp8_dtype=E4M3) | bad
+        for impl in ("reference", "triton"):
+            with pytest.raises(ValueError, match=f"fp8_quantize_grouped_rows.*{message}"):
+                quantize_rows(impl, args["t"], args["offs"], args["multiplier"], args["fp8_dtype"])

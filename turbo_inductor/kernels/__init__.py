@@ -12,6 +12,7 @@ from .reference import embedding as _reference_embedding  # noqa: F401
 from .reference import fp8_gemm as _reference_fp8_gemm  # noqa: F401
 from .reference import fp8_quant as _reference_fp8_quant  # noqa: F401
 from .reference import fp8_quant_grouped as _reference_fp8_quant_grouped  # noqa: F401
+from .reference import fp8_transpose as _reference_fp8_transpose  # noqa: F401
 from .reference import gemm_allreduce as _reference_gemm_allreduce  # noqa: F401
 from .reference import glu as _reference_glu  # noqa: F401
 from .reference import grouped_mm as _reference_grouped_mm  # noqa: F401
@@ -25,6 +26,7 @@ from .triton import embedding as _triton_embedding  # noqa: F401
 from .triton import fp8_gemm as _triton_fp8_gemm  # noqa: F401
 from .triton import fp8_quant as _triton_fp8_quant  # noqa: F401
 from .triton import fp8_quant_grouped as _triton_fp8_quant_grouped  # noqa: F401
+from .triton import fp8_transpose as _triton_fp8_transpose  # noqa: F401
 from .triton import glu as _triton_glu  # noqa: F401
 from .triton import grouped_mm as _triton_grouped_mm  # noqa: F401
 from .triton import moe as _triton_moe  # noqa: F401

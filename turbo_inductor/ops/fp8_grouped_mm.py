@@ -39,9 +39,12 @@ from ..recipes import RECIPES
 from .fp8_operands import (
     ALIGNMENT,
     QUANTIZE_KERNEL,
+    TRANSPOSE_KERNEL,
     check_quantized,
     check_recipe,
     check_saved_x,
+    contracts_weight_scales,
+    fold_contracted_weight_scales,
     fp8_formats,
     keeps_x,
     kernel_block,
@@ -64,8 +67,16 @@ from .moe import DISPATCH_KERNEL, GATHER_SUM_KERNEL, moe_combine, moe_combine_bw
 from .node import OpNode
 
 FP8_GROUPED_KERNEL, FP8_WGRAD_KERNEL = "fp8_grouped_gemm", "fp8_grouped_gemm_wgrad"
-GROUPED_QUANTIZE_KERNEL = "fp8_quantize_grouped"
-FP8_KERNELS = (QUANTIZE_KERNEL, GROUPED_QUANTIZE_KERNEL, FP8_GROUPED_KERNEL, FP8_WGRAD_KERNEL, WGRAD_KERNEL)
+GROUPED_QUANTIZE_KERNEL, GROUPED_ROWS_QUANTIZE_KERNEL = "fp8_quantize_grouped", "fp8_quantize_grouped_rows"
+FP8_KERNELS = (
+    QUANTIZE_KERNEL,
+    TRANSPOSE_KERNEL,
+    GROUPED_QUANTIZE_KERNEL,
+    GROUPED_ROWS_QUANTIZE_KERNEL,
+    FP8_GROUPED_KERNEL,
+    FP8_WGRAD_KERNEL,
+    WGRAD_KERNEL,
+)
 
 
 def _check(
@@ -233,7 +244,7 @@ def _forward(
         x_q, (*x_t, _) = _wgrad_operands(x, offs, recipe, e4m3, impl, given, rows)
     else:
         x_q = given or _activations(x, recipe, e4m3, quantize, False)[0]
-    w_q, w_t = weight_operands(weight, recipe, quantize, True, for_backward and save_weight_t)
+    w_q, w_t = weight_operands(weight, recipe, quantize, True, for_backward and save_weight_t, impl)
     if isinstance(x, FakeTensor) or x_q[0].shape[0] == 0:
         y = x.new_zeros((x_q[0].shape[0], weight.shape[2]))
     else:
@@ -246,7 +257,7 @@ def _forward(
 
 @kernel_op(
     "fp8_grouped_mm_fwd",
-    (QUANTIZE_KERNEL, GROUPED_QUANTIZE_KERNEL, FP8_GROUPED_KERNEL),
+    (QUANTIZE_KERNEL, TRANSPOSE_KERNEL, GROUPED_QUANTIZE_KERNEL, FP8_GROUPED_KERNEL),
     symbolic_sizes=False,
     fake=True,
 )
@@ -284,7 +295,14 @@ def fp8_grouped_mm_inference(
 
 @kernel_op(
     "fp8_grouped_mm_bwd",
-    (QUANTIZE_KERNEL, GROUPED_QUANTIZE_KERNEL, FP8_GROUPED_KERNEL, FP8_WGRAD_KERNEL),
+    (
+        QUANTIZE_KERNEL,
+        TRANSPOSE_KERNEL,
+        GROUPED_QUANTIZE_KERNEL,
+        GROUPED_ROWS_QUANTIZE_KERNEL,
+        FP8_GROUPED_KERNEL,
+        FP8_WGRAD_KERNEL,
+    ),
     symbolic_sizes=False,
     fake=True,
 )
@@ -315,12 +333,17 @@ def _backward(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl)
         dweight = empty_weight_gradient(weight, weight.shape, transposed).zero_() if wgrad else weight.new_empty(0)
         return dx, dweight
     fp8_wgrad = wgrad and not keeps_x(recipe)
-    if fp8_wgrad:  # dy for dx and dy^T for the wgrad
-        dy_q, (*dy_t, wgrad_offs) = _wgrad_operands(dy, offs, recipe, gradient_format, impl)
-    else:
-        dy_q = _activations(dy, recipe, gradient_format, quantizer(dy, impl), False)[0]
     if w_t.dim() != 3:  # no W^T saved (save_weight_t=False): quantized from W again
-        w_t, w_t_scale = weight_operands(weight, recipe, quantizer(dy, impl), False, True)[1]
+        w_t, w_t_scale = weight_operands(weight, recipe, quantizer(dy, impl), False, True, impl)[1]
+    dy_q = None
+    if contracts_weight_scales(recipe):  # W^T's row scales move onto dy's columns
+        w_t_scale, multiplier = fold_contracted_weight_scales(w_t_scale, weight.shape[1])
+        quantize_rows = registry.select(GROUPED_ROWS_QUANTIZE_KERNEL, dy.device, impl)
+        dy_q = quantize_rows(dy, offs, multiplier, gradient_format, RECIPES[recipe].power_of_two)
+    if fp8_wgrad:  # dy for dx, where not yet, and dy^T for the wgrad
+        dy_q, (*dy_t, wgrad_offs) = _wgrad_operands(dy, offs, recipe, gradient_format, impl, dy_q)
+    elif dy_q is None:
+        dy_q = _activations(dy, recipe, gradient_format, quantizer(dy, impl), False)[0]
     dx = registry.select(FP8_GROUPED_KERNEL, dy.device, impl)(*dy_q, w_t, w_t_scale, offs, dy.dtype)
     if not wgrad:
         return dx, weight.new_empty(0)

@@ -21,10 +21,12 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..kernels import registry
 from ..kernels.reference.fp8_quant import device_formats, scale_shape, transposed_scale
+from ..kernels.reference.fp8_transpose import fp8_transpose
 from ..recipes import RECIPES, ROW_RECIPES, Recipe
 from .library import check
 
 QUANTIZE_KERNEL = "fp8_quantize"
+TRANSPOSE_KERNEL = "fp8_transpose"
 
 # cuBLASLt's FP8 GEMMs want N and K in multiples of 16.
 ALIGNMENT = 16
@@ -137,12 +139,52 @@ def unsaved_operand(t: Tensor, fp8_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
 
 
 def weight_operands(
-    weight: Tensor, recipe: str, quantize: Callable, forward: bool, backward: bool
+    weight: Tensor, recipe: str, quantize: Callable, forward: bool, backward: bool, impl: str = registry.AUTO
 ) -> tuple[Optional[tuple[Tensor, Tensor]], Optional[tuple[Tensor, Tensor]]]:
     """W's per-expert FP8 operands in the recipe's weight blocks: (q, scale) each, or None where not wanted.
 
     Forward: W[g]^T [N, K] as [E, N, K], scales [E, N blocks, K blocks]. Backward (dx): W[g] [K, N] as
-    [E, K, N], scales [E, K blocks, N blocks]. Strided views; the contracted dimension is contiguous."""
+    [E, K, N], scales [E, K blocks, N blocks]. Strided views; the contracted dimension is contiguous.
+    Where :func:`dgrad_weight_is_forward_transposed`, the backward's is the forward's q transposed (``fp8_transpose``,
+    by ``impl``), its scales the forward's transposed: rowwise recipes' then lie along the dgrad's contracted N,
+    [E, 1, N], for :func:`fold_contracted_weight_scales`."""
+    if not (backward and dgrad_weight_is_forward_transposed(recipe)):
+        return _weight_operands_apart(weight, recipe, quantize, forward, backward)
+    own = _weight_operands_apart(weight, recipe, quantize, True, False)[0]
+    q, scale = own
+    transpose = fp8_transpose if isinstance(q, FakeTensor) else registry.select(TRANSPOSE_KERNEL, q.device, impl)
+    return (own if forward else None), (transpose(q), scale.transpose(1, 2))
+
+
+def dgrad_weight_is_forward_transposed(recipe: str) -> bool:
+    """Whether the experts' dgrad operand is their forward copy transposed, W quantized once: where both layouts'
+    blocks cut the same elements (whole experts, square blocks), and where the forward scales W^T per row (rowwise),
+    a scale along the dgrad's contracted dimension that :func:`fold_contracted_weight_scales` moves onto dy."""
+    rows, cols = RECIPES[recipe].weight_block
+    return rows == cols or contracts_weight_scales(recipe)
+
+
+def contracts_weight_scales(recipe: str) -> bool:
+    """Whether the experts' dgrad operand is scaled along its contracted N (the rowwise recipes' W^T rows), which no
+    GEMM epilogue can apply: dy's columns take it (:func:`fold_contracted_weight_scales`)."""
+    return RECIPES[recipe].weight_block == (1, 0)
+
+
+def fold_contracted_weight_scales(scale: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """(GEMM scale [E, K, 1], multiplier [E, N] bf16) for the dgrad operand's scales along N, ``scale`` [E, 1, N]:
+    dx = dy diag(s_g) q_g = (dy diag(s_g / t_g)) q_g t_g, with t_g the expert's largest scale. dy's rows, times
+    their expert's multiplier s_g / t_g in (0, 1], are quantized per row, and t_g is the GEMM's scale of every column
+    of dx. bf16 keeps the multiplier within 2^-9, far inside FP8's rounding; dividing by t_g keeps dy's amax floor
+    where it was. Why: ``docs/fp8.md``, "MoE experts: where the FP8 time goes"."""
+    top = scale.amax(dim=2, keepdim=True)
+    multiplier = (scale / top).squeeze(1).to(torch.bfloat16)
+    return top.expand(-1, k, -1).contiguous(), multiplier
+
+
+def _weight_operands_apart(
+    weight: Tensor, recipe: str, quantize: Callable, forward: bool, backward: bool
+) -> tuple[Optional[tuple[Tensor, Tensor]], Optional[tuple[Tensor, Tensor]]]:
+    """:func:`weight_operands`, each layout quantized from W in its own blocks."""
     r, e4m3 = RECIPES[recipe], fp8_formats(weight.device)[0]
     experts = weight.shape[0]
     w_t = weight.transpose(-2, -1)

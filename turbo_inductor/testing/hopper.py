@@ -257,6 +257,25 @@ def _quantize_weight_both_layouts(E: int, N: int, K: int):
     fp8_quant.fp8_quantize(_meta(E * N, K), E4M3, 1, K, False, both_layouts=True, block_cols_t=N)
 
 
+def _quantize_weight_once(E: int, N: int, K: int):
+    """An expert weight [E, N, K] as ``weight_operands`` quantizes it for training: the forward's rows flattened to
+    [E * N, K] in one pass, then that copy transposed for the dgrad."""
+    from ..kernels.triton import fp8_quant, fp8_transpose
+
+    fp8_quant.fp8_quantize(_meta(E * N, K), E4M3, 1, K, False)
+    fp8_transpose.fp8_transpose(_meta(E, N, K, dtype=E4M3))
+
+
+def _quantize_gradient_rows(E: int, S: int, C: int):
+    """dy [S, C] by groups of rows, each row times its group's multiplier and quantized over the row (the dgrad's
+    operand where W's scales lie along N), at C and at a row too wide for registers (walked twice)."""
+    from ..kernels.triton import fp8_quant_grouped
+
+    offs, wide = _meta(E, dtype=torch.int32), 65536
+    fp8_quant_grouped.fp8_quantize_grouped_rows(_meta(S, C), offs, _meta(E, C), E4M3)
+    fp8_quant_grouped.fp8_quantize_grouped_rows(_meta(S // 16, wide), offs, _meta(E, wide), E4M3)
+
+
 def _quantize_grouped_transposed(E: int, S: int, C: int):
     """t [S, C] by groups of rows, transposed and quantized per group and column (the wgrad's operands)."""
     from ..kernels.triton import fp8_quant_grouped
@@ -332,6 +351,9 @@ CASES = {
     "gate_up_weight": lambda: _quantize_weight_both_layouts(8, 28672, 4096),
     "down_weight": lambda: _quantize_weight_both_layouts(8, 4096, 14336),
     "grouped_transposed": lambda: _quantize_grouped_transposed(8, 16384, 4096),
+    "gate_up_weight_once": lambda: _quantize_weight_once(8, 28672, 4096),
+    "gate_up_gradient_rows": lambda: _quantize_gradient_rows(8, 16384, 28672),
+    "down_gradient_rows": lambda: _quantize_gradient_rows(8, 16384, 4096),
     "llama_rows": lambda: _row_ops(8192, 4096, 14336),
     "loss_and_embedding": lambda: _loss_and_embedding(8192, 128256, 4096),
     "mixtral_routing": lambda: _routing(8192, 2, 8, 4096),

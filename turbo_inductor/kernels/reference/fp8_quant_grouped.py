@@ -117,4 +117,60 @@ def fp8_quantize_grouped(
     return (*fp8_quantize(t, fp8_dtype, 1, max(cols, 1), False, power_of_two=power_of_two), *transposed)
 
 
-__all__ = ["fp8_quantize_grouped", "padded_columns", "group_layout", "check_args", "PAD_ALIGN"]
+def check_rows_args(t: torch.Tensor, offs: torch.Tensor, multiplier: torch.Tensor, fp8_dtype: torch.dtype) -> None:
+    """``fp8_quantize_grouped_rows``'s argument checks, every implementation's; raises ValueError."""
+    if t.dim() != 2 or t.dtype not in INPUT_DTYPES:
+        raise ValueError(
+            f"turbo_inductor: fp8_quantize_grouped_rows expects a 2-D fp32/bf16/fp16 t, got {tuple(t.shape)} {t.dtype}"
+        )
+    if offs.dim() != 1 or offs.dtype != torch.int32 or offs.shape[0] < 1 or offs.device != t.device:
+        raise ValueError(
+            f"turbo_inductor: fp8_quantize_grouped_rows expects offs of at least one group, 1-D int32 on t's device, "
+            f"got {tuple(offs.shape)} {offs.dtype} on {offs.device}"
+        )
+    expected = (offs.shape[0], t.shape[1])
+    if multiplier.shape != expected or multiplier.dtype not in INPUT_DTYPES or multiplier.device != t.device:
+        raise ValueError(
+            f"turbo_inductor: fp8_quantize_grouped_rows expects a multiplier per group and column, {list(expected)} "
+            f"fp32/bf16/fp16 on t's device, got {list(multiplier.shape)} {multiplier.dtype} on {multiplier.device}"
+        )
+    if fp8_dtype not in FP8_DTYPES:
+        raise ValueError(
+            f"turbo_inductor: fp8_quantize_grouped_rows fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}"
+        )
+
+
+@implementation(
+    "fp8_quantize_grouped_rows",
+    "reference",
+    priority=0,
+    unavailable_reason=unavailable_reason,
+    traceable=traced_off_cpu,
+)
+def fp8_quantize_grouped_rows(
+    t: torch.Tensor, offs: torch.Tensor, multiplier: torch.Tensor, fp8_dtype: torch.dtype, power_of_two: bool = False
+):
+    """``(q [S, C], scale [S, 1] fp32)``: each row of t, in group g, times ``multiplier[g]`` (in fp32), quantized
+    over its whole row as ``fp8_quantize`` quantizes a row; rows past the last group times 1. Groups as
+    :func:`fp8_quantize_grouped` bounds them.
+
+    The FP8 dgrad's dy where W's forward copy is scaled per row of W^T, along the dgrad's contracted dimension: that
+    scale moves onto dy's columns (``docs/kernels.md``, "Grouped FP8 quantization")."""
+    check_rows_args(t, offs, multiplier, fp8_dtype)
+    rows, groups = t.shape[0], offs.shape[0]
+    ends = group_layout(offs, rows)[1]
+    group_of_row = torch.searchsorted(ends, torch.arange(rows, device=t.device), right=True)
+    padded = torch.cat([multiplier.float(), multiplier.new_ones((1, t.shape[1]), dtype=torch.float32)])
+    scaled = t.float() * padded[group_of_row.clamp_max(groups)]
+    return fp8_quantize(scaled, fp8_dtype, 1, max(t.shape[1], 1), False, power_of_two=power_of_two)
+
+
+__all__ = [
+    "fp8_quantize_grouped",
+    "fp8_quantize_grouped_rows",
+    "padded_columns",
+    "group_layout",
+    "check_args",
+    "check_rows_args",
+    "PAD_ALIGN",
+]

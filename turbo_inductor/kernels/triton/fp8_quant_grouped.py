@@ -21,10 +21,18 @@ import torch
 import triton
 import triton.language as tl
 
-from ..reference.fp8_quant_grouped import PAD_ALIGN, check_args, padded_columns
+from ..reference.fp8_quant_grouped import PAD_ALIGN, check_args, check_rows_args, padded_columns
 from ..registry import implementation
 from . import launch, on_device, traceable, unavailable_reason
-from .fp8_quant import abs_bits, format_constexprs, fp8_bits_of, scale_from_amax
+from .fp8_quant import (
+    MAX_TILE_ELEMENTS,
+    TILE_ELEMENTS,
+    abs_bits,
+    format_constexprs,
+    fp8_bits_of,
+    num_warps_for,
+    scale_from_amax,
+)
 from .fp8_quant import fp8_quantize as fp8_quantize_rows
 from .grouped_mm import persistent_programs
 
@@ -190,4 +198,109 @@ def fp8_quantize_grouped(
     return (*fp8_quantize_rows(t, fp8_dtype, 1, max(cols, 1), False, power_of_two=power_of_two), *transposed)
 
 
-__all__ = ["fp8_quantize_grouped"]
+# The grouped row kernel: a row of up to MAX_TILE_ELEMENTS columns is held in registers (one read of t); a longer one
+# is walked twice in chunks of ROW_CHUNK columns, the second walk from L2.
+ROW_CHUNK = 4096
+
+
+@triton.jit
+def _grouped_rows_kernel(
+    X,
+    MULTIPLIER,
+    Q,
+    SCALE,
+    OFFS,
+    S,
+    C,
+    E,
+    stride_xs,
+    stride_xc,
+    FORMAT: tl.constexpr,
+    FMAX: tl.constexpr,
+    POW2: tl.constexpr,
+    FIX_NAN: tl.constexpr,
+    NAN_BITS: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    ONE_PASS: tl.constexpr,
+):
+    """BLOCK_R rows: each row r of group g times MULTIPLIER[g] ([E, C], contiguous), 1 past the last group, then
+    SCALE[r] and Q's row r (contiguous). ONE_PASS: the row fits BLOCK_C; else two walks over it in BLOCK_C chunks."""
+    e = tl.arange(0, BLOCK_E)
+    in_e = e < E
+    # Each group's end bounded within [previous end, S], as the reference bounds it.
+    ends = tl.associative_scan(tl.minimum(tl.maximum(tl.load(OFFS + e, mask=in_e, other=0), 0), S), 0, _maximum)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_in = rows < S
+    group = tl.sum(tl.where(in_e[None, :] & (ends[None, :] <= rows[:, None]), 1, 0), 1)
+    grouped = (group < E)[:, None]
+    rows64, group64 = rows.to(tl.int64)[:, None], group.to(tl.int64)[:, None]
+    scales = SCALE + rows.to(tl.int64)
+    if ONE_PASS:
+        cols = tl.arange(0, BLOCK_C)[None, :]
+        mask = row_in[:, None] & (cols < C)
+        x = tl.load(X + rows64 * stride_xs + cols * stride_xc, mask=mask, other=0.0).to(tl.float32)
+        x *= tl.load(MULTIPLIER + group64 * C + cols, mask=grouped & (cols < C), other=1.0).to(tl.float32)
+        scale = scale_from_amax(tl.max(abs_bits(x), 1).to(tl.float32, bitcast=True), FMAX, POW2)
+        tl.store(scales, scale, mask=row_in)
+        tl.store(Q + rows64 * C + cols, fp8_bits_of(x, scale[:, None], FORMAT, FMAX, FIX_NAN, NAN_BITS), mask=mask)
+    else:
+        amax_bits = tl.zeros([BLOCK_R], dtype=tl.int32)  # maxima of |x| as bits (see .fp8_quant.abs_bits)
+        for c0 in range(0, C, BLOCK_C):
+            cols = c0 + tl.arange(0, BLOCK_C)[None, :]
+            mask = row_in[:, None] & (cols < C)
+            x = tl.load(X + rows64 * stride_xs + cols * stride_xc, mask=mask, other=0.0).to(tl.float32)
+            x *= tl.load(MULTIPLIER + group64 * C + cols, mask=grouped & (cols < C), other=1.0).to(tl.float32)
+            amax_bits = tl.maximum(amax_bits, tl.max(abs_bits(x), 1))
+        scale = scale_from_amax(amax_bits.to(tl.float32, bitcast=True), FMAX, POW2)
+        tl.store(scales, scale, mask=row_in)
+        for c0 in range(0, C, BLOCK_C):
+            cols = c0 + tl.arange(0, BLOCK_C)[None, :]
+            mask = row_in[:, None] & (cols < C)
+            x = tl.load(X + rows64 * stride_xs + cols * stride_xc, mask=mask, other=0.0).to(tl.float32)
+            x *= tl.load(MULTIPLIER + group64 * C + cols, mask=grouped & (cols < C), other=1.0).to(tl.float32)
+            bits = fp8_bits_of(x, scale[:, None], FORMAT, FMAX, FIX_NAN, NAN_BITS)
+            tl.store(Q + rows64 * C + cols, bits, mask=mask)
+
+
+@implementation(
+    "fp8_quantize_grouped_rows", "triton", priority=20, unavailable_reason=unavailable_reason, traceable=traceable
+)
+def fp8_quantize_grouped_rows(
+    t: torch.Tensor, offs: torch.Tensor, multiplier: torch.Tensor, fp8_dtype: torch.dtype, power_of_two: bool = False
+):
+    """``(q, scale)``; see ``..reference.fp8_quant_grouped.fp8_quantize_grouped_rows``."""
+    check_rows_args(t, offs, multiplier, fp8_dtype)
+    (rows, cols), groups = t.shape, offs.shape[0]
+    q = torch.empty((rows, cols), dtype=fp8_dtype, device=t.device)
+    scale = torch.empty((rows, 1), dtype=torch.float32, device=t.device)
+    if rows == 0:
+        return q, scale
+    one_pass = triton.next_power_of_2(max(cols, 1)) <= MAX_TILE_ELEMENTS
+    block_c = triton.next_power_of_2(max(cols, 1)) if one_pass else ROW_CHUNK
+    # Rows per program as the one-pass row kernel of fp8_quantize groups them: tiles of about TILE_ELEMENTS.
+    block_r = min(max(1, TILE_ELEMENTS // block_c), triton.next_power_of_2(rows))
+    with on_device(t.device):
+        launch(_grouped_rows_kernel)[(triton.cdiv(rows, block_r),)](
+            t,
+            multiplier.contiguous(),
+            q.view(torch.uint8),  # FP8 travels as raw bytes (see .fp8_formats)
+            scale,
+            offs,
+            rows,
+            cols,
+            groups,
+            t.stride(0),
+            t.stride(1),
+            **format_constexprs(fp8_dtype, t.device, power_of_two),
+            BLOCK_E=max(16, triton.next_power_of_2(groups)),
+            BLOCK_R=block_r,
+            BLOCK_C=block_c,
+            ONE_PASS=one_pass,
+            num_warps=num_warps_for(block_r * block_c),
+        )
+    return q, scale
+
+
+__all__ = ["fp8_quantize_grouped", "fp8_quantize_grouped_rows"]
