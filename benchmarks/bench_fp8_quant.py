@@ -1,8 +1,9 @@
 """FP8 quantization on the GPU, each kernel's GPU time against a copy of the same tensor: a Llama-3-8B layer's
 operands (tensorwise and rowwise, row-major, transposed and both layouts) and, with ``--moe``, an MoE layer's expert
-operands (x and dy grouped and transposed per expert, W in both per-expert layouts). Backends: the reference eager and
-compiled by Inductor, the Triton kernels (with launch-heuristic variants) and the native ones where built.
-``python -m benchmarks.bench_fp8_quant [--shapes 8192x4096,...] [--heuristics default,...] [--moe mixtral-8x7b]``"""
+operands (x and dy grouped and transposed per expert, dy per row by expert, W in both per-expert layouts). Backends:
+the reference eager and compiled by Inductor, the Triton kernels (with launch-heuristic variants) and the native ones
+where built. ``python -m benchmarks.bench_fp8_quant [--shapes 8192x4096,...] [--heuristics default,...] [--moe
+mixtral-8x7b]``"""
 
 from __future__ import annotations
 
@@ -112,18 +113,24 @@ def layer_rows(shapes: str, heuristics: list[str]) -> list[dict]:
 
 
 def moe_rows(configs: list[str], grouped_heuristics: list[str], heuristics: list[str]) -> list[dict]:
-    """Per MoE config and projection: x [rows, K] and dy [rows, N] quantized grouped and transposed per expert (the
-    wgrad's operands), and W [E, K, N] in both per-expert rowwise layouts (the forward's and the dgrad's), as the FP8
-    grouped GEMM quantizes them: by default, and by two calls, W read three times."""
+    """Per MoE config and projection, as the FP8 grouped GEMM quantizes in training: x [rows, K] and dy [rows, N]
+    grouped and transposed per expert (the wgrad's operands); dy per row, times its expert's multiplier (the dgrad's,
+    beside a plain rowwise quantization of it); W [E, K, N] once for both layouts, the forward's copy transposed for
+    the dgrad, beside the two per-layout quantizations it replaces (the rowwise pass with column maxima; two calls)."""
     from turbo_inductor.kernels.triton import fp8_quant as triton_fp8
     from turbo_inductor.kernels.triton import fp8_quant_grouped as triton_grouped
     from turbo_inductor.ops.fp8_operands import weight_operands
 
+    e4m3 = torch.float8_e4m3fn
     # No eager or Inductor rows: at these sizes the reference's compile and run cost more than every kernel measured.
     grouped = triton_variants(triton_grouped.fp8_quantize_grouped, GROUPED_HEURISTICS, grouped_heuristics)
-    weight_heuristics = ["default", BY_TWO_CALLS] + [h for h in heuristics if h not in ("default", BY_TWO_CALLS)]
+    grouped_rows = triton_variants(triton_grouped.fp8_quantize_grouped_rows, {"default": {}}, ["default"])
+    per_layout = triton_variants(triton_fp8.fp8_quantize, HEURISTICS, ["default", BY_TWO_CALLS])
     # No native row: its kernels cut x^T's columns whole, not per expert.
-    weights = triton_variants(triton_fp8.fp8_quantize, HEURISTICS, weight_heuristics)
+    row_heuristics = [h for h in heuristics if "COLUMN_MAXIMA_PROGRAMS" not in HEURISTICS[h]]
+    once = triton_variants(
+        triton_fp8.fp8_quantize, HEURISTICS, ["default"] + [h for h in row_heuristics if h != "default"]
+    )
     rows = []
     for config in configs:
         experts, top_k, _, _ = CONFIGS[config]
@@ -133,14 +140,25 @@ def moe_rows(configs: list[str], grouped_heuristics: list[str], heuristics: list
             for operand, cols in (("x", k), ("dy", n)):
                 t = torch.randn(TOKENS * top_k, cols, device="cuda", dtype=torch.bfloat16)
                 shape = f"{config} {projection} {operand} [{t.shape[0]}, {cols}]"
-                call = lambda fn, t=t: fn(t, offs, torch.float8_e4m3fn)  # noqa: E731
+                call = lambda fn, t=t: fn(t, offs, e4m3)  # noqa: E731
                 measure(rows, shape, "grouped transposed", triton_grouped, grouped, call, 3 * t.numel(), copy_rate(t))
+                if operand == "dy":
+                    m = torch.rand(experts, n, device="cuda").to(torch.bfloat16)
+                    call = lambda fn, t=t, m=m: fn(t, offs, m, e4m3)  # noqa: E731
+                    measure(
+                        rows, shape, "rows by expert", triton_grouped, grouped_rows, call, 3 * t.numel(), copy_rate(t)
+                    )
+                    call = lambda fn, t=t: fn(t, e4m3, 1, n, False)  # noqa: E731
+                    measure(rows, shape, "rowwise", triton_fp8, once[:1], call, 3 * t.numel(), copy_rate(t))
             # The parameter as transformers and bench_grouped_mm hold it, [E, N, K], read as W [E, K, N].
             weight = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16).transpose(-2, -1)
-            shape = f"{config} {projection} W [{experts}, {k}, {n}]"
-            call = lambda fn, w=weight: weight_operands(w, "rowwise", fn, True, True)  # noqa: E731
+            shape, rate = f"{config} {projection} W [{experts}, {k}, {n}]", copy_rate(weight)
+            call = lambda fn, w=weight: weight_operands(w, "rowwise", fn, True, True, impl="triton")  # noqa: E731
+            measure(rows, shape, "rowwise both layouts", triton_fp8, once, call, 4 * weight.numel(), rate)
+            flat = weight.transpose(-2, -1).reshape(-1, k)  # W^T's rows, [E * N, K]
+            call = lambda fn, f=flat: fn(f, e4m3, 1, k, False, both_layouts=True, block_cols_t=n)  # noqa: E731
             measure(
-                rows, shape, "rowwise both layouts", triton_fp8, weights, call, 4 * weight.numel(), copy_rate(weight)
+                rows, shape, "rowwise both layouts, per layout", triton_fp8, per_layout, call, 4 * flat.numel(), rate
             )
     return rows
 

@@ -47,10 +47,10 @@ def _sizes(model: dict, batch: int, seq: int) -> tuple[int, int, int, int, int]:
 
 def quantization_bytes(model: dict, batch: int, seq: int) -> float:
     """GB the experts' FP8 quantization moves in a training step at least: every operand read once and written in FP8
-    once per layout, in two layouts, 4 bytes an element. Each expert weight W: the forward's copy and the dgrad's (the
-    rowwise recipe's dgrad copy, with a scale per column, reads W twice; with the forward's row scales folded into
-    dy's quantization instead, the two copies share scales and one read writes both). Each activation (gate_up's x,
-    quantized before the permute, and dy; down's x and dy): rowwise and per group transposed for the wgrad."""
+    once per layout, in two layouts, 4 bytes an element. Each expert weight W: the forward's copy and the dgrad's, which
+    share scales (the forward's row scales fold into dy's quantization), so one read could write both; the op reads W
+    once and transposes the forward's copy, 5 bytes. Each activation (gate_up's x, quantized before the permute, and
+    dy; down's x and dy): rowwise and per group transposed for the wgrad."""
     experts, hidden, intermediate, tokens, rows = _sizes(model, batch, seq)
     weights = experts * hidden * 3 * intermediate
     activations = tokens * hidden + rows * (2 * intermediate + intermediate + hidden)

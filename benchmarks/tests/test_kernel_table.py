@@ -38,3 +38,14 @@ def test_a_row_sums_to_its_kinds(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "m fp8: 0.50 ms = GEMM 0.40 ms (80%), FP8 quantization 0.05 ms (10%), other 0.05 ms (10%)" in out
     assert "eager" not in out
+
+
+def test_every_kernel_our_triton_implementations_launch_has_a_kind():
+    """A new kernel lands in a kind, not in "other": a floor argument would miss its time."""
+    from turbo_inductor.testing import hopper
+
+    assert {
+        name: kernel_table.kind_of(name)
+        for name in hopper.launched_kernels()
+        if kernel_table.kind_of(name) == kernel_table.OTHER
+    } == {}

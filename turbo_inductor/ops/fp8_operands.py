@@ -4,8 +4,8 @@ An operand [R, C] (C contracted) is quantized with dynamic scaling in blocks of 
 and role: activation or gradient, or weight. A recipe's block (rows, cols), 0 for the whole dimension, is the
 quantization kernel's block by :func:`kernel_block`. Its scale is fp32 [cdiv(R, block rows), cdiv(C, block cols)]
 (:func:`scale_shape`). The kernel (``fp8_quantize``) writes q in the operand's layout, its transpose's, or both.
-A grouped GEMM's experts' weights [E, K, N] are quantized by :func:`weight_operands`, both layouts in one call where
-both are wanted and their blocks have rows (the Triton kernel then reads W twice, not three times).
+A grouped GEMM's experts' weights [E, K, N] are quantized by :func:`weight_operands`: once, the dgrad's copy the
+forward's transposed, where the recipe's blocks allow (:func:`dgrad_weight_is_forward_transposed`).
 Formats follow the device (:func:`fp8_formats`). Why: ``docs/ops.md``, "FP8 linear".
 """
 

@@ -23,7 +23,7 @@ NUM_WARPS = 4
 
 
 @triton.jit
-def _transpose_kernel(
+def _fp8_transpose_kernel(
     Q,
     OUT,
     R,
@@ -58,7 +58,7 @@ def fp8_transpose(q: torch.Tensor) -> torch.Tensor:
     grid = (triton.cdiv(rows, TILE_ROWS) * n_tile_cols, batch)
     with on_device(q.device):
         # FP8 travels as raw bytes (see .fp8_formats).
-        launch(_transpose_kernel)[grid](
+        launch(_fp8_transpose_kernel)[grid](
             q.view(torch.uint8),
             out.view(torch.uint8),
             rows,
