@@ -382,3 +382,36 @@ def test_both_layouts_from_the_row_pass_with_column_maxima_at_real_sizes(dtype, 
     for g, w in zip(got, want):
         assert g.shape == w.shape and g.stride() == w.stride()
         assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)) if g.element_size() == 1 else torch.equal(g, w)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_experts_dgrad_operands_at_real_sizes_equal_the_reference(dtype):
+    """The MoE dgrad's operands as training builds them on this GPU: W's forward copy transposed (``fp8_transpose``,
+    a padded view as ``weight_operands`` gives it) and dy's rows times their expert's multiplier, quantized
+    (``fp8_quantize_grouped_rows``: rows in registers at 14336 columns, walked twice at 65536), bit for bit the
+    reference's; and the rowwise FP8 experts' dx at the 25 dB gate against float64."""
+    from turbo_inductor.kernels.reference import fp8_quant_grouped as reference_grouped
+    from turbo_inductor.kernels.reference import fp8_transpose as reference_transpose
+    from turbo_inductor.kernels.triton import fp8_quant_grouped as triton_grouped
+    from turbo_inductor.kernels.triton import fp8_transpose as triton_transpose
+
+    e4m3 = fp8_formats(torch.device("cuda"))[0]
+    q = torch.randn(4, 4100, 4096, device="cuda").to(e4m3)[:, 3:4099]
+    assert torch.equal(
+        triton_transpose.fp8_transpose(q).view(torch.uint8), reference_transpose.fp8_transpose(q).view(torch.uint8)
+    )
+    offs = torch.tensor([1000, 1000, 3001, 4096], dtype=torch.int32, device="cuda")
+    for cols in (14336, 65536):
+        dy = torch.randn(4100, cols, device="cuda", dtype=dtype)
+        m = torch.rand(4, cols, device="cuda").to(torch.bfloat16)
+        got = triton_grouped.fp8_quantize_grouped_rows(dy, offs, m, e4m3)
+        want = reference_grouped.fp8_quantize_grouped_rows(dy, offs, m, e4m3)
+        assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(got[1], want[1])
+    x = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    parameter = (torch.randn(4, 2048, 1024, device="cuda") * torch.rand(4, 2048, 1, device="cuda") / 32).bfloat16()
+    dy = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16)
+    turbo_inductor.ops.fp8_grouped_mm(x, parameter.transpose(-2, -1), offs, "rowwise").backward(dy)
+    want = torch.cat(
+        [dy[a:b].double() @ parameter[g].double() for g, (a, b) in enumerate(zip([0, 1000, 1000, 3001], offs.tolist()))]
+    )
+    assert snr_db(x.grad, want) >= 25
