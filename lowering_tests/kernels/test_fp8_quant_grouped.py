@@ -32,6 +32,17 @@ PATTERNS = {
 }
 
 
+# (t's dtype, the FP8 format, power-of-two scales) of the reference tests
+FORMATS = pytest.mark.parametrize(
+    "dtype, fp8_dtype, power_of_two",
+    [
+        (torch.bfloat16, torch.float8_e4m3fn, False),
+        (torch.float32, torch.float8_e5m2, False),
+        (torch.float16, torch.float8_e4m3fn, True),
+    ],
+)
+
+
 def quantize(impl: str, t: torch.Tensor, offs: torch.Tensor, fp8_dtype=torch.float8_e4m3fn, **kwargs):
     return registry.implementations(KERNEL)[impl].fn(t, offs, fp8_dtype, **kwargs)
 
@@ -57,14 +68,7 @@ def layout(ends: list[int], rows: int) -> list[tuple[int, int, int]]:
 
 
 @pytest.mark.parametrize("pattern", list(PATTERNS))
-@pytest.mark.parametrize(
-    "dtype, fp8_dtype, power_of_two",
-    [
-        (torch.bfloat16, torch.float8_e4m3fn, False),
-        (torch.float32, torch.float8_e5m2, False),
-        (torch.float16, torch.float8_e4m3fn, True),
-    ],
-)
+@FORMATS
 def test_reference_against_float64(pattern, dtype, fp8_dtype, power_of_two):
     """Per group and column: the scale from the group's rows alone, the dequantized rows within the format's rounding,
     starting at the group's padded start; zeros everywhere else; the padded offsets; the rowwise copy is
@@ -223,14 +227,7 @@ def multiplier_for(offs: torch.Tensor, cols: int, seed: int = 0) -> torch.Tensor
 
 
 @pytest.mark.parametrize("pattern", list(PATTERNS))
-@pytest.mark.parametrize(
-    "dtype, fp8_dtype, power_of_two",
-    [
-        (torch.bfloat16, torch.float8_e4m3fn, False),
-        (torch.float32, torch.float8_e5m2, False),
-        (torch.float16, torch.float8_e4m3fn, True),
-    ],
-)
+@FORMATS
 def test_grouped_rows_reference_against_float64(pattern, dtype, fp8_dtype, power_of_two):
     """Each row of group g times multiplier[g], rows past the last group as they are: its scale from that row's amax,
     its values within the format's rounding of the product (float64)."""

@@ -295,14 +295,7 @@ def fp8_grouped_mm_inference(
 
 @kernel_op(
     "fp8_grouped_mm_bwd",
-    (
-        QUANTIZE_KERNEL,
-        TRANSPOSE_KERNEL,
-        GROUPED_QUANTIZE_KERNEL,
-        GROUPED_ROWS_QUANTIZE_KERNEL,
-        FP8_GROUPED_KERNEL,
-        FP8_WGRAD_KERNEL,
-    ),
+    FP8_KERNELS,  # the bf16 wgrad's too (rowwise_with_gw_hp)
     symbolic_sizes=False,
     fake=True,
 )
