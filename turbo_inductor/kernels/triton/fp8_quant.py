@@ -22,6 +22,7 @@ from ..reference.fp8_quant import (
 from ..registry import implementation
 from . import interpreting, launch, on_device, traceable, unavailable_reason
 from .fp8_formats import format_id, to_fp8_bits
+from .fp8_transpose import fp8_transpose
 
 # --------------------------------------------------------------------------------------------------------------
 # Launch heuristics: module constants, so that tests can shrink them.
@@ -407,38 +408,39 @@ def fp8_quantize(
             return _rows_and_column_blocks(x, fp8_dtype, block_rows, block_cols, column_rows, row_tiles, formats)
         return both_layouts_by_two_calls(fp8_quantize, x, fp8_dtype, block_rows, block_cols, power_of_two, block_cols_t)
     n_br, n_bc = scale_shape(M, K, block_rows, block_cols)
-    write_q, write_qt = not transpose, transpose or both_layouts
+    # Both layouts: q, then q transposed (fp8_transpose: a byte read and one written per element, where a second cast
+    # pass reads x's two). Triton 3.6 miscompiled, for the H200, a kernel storing both: its x^T was wrong for fp32 and
+    # some bf16 inputs.
+    write_q, write_qt = not transpose or both_layouts, transpose and not both_layouts
     q = torch.empty((M, K), dtype=fp8_dtype, device=x.device) if write_q else None
     qt = torch.empty((K, M), dtype=fp8_dtype, device=x.device) if write_qt else None
     scale = torch.empty((n_br, n_bc), dtype=torch.float32, device=x.device)
 
-    def outputs():  # once the scales are written
-        return (q, scale, qt, transposed_scale(scale)) if both_layouts else (qt if transpose else q, scale)
+    def outputs():  # once q and the scales are written
+        if both_layouts:
+            return q, scale, fp8_transpose(q.unsqueeze(0)).squeeze(0), transposed_scale(scale)
+        return qt if transpose else q, scale
 
     if M == 0 or K == 0:
         scale.fill_(1.0)
         return outputs()
     br, bc = min(block_rows, M), min(block_cols, K)
     tiling = fp8_tiling(M, K, block_rows, block_cols, write_qt)
-    # One launch per layout: Triton 3.6 miscompiles a kernel storing both for the H200.
-    # Its x^T was wrong for fp32 and some bf16 inputs. Each store alone is exact.
-    writes = [(True, False), (False, True)] if both_layouts else [(write_q, write_qt)]
+    write = (write_q, write_qt)
     with on_device(x.device):
         if tiling.fused:
-            for write in writes:
-                _launch_tiles(x, q, qt, scale, scale, tiling, br, bc, MODE_FUSED, write, formats)
+            _launch_tiles(x, q, qt, scale, scale, tiling, br, bc, MODE_FUSED, write, formats)
             return outputs()
         row_tiles = amax_row_tiles(tiling, M, K, br, n_br)
         # One maximum per sub-tile down each program's tiles and per sub-tile column.
         partial_shape = (_program_rows(M, tiling, row_tiles) * tiling.group_rows, triton.cdiv(K, tiling.sub_cols))
         partial = torch.empty(partial_shape, dtype=torch.float32, device=x.device)
-        _launch_tiles(x, q, qt, scale, partial, tiling, br, bc, MODE_AMAX, writes[0], formats, row_tiles=row_tiles)
+        _launch_tiles(x, q, qt, scale, partial, tiling, br, bc, MODE_AMAX, write, formats, row_tiles=row_tiles)
         # Sub-tiles per block (all of them along a dim that one block spans).
         rows_per_block = partial.shape[0] if n_br == 1 else br // (tiling.sub_rows * row_tiles)
         cols_per_block = partial.shape[1] if n_bc == 1 else bc // tiling.sub_cols
         _launch_scales(partial, scale, rows_per_block, cols_per_block, formats)
-        for write in writes:
-            _launch_tiles(x, q, qt, scale, partial, tiling, br, bc, MODE_CAST, write, formats)
+        _launch_tiles(x, q, qt, scale, partial, tiling, br, bc, MODE_CAST, write, formats)
     return outputs()
 
 
