@@ -18,11 +18,11 @@ KINDS = (
     (
         "FP8 quantization",
         r"_fp8_tile_kernel|_fp8_scale_kernel|_grouped_transposed_kernel|_grouped_rows_kernel|_fp8_transpose_kernel"
-        r"|_dispatch_fp8_kernel",
+        r"|_dispatch_fp8_kernel|::fp8_row_kernel|::fp8_cast_kernel|::amax_\w+_kernel|::scale_(one_)?kernel",
     ),
     ("GEMM", r"cutlass|gemm|nvjet|xmma|cublas|_grouped_wgrad_kernel"),
     ("MoE routing", r"_route_kernel|_dispatch_kernel|_gather_sum_kernel|sort|topk|histc|scatter|gather|index"),
-    ("our row kernels", r"_rmsnorm|_dw_reduce|_glu_|_rotary|_cross_entropy|_embedding"),
+    ("our row kernels", r"_rmsnorm|::rmsnorm|_dw_reduce|::dw_reduce|_glu_|_rotary|_cross_entropy|_embedding"),
     ("copies and fills", r"copy|fill|zero"),
 )
 OTHER = "other"
