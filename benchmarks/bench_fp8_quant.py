@@ -39,6 +39,15 @@ GROUPED_HEURISTICS = {
     "128 columns an item": {"BLOCK_COLS": 128},
     "one tile in flight (STAGES=1)": {"STAGES": 1},
     "two tiles in flight (STAGES=2)": {"STAGES": 2},
+    # The cast walk's rows from L2: a group's column block (Mixtral: 4096 rows x 32 columns, 256 KB) per program, 132
+    # in flight (34 MB) against the H100's 50 MB; the default's 528 x 512 KB read them from HBM again.
+    "L2-resident walks: 1 program per SM, 32 columns, 256 rows a step": {
+        "PROGRAMS_PER_SM": 1,
+        "BLOCK_COLS": 32,
+        "BLOCK_ROWS": 256,
+        "NUM_WARPS": 8,
+    },
+    "2 programs per SM, 32 columns, 128 rows a step": {"PROGRAMS_PER_SM": 2, "BLOCK_COLS": 32, "BLOCK_ROWS": 128},
 }
 
 
