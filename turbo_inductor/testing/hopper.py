@@ -251,7 +251,7 @@ def _dense_fp8_gemm(M: int, K: int, N: int, block: int):
 
 def _quantize_weight_both_layouts(E: int, N: int, K: int):
     """An expert weight [E, N, K] flattened to [E * N, K], quantized rowwise in both layouts, x^T's blocks one expert's
-    rows long (``weight_operands``): the row pass writing the column maxima, then x^T's cast."""
+    rows long (``block_cols_t``): the row pass writing the column maxima at rows of 4096 and 14336, then x^T's cast."""
     from ..kernels.triton import fp8_quant
 
     fp8_quant.fp8_quantize(_meta(E * N, K), E4M3, 1, K, False, both_layouts=True, block_cols_t=N)

@@ -33,6 +33,19 @@ def padded_columns(rows: int, groups: int) -> int:
     return PAD_ALIGN * (rows // PAD_ALIGN + groups)
 
 
+def _check_grouped(kernel: str, t: torch.Tensor, offs: torch.Tensor, fp8_dtype: torch.dtype) -> None:
+    """What the grouped quantization kernels check of t, offs and the format; raises ValueError naming ``kernel``."""
+    if t.dim() != 2 or t.dtype not in INPUT_DTYPES:
+        raise ValueError(f"turbo_inductor: {kernel} expects a 2-D fp32/bf16/fp16 t, got {tuple(t.shape)} {t.dtype}")
+    if offs.dim() != 1 or offs.dtype != torch.int32 or offs.shape[0] < 1:
+        raise ValueError(
+            f"turbo_inductor: {kernel} expects offs of at least one group, 1-D int32, got {tuple(offs.shape)} "
+            f"{offs.dtype}"
+        )
+    if fp8_dtype not in FP8_DTYPES:
+        raise ValueError(f"turbo_inductor: {kernel} fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}")
+
+
 def check_args(
     t: torch.Tensor,
     offs: torch.Tensor,
@@ -41,17 +54,7 @@ def check_args(
     rowwise: bool = False,
 ) -> None:
     """The argument checks every implementation makes; raises ValueError."""
-    if t.dim() != 2 or t.dtype not in INPUT_DTYPES:
-        raise ValueError(
-            f"turbo_inductor: fp8_quantize_grouped expects a 2-D fp32/bf16/fp16 t, got {tuple(t.shape)} {t.dtype}"
-        )
-    if offs.dim() != 1 or offs.dtype != torch.int32 or offs.shape[0] < 1:
-        raise ValueError(
-            f"turbo_inductor: fp8_quantize_grouped expects offs of at least one group, 1-D int32, got "
-            f"{tuple(offs.shape)} {offs.dtype}"
-        )
-    if fp8_dtype not in FP8_DTYPES:
-        raise ValueError(f"turbo_inductor: fp8_quantize_grouped fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}")
+    _check_grouped("fp8_quantize_grouped", t, offs, fp8_dtype)
     if rows is not None and (rows.dim() != 1 or rows.dtype != torch.int64 or rows.device != t.device):
         raise ValueError(
             f"turbo_inductor: fp8_quantize_grouped expects rows 1-D int64 on t's device, got {tuple(rows.shape)} "
@@ -119,24 +122,18 @@ def fp8_quantize_grouped(
 
 def check_rows_args(t: torch.Tensor, offs: torch.Tensor, multiplier: torch.Tensor, fp8_dtype: torch.dtype) -> None:
     """``fp8_quantize_grouped_rows``'s argument checks, every implementation's; raises ValueError."""
-    if t.dim() != 2 or t.dtype not in INPUT_DTYPES:
-        raise ValueError(
-            f"turbo_inductor: fp8_quantize_grouped_rows expects a 2-D fp32/bf16/fp16 t, got {tuple(t.shape)} {t.dtype}"
-        )
-    if offs.dim() != 1 or offs.dtype != torch.int32 or offs.shape[0] < 1 or offs.device != t.device:
-        raise ValueError(
-            f"turbo_inductor: fp8_quantize_grouped_rows expects offs of at least one group, 1-D int32 on t's device, "
-            f"got {tuple(offs.shape)} {offs.dtype} on {offs.device}"
-        )
+    _check_grouped("fp8_quantize_grouped_rows", t, offs, fp8_dtype)
     expected = (offs.shape[0], t.shape[1])
-    if multiplier.shape != expected or multiplier.dtype not in INPUT_DTYPES or multiplier.device != t.device:
+    if (
+        offs.device != t.device
+        or multiplier.shape != expected
+        or multiplier.dtype not in INPUT_DTYPES
+        or (multiplier.device != t.device)
+    ):
         raise ValueError(
-            f"turbo_inductor: fp8_quantize_grouped_rows expects a multiplier per group and column, {list(expected)} "
-            f"fp32/bf16/fp16 on t's device, got {list(multiplier.shape)} {multiplier.dtype} on {multiplier.device}"
-        )
-    if fp8_dtype not in FP8_DTYPES:
-        raise ValueError(
-            f"turbo_inductor: fp8_quantize_grouped_rows fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}"
+            f"turbo_inductor: fp8_quantize_grouped_rows expects offs and a multiplier per group and column, "
+            f"{list(expected)} fp32/bf16/fp16, on t's device {t.device}, got offs on {offs.device}, multiplier "
+            f"{list(multiplier.shape)} {multiplier.dtype} on {multiplier.device}"
         )
 
 

@@ -204,6 +204,13 @@ ROW_CHUNK = 4096
 
 
 @triton.jit
+def _multiplied_rows(X, MULTIPLIER, rows64, group64, cols, mask, grouped, C, stride_xs, stride_xc):
+    """x's ``rows64`` x ``cols`` in fp32 (0 outside ``mask``), times their groups' multipliers (1 past the groups)."""
+    x = tl.load(X + rows64 * stride_xs + cols * stride_xc, mask=mask, other=0.0).to(tl.float32)
+    return x * tl.load(MULTIPLIER + group64 * C + cols, mask=grouped & (cols < C), other=1.0).to(tl.float32)
+
+
+@triton.jit
 def _grouped_rows_kernel(
     X,
     MULTIPLIER,
@@ -240,8 +247,7 @@ def _grouped_rows_kernel(
     if ONE_PASS:
         cols = tl.arange(0, BLOCK_C)[None, :]
         mask = row_in[:, None] & (cols < C)
-        x = tl.load(X + rows64 * stride_xs + cols * stride_xc, mask=mask, other=0.0).to(tl.float32)
-        x *= tl.load(MULTIPLIER + group64 * C + cols, mask=grouped & (cols < C), other=1.0).to(tl.float32)
+        x = _multiplied_rows(X, MULTIPLIER, rows64, group64, cols, mask, grouped, C, stride_xs, stride_xc)
         scale = scale_from_amax(tl.max(abs_bits(x), 1).to(tl.float32, bitcast=True), FMAX, POW2)
         tl.store(scales, scale, mask=row_in)
         tl.store(Q + rows64 * C + cols, fp8_bits_of(x, scale[:, None], FORMAT, FMAX, FIX_NAN, NAN_BITS), mask=mask)
@@ -250,16 +256,14 @@ def _grouped_rows_kernel(
         for c0 in range(0, C, BLOCK_C):
             cols = c0 + tl.arange(0, BLOCK_C)[None, :]
             mask = row_in[:, None] & (cols < C)
-            x = tl.load(X + rows64 * stride_xs + cols * stride_xc, mask=mask, other=0.0).to(tl.float32)
-            x *= tl.load(MULTIPLIER + group64 * C + cols, mask=grouped & (cols < C), other=1.0).to(tl.float32)
+            x = _multiplied_rows(X, MULTIPLIER, rows64, group64, cols, mask, grouped, C, stride_xs, stride_xc)
             amax_bits = tl.maximum(amax_bits, tl.max(abs_bits(x), 1))
         scale = scale_from_amax(amax_bits.to(tl.float32, bitcast=True), FMAX, POW2)
         tl.store(scales, scale, mask=row_in)
         for c0 in range(0, C, BLOCK_C):
             cols = c0 + tl.arange(0, BLOCK_C)[None, :]
             mask = row_in[:, None] & (cols < C)
-            x = tl.load(X + rows64 * stride_xs + cols * stride_xc, mask=mask, other=0.0).to(tl.float32)
-            x *= tl.load(MULTIPLIER + group64 * C + cols, mask=grouped & (cols < C), other=1.0).to(tl.float32)
+            x = _multiplied_rows(X, MULTIPLIER, rows64, group64, cols, mask, grouped, C, stride_xs, stride_xc)
             bits = fp8_bits_of(x, scale[:, None], FORMAT, FMAX, FIX_NAN, NAN_BITS)
             tl.store(Q + rows64 * C + cols, bits, mask=mask)
 
