@@ -94,13 +94,15 @@ def test_mistral_gets_llamas_rewrites():
 @pytest.mark.parametrize("name", ["mixtral-8x7b", "qwen3-30b-a3b"])
 def test_moe_families_get_the_routing_and_expert_rewrites(name):
     """transformers' Mixtral and Qwen3-MoE: experts as 3-D parameters through its grouped_mm. Both grouped GEMMs
-    become FP8 experts (no cost table here: FP8 as asked), the routing and its inverse our permute (in FP8) and
+    become FP8 experts (forced), the routing and its inverse our permute (in FP8) and
     combine, and the experts' GLU writes the down GEMM's FP8 input; the router (N, the number of experts, under 16)
     stays. Qwen3's q and k norms stay plain norms."""
     model = hf.CausalLMLoss(hf.build(name, LAYERS, tiny=True)).to(DEVICE, torch.bfloat16)
     input_ids = torch.randint(0, hf.TINY["vocab_size"], (2, 16), device=DEVICE)
     masks = masked_attentions(model, [input_ids])
-    counts = rewrites_without_compiling(model, [input_ids], options={"fp8": "rowwise"})
+    # on a GPU, "auto" would ask its cost table, which measured no model this small
+    options = {"fp8": {"recipe": "rowwise", "experts": True}}
+    counts = rewrites_without_compiling(model, [input_ids], options=options)
     expected = dict(fp8=LAYERS + 1, fp8_concat=LAYERS, fp8_experts=2 * LAYERS, rmsnorm_residual=2 * LAYERS)
     # the permute feeds FP8 experts only: it moves x's FP8 rows and scales (moe_permute_fp8)
     expected |= dict(moe_permute_fp8=LAYERS, moe_combine=LAYERS, rmsnorm_fp8=LAYERS, glu_fp8=LAYERS, **ENDS)

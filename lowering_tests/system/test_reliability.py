@@ -68,9 +68,16 @@ def test_warm_cache_reproduces_rewrites_and_results_and_options_and_versions_inv
             cpu = torch.device("cpu")
             assert all(names == registry.candidates(k, cpu) for k, names in warm_record.implementations.items())
         else:
-            # torch < 2.12 runs the passes only on a miss: a hit reports no rewrite (docs/architecture.md, Caches),
-            # every pass's count zero (torch 2.11 on an H100).
-            assert not any(turbo_inductor.rewrite_counts().values()) and not warm_record.implementations
+            # torch < 2.12 runs the passes on AOTAutograd's cache miss only: a hit reports no rewrite
+            # (docs/architecture.md, Caches). Where that cache passes the graph by, they run again, alike; Inductor's
+            # cache, keyed on our tag, still hits (torch 2.11 on an H100).
+            said = (dict(counters["inductor"]), dict(counters["aot_autograd"]))
+            if counters["aot_autograd"]["autograd_cache_hit"]:
+                assert not any(turbo_inductor.rewrite_counts().values()) and not warm_record.implementations, said
+            else:
+                assert counters["inductor"]["fxgraph_cache_hit"] > 0, said
+                assert turbo_inductor.rewrite_counts() == cold_counts, said
+                assert warm_record.implementations == cold_record.implementations, said
         for a, b in zip([cold[0], cold[1], *cold[2]], [warm[0], warm[1], *warm[2]]):
             assert torch.equal(a, b)
         torch._dynamo.reset()
