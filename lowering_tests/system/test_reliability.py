@@ -21,9 +21,6 @@ from turbo_inductor.testing import DEVICE, hf
 from turbo_inductor.testing.compare import default_counts
 from turbo_inductor.testing.llama import CONFIGS, LlamaDecoder
 
-# Whether the passes run before the cache lookup (torch >= 2.12), so that a cache hit reports its rewrites too.
-EARLY_PASSES = hasattr(torch._inductor.config, "pre_grad_pass_timing")
-
 
 def tiny_decoder():
     torch.manual_seed(0)
@@ -61,23 +58,13 @@ def test_warm_cache_reproduces_rewrites_and_results_and_options_and_versions_inv
         assert sum(n for op, n in cold_record.ops_after.items() if op.startswith("turbo_inductor.")) == 4
         assert set(cold_record.implementations) == {"rmsnorm_fwd", "rmsnorm_bwd", "glu_fwd", "glu_bwd"}
         (warm_record,) = turbo_inductor.compile_records()
-        if EARLY_PASSES:
-            # What each kernel of the graph runs, forward and backward, the same from the cache as when compiled.
-            assert turbo_inductor.rewrite_counts() == cold_counts
-            assert warm_record.implementations == cold_record.implementations
-            cpu = torch.device("cpu")
-            assert all(names == registry.candidates(k, cpu) for k, names in warm_record.implementations.items())
-        else:
-            # torch < 2.12 runs the passes on AOTAutograd's cache miss only: a hit reports no rewrite
-            # (docs/architecture.md, Caches). Where that cache passes the graph by, they run again, alike; Inductor's
-            # cache, keyed on our tag, still hits (torch 2.11 on an H100).
-            said = (dict(counters["inductor"]), dict(counters["aot_autograd"]))
-            if counters["aot_autograd"]["autograd_cache_hit"]:
-                assert not any(turbo_inductor.rewrite_counts().values()) and not warm_record.implementations, said
-            else:
-                assert counters["inductor"]["fxgraph_cache_hit"] > 0, said
-                assert turbo_inductor.rewrite_counts() == cold_counts, said
-                assert warm_record.implementations == cold_record.implementations, said
+        # The passes run before the cache lookup: a hit reports the rewrites and what each kernel of the graph runs,
+        # forward and backward, as when compiled (torch 2.11 on an H100: AOTAutograd's cache hit, the counts kept).
+        said = (dict(counters["inductor"]), dict(counters["aot_autograd"]))
+        assert turbo_inductor.rewrite_counts() == cold_counts, said
+        assert warm_record.implementations == cold_record.implementations, said
+        cpu = torch.device("cpu")
+        assert all(names == registry.candidates(k, cpu) for k, names in warm_record.implementations.items())
         for a, b in zip([cold[0], cold[1], *cold[2]], [warm[0], warm[1], *warm[2]]):
             assert torch.equal(a, b)
         torch._dynamo.reset()
