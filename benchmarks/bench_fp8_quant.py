@@ -40,7 +40,8 @@ GROUPED_HEURISTICS = {
     "one tile in flight (STAGES=1)": {"STAGES": 1},
     "two tiles in flight (STAGES=2)": {"STAGES": 2},
     # The cast walk's rows from L2: a group's column block (Mixtral: 4096 rows x 32 columns, 256 KB) per program, 132
-    # in flight (34 MB) against the H100's 50 MB; the default's 528 x 512 KB read them from HBM again.
+    # in flight (34 MB) against the H100's 50 MB; the default's 528 x 512 KB read them from HBM again. Slower on an
+    # H100 at every operand (Mixtral down x: 27% and 42% of copy, the default 47%): short rows lose more than L2 gives.
     "L2-resident walks: 1 program per SM, 32 columns, 256 rows a step": {
         "PROGRAMS_PER_SM": 1,
         "BLOCK_COLS": 32,
