@@ -94,9 +94,9 @@ def test_mistral_gets_llamas_rewrites():
 @pytest.mark.parametrize("name", ["mixtral-8x7b", "qwen3-30b-a3b"])
 def test_moe_families_get_the_routing_and_expert_rewrites(name):
     """transformers' Mixtral and Qwen3-MoE: experts as 3-D parameters through its grouped_mm. Both grouped GEMMs
-    become FP8 experts (forced), the routing and its inverse our permute (in FP8) and
-    combine, and the experts' GLU writes the down GEMM's FP8 input; the router (N, the number of experts, under 16)
-    stays. Qwen3's q and k norms stay plain norms."""
+    become FP8 experts (forced), the routing and its inverse our permute (in FP8) and combine, and the experts' GLU
+    writes the down GEMM's FP8 input; the router (N, the number of experts, under 16) stays. Qwen3's q and k norms
+    stay plain norms."""
     model = hf.CausalLMLoss(hf.build(name, LAYERS, tiny=True)).to(DEVICE, torch.bfloat16)
     input_ids = torch.randint(0, hf.TINY["vocab_size"], (2, 16), device=DEVICE)
     masks = masked_attentions(model, [input_ids])
