@@ -150,10 +150,9 @@ def weight_operands(
     [E, 1, N], for :func:`fold_contracted_weight_scales`."""
     if not (backward and dgrad_weight_is_forward_transposed(recipe)):
         return _weight_operands_apart(weight, recipe, quantize, forward, backward)
-    own = _weight_operands_apart(weight, recipe, quantize, True, False)[0]
-    q, scale = own
+    q, scale = _weight_operands_apart(weight, recipe, quantize, True, False)[0]
     transpose = fp8_transpose if isinstance(q, FakeTensor) else registry.select(TRANSPOSE_KERNEL, q.device, impl)
-    return (own if forward else None), (transpose(q), scale.transpose(1, 2))
+    return ((q, scale) if forward else None), (transpose(q), scale.transpose(1, 2))
 
 
 def dgrad_weight_is_forward_transposed(recipe: str) -> bool:

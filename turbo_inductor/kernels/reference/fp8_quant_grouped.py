@@ -74,6 +74,11 @@ def group_layout(offs: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Ten
     return starts, ends, padded_ends - padded, padded_ends
 
 
+def _group_of_rows(ends: torch.Tensor, rows: int) -> torch.Tensor:
+    """Each row's group, from the groups' bounded ends; E for the rows past the last group."""
+    return torch.searchsorted(ends, torch.arange(rows, device=ends.device), right=True)
+
+
 @implementation(
     "fp8_quantize_grouped", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=traced_off_cpu
 )
@@ -96,7 +101,7 @@ def fp8_quantize_grouped(
     starts, ends, padded_starts, padded_ends = group_layout(offs, rows)
     # Per group and column: the maximum of |t|'s fp32 bits (non-negative floats order as their bits, NaN above inf),
     # an exact maximum that keeps NaN on every device. Rows past the last group go to group E, never read.
-    group_of_row = torch.searchsorted(ends, torch.arange(rows, device=t.device), right=True)
+    group_of_row = _group_of_rows(ends, rows)
     abs_bits = t.float().abs().view(torch.int32)
     amax_bits = torch.zeros((groups + 1, cols), dtype=torch.int32, device=t.device)
     amax_bits.scatter_reduce_(0, group_of_row[:, None].expand(rows, cols), abs_bits, "amax")
@@ -128,7 +133,7 @@ def check_rows_args(t: torch.Tensor, offs: torch.Tensor, multiplier: torch.Tenso
         offs.device != t.device
         or multiplier.shape != expected
         or multiplier.dtype not in INPUT_DTYPES
-        or (multiplier.device != t.device)
+        or multiplier.device != t.device
     ):
         raise ValueError(
             f"turbo_inductor: fp8_quantize_grouped_rows expects offs and a multiplier per group and column, "
@@ -156,7 +161,7 @@ def fp8_quantize_grouped_rows(
     check_rows_args(t, offs, multiplier, fp8_dtype)
     rows, groups = t.shape[0], offs.shape[0]
     ends = group_layout(offs, rows)[1]
-    group_of_row = torch.searchsorted(ends, torch.arange(rows, device=t.device), right=True)
+    group_of_row = _group_of_rows(ends, rows)
     padded = torch.cat([multiplier.float(), multiplier.new_ones((1, t.shape[1]), dtype=torch.float32)])
     scaled = t.float() * padded[group_of_row.clamp_max(groups)]
     return fp8_quantize(scaled, fp8_dtype, 1, max(t.shape[1], 1), False, power_of_two=power_of_two)

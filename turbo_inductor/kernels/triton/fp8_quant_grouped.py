@@ -57,6 +57,12 @@ def _maximum(a, b):
 
 
 @triton.jit
+def _bounded_running_max(values, S):
+    """Each group bound within [the previous one, S], as the reference bounds offs."""
+    return tl.associative_scan(tl.minimum(tl.maximum(values, 0), S), 0, _maximum)
+
+
+@triton.jit
 def _source_rows(ROWS, rows, end, HAS_ROWS: tl.constexpr):
     """X's rows (int64) holding the operand's ``rows``: ROWS[rows] with HAS_ROWS, else the rows themselves."""
     if HAS_ROWS:
@@ -99,9 +105,9 @@ def _grouped_transposed_kernel(
     # up to a non-zero multiple of ALIGN and summed.
     e = tl.arange(0, BLOCK_E)
     in_e = e < E
-    ends = tl.associative_scan(tl.minimum(tl.maximum(tl.load(OFFS + e, mask=in_e, other=0), 0), S), 0, _maximum)
+    ends = _bounded_running_max(tl.load(OFFS + e, mask=in_e, other=0), S)
     previous = tl.load(OFFS + e - 1, mask=in_e & (e > 0), other=0)
-    starts = tl.associative_scan(tl.minimum(tl.maximum(previous, 0), S), 0, _maximum)
+    starts = _bounded_running_max(previous, S)
     padded = tl.where(in_e, tl.maximum(tl.cdiv(ends - starts, ALIGN), 1) * ALIGN, 0)
     padded_ends = tl.cumsum(padded, 0)
     for item in range(tl.program_id(0), n_items, tl.num_programs(0)):
@@ -236,8 +242,7 @@ def _grouped_rows_kernel(
     SCALE[r] and Q's row r (contiguous). ONE_PASS: the row fits BLOCK_C; else two walks over it in BLOCK_C chunks."""
     e = tl.arange(0, BLOCK_E)
     in_e = e < E
-    # Each group's end bounded within [previous end, S], as the reference bounds it.
-    ends = tl.associative_scan(tl.minimum(tl.maximum(tl.load(OFFS + e, mask=in_e, other=0), 0), S), 0, _maximum)
+    ends = _bounded_running_max(tl.load(OFFS + e, mask=in_e, other=0), S)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_in = rows < S
     group = tl.sum(tl.where(in_e[None, :] & (ends[None, :] <= rows[:, None]), 1, 0), 1)
