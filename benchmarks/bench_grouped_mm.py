@@ -60,7 +60,11 @@ def variants() -> dict[str, Callable]:
         columns[f"grouped_mm impl={impl}"] = lambda x, p, offs, impl=impl: ops.grouped_mm(
             x, p.transpose(-2, -1), offs, impl=impl
         )
-    fp8_impls = {"auto": "auto", "triton GEMMs": "fp8_grouped_gemm=triton,fp8_grouped_gemm_wgrad=triton"}
+    fp8_impls = {
+        "auto": "auto",
+        "triton GEMMs": "fp8_grouped_gemm=triton,fp8_grouped_gemm_wgrad=triton",
+        "triton TMA GEMMs": "fp8_grouped_gemm=triton_tma,fp8_grouped_gemm_wgrad=triton_tma",
+    }
     # Every recipe the cost table may choose for experts (benchmarks/cost_table.py reads the "auto" columns).
     for recipe in ("tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise"):
         for label, impl in fp8_impls.items():

@@ -146,37 +146,61 @@ def test_triton_kernels_sum_whole_and_partial_chunks_of_each_group():
     """Groups holding whole chunks and partial ones at either end (or within one): the weight gradients in fp32 and
     FP8 (scales in the epilogue, per chunk of 32 and of 128 rows, per group in the padded layout), and the FP8
     forward rowwise with K = 48 (a partial last chunk of K) and blockwise with K = 256, against the reference on the
-    same operands."""
+    same operands; the FP8 kernels loading through pointers and through tensor descriptors (where the device has
+    them)."""
     x, parameter, _, offs = case("long groups", 48, 32)
     x, dy, w = x.detach(), torch.randn(x.shape[0], 32, device=DEVICE), parameter.detach()
     impls = {kernel: registry.implementations(kernel) for kernel in ("grouped_gemm_wgrad", "fp8_grouped_gemm_wgrad")}
-    run = {name: [impls["grouped_gemm_wgrad"][name].fn(x, dy, offs, torch.float32)] for name in ("triton", "reference")}
+    want = impls["grouped_gemm_wgrad"]["reference"].fn(x, dy, offs, torch.float32)
+    got = impls["grouped_gemm_wgrad"]["triton"].fn(x, dy, offs, torch.float32)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    tma = impls["fp8_grouped_gemm_wgrad"]["triton_tma"].unavailable_reason(x.device) is None
+    run = {name: [] for name in ("reference", "triton", *(["triton_tma"] if tma else []))}
+
+    def call(kernel, *args):
+        for name in run:
+            impl = registry.implementations(kernel)[name]
+            assert impl.declines(*args) is None, (name, impl.declines(*args))
+            run[name].append(impl.fn(*args))
+
     quantize = registry.implementations("fp8_quantize")["reference"].fn
     for block in (x.shape[0] + 1, 32, 128):  # per row of x^T and dy^T over all of S, and 1 x 32, 1 x 128
-        x_t = quantize(x.t().contiguous(), torch.float8_e4m3fn, 1, block, False)
-        dy_t = quantize(dy.t().contiguous(), torch.float8_e4m3fn, 1, block, False)
-        for name in run:
-            run[name].append(impls["fp8_grouped_gemm_wgrad"][name].fn(*x_t, *dy_t, offs, torch.float32))
+        # S = 152: rows 16-byte aligned in a wider buffer (as descriptors need), the tiles past S read as zeros
+        (x_t, x_scale), (dy_t, dy_scale) = (
+            quantize(t.t().contiguous(), torch.float8_e4m3fn, 1, block, False) for t in (x, dy)
+        )
+        call(
+            "fp8_grouped_gemm_wgrad",
+            rows_16_bytes_apart(x_t),
+            x_scale,
+            rows_16_bytes_apart(dy_t),
+            dy_scale,
+            offs,
+            torch.float32,
+        )
     # each group's own scales, on x^T and dy^T in the padded layout (groups start at multiples of 16, not of a chunk)
     grouped = registry.implementations("fp8_quantize_grouped")["reference"].fn
     (x_t, x_scale, padded_offs), (dy_t, dy_scale, _) = (grouped(t, offs, torch.float8_e4m3fn) for t in (x, dy))
-    for name in run:
-        run[name].append(
-            impls["fp8_grouped_gemm_wgrad"][name].fn(
-                x_t, x_scale.unsqueeze(-1), dy_t, dy_scale.unsqueeze(-1), padded_offs, torch.float32
-            )
-        )
+    call("fp8_grouped_gemm_wgrad", x_t, x_scale.unsqueeze(-1), dy_t, dy_scale.unsqueeze(-1), padded_offs, torch.float32)
     for recipe, k in (("rowwise", 48), ("blockwise", 256)):  # blockwise: 128x128 weight scales per chunk
         x_k, w_k = torch.randn(x.shape[0], k, device=DEVICE), torch.randn(w.shape[0], 32, k, device=DEVICE) / k**0.5
         x_q = quantize(x_k, torch.float8_e4m3fn, *kernel_block(RECIPES[recipe].activation_block, *x_k.shape), False)
         w_q = weight_operands(w_k.transpose(-2, -1), recipe, quantize, True, False)[0]
-        for name in run:
-            run[name].append(registry.implementations("fp8_grouped_gemm")[name].fn(*x_q, *w_q, offs, torch.float32))
+        call("fp8_grouped_gemm", *x_q, *w_q, offs, torch.float32)
     # Hopper's FP8 MMA keeps fewer bits than fp32 in its accumulator; the interpreter's sums are exact
-    fp8_rtol = 1e-3 if DEVICE == "cuda" else 1e-5
-    for i, (got, want) in enumerate(zip(run["triton"], run["reference"])):
-        rtol = 1e-5 if i == 0 else fp8_rtol
-        torch.testing.assert_close(got, want, rtol=rtol, atol=rtol * want.abs().max().item())
+    rtol = 1e-3 if DEVICE == "cuda" else 1e-5
+    for name in set(run) - {"reference"}:
+        assert len(run[name]) == 6
+        for got, want in zip(run[name], run["reference"]):
+            torch.testing.assert_close(
+                got, want, rtol=rtol, atol=rtol * want.abs().max().item(), msg=lambda m, name=name: f"{name}: {m}"
+            )
+
+
+def rows_16_bytes_apart(t: torch.Tensor) -> torch.Tensor:
+    """``t`` [R, C] copied into a buffer whose rows start a multiple of 16 elements apart, viewed to its size."""
+    out = t.new_empty(t.shape[0], -(-t.shape[1] // 16) * 16)[:, : t.shape[1]]
+    return out.copy_(t)
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="on a GPU the vendor kernels run in the tests above (impl auto)")

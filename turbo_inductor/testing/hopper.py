@@ -214,25 +214,26 @@ def _meta(*shape, dtype=torch.bfloat16):
 E4M3 = torch.float8_e4m3fn
 
 
-def _grouped_gemm(fast_accum: bool, E: int, S: int, K: int, N: int, block: int = 0):
+def _grouped_gemm(fast_accum: bool, E: int, S: int, K: int, N: int, block: int = 0, tma: bool = False):
     """The FP8 grouped GEMM (rows grouped) at [S, K] x E [N, K]: rowwise scales, or ``block`` (1 x block for a,
-    block x block for b)."""
+    block x block for b); ``tma``: loading through tensor descriptors."""
     from ..kernels.triton import grouped_mm
 
     a_scale = _meta(S, K // block if block else 1, dtype=torch.float32)
     b_scale = _meta(E, N // block if block else 1, K // block if block else 1, dtype=torch.float32)
     offs = _meta(E, dtype=torch.int32)
-    grouped_mm.fp8_grouped_gemm(_meta(S, K, dtype=E4M3), a_scale, _meta(E, N, K, dtype=E4M3), b_scale, offs,
-                                torch.bfloat16, fast_accum)  # fmt: skip
+    gemm = grouped_mm.fp8_grouped_gemm_tma if tma else grouped_mm.fp8_grouped_gemm
+    gemm(_meta(S, K, dtype=E4M3), a_scale, _meta(E, N, K, dtype=E4M3), b_scale, offs, torch.bfloat16, fast_accum)
 
 
-def _grouped_wgrad(E: int, S: int, M: int, N: int):
+def _grouped_wgrad(E: int, S: int, M: int, N: int, tma: bool = False):
     """The FP8 weight gradient: per group, [M, S] x [N, S]^T over the group's rows, scales per group and row."""
     from ..kernels.triton import grouped_mm
 
     a_scale, b_scale = _meta(E, M, 1, dtype=torch.float32), _meta(E, N, 1, dtype=torch.float32)
-    grouped_mm.fp8_grouped_gemm_wgrad(_meta(M, S, dtype=E4M3), a_scale, _meta(N, S, dtype=E4M3), b_scale,
-                                      _meta(E, dtype=torch.int32), torch.bfloat16)  # fmt: skip
+    wgrad = grouped_mm.fp8_grouped_gemm_wgrad_tma if tma else grouped_mm.fp8_grouped_gemm_wgrad
+    wgrad(_meta(M, S, dtype=E4M3), a_scale, _meta(N, S, dtype=E4M3), b_scale, _meta(E, dtype=torch.int32),
+          torch.bfloat16)  # fmt: skip
 
 
 def _grouped_bf16(E: int, S: int, K: int, N: int):
@@ -344,6 +345,9 @@ CASES = {
     "grouped_dgrad": lambda: _grouped_gemm(False, 8, 16384, 28672, 4096),
     "grouped_blockwise": lambda: _grouped_gemm(False, 8, 16384, 4096, 28672, block=128),
     "grouped_wgrad": lambda: _grouped_wgrad(8, 16384, 4096, 28672),
+    "grouped_fwd_tma": lambda: _grouped_gemm(True, 8, 16384, 4096, 28672, tma=True),
+    "grouped_dgrad_tma": lambda: _grouped_gemm(False, 8, 16384, 28672, 4096, tma=True),
+    "grouped_wgrad_tma": lambda: _grouped_wgrad(8, 16384, 4096, 28672, tma=True),
     "grouped_bf16": lambda: _grouped_bf16(8, 16384, 4096, 28672),
     "qwen3_grouped_fwd": lambda: _grouped_gemm(True, 128, 65536, 2048, 1536),
     "qwen3_grouped_wgrad": lambda: _grouped_wgrad(128, 65536, 2048, 1536),

@@ -33,10 +33,11 @@ import triton.language as tl
 
 from ..reference.fp8_gemm import block_size
 from ..reference.grouped_mm import wgrad_scales_reason
-from ..registry import implementation
+from ..registry import implementation, never
 from . import device_limits, interpreting, launch, on_device, traceable, unavailable_reason
 from .fp8_formats import format_id, fp8_pointer
 from .fp8_gemm import block_k_for
+from .tma import descriptor, tma_priority, tma_reason, tma_unavailable_reason
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) on an NVIDIA GPU by operand element size: the persistent matmul
 # of Triton's tutorials on Hopper for 16-bit and FP8 operands; fp32 operands are twice as large per element.
@@ -118,6 +119,7 @@ def _grouped_gemm_kernel(
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
     EVEN_K: tl.constexpr,
+    TMA: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -126,8 +128,9 @@ def _grouped_gemm_kernel(
     """OUT [S, N] (contiguous) = A [S, K] rows of group g times B[g] [K, N] (strides given; for FP8, B[g] is the
     [N, K] operand read transposed), for g < E; the rows past the last group (g = E) are written as zeros. With
     SCALED, A and B are FP8 bytes with block scales A_SCALE [S blocks, K blocks], B_SCALE [E, N blocks, K blocks];
-    B_SCALE_PER_TILE: one scale of B per chunk spans the column tile. EVEN_K: BLOCK_K divides K."""
-    if SCALED:
+    B_SCALE_PER_TILE: one scale of B per chunk spans the column tile. EVEN_K: BLOCK_K divides K. With TMA, A and B
+    are tensor descriptors of A [S, K] and B [E, N, K] ([BLOCK_M, BLOCK_K] and [1, BLOCK_N, BLOCK_K] blocks)."""
+    if SCALED and not TMA:
         A = fp8_pointer(A, A_FORMAT)
         B = fp8_pointer(B, B_FORMAT)
     n_tiles_n = tl.cdiv(N, BLOCK_N)
@@ -154,19 +157,26 @@ def _grouped_gemm_kernel(
             col_in = cols < N
             rows64 = rows.to(tl.int64)
             cols64 = cols.to(tl.int64)
-            b_group = B + tl.cast(g, tl.int64) * stride_be
+            if not TMA:
+                b_group = B + tl.cast(g, tl.int64) * stride_be
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             k_stop = tl.where(g < E, K, 0)  # the rows past the last group multiply nothing
             for k0 in range(0, k_stop, BLOCK_K):
-                ks = k0 + tl.arange(0, BLOCK_K)
-                # Outside the operands the loads are +0.0: no term is added.
-                a_mask = row_in[:, None]
-                b_mask = col_in[None, :]
-                if not EVEN_K:
-                    a_mask = a_mask & (ks < K)[None, :]
-                    b_mask = b_mask & (ks < K)[:, None]
-                a = tl.load(A + rows64[:, None] * stride_am + ks[None, :] * stride_ak, mask=a_mask, other=0.0)
-                b = tl.load(b_group + ks[:, None] * stride_bk + cols64[None, :] * stride_bn, mask=b_mask, other=0.0)
+                if TMA:
+                    # Past S, N and K the loads are +0.0. Rows of the next group are multiplied too, into rows
+                    # never stored.
+                    a = A.load([start + pid_m * BLOCK_M, k0])
+                    b = tl.trans(tl.reshape(B.load([g, pid_n * BLOCK_N, k0]), [BLOCK_N, BLOCK_K]))
+                else:
+                    ks = k0 + tl.arange(0, BLOCK_K)
+                    # Outside the operands the loads are +0.0: no term is added.
+                    a_mask = row_in[:, None]
+                    b_mask = col_in[None, :]
+                    if not EVEN_K:
+                        a_mask = a_mask & (ks < K)[None, :]
+                        b_mask = b_mask & (ks < K)[:, None]
+                    a = tl.load(A + rows64[:, None] * stride_am + ks[None, :] * stride_ak, mask=a_mask, other=0.0)
+                    b = tl.load(b_group + ks[:, None] * stride_bk + cols64[None, :] * stride_bn, mask=b_mask, other=0.0)
                 if UPCAST:
                     a = a.to(tl.float32)
                     b = b.to(tl.float32)
@@ -222,8 +232,8 @@ def _wgrad_chunk(
     start,
     end,
     S,
-    rows,
-    cols,
+    row0,
+    col0,
     stride_am,
     stride_at,
     stride_bn,
@@ -243,27 +253,40 @@ def _wgrad_chunk(
     SCALE_PER_CHUNK: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
+    TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     """acc plus the product over rows [t0, t0 + BLOCK_K) of S: all of them in the group, or with EDGE those in
-    [start, end) (a chunk holding a group bound)."""
+    [start, end) (a chunk holding a group bound), for the output tile at (row0, col0). With TMA, A and B are tensor
+    descriptors."""
     ts = t0 + tl.arange(0, BLOCK_K)
-    ts64 = ts.to(tl.int64)
+    rows = row0 + tl.arange(0, BLOCK_M)
+    cols = col0 + tl.arange(0, BLOCK_N)
     row_in = rows < M
     col_in = cols < N
-    a_ptrs = A + rows.to(tl.int64)[:, None] * stride_am + ts64[None, :] * stride_at
-    b_ptrs = B + ts64[:, None] * stride_bt + cols.to(tl.int64)[None, :] * stride_bn
+    if TMA:
+        # Whole tiles; past M, N and S the loads are +0.0.
+        a = A.load([row0, t0])
+        b = tl.trans(B.load([col0, t0]))
+    else:
+        ts64 = ts.to(tl.int64)
+        a_ptrs = A + rows.to(tl.int64)[:, None] * stride_am + ts64[None, :] * stride_at
+        b_ptrs = B + ts64[:, None] * stride_bt + cols.to(tl.int64)[None, :] * stride_bn
+        if EDGE:
+            # Whole tiles loaded (within S).
+            t_all = ts < S
+            a = tl.load(a_ptrs, mask=row_in[:, None] & t_all[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=t_all[:, None] & col_in[None, :], other=0.0)
+        else:
+            a = tl.load(a_ptrs, mask=row_in[:, None], other=0.0)
+            b = tl.load(b_ptrs, mask=col_in[None, :], other=0.0)
     if EDGE:
-        # Whole tiles loaded (within S), the other groups' rows zeroed in registers.
-        t_all = ts < S
-        a = tl.load(a_ptrs, mask=row_in[:, None] & t_all[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=t_all[:, None] & col_in[None, :], other=0.0)
+        # The other groups' rows zeroed in registers.
         t_in = (ts >= start) & (ts < end)
         a = tl.where(t_in[None, :], a, tl.zeros_like(a))
         b = tl.where(t_in[:, None], b, tl.zeros_like(b))
-    else:
-        a = tl.load(a_ptrs, mask=row_in[:, None], other=0.0)
-        b = tl.load(b_ptrs, mask=col_in[None, :], other=0.0)
     if UPCAST:
         a = a.to(tl.float32)
         b = b.to(tl.float32)
@@ -316,6 +339,7 @@ def _grouped_wgrad_kernel(
     B_FORMAT: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
+    TMA: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -323,8 +347,9 @@ def _grouped_wgrad_kernel(
 ):
     """OUT [E, M, N] (contiguous): OUT[g] = A [M, S] times B [N, S]^T over the rows t of group g (strides given).
     With SCALED, A and B are FP8 bytes with block scales A_SCALE [E, M blocks, S blocks], B_SCALE [E, N blocks,
-    S blocks]: each group's own, or with stride_as_g = stride_bs_g = 0 one set shared by the groups."""
-    if SCALED:
+    S blocks]: each group's own, or with stride_as_g = stride_bs_g = 0 one set shared by the groups. With TMA, A and
+    B are tensor descriptors of [M, S] and [N, S] ([BLOCK_M, BLOCK_K] and [BLOCK_N, BLOCK_K] blocks)."""
+    if SCALED and not TMA:
         A = fp8_pointer(A, A_FORMAT)
         B = fp8_pointer(B, B_FORMAT)
     n_tiles_m = tl.cdiv(M, BLOCK_M)
@@ -352,10 +377,10 @@ def _grouped_wgrad_kernel(
     body_end = tl.maximum(first_whole, (end // BLOCK_K) * BLOCK_K)
     for t0 in range(first_whole, body_end, BLOCK_K):
         acc = _wgrad_chunk(
-            acc, A, B, A_SCALE, B_SCALE, t0, start, end, S, rows, cols,
+            acc, A, B, A_SCALE, B_SCALE, t0, start, end, S, pid_m * BLOCK_M, pid_n * BLOCK_N,
             stride_am, stride_at, stride_bn, stride_bt, stride_as_m, stride_as_t, stride_bs_n, stride_bs_t,
             a_block_rows, a_block_cols, b_block_rows, b_block_cols, M, N,
-            False, SCALED, SCALE_PER_CHUNK, UPCAST, IEEE, BLOCK_K,
+            False, SCALED, SCALE_PER_CHUNK, UPCAST, IEEE, TMA, BLOCK_M, BLOCK_N, BLOCK_K,
         )  # fmt: skip
     # The chunks holding the group's bounds where partial: before the whole ones (none for an empty group), after them.
     for edge in tl.static_range(2):
@@ -367,10 +392,10 @@ def _grouped_wgrad_kernel(
             partial = body_end < end
         if partial:
             acc = _wgrad_chunk(
-                acc, A, B, A_SCALE, B_SCALE, t0, start, end, S, rows, cols,
+                acc, A, B, A_SCALE, B_SCALE, t0, start, end, S, pid_m * BLOCK_M, pid_n * BLOCK_N,
                 stride_am, stride_at, stride_bn, stride_bt, stride_as_m, stride_as_t, stride_bs_n, stride_bs_t,
                 a_block_rows, a_block_cols, b_block_rows, b_block_cols, M, N,
-                True, SCALED, SCALE_PER_CHUNK, UPCAST, IEEE, BLOCK_K,
+                True, SCALED, SCALE_PER_CHUNK, UPCAST, IEEE, TMA, BLOCK_M, BLOCK_N, BLOCK_K,
             )  # fmt: skip
     if SCALED and not SCALE_PER_CHUNK:
         row_in = rows < M
@@ -464,27 +489,13 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype
     return out
 
 
-@implementation(
-    "fp8_grouped_gemm",
-    "triton",
-    priority=priority,
-    unavailable_reason=unavailable_reason,
-    traceable=traceable,
-    supports=lambda a, a_scale, b, b_scale, *rest, **kwargs: _fp8_supports(
-        _blocks(a, a_scale, b.shape[1], b_scale, int(a.shape[1])), int(a.shape[1])
-    ),
-)
-def fp8_grouped_gemm(
-    a: torch.Tensor,
-    a_scale: torch.Tensor,
-    b: torch.Tensor,
-    b_scale: torch.Tensor,
-    offs: torch.Tensor,
-    out_dtype: torch.dtype,
-    fast_accum: bool = False,
-) -> torch.Tensor:
-    """b [E, N, K] is read as [E, K, N] through its strides; sums are promoted to fp32 per chunk unless
-    ``fast_accum``."""
+def _fp8_rows_supports(a, a_scale, b, b_scale, *rest, **kwargs) -> str | None:
+    return _fp8_supports(_blocks(a, a_scale, b.shape[1], b_scale, int(a.shape[1])), int(a.shape[1]))
+
+
+def _fp8_grouped_gemm(a, a_scale, b, b_scale, offs, out_dtype, fast_accum, tma) -> torch.Tensor:
+    """b [E, N, K] is read as [E, K, N] (through its strides, or transposed tiles with ``tma``); sums are promoted
+    to fp32 per chunk unless ``fast_accum``."""
     (S, K), N = a.shape, b.shape[1]
     K = int(K)  # sets the chunk: a compiled graph specializes on it
     out = torch.empty((S, N), dtype=out_dtype, device=a.device)
@@ -492,23 +503,54 @@ def fp8_grouped_gemm(
         blocks = _blocks(a, a_scale, N, b_scale, K)
         scales, constexprs, block_k = _scaled(a, b, (a_scale, b_scale), blocks, K)
         b_strides = (b.stride(0), b.stride(2), b.stride(1))
-        _launch_rows(
-            a.view(torch.uint8), b.view(torch.uint8), b_strides, out, offs, scales, constexprs, block_k, 1, fast_accum
-        )
+        if not tma:  # raw bytes through pointers cast to their format
+            a, b = a.view(torch.uint8), b.view(torch.uint8)
+        _launch_rows(a, b, b_strides, out, offs, scales, constexprs, block_k, 1, fast_accum, tma)
     return out
 
 
-def _launch_rows(a, b, b_strides, out, offs, scales, constexprs, block_k, element_size, fast_accum) -> None:
-    """The persistent kernel over rows: out [S, N] = a [S, K] by groups times b ([E, K, N] by ``b_strides``)."""
+@implementation(
+    "fp8_grouped_gemm",
+    "triton",
+    priority=priority,
+    unavailable_reason=unavailable_reason,
+    traceable=traceable,
+    supports=_fp8_rows_supports,
+)
+def fp8_grouped_gemm(a, a_scale, b, b_scale, offs, out_dtype, fast_accum=False) -> torch.Tensor:
+    return _fp8_grouped_gemm(a, a_scale, b, b_scale, offs, out_dtype, fast_accum, False)
+
+
+@implementation(
+    "fp8_grouped_gemm",
+    "triton_tma",
+    priority=tma_priority,
+    unavailable_reason=tma_unavailable_reason,
+    traceable=never,
+    supports=lambda a, a_scale, b, b_scale, *rest, **kwargs: (
+        _fp8_rows_supports(a, a_scale, b, b_scale) or tma_reason(("x", a), ("the weight", b))
+    ),
+)
+def fp8_grouped_gemm_tma(a, a_scale, b, b_scale, offs, out_dtype, fast_accum=False) -> torch.Tensor:
+    return _fp8_grouped_gemm(a, a_scale, b, b_scale, offs, out_dtype, fast_accum, True)
+
+
+def _launch_rows(a, b, b_strides, out, offs, scales, constexprs, block_k, element_size, fast_accum, tma=False):
+    """The persistent kernel over rows: out [S, N] = a [S, K] by groups times b ([E, K, N] by ``b_strides``); with
+    ``tma``, a and b ([E, N, K]) are loaded through tensor descriptors."""
     (S, K), N = a.shape, out.shape[1]
     promoted = constexprs["SCALED"] and (constexprs["SCALE_PER_CHUNK"] or not fast_accum)
     options = _launch_options(element_size, promoted, block_k)
+    a_strides, device = a.stride(), a.device
+    if tma:
+        a = descriptor(a, [options["BLOCK_M"], options["BLOCK_K"]])
+        b = descriptor(b, [1, options["BLOCK_N"], options["BLOCK_K"]])
     a_scale, b_scale, *scale_arguments = scales
     b_block_rows = scale_arguments[-2]
     # B's scaling block spans the column tile (128x128 weight blocks): one scale per chunk
     b_scale_per_tile = constexprs["SCALE_PER_CHUNK"] and (b_block_rows % options["BLOCK_N"] == 0 or b_block_rows >= N)
-    with on_device(a.device):
-        launch(_grouped_gemm_kernel)[(persistent_programs(a.device),)](
+    with on_device(device):
+        launch(_grouped_gemm_kernel)[(persistent_programs(device),)](
             a,
             b,
             out,
@@ -519,8 +561,7 @@ def _launch_rows(a, b, b_strides, out, offs, scales, constexprs, block_k, elemen
             N,
             K,
             offs.shape[0],
-            a.stride(0),
-            a.stride(1),
+            *a_strides,
             *b_strides,
             *scale_arguments,
             B_SCALE_PER_TILE=b_scale_per_tile,
@@ -528,6 +569,7 @@ def _launch_rows(a, b, b_strides, out, offs, scales, constexprs, block_k, elemen
             UPCAST=interpreting(),
             IEEE=element_size == 4,
             EVEN_K=isinstance(K, int) and K % options["BLOCK_K"] == 0,  # a symbolic K: masked
+            TMA=tma,
             **constexprs,
             **options,
         )
@@ -546,20 +588,13 @@ def grouped_gemm_wgrad(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out
     return out
 
 
-@implementation(
-    "fp8_grouped_gemm_wgrad",
-    "triton",
-    priority=priority,
-    unavailable_reason=unavailable_reason,
-    traceable=traceable,
-    supports=lambda a, a_scale, b, b_scale, offs, *rest: (
-        wgrad_scales_reason(a, a_scale, b, b_scale, offs)
-        or _fp8_supports(_blocks(a, a_scale, b.shape[0], b_scale, int(a.shape[1])), int(a.shape[1]))
-    ),
-)
-def fp8_grouped_gemm_wgrad(
-    a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, offs, out_dtype
-) -> torch.Tensor:
+def _fp8_wgrad_supports(a, a_scale, b, b_scale, offs, *rest) -> str | None:
+    return wgrad_scales_reason(a, a_scale, b, b_scale, offs) or _fp8_supports(
+        _blocks(a, a_scale, b.shape[0], b_scale, int(a.shape[1])), int(a.shape[1])
+    )
+
+
+def _fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype, tma) -> torch.Tensor:
     """Scales shared by the groups or each group's own (``..reference.grouped_mm.fp8_grouped_gemm_wgrad``)."""
     (M, S), N = a.shape, b.shape[0]
     S = int(S)  # sets the chunk: a compiled graph specializes on it
@@ -569,17 +604,50 @@ def fp8_grouped_gemm_wgrad(
         # Shared scales as every group's: stride 0 along the groups.
         per_group = [s if s.dim() == 3 else s.expand(offs.shape[0], -1, -1) for s in (a_scale, b_scale)]
         scales, constexprs, block_k = _scaled(a, b, per_group, blocks, S)
-        _launch_wgrad(a.view(torch.uint8), b.view(torch.uint8), S, out, offs, scales, constexprs, block_k, 1)
+        if not tma:
+            a, b = a.view(torch.uint8), b.view(torch.uint8)
+        _launch_wgrad(a, b, S, out, offs, scales, constexprs, block_k, 1, tma)
     return out
 
 
-def _launch_wgrad(a, b, S, out, offs, scales, constexprs, block_k, element_size) -> None:
-    """The wgrad kernel: out [E, M, N] = per group, a [M, S] times b [N, S]^T over the group's rows."""
+@implementation(
+    "fp8_grouped_gemm_wgrad",
+    "triton",
+    priority=priority,
+    unavailable_reason=unavailable_reason,
+    traceable=traceable,
+    supports=_fp8_wgrad_supports,
+)
+def fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype) -> torch.Tensor:
+    return _fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype, False)
+
+
+@implementation(
+    "fp8_grouped_gemm_wgrad",
+    "triton_tma",
+    priority=tma_priority,
+    unavailable_reason=tma_unavailable_reason,
+    traceable=never,
+    supports=lambda a, a_scale, b, b_scale, offs, *rest: (
+        _fp8_wgrad_supports(a, a_scale, b, b_scale, offs) or tma_reason(("x^T", a), ("dy^T", b))
+    ),
+)
+def fp8_grouped_gemm_wgrad_tma(a, a_scale, b, b_scale, offs, out_dtype) -> torch.Tensor:
+    return _fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype, True)
+
+
+def _launch_wgrad(a, b, S, out, offs, scales, constexprs, block_k, element_size, tma=False) -> None:
+    """The wgrad kernel: out [E, M, N] = per group, a [M, S] times b [N, S]^T over the group's rows; with ``tma``
+    loaded through tensor descriptors."""
     E, M, N = out.shape
     options = _launch_options(element_size, constexprs["SCALED"], block_k)
+    strides, device = (*a.stride(), *b.stride()), a.device
+    if tma:
+        a = descriptor(a, [options["BLOCK_M"], options["BLOCK_K"]])
+        b = descriptor(b, [options["BLOCK_N"], options["BLOCK_K"]])
     grid = (E * triton.cdiv(M, options["BLOCK_M"]) * triton.cdiv(N, options["BLOCK_N"]),)
     a_scale, b_scale, *scale_arguments = scales
-    with on_device(a.device):
+    with on_device(device):
         launch(_grouped_wgrad_kernel)[grid](
             a,
             b,
@@ -591,13 +659,11 @@ def _launch_wgrad(a, b, S, out, offs, scales, constexprs, block_k, element_size)
             M,
             N,
             E,
-            a.stride(0),
-            a.stride(1),
-            b.stride(0),
-            b.stride(1),
+            *strides,
             *scale_arguments,
             UPCAST=interpreting(),
             IEEE=element_size == 4,
+            TMA=tma,
             **constexprs,
             **options,
         )
@@ -607,7 +673,9 @@ __all__ = [
     "grouped_gemm",
     "grouped_gemm_wgrad",
     "fp8_grouped_gemm",
+    "fp8_grouped_gemm_tma",
     "fp8_grouped_gemm_wgrad",
+    "fp8_grouped_gemm_wgrad_tma",
     "zero_rows_past_groups",
     "persistent_programs",
 ]
