@@ -9,8 +9,8 @@
 #   linears measured fwd+bwd; memory: the main job beside FP8 columns that save no W^T (save_weight_t's cost in time
 #   against the memory it holds); moe: transformers' Mixtral and Qwen3-MoE with their kernel lists, FP8 experts forced
 #   beside auto's choice, then their quantization kernels and the floor of the FP8 step (benchmarks/floor.py);
-#   autocast: Llama-3-8B in bf16 and under autocast (fp32 parameters), whose ratios to Inductor are to be within 3%;
-#   these three without the peers' columns.
+#   autocast: Llama-3-8B in bf16 and under autocast (fp32 parameters), whose ratios to Inductor are to be within 3%,
+#   with their kernel tables; these three without the peers' columns.
 #   TESTS="lowering_tests/system/test_gpu.py ..." limits the tests; MODEL_ARGS, GEMM_AR_ARGS, FSDP2_ARGS add arguments
 #   to that step; TESTS_TIMEOUT bounds the tests (s); MAX_JOBS sets the native build's jobs; INSTALLED=1 skips the
 #   install.
@@ -76,8 +76,9 @@ for step in "${steps[@]}"; do
          bench bench_fp8_quant python3 -m benchmarks.bench_fp8_quant --shapes '' --moe mixtral-8x7b,qwen3-30b-a3b
          python3 -m benchmarks.floor "$(ls -t "$OUT"/model_*.json | head -1)" --out "$OUT/floor_moe.json" \
            --quant "$OUT/fp8_quant_shapes-none_moe-mixtral-8x7b-qwen3-30b-a3b.json" ;;
-    autocast) bench run_model python3 -m benchmarks.run_model --hf llama3-8b --snr-inputs 1 --peers ''
-              bench run_model python3 -m benchmarks.run_model --hf llama3-8b --snr-inputs 1 --peers '' --autocast ;;
+    autocast) bench run_model python3 -m benchmarks.run_model --hf llama3-8b --snr-inputs 1 --peers '' --kernels 30
+              bench run_model python3 -m benchmarks.run_model --hf llama3-8b --snr-inputs 1 --peers '' --autocast \
+                --kernels 30 ;;
     memory) bench run_model python3 -m benchmarks.run_model --hf llama3-8b,phi3-mini --snr-inputs 1 --peers '' \
               --column 'fp8 tensorwise no W^T={"fp8": {"recipe": "tensorwise", "save_weight_t": false}}' \
               --column 'fp8 rowwise no W^T={"fp8": {"recipe": "rowwise", "save_weight_t": false}}' ;;

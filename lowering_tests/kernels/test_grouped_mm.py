@@ -22,12 +22,19 @@ from turbo_inductor.testing.grouped_mm import case
 from turbo_inductor.testing.tolerance import snr_db
 
 
-def test_implementations_rank_vendor_then_triton_then_reference():
+def test_implementations_rank_vendor_then_triton_then_reference(monkeypatch):
+    """Except the FP8 rows kernel on NVIDIA GPUs, where Triton's was measured ahead of torch's (not on ROCm)."""
     for kernel in ("grouped_gemm", "grouped_gemm_wgrad", "fp8_grouped_gemm", "fp8_grouped_gemm_wgrad"):
         impls = registry.implementations(kernel)
         priority = {name: i.priority_on(torch.device("cuda")) for name, i in impls.items()}
-        assert priority["triton"] > priority["reference"] and priority.get("vendor", 99) > priority["triton"]
+        faster = ["vendor", "triton"] if kernel != "fp8_grouped_gemm" else ["triton", "vendor"]
+        assert priority[faster[0]] > priority[faster[1]] > priority["reference"], (kernel, priority)
         assert impls["triton"].priority_on(torch.device("cpu")) < priority["reference"]  # the interpreter is slow
+        if "triton_tma" in impls:  # until measured ahead of the pointer kernels
+            assert priority["triton_tma"] < priority["triton"]
+    monkeypatch.setattr(torch.version, "hip", "6.4")
+    rows = registry.implementations("fp8_grouped_gemm")
+    assert rows["vendor"].priority_on(torch.device("cuda")) > rows["triton"].priority_on(torch.device("cuda"))
 
 
 def test_vendor_declines_what_torch_cannot_take_with_the_reason():
@@ -229,13 +236,20 @@ def test_fp8_gemms_feed_hopper_tensor_cores_from_shared_memory():
     """The Triton FP8 GEMMs as an H200 runs them (``turbo_inductor.testing.hopper``): operands go from global memory
     into shared memory and from there to the MMA. No tile goes back through registers into shared memory (as a tile
     bitcast after its load does), which would make every MMA finish before the next is issued. The fast-accumulation
-    forward keeps one MMA in flight while the next tiles land; the others add each chunk's product apart."""
+    forward keeps one MMA in flight while the next tiles land; the others add each chunk's product apart. The same
+    for the grouped GEMMs loading by TMA, which issue no pointer load."""
     from turbo_inductor.testing import hopper
 
-    cases = ("grouped_fwd", "grouped_dgrad", "grouped_blockwise", "grouped_wgrad", "dense_blockwise")
+    tma = ("grouped_fwd_tma", "grouped_dgrad_tma", "grouped_wgrad_tma")
+    cases = ("grouped_fwd", "grouped_dgrad", "grouped_blockwise", "grouped_wgrad", "dense_blockwise", *tma)
     launches = {f["case"]: f for f in hopper.facts_in_a_process(*cases) if f["mma_in_flight"]}
     assert set(launches) == set(cases), launches
-    for gemm in launches.values():
+    for name, gemm in launches.items():
         assert gemm["register_round_trips"] == 0 and gemm["mma_waits_added"] == 0 and gemm["spilled"] == 0, gemm
-        assert gemm["shared"] <= hopper.MAX_SHARED and gemm["writes"] == ["OUT"], gemm
-    assert launches["grouped_fwd"]["mma_in_flight"] == [1], launches["grouped_fwd"]
+        assert gemm["shared"] <= hopper.MAX_SHARED, gemm
+        if name in tma:
+            assert gemm["descriptors"] == ["A", "B"] and gemm["vector_loads"] == 0, gemm
+        else:
+            assert gemm["writes"] == ["OUT"], gemm
+    for name in ("grouped_fwd", "grouped_fwd_tma"):
+        assert launches[name]["mma_in_flight"] == [1], launches[name]

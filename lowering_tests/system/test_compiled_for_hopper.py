@@ -8,12 +8,13 @@ from turbo_inductor.testing import hopper
 
 def test_every_kernel_compiles_for_hopper_within_its_limits():
     """Each launch fits an SM (shared memory, registers for its warps), spills nothing and stores no single bytes: a
-    kernel that failed one of these would fail or crawl only on the GPU machine. torch's analysis of what it writes
-    succeeds (where it fails, every tensor counts as written and a compiled graph copies the inputs first). Each kernel
-    the Triton implementations launch is compiled by some case."""
+    kernel that failed one of these would fail or crawl only on the GPU machine. torch's analysis of what a traced
+    launch writes succeeds (where it fails, every tensor counts as written and a compiled graph copies the inputs
+    first); launches with tensor descriptors are never traced, and torch 2.11's analysis fails on them. Each kernel the
+    Triton implementations launch is compiled by some case."""
     launches = hopper.facts_in_a_process()
     assert {f["kernel"] for f in launches} == hopper.launched_kernels()
     for f in launches:
         assert f["shared"] <= hopper.MAX_SHARED and f["registers"] * 32 * f["num_warps"] <= 65536, f
         assert f["spilled"] == 0 and f["byte_stores"] == 0, f
-        assert set(f["writes"]) < set(f["tensors"]), f
+        assert f["descriptors"] or set(f["writes"]) < set(f["tensors"]), f

@@ -64,6 +64,7 @@ class Compiled:
     constexprs: dict
     tensors: list[str]  # its tensor arguments
     writes: list[str]  # those torch's analysis finds written (a traced launch copies what is written)
+    descriptors: list[str]  # its tensor descriptor arguments (such a launch is never traced)
     ttgir: str
     ptx: str
     shared: int
@@ -116,6 +117,7 @@ class Compiled:
             kernel=self.kernel,
             tensors=self.tensors,
             writes=self.writes,
+            descriptors=self.descriptors,
             shared=self.shared,
             num_warps=self.num_warps,
             registers=registers,
@@ -166,6 +168,7 @@ def offline_hopper():
                 constexprs = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages")}
                 arguments = dict(zip(self.kernel.arg_names, args)) | constexprs
                 tensors = [name for name, value in arguments.items() if isinstance(value, torch.Tensor)]
+                descriptors = [name for name, value in arguments.items() if type(value).__name__ == "TensorDescriptor"]
                 written = _written(self.kernel, arguments)
                 asm, metadata = kernel.asm, kernel.metadata
                 name = self.kernel.fn.__name__
@@ -175,6 +178,7 @@ def offline_hopper():
                         constexprs,
                         tensors,
                         written,
+                        descriptors,
                         asm["ttgir"],
                         asm["ptx"],
                         metadata.shared,

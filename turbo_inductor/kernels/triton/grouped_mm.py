@@ -435,6 +435,16 @@ def priority(device: torch.device) -> int:
     return -10 if device.type == "cpu" else 10
 
 
+# Above torch's CUTLASS kernel (the vendor's 30) on NVIDIA GPUs: at Mixtral's and Qwen3-MoE's expert shapes on an
+# H100, the rows kernel's forward and dgrad took 6.95 vs 8.64 ms (gate_up), 3.54 vs 4.44, 1.08 vs 3.65 and 0.64 vs
+# 2.43 (benchmarks/results/h100/grouped_mm_modes-fwd-bwd_kernels.json). Its wgrad kernel is slower: not moved.
+FP8_ROWS_PRIORITY_NVIDIA = 40
+
+
+def fp8_rows_priority(device: torch.device) -> int:
+    return FP8_ROWS_PRIORITY_NVIDIA if device.type == "cuda" and torch.version.hip is None else priority(device)
+
+
 def _blocks(a, a_scale, b_rows: int, b_scale, contracted: int) -> tuple[int, int, int, int]:
     """(a_block_rows, a_block_cols, b_block_rows, b_block_cols): the scaling blocks of a [rows, contracted] and of
     b [b_rows, contracted] (per group where a scale is 3-D), resolved from the scales' shapes."""
@@ -512,7 +522,7 @@ def _fp8_grouped_gemm(a, a_scale, b, b_scale, offs, out_dtype, fast_accum, tma) 
 @implementation(
     "fp8_grouped_gemm",
     "triton",
-    priority=priority,
+    priority=fp8_rows_priority,
     unavailable_reason=unavailable_reason,
     traceable=traceable,
     supports=_fp8_rows_supports,
