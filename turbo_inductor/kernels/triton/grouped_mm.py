@@ -22,7 +22,8 @@ epilogue; finer ones (1x128, 128x128, 1x32) multiply each chunk's product in the
 the chunk never straddling a scaling block.
 Unless ``fast_accum``, each chunk's product is added to an fp32 accumulator apart (two-level accumulation: Hopper's
 FP8 MMA keeps fewer bits as it sums). Loads go through pointers with strides (any layout, AMD as well, and the
-interpreter, where the tiles are converted to fp32 before ``tl.dot``).
+interpreter, where the tiles are converted to fp32 before ``tl.dot``); the ``triton_tma`` implementations of the
+FP8 kernels load whole tiles through tensor descriptors instead (``.tma``).
 """
 
 from __future__ import annotations
