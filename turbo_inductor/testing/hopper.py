@@ -151,6 +151,7 @@ def offline_hopper():
     """Within: launches of our Triton kernels compile for sm_90 and run nothing (their outputs stay unwritten);
     yields the list of :class:`Compiled` they append to."""
     from triton.runtime.driver import driver
+    from triton.tools.tensor_descriptor import TensorDescriptor
 
     from ..kernels import triton as triton_kernels
 
@@ -168,7 +169,7 @@ def offline_hopper():
                 constexprs = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages")}
                 arguments = dict(zip(self.kernel.arg_names, args)) | constexprs
                 tensors = [name for name, value in arguments.items() if isinstance(value, torch.Tensor)]
-                descriptors = [name for name, value in arguments.items() if type(value).__name__ == "TensorDescriptor"]
+                descriptors = [name for name, value in arguments.items() if isinstance(value, TensorDescriptor)]
                 written = _written(self.kernel, arguments)
                 asm, metadata = kernel.asm, kernel.metadata
                 name = self.kernel.fn.__name__

@@ -38,7 +38,7 @@ from ..registry import implementation, never
 from . import device_limits, interpreting, launch, on_device, traceable, unavailable_reason
 from .fp8_formats import format_id, fp8_pointer
 from .fp8_gemm import block_k_for
-from .tma import descriptor, tma_priority, tma_reason, tma_unavailable_reason
+from .tma import descriptor, tma_reason, tma_unavailable_reason
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) on an NVIDIA GPU by operand element size: the persistent matmul
 # of Triton's tutorials on Hopper for 16-bit and FP8 operands; fp32 operands are twice as large per element.
@@ -444,6 +444,12 @@ FP8_ROWS_PRIORITY_NVIDIA = 40
 
 def fp8_rows_priority(device: torch.device) -> int:
     return FP8_ROWS_PRIORITY_NVIDIA if device.type == "cuda" and torch.version.hip is None else priority(device)
+
+
+def tma_priority(device: torch.device) -> int:
+    """Just below the pointer kernels: loading by TMA was measured no faster (``docs/fp8.md``); ``autotune`` or
+    ``impl=`` picks it."""
+    return priority(device) - 1
 
 
 def _blocks(a, a_scale, b_rows: int, b_scale, contracted: int) -> tuple[int, int, int, int]:

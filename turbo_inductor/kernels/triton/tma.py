@@ -33,12 +33,6 @@ def tma_unavailable_reason(device: torch.device) -> str | None:
     return None
 
 
-def tma_priority(device: torch.device) -> int:
-    """Below the pointer-loading Triton kernels (priority 10 on a GPU, -10 on CPU) until measured faster there:
-    ``autotune`` or ``impl=`` picks them."""
-    return -11 if device.type == "cpu" else 5
-
-
 def tma_reason(*operands: tuple[str, torch.Tensor]) -> str | None:
     """None where each named operand can be read through a descriptor, else why not: its last dimension contiguous,
     the other strides and its address 16-byte aligned."""
