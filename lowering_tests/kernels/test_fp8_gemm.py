@@ -155,3 +155,35 @@ def test_vendor_gemm_declines_block_shapes_cublaslt_refuses(monkeypatch):
     assert "writes bfloat16" in vendor_gemm.supports(a, a_scale, b, b_scale.new_ones(128, 3), torch.float32)
     mx, mx_scale = _quantized(64, 384, (1, 32), E4M3, True, seed=11)
     assert "1x128 x (128x128 | 1x128) scales only" in vendor_gemm.supports(mx, mx_scale, mx, mx_scale, torch.bfloat16)
+
+
+def test_vendor_gemm_writes_float32_where_torch_scaled_mm_can(monkeypatch):
+    """torch._scaled_mm writes float32 at tensorwise scales, and at rowwise ones through cuBLASLt (sm_90, CUDA >=
+    12.9); CUTLASS's and hipBLASLt's rowwise kernels write bf16 only, as block scales do: declined, not raised."""
+    from turbo_inductor.kernels.vendor import fp8_gemm as vendor_gemm
+
+    tensorwise = (*_quantized(32, 64, (0, 0), E4M3, False, seed=12), *_quantized(16, 64, (0, 0), E4M3, False, seed=13))
+    rowwise = (*_quantized(32, 64, (1, 0), E4M3, False, seed=12), *_quantized(16, 64, (1, 0), E4M3, False, seed=13))
+    monkeypatch.setattr(vendor_gemm, "deepseek_unsupported", lambda device: "not sm_90")
+    assert vendor_gemm.writes_float32(*tensorwise) and vendor_gemm.supports(*tensorwise, torch.float32) is None
+    assert not vendor_gemm.writes_float32(*rowwise) and vendor_gemm.supports(*rowwise, torch.bfloat16) is None
+    assert "writes float32 through cuBLASLt only" in vendor_gemm.supports(*rowwise, torch.float32)
+    monkeypatch.setattr(vendor_gemm, "deepseek_unsupported", lambda device: None)
+    assert vendor_gemm.writes_float32(*rowwise) and vendor_gemm.supports(*rowwise, torch.float32) is None
+
+
+def test_an_fp32_weight_gradient_is_cast_where_the_gemm_writes_bf16_only(monkeypatch):
+    """fp8_linear's wgrad writes an fp32 W's gradient in fp32 where the GEMM it runs can; elsewhere it writes bf16
+    and casts: the same gradient, rounded once to bf16."""
+    x = torch.randn(24, 64, device=DEVICE, dtype=torch.bfloat16)
+    w = torch.randn(32, 64, device=DEVICE) * 0.05
+    dy = torch.randn(24, 32, device=DEVICE, dtype=torch.bfloat16)
+    saved = torch.ops.turbo_inductor.fp8_linear_fwd(x, w, None, "rowwise", "reference")[1:]
+    wgrads = []
+    for writes in (True, False):
+        monkeypatch.setattr(registry, "has_capability", lambda *args, writes=writes: writes)
+        _, dweight = torch.ops.turbo_inductor.fp8_linear_bwd(dy, None, w, *saved, "rowwise", "reference")
+        assert dweight.dtype == torch.float32
+        wgrads.append(dweight)
+    torch.testing.assert_close(wgrads[1], wgrads[0].bfloat16().float(), rtol=0, atol=0)
+    assert not torch.equal(wgrads[0], wgrads[1])

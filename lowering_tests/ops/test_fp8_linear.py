@@ -24,9 +24,13 @@ def make(*shape, dtype=torch.float32, scale=1.0):
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_op_meets_the_snr_gates_forward_and_backward(recipe, dtype):
-    x, w, b = make(3, 48, 256, dtype=dtype), make(128, 256, dtype=dtype, scale=0.05), make(128, dtype=dtype)
+@pytest.mark.parametrize(
+    "dtype, weight_dtype",
+    [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)],
+    ids=["fp32", "bf16", "bf16 x, fp32 W"],  # the last: fp32 parameters under autocast
+)
+def test_op_meets_the_snr_gates_forward_and_backward(recipe, dtype, weight_dtype):
+    x, w, b = make(3, 48, 256, dtype=dtype), make(128, 256, dtype=weight_dtype, scale=0.05), make(128, dtype=dtype)
     y = turbo_inductor.ops.fp8_linear(x, w, b, recipe, impl=EXACT_IMPL)
     dy = torch.randn_like(y)
     y.backward(dy)
@@ -34,7 +38,7 @@ def test_op_meets_the_snr_gates_forward_and_backward(recipe, dtype):
     ref = F.linear(x32, w32, b32)
     ref.backward(dy.float())
     gate = GRADIENT_GATE[RECIPES[recipe].gradient_format]
-    assert y.dtype == dtype and y.shape == (3, 48, 128)
+    assert y.dtype == dtype and y.shape == (3, 48, 128) and w.grad.dtype == weight_dtype
     assert snr_db(y, ref) >= 25
     assert snr_db(x.grad, x32.grad) >= gate
     assert snr_db(w.grad, w32.grad) >= (40 if RECIPES[recipe].high_precision_wgrad else gate)
@@ -91,6 +95,17 @@ def test_opcheck(recipe):
         test_utils=no_schema,
     )
     torch.library.opcheck(torch.ops.turbo_inductor.fp8_linear, (x, w, b, recipe, "reference", None, None, False))
+    # an fp32 W beside a bf16 x (autocast): dW in fp32, also where the backward is given W's dtype alone
+    x16, b16 = (t.detach().bfloat16().requires_grad_() for t in (x, b))
+    torch.library.opcheck(torch.ops.turbo_inductor.fp8_linear, (x16, w, b16, recipe, "reference"))
+    saved = fwd(x16.detach(), w.detach(), b16.detach(), recipe, "reference")[1:]
+    x16_saved = x16.detach() if RECIPES[recipe].high_precision_wgrad else None
+    dy16 = dy.bfloat16()
+    bwd_fp32 = (dy16, x16_saved, None, *saved, recipe, "reference", torch.float32)
+    assert bwd(*bwd_fp32)[1].dtype == torch.float32
+    torch.library.opcheck(bwd, bwd_fp32, test_utils=no_schema)
+    with pytest.raises(OpInputError, match=r"W's dtype must be dy's \(torch.bfloat16\) or float32"):
+        bwd(*bwd_fp32[:-1], torch.float16)
     q = torch.ops.turbo_inductor.fp8_quantize(x.detach()[0], torch.float8_e4m3fn, 1, 64, False, False, "reference")
     torch.library.opcheck(
         torch.ops.turbo_inductor.fp8_quantize, (x.detach()[0], torch.float8_e4m3fn, 1, 64, True, False, "reference")
@@ -107,6 +122,10 @@ def test_opcheck(recipe):
         (lambda: turbo_inductor.ops.fp8_linear(make(4, 64), make(30, 64)), "multiples of 16"),
         (lambda: turbo_inductor.ops.fp8_linear(make(4, 64), make(32, 48)), "K = x.shape"),
         (lambda: turbo_inductor.ops.fp8_linear(make(4, 64), make(32, 64), make(31)), "bias must be"),
+        (
+            lambda: turbo_inductor.ops.fp8_linear(make(4, 64, dtype=torch.bfloat16), make(32, 64, dtype=torch.half)),
+            r"weight must be \[N, K\] in torch.bfloat16",
+        ),
     ],
 )
 def test_bad_input_is_named(call, message):

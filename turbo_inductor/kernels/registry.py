@@ -27,6 +27,9 @@ log = logging.getLogger("turbo_inductor")
 # Capability of the FP8-writing producers (rmsnorm_fwd_fp8, glu_fwd_fp8). Arguments: width, element size, block cols.
 # True: the producer quantizes its output from registers, with no separate pass.
 FP8_IN_ITS_PASS = "fp8_in_its_pass"
+# Capability of the FP8 GEMMs. Arguments: a, a_scale, b, b_scale. True: the GEMM writes a float32 output itself, as
+# an fp32 parameter's gradient is wanted (fp8_linear under autocast); else it writes bf16, cast after.
+WRITES_FLOAT32 = "writes_float32"
 
 
 @dataclasses.dataclass(frozen=True)

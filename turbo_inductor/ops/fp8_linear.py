@@ -9,12 +9,14 @@ Ops in ``torch.ops.turbo_inductor``:
   fp8_linear_fwd(x, weight, bias, recipe, impl, x_q, x_scale, weight_grad, save_weight_t, x_t, x_t_scale)
                                                                  -> (y, x_t, x_t_scale, w_t, w_t_scale)
                                                                  custom op; backward: fp8_linear_bwd (+ dbias)
-  fp8_linear_bwd(dy, x, weight, x_t, x_t_scale, w_t, w_t_scale, recipe, impl) -> (dx, dweight)
+  fp8_linear_bwd(dy, x, weight, x_t, x_t_scale, w_t, w_t_scale, recipe, impl, weight_dtype) -> (dx, dweight)
 
 Each GEMM operand is quantized with dynamic scaling, in blocks set by the recipe (``turbo_inductor.recipes``).
 The forward saves x^T and W^T quantized; the backward reads neither x nor W again, and W is not held for it (a
 W concatenated in the graph, ``fp8_concat``'s, would otherwise stay alive until the backward).
 A weight that wants no gradient (``weight_grad`` False) gets no wgrad: dweight is empty.
+W may be float32 beside a narrower x (fp32 parameters under autocast): it is quantized from float32, y and dx take
+x's dtype, and the wgrad GEMM writes dW in float32, so that no cast of W or dW runs.
 ``save_weight_t=False``: the backward quantizes W^T from W instead of saving it (FSDP2).
 ``x_q``, ``x_scale``: x already quantized by its producer (``rmsnorm_fp8``, ``glu_fp8``, ``fp8_shared_input``).
 ``x_t``, ``x_t_scale``: x^T quantized too (``fp8_shared_input``). The backward reads them; the forward then saves
@@ -54,6 +56,7 @@ from .fp8_operands import (
 from .library import (
     SUPPORTED_FLOAT_DTYPES,
     check,
+    check_float,
     check_linear,
     composite_op,
     kernel_op,
@@ -97,7 +100,7 @@ def _check(
     )
     r = RECIPES[recipe]
     if weight is not None:
-        check_linear(op, x, weight, bias)
+        check_linear(op, x, weight, bias, weight_dtype=weight_dtype_for(x, weight))
     else:
         check_linear(op, x, w_q, bias, "w_q", fp8_formats(x.device)[0])
         check_quantized(op, "w", w_q, w_scale, *w_q.shape, x.device, r.weight_block, recipe)
@@ -112,6 +115,11 @@ def _check(
     if _handed(x_t):
         rows = math.prod(x.shape[:-1])
         check_quantized(op, "x_t", x_t, x_t_scale, k, rows, x.device, r.activation_block, recipe)
+
+
+def weight_dtype_for(x: Tensor, weight: Tensor) -> torch.dtype:
+    """The dtype W may have beside x: x's, or float32, a wider parameter quantized from it (autocast)."""
+    return torch.float32 if weight.dtype == torch.float32 else x.dtype
 
 
 def _handed(x_t: Optional[Tensor]) -> bool:
@@ -300,16 +308,19 @@ def fp8_linear_bwd(
     w_t_scale: Tensor,
     recipe: str,
     impl: str = "auto",
+    weight_dtype: Optional[torch.dtype] = None,
 ) -> tuple[Tensor, Tensor]:
-    """(dx, dweight). ``weight`` may be None where W^T was saved: dW then takes dy's dtype, as W has."""
-    _check_backward(dy, x, weight, w_t, recipe)
+    """(dx, dweight). ``weight`` may be None where W^T was saved. dW is in ``weight_dtype``, W's: by default the
+    weight's where given, else dy's."""
+    _check_backward(dy, x, weight, w_t, recipe, weight_dtype)
     r, (e4m3, grad_dtype) = RECIPES[recipe], recipe_formats(recipe, dy.device)
+    dweight_dtype = _dweight_dtype(dy, weight, weight_dtype)
     n, k = _weight_shape(dy, weight, w_t)
     dy2 = dy.reshape(-1, n)
     dx_shape = dy.shape[:-1] + (k,)
     wgrad = _wgrad(x, x_t, recipe)
     if dy2.shape[0] == 0:
-        return dy.new_zeros(dx_shape), dy.new_zeros((n, k) if wgrad else 0)
+        return dy.new_zeros(dx_shape), dy.new_zeros((n, k) if wgrad else 0, dtype=dweight_dtype)
     # dy^T only for an FP8 wgrad. A weight wanting no gradient gets an empty one.
     if wgrad and not r.high_precision_wgrad:
         dy_q, dy_t = quantize_operand_both(dy2, r.activation_block, grad_dtype, r, impl)
@@ -319,12 +330,19 @@ def fp8_linear_bwd(
         w_t, w_t_scale = quantize_operand(weight, r.weight_block, e4m3, r, impl, transposed=True)
     dx = _gemm(dy_q, (w_t, w_t_scale), dy.dtype, impl)
     if not wgrad:
-        dweight = dy.new_empty(0)
+        dweight = dy.new_empty(0, dtype=dweight_dtype)
     elif r.high_precision_wgrad:
-        dweight = dy2.t() @ x.reshape(-1, k)
+        dweight = (dy2.t() @ x.reshape(-1, k)).to(dweight_dtype)
     else:
-        dweight = _gemm(dy_t, (x_t, x_t_scale), dy.dtype, impl)
+        operands = (*dy_t, x_t, x_t_scale)
+        writes = registry.has_capability(GEMM_KERNEL, dy.device, impl, registry.WRITES_FLOAT32, *operands)
+        gemm_dtype = dweight_dtype if dweight_dtype != torch.float32 or writes else dy.dtype
+        dweight = _gemm(dy_t, (x_t, x_t_scale), gemm_dtype, impl).to(dweight_dtype)
     return dx.view(dx_shape), dweight
+
+
+def _dweight_dtype(dy: Tensor, weight: Optional[Tensor], weight_dtype: Optional[torch.dtype]) -> torch.dtype:
+    return weight_dtype or (weight.dtype if weight is not None else dy.dtype)
 
 
 def _weight_shape(dy: Tensor, weight: Optional[Tensor], w_t: Tensor) -> tuple[int, int]:
@@ -339,7 +357,14 @@ def _wgrad(x: Optional[Tensor], x_t: Tensor, recipe: str) -> bool:
     return x is not None if keeps_x(recipe) else x_t.dim() == 2
 
 
-def _check_backward(dy: Tensor, x: Optional[Tensor], weight: Optional[Tensor], w_t: Tensor, recipe: str) -> None:
+def _check_backward(
+    dy: Tensor,
+    x: Optional[Tensor],
+    weight: Optional[Tensor],
+    w_t: Tensor,
+    recipe: str,
+    weight_dtype: Optional[torch.dtype],
+) -> None:
     op = "fp8_linear_bwd"
     check_recipe(op, recipe)
     check(
@@ -348,11 +373,20 @@ def _check_backward(dy: Tensor, x: Optional[Tensor], weight: Optional[Tensor], w
         lambda: "weight may be None only where the forward saved W^T (w_t [K, N]): give the weight",
     )
     n, k = _weight_shape(dy, weight, w_t)
-    dtype = dy.dtype if weight is None else weight.dtype
+    check_float(op, "dy", dy)
     check(
-        dy.dim() >= 1 and dy.shape[-1] == n and dy.dtype == dtype,
+        dy.dim() >= 1 and dy.shape[-1] == n,
         op,
-        lambda: f"dy must be [..., {n}] in {dtype}, got {list(dy.shape)} {dy.dtype}",
+        lambda: f"dy must be [..., {n}], got {list(dy.shape)}",
+    )
+    dweight_dtype = _dweight_dtype(dy, weight, weight_dtype)
+    check(
+        dweight_dtype in (dy.dtype, torch.float32) and (weight is None or weight.dtype == dweight_dtype),
+        op,
+        lambda: (
+            f"W's dtype must be dy's ({dy.dtype}) or float32, the weight's where given; got weight_dtype "
+            f"{weight_dtype}, weight {None if weight is None else weight.dtype}"
+        ),
     )
     check(
         w_t.dim() != 2 or tuple(w_t.shape) == (k, n),
@@ -365,10 +399,11 @@ def _check_backward(dy: Tensor, x: Optional[Tensor], weight: Optional[Tensor], w
 
 
 @fp8_linear_bwd.register_fake
-def _(dy, x, weight, x_t, x_t_scale, w_t, w_t_scale, recipe, impl="auto"):
-    _check_backward(dy, x, weight, w_t, recipe)
+def _(dy, x, weight, x_t, x_t_scale, w_t, w_t_scale, recipe, impl="auto", weight_dtype=None):
+    _check_backward(dy, x, weight, w_t, recipe, weight_dtype)
     n, k = _weight_shape(dy, weight, w_t)
-    return dy.new_empty(dy.shape[:-1] + (k,)), dy.new_empty((n, k) if _wgrad(x, x_t, recipe) else 0)
+    dweight = dy.new_empty((n, k) if _wgrad(x, x_t, recipe) else 0, dtype=_dweight_dtype(dy, weight, weight_dtype))
+    return dy.new_empty(dy.shape[:-1] + (k,)), dweight
 
 
 register_linear_autograd(
@@ -377,6 +412,7 @@ register_linear_autograd(
     keeps_x=lambda recipe, weight: keeps_x(recipe) and weight.requires_grad,
     saves=_saves,
     keeps_weight=_requantizes_weight,
+    passes_weight_dtype=True,
 )
 
 
@@ -422,7 +458,7 @@ def can_rewrite(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
     return (
         x.dtype in SUPPORTED_FLOAT_DTYPES
         and weight.dim() == 2
-        and weight.dtype == x.dtype
+        and weight.dtype == weight_dtype_for(x, weight)
         and x.dim() >= 1
         and x.shape[-1] == weight.shape[1]
         and isinstance(weight.shape[0], int)

@@ -182,14 +182,16 @@ def register_linear_autograd(
     keeps_x: Callable[[object, torch.Tensor], bool] = lambda arg, weight: True,
     saves: Callable[[tuple, tuple], tuple] = lambda inputs, saved: saved,
     keeps_weight: Callable[[tuple], bool] = lambda inputs: True,
+    passes_weight_dtype: bool = False,
 ) -> None:
     """Autograd of ``op(x, weight, bias, arg, impl, *rest)``, which returns y or ``(y, *saved)``.
 
     ``backward_op(dy, x, weight, *saved, arg, impl)`` returns ``(dx, dweight[, dbias])``; dbias defaults to dy's
     row sum. It gets x None where ``keeps_x(arg, weight)`` is False, and weight None where ``keeps_weight(inputs)``
-    is: a W computed in the graph (a concatenation) is then not held for the backward. ``arg`` is a recipe or group
-    name. ``saves(inputs, saved)`` may put inputs in place of saved outputs. ``saved`` and ``rest`` get no gradient.
-    A gradient no input wants is None."""
+    is: a W computed in the graph (a concatenation) is then not held for the backward. With ``passes_weight_dtype``
+    it also gets W's dtype, last, which dW is to have. ``arg`` is a recipe or group name. ``saves(inputs, saved)``
+    may put inputs in place of saved outputs. ``saved`` and ``rest`` get no gradient. A gradient no input wants is
+    None."""
 
     def setup(ctx, inputs, output):
         x, weight, bias, arg, impl, *rest = inputs
@@ -201,10 +203,11 @@ def register_linear_autograd(
         # y is the one output with a gradient: the saved ones (W^T in FP8) are not zero-filled for the backward.
         ctx.set_materialize_grads(False)
         ctx.arg, ctx.impl, ctx.has_bias = arg, impl, bias is not None
+        ctx.weight_dtype = (weight.dtype,) if passes_weight_dtype else ()
 
     def backward(ctx, dy, *_saved_grads):
         x, weight, *saved = ctx.saved_tensors
-        dx, dweight, *dbias = backward_op(dy, x, weight, *saved, ctx.arg, ctx.impl)
+        dx, dweight, *dbias = backward_op(dy, x, weight, *saved, ctx.arg, ctx.impl, *ctx.weight_dtype)
         wants_dx, wants_dweight, wants_dbias = ctx.needs_input_grad[:3]
         if wants_dbias and not dbias:
             dbias = [dy.reshape(-1, dy.shape[-1]).sum(0, dtype=torch.float32).to(dy.dtype)]

@@ -1,7 +1,7 @@
 """Linears -> ``turbo_inductor.fp8_linear`` with ``options={"fp8": RECIPE}``: FP8 training of an unmodified model.
 
 Takes every linear spelling (``linears.linear_of``) whose weight is [N, K], N and K multiples of 16.
-Under ``torch.autocast`` the operands are cast to the autocast dtype first (``docs/passes.md``).
+Under ``torch.autocast`` x and bias are cast to the autocast dtype first; an fp32 W is not (``docs/passes.md``).
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ class FP8LinearPass(RewritePass):
                 node,
                 linear,
                 FP8LinearNode,
+                fp32_weight=True,  # quantized from fp32: no cast of W, and dW written in fp32 (autocast)
                 recipe=config.recipe,
                 impl=options.impl,
                 save_weight_t=config.save_weight_t,

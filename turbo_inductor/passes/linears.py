@@ -110,11 +110,20 @@ def cast_to(graph: fx.Graph, before: fx.Node, values: tuple, dtype: torch.dtype)
 
 
 def insert_linear(
-    graph: fx.Graph, before: fx.Node, linear: Linear, view: type[OpNode], x: fx.Node | None = None, **arguments: Any
+    graph: fx.Graph,
+    before: fx.Node,
+    linear: Linear,
+    view: type[OpNode],
+    x: fx.Node | None = None,
+    fp32_weight: bool = False,
+    **arguments: Any,
 ) -> OpNode:
     """Our op ``view`` in place of ``linear``, inserted before ``before``: its x (``x`` where given), W [N, K] and
-    bias cast to the linear's dtype (autocast's casts made explicit), and ``arguments``."""
+    bias cast to the linear's dtype (autocast's casts made explicit), and ``arguments``.
+    With ``fp32_weight`` a float32 W stays float32, for an op that reads it so (``fp8_linear``)."""
     weight = weight_of(graph, linear)
-    values = (linear.x if x is None else x, weight, linear.bias)
-    x, weight, bias = cast_to(graph, before, values, linear_dtype(linear.node))
+    kept = fp32_weight and ir.fake(weight) is not None and ir.fake(weight).dtype == torch.float32
+    values = (linear.x if x is None else x, None if kept else weight, linear.bias)
+    x, cast_weight, bias = cast_to(graph, before, values, linear_dtype(linear.node))
+    weight = weight if kept else cast_weight
     return surgery.insert_view(graph, before, view, x=x, weight=weight, bias=bias, **arguments)

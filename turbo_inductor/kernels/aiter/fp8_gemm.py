@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..reference.fp8_gemm import block_size
-from ..registry import implementation, never
+from ..registry import WRITES_FLOAT32, implementation, never
 from . import fp8_formats, module, unavailable_reason
 
 PRIORITY = 40  # above vendor (30) and Triton (10): AMD tunes these per shape for MI300 and MI350
@@ -53,7 +53,13 @@ def supports(a, a_scale, b, b_scale, out_dtype, fast_accum=False) -> str | None:
 # aiter reads rowwise scales as [M, 1] and [N, 1]. Tensorwise scales are repeated per row.
 # Block scales are [M, K/128] and [N/128, K/128], row-major.
 @implementation(
-    "fp8_gemm", "aiter", priority=PRIORITY, unavailable_reason=unavailable_reason, traceable=never, supports=supports
+    "fp8_gemm",
+    "aiter",
+    priority=PRIORITY,
+    unavailable_reason=unavailable_reason,
+    traceable=never,
+    supports=supports,
+    capabilities={WRITES_FLOAT32: lambda a, a_scale, b, b_scale: False},
 )
 def fp8_gemm(a, a_scale, b, b_scale, out_dtype, fast_accum=False):
     """``dequant(a) @ dequant(b)^T`` in ``out_dtype``, for e4m3 ``a [M, K]`` and ``b [N, K]`` with scales."""

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..reference.fp8_gemm import block_size
-from ..registry import implementation
+from ..registry import WRITES_FLOAT32, implementation
 from . import unavailable_reason
 
 # cuBLASLt needs fp8 dimensions that are multiples of 16. Other row counts are zero-padded.
@@ -73,7 +73,22 @@ def supports(a, a_scale, b, b_scale, out_dtype, fast_accum=False) -> str | None:
         return f"torch._scaled_mm needs K and N multiples of {ALIGN}"
     if granularity.startswith("block") and out_dtype != torch.bfloat16:
         return f"block-scaled torch._scaled_mm writes bfloat16, not {out_dtype}"
+    if out_dtype == torch.float32 and not _writes_float32(granularity, a.device):
+        return "rowwise torch._scaled_mm writes float32 through cuBLASLt only: on sm_90 with CUDA >= 12.9"
     return None
+
+
+def _writes_float32(granularity: str, device: torch.device) -> bool:
+    """Whether torch._scaled_mm writes float32 at these scales: tensorwise everywhere; rowwise through cuBLASLt, on
+    sm_90 from CUDA 12.9 (elsewhere CUTLASS's and hipBLASLt's rowwise kernels write bf16 only); blocks never."""
+    if granularity == "tensorwise":
+        return True
+    return granularity == "rowwise" and deepseek_unsupported(device) is None
+
+
+def writes_float32(a, a_scale, b, b_scale) -> bool:
+    granularity, _ = _granularity(a, a_scale, b, b_scale)
+    return granularity is not None and _writes_float32(granularity, a.device)
 
 
 def _scales(granularity: str, a_scale, b_scale, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,7 +102,14 @@ def _scales(granularity: str, a_scale, b_scale, n: int) -> tuple[torch.Tensor, t
     return a_scale, (b_scale.t() if granularity == "block_128x128" else b_scale.t().contiguous())
 
 
-@implementation("fp8_gemm", "vendor", priority=30, unavailable_reason=unavailable_reason, supports=supports)
+@implementation(
+    "fp8_gemm",
+    "vendor",
+    priority=30,
+    unavailable_reason=unavailable_reason,
+    supports=supports,
+    capabilities={WRITES_FLOAT32: writes_float32},
+)
 def fp8_gemm(a, a_scale, b, b_scale, out_dtype, fast_accum=False):
     granularity, _ = _granularity(a, a_scale, b, b_scale)
     m, n = a.shape[0], b.shape[0]
