@@ -1,7 +1,8 @@
 """``torch.compile(model, backend="primus_turbo")``: Inductor with our rewrites in front.
 
 The ``torch_dynamo_backends`` entry point (setup.py) registers it: no import is needed.
-It calls ``compile_fx`` with our pass manager as the pre-grad custom pass. The passes see Dynamo's graph.
+It calls ``compile_fx`` with our pass manager as the pre-grad custom pass. The passes see Dynamo's graph; those of
+the POST_GRAD phase run as the post-grad custom pass, on AOTAutograd's forward and backward graphs.
 Our ops carry registered autograd, so the fused kernels run forward and backward.
 A graph with nothing to fuse compiles exactly as with backend="inductor".
 """
@@ -37,6 +38,10 @@ def primus_turbo(gm: torch.fx.GraphModule, example_inputs: list[Any], options: M
             stacklevel=2,
         )
     manager = patches["pre_grad_custom_pass"] = PassManager(PASSES, parsed)
+    # A user's own post-grad pass stays: ours then do not run.
+    user_post_grad = patches.get("post_grad_custom_post_pass") or inductor_config.post_grad_custom_post_pass
+    if manager.post_grad is not None and user_post_grad is None:
+        patches["post_grad_custom_post_pass"] = manager.post_grad
     patches.update({key: True for key in static_launch_config() if key not in patches})
     if hasattr(inductor_config, "pre_grad_pass_timing"):
         # Run the passes before the cache lookup, not only on a miss (torch >= 2.12). Every compile then reports

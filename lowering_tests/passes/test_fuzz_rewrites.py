@@ -21,7 +21,7 @@ import turbo_inductor
 from lowering_tests.fuzz.blocks import KINDS
 from lowering_tests.fuzz.driver import GATE_FLOOR_DB, LEADS, assert_agree, check, generate
 from turbo_inductor.ops.cross_entropy import CrossEntropyNode
-from turbo_inductor.passes import PASSES, glu, rmsnorm, surgery
+from turbo_inductor.passes import PASSES, Phase, glu, rmsnorm, surgery
 from turbo_inductor.passes.glu import GLUPass
 from turbo_inductor.passes.rmsnorm import RMSNormPass
 from turbo_inductor.testing.compare import assert_matches_inductor
@@ -65,7 +65,8 @@ def test_every_run_takes_every_block_kind_and_fires_every_pass():
     examples = [generate(seed) for seed in range(BASE, BASE + len(LEADS))]
     assert {block.kind for example in examples for block in example.blocks} == set(KINDS)
     fired = {name for example in examples for name, n in example.expect().counts.items() if n}
-    assert fired == {p.name for p in PASSES}
+    # The fuzzer rewrites Dynamo's graphs: the POST_GRAD passes, on AOTAutograd's, have their own tests.
+    assert fired == {p.name for p in PASSES if p.phase < Phase.POST_GRAD}
 
 
 # ---- the fuzzer fails on a broken pass ---------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from .manager import (
     reset_records,
     rewrite_counts,
 )
+from .mm_fp32_output import MMFP32OutputPass
 from .moe_combine import MoECombinePass
 from .moe_permute import MoEPermutePass
 from .moe_permute_fp8 import MoEPermuteFP8Pass
@@ -64,6 +65,8 @@ PASSES: list[RewritePass] = check_order(
         GLUFP8Pass(),
         MoEPermuteFP8Pass(),  # a permute feeding FP8 experts moves x's FP8 rows and scales, not its bf16 rows
         FP8SharedInputPass(),  # FP8 linears reading one x no producer quantized: x and x^T quantized once for all
+        # post-grad: on AOTAutograd's graphs
+        MMFP32OutputPass(),  # a bf16 mm cast to fp32 (a gradient under autocast): the GEMM writes fp32
     ]
 )
 

@@ -38,6 +38,7 @@ class Phase(enum.IntEnum):
     CLAIM = 2  # linears replaced by the passes that take them whole (FP8, GEMM + all-reduce)
     FUSE = 3  # norms, GLUs and MoE glue onto our ops
     PRODUCERS = 4  # producers of FP8 linears' inputs write them in FP8
+    POST_GRAD = 5  # on AOTAutograd's forward and backward graphs (aten IR), as Inductor's post-grad passes
 
 
 class RewritePass:
@@ -214,11 +215,21 @@ def mark_hop_bodies(gm: fx.GraphModule) -> None:
 
 
 class PassManager(CustomGraphPass):
+    """The passes before POST_GRAD on Dynamo's graph (Inductor's pre-grad custom pass); :attr:`post_grad` runs the
+    POST_GRAD ones. Both count into one record."""
+
     def __init__(self, passes: list[RewritePass], options: Options):
-        self.passes = [p for p in passes if p.enabled(options.value(p.name))]
+        enabled = [p for p in passes if p.enabled(options.value(p.name))]
+        self.passes = [p for p in enabled if p.phase < Phase.POST_GRAD]
+        self.post_grad_passes = [p for p in enabled if p.phase == Phase.POST_GRAD]
         self.options = options
         self.record = CompileRecord()
         _RECORDS.append(self.record)
+
+    @property
+    def post_grad(self) -> PostGradPasses | None:
+        """Inductor's post-grad custom pass running the POST_GRAD passes, or None where none is enabled."""
+        return PostGradPasses(self) if self.post_grad_passes else None
 
     def __call__(self, graph: fx.Graph) -> None:
         record = self.record
@@ -241,9 +252,11 @@ class PassManager(CustomGraphPass):
             return
         token = _COMPILING.set(record)
         try:
-            self._run_passes(graph)
+            self.run_passes(graph, self.passes)
         finally:
             _COMPILING.reset(token)
+        # Counted from 0 here: Inductor runs the POST_GRAD passes on a cache miss only.
+        record.counts.update(dict.fromkeys((p.name for p in self.post_grad_passes), 0))
         record.ops_after.update(ir.op_name(n) for n in graph.nodes)
         _record_implementations(record, graph)
         if self.options.record_graphs:
@@ -251,9 +264,9 @@ class PassManager(CustomGraphPass):
         if log.isEnabledFor(logging.DEBUG):
             log.debug("primus_turbo: graph after passes:\n%s", graph.python_code("self").src)
 
-    def _run_passes(self, graph: fx.Graph) -> None:
+    def run_passes(self, graph: fx.Graph, passes: list[RewritePass]) -> None:
         record = self.record
-        for rewrite in self.passes:
+        for rewrite in passes:
             start = time.perf_counter()
             snapshot = _snapshot(graph)
             before = set(graph.nodes)
@@ -281,7 +294,7 @@ class PassManager(CustomGraphPass):
     def __getstate__(self) -> dict:
         # torch 2.11 pickles the Inductor config, this manager included, into its cache keys. The record (counts,
         # timings) is what a compile did, not what the passes do: pickled, it would make every key new.
-        return {"passes": self.passes, "options": self.options}
+        return {"passes": self.passes, "post_grad_passes": self.post_grad_passes, "options": self.options}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -293,6 +306,19 @@ class PassManager(CustomGraphPass):
         return hashlib.sha256(
             (_source_hash() + self.options.fingerprint() + _distributed_identity() + environment.identity()).encode()
         ).hexdigest()
+
+
+class PostGradPasses(CustomGraphPass):
+    """A manager's POST_GRAD passes, as Inductor's ``post_grad_custom_post_pass``: they run on a cache miss only."""
+
+    def __init__(self, manager: PassManager):
+        self.manager = manager
+
+    def __call__(self, graph: fx.Graph) -> None:
+        self.manager.run_passes(graph, self.manager.post_grad_passes)
+
+    def uuid(self) -> str:
+        return self.manager.uuid()
 
 
 def _count_sites(record: CompileRecord, graph: fx.Graph, before: set, name: str) -> None:

@@ -1,0 +1,61 @@
+"""A bf16 or fp16 ``mm`` whose one use is its cast to fp32 -> ``aten.mm.dtype(a, b, float32)``: the GEMM writes fp32.
+
+Under ``torch.autocast`` with fp32 parameters, each weight's gradient is a bf16 mm cast back to fp32 in the backward
+graph: a pass over every gradient each step, and a rounding to bf16 on the way. cuBLAS accumulates in fp32 and
+writes it instead. A POST_GRAD pass: the cast only exists in AOTAutograd's backward graph. CUDA only (cuBLAS's
+``mm.dtype``; unmeasured on ROCm). Why: ``docs/passes.md``, "Autocast".
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from ..options import Options
+from .manager import Phase, RewritePass
+
+aten, prims = torch.ops.aten, torch.ops.prims
+_NARROW = (torch.bfloat16, torch.float16)
+
+
+def _fp32_cast_of_mm(node: fx.Node) -> fx.Node | None:
+    """The mm that ``node`` casts to fp32, where that cast is the mm's one use, the operands are bf16 or fp16 alike,
+    and they are on an NVIDIA GPU; else None."""
+    if node.target is not prims.convert_element_type.default or node.args[1] != torch.float32:
+        return None
+    mm = node.args[0]
+    if not isinstance(mm, fx.Node) or mm.target is not aten.mm.default or len(mm.users) != 1:
+        return None
+    a, b = (operand.meta.get("val") for operand in mm.args)
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dtype != b.dtype:
+        return None
+    return mm if a.dtype in _NARROW and a.device.type == "cuda" and torch.version.hip is None else None
+
+
+class MMFP32OutputPass(RewritePass):
+    """A bf16 mm cast to fp32 (a gradient under autocast) as one mm writing fp32."""
+
+    name = "mm_fp32_output"
+    phase = Phase.POST_GRAD
+    option_doc = (
+        "A bf16 or fp16 matmul whose one use is its cast to fp32 (each fp32 parameter's gradient under autocast) "
+        "writes fp32 itself: one pass over each gradient less per step, and no rounding to bf16. CUDA only. "
+        "Details: `docs/passes.md`."
+    )
+
+    def apply(self, graph: fx.Graph, options: Options) -> int:
+        if not hasattr(aten.mm, "dtype"):  # torch < 2.9 has no mm with an output dtype
+            return 0
+        count = 0
+        for node in list(graph.nodes):
+            mm = _fp32_cast_of_mm(node)
+            if mm is None:
+                continue
+            with graph.inserting_before(node):
+                fused = graph.call_function(aten.mm.dtype, (*mm.args, torch.float32))
+            fused.meta.update(node.meta)
+            node.replace_all_uses_with(fused)
+            graph.erase_node(node)
+            graph.erase_node(mm)
+            count += 1
+        return count
