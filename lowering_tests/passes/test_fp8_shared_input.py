@@ -79,8 +79,9 @@ def test_qkv_and_gate_up_quantize_x_once(train):
 
 
 def test_autocast_and_dynamic_shapes():
-    """Under autocast each linear reads its own bf16 cast of x: one x. The later weights' casts move before the
-    shared quantization, which reads them all. The graph after the passes runs eagerly (nothing compiled)."""
+    """Under autocast each linear reads its own bf16 cast of x: one x. The weights stay fp32 (the FP8 linears
+    quantize them from fp32); the shared quantization reads them all. The graph after the passes runs eagerly
+    (nothing compiled)."""
     model, x = block(bias=True)
     with torch.autocast(DEVICE, torch.bfloat16):
         shared, _, record = rewritten_run(model, x, TENSORWISE, True, True)
