@@ -177,3 +177,35 @@ def test_forcing_an_implementation_that_cannot_run_says_why(monkeypatch):
 def test_auto_prefers_triton_where_it_runs():
     turbo_inductor.ops.rmsnorm(make((2, 8), torch.float32), None)
     assert turbo_inductor.kernel_calls() == {("rmsnorm_fwd", "triton"): 1}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_out_dtype_writes_the_output_cast_once(impl):
+    """``out_dtype`` (autocast: an fp32 norm read by bf16 linears): y is the fp32 norm rounded once to bf16, bit for
+    bit; the sum stays the add's dtype; dy comes in y's dtype, and the gradients are those of the cast's backward."""
+    x, w = make((3, 5, 48), torch.float32, requires_grad=True), make((48,), torch.float32, requires_grad=True)
+    r = make((3, 5, 48), torch.bfloat16, requires_grad=True)
+    ops = turbo_inductor.ops
+    y = ops.rmsnorm(x, w, impl=impl, out_dtype=torch.bfloat16)
+    y_res, total = ops.rmsnorm_residual(x, r, w, impl=impl, out_dtype=torch.bfloat16)
+    assert y.dtype == y_res.dtype == torch.bfloat16 and total.dtype == torch.float32
+    for got, want in (
+        (y, ops.rmsnorm(x, w, impl=impl).to(torch.bfloat16)),
+        (y_res, ops.rmsnorm_residual(x, r, w, impl=impl)[0].to(torch.bfloat16)),
+    ):
+        if impl == "triton" and interpreting():  # the interpreter's bf16 stores round some values the other way
+            torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=0)
+        else:
+            assert torch.equal(got, want)
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (x, w), dy)
+    want = torch.autograd.grad(ops.rmsnorm(x, w, impl=impl).to(torch.bfloat16), (x, w), dy)
+    for got, expected in zip(grads, want):
+        assert got.dtype == expected.dtype == torch.float32 and torch.equal(got, expected)
+    for op, args in (
+        (torch.ops.turbo_inductor.rmsnorm_fwd, (x, w, 1e-6, impl, torch.bfloat16)),
+        (torch.ops.turbo_inductor.rmsnorm_residual_fwd, (x, r, w, 1e-6, impl, torch.bfloat16)),
+    ):
+        torch.library.opcheck(op, args)
+    with pytest.raises(ValueError, match="out_dtype must be one of float32, bfloat16, float16 or None, got torch.int8"):
+        ops.rmsnorm(x, w, impl=impl, out_dtype=torch.int8)

@@ -170,8 +170,10 @@ def test_promoting_residual_add_under_autocast_is_fused():
     """Under torch.autocast the branch (a linear) returns bf16 while the residual stream stays fp32: the add
     promotes, and fuses as a same-dtype add does (the add's dtype, each addend's gradient in its own)."""
     model = ResidualBlock()
+    # norm1 read by the bf16 linear alone would write bf16 (rmsnorm_autocast, tested with the reference kernels:
+    # the Triton interpreter rounds bf16 stores toward zero, a bf16 ulp from Inductor's cast)
     with torch.autocast("cpu", torch.bfloat16):
-        counts = assert_matches_inductor(model, [randn(2, 3, H), randn(2, 3, H)])
+        counts = assert_matches_inductor(model, [randn(2, 3, H), randn(2, 3, H)], options={"rmsnorm_autocast": False})
     assert (counts["rmsnorm"], counts["rmsnorm_residual"]) == (0, 2)
     assert ops_after("turbo_inductor.rmsnorm_residual") == 2 and ops_after("add") == 0
 

@@ -131,6 +131,14 @@ class Decoder(nn.Module):
         return F.cross_entropy(logits.float().view(-1, 100), labels.view(-1))
 
 
+class AutocastDecoder(Decoder):
+    """The decoder in fp32 under a bf16 autocast region of its own (the graph enters it): bf16 linears."""
+
+    def forward(self, ids, labels):
+        with torch.autocast(ids.device.type, torch.bfloat16):
+            return super().forward(ids, labels)
+
+
 class TensorParallel(nn.Module):
     def __init__(self):
         super().__init__()
@@ -147,12 +155,16 @@ def graphs() -> dict:
     hf_moe = hf_sparse_moe("mixtral", expert_parallel_masks=True).to(torch.bfloat16)
     fp8 = {"fp8": "rowwise"}
 
+    def decoder_inputs():
+        return torch.randint(0, 100, (2, 8)), torch.randint(0, 100, (2, 8))
+
     def decoder():
-        return dynamo_graph(Decoder(), torch.randint(0, 100, (2, 8)), torch.randint(0, 100, (2, 8)))
+        return dynamo_graph(Decoder(), *decoder_inputs())
 
     return {
         "decoder": (decoder, fp8),
         "decoder tensorwise": (decoder, {"fp8": "tensorwise"}),  # separate q/k/v and gate/up share x
+        "decoder under autocast": (lambda: dynamo_graph(AutocastDecoder(), *decoder_inputs()), {}),
         "tensor parallel": (lambda: dynamo_graph(TensorParallel(), torch.randn(4, 64, requires_grad=True)), {}),
         "moe": (lambda: dynamo_graph(moe, torch.randn(2, 8, 64, dtype=torch.bfloat16)), fp8),
         # transformers' experts with the sentinel masks of expert parallelism (moe_sentinel_mask)

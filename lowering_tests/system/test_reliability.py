@@ -113,8 +113,8 @@ def _(x, weight, eps):
     return torch.empty_like(x), x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
-def _native_rmsnorm_fwd(x, weight, residual, eps):
-    assert residual is None, "the model below has no residual add"
+def _native_rmsnorm_fwd(x, weight, residual, eps, out_dtype=None):
+    assert residual is None and out_dtype is None, "the model below has no residual add, and no autocast"
     y, rstd = native_rmsnorm(x, weight, eps)
     return y, None, rstd
 
@@ -185,8 +185,8 @@ def test_an_ops_schema_or_fake_edited_changes_the_sources_hash(tmp_path):
     hashes = {source_hash(copy)}
     for old, new in [
         (
-            "def rmsnorm(x: Tensor, weight: Optional[Tensor], eps: float,",
-            "def rmsnorm(x: Tensor, weight: Optional[Tensor], eps: float = 1e-6,",
+            '    x: Tensor, weight: Optional[Tensor], eps: float, impl: str = "auto", out_dtype',
+            '    x: Tensor, weight: Optional[Tensor], eps: float = 1e-6, impl: str = "auto", out_dtype',
         ),
         ("torch.empty_like(x, memory_format=torch.contiguous_format)", "torch.empty_like(x)"),
     ]:

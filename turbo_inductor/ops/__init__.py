@@ -35,16 +35,30 @@ for _family in (
 del _family
 
 
-def rmsnorm(x: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6, *, impl: str = "auto") -> Tensor:
-    """RMSNorm over the last dimension, in fp32, returned in ``x.dtype``."""
-    return torch.ops.turbo_inductor.rmsnorm(x, weight, eps, impl)
+def rmsnorm(
+    x: Tensor,
+    weight: Optional[Tensor] = None,
+    eps: float = 1e-6,
+    *,
+    impl: str = "auto",
+    out_dtype: Optional[torch.dtype] = None,
+) -> Tensor:
+    """RMSNorm over the last dimension, in fp32, returned in ``x.dtype`` or ``out_dtype`` (rounded once)."""
+    return torch.ops.turbo_inductor.rmsnorm(x, weight, eps, impl, out_dtype=out_dtype)
 
 
 def rmsnorm_residual(
-    x: Tensor, residual: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6, *, impl: str = "auto"
+    x: Tensor,
+    residual: Tensor,
+    weight: Optional[Tensor] = None,
+    eps: float = 1e-6,
+    *,
+    impl: str = "auto",
+    out_dtype: Optional[torch.dtype] = None,
 ) -> tuple[Tensor, Tensor]:
-    """``(rmsnorm(x + residual), x + residual)`` in one pass, as a pre-norm transformer block needs."""
-    return torch.ops.turbo_inductor.rmsnorm_residual(x, residual, weight, eps, impl)
+    """``(rmsnorm(x + residual), x + residual)`` in one pass, as a pre-norm transformer block needs; y in
+    ``out_dtype`` where given."""
+    return torch.ops.turbo_inductor.rmsnorm_residual(x, residual, weight, eps, impl, out_dtype=out_dtype)
 
 
 def rmsnorm_fp8(

@@ -1,13 +1,16 @@
 """RMSNorm: ``y = x / sqrt(mean(x^2, -1) + eps) * weight``, computed in fp32, returned in x's dtype.
 
 Ops in ``torch.ops.turbo_inductor``:
-  rmsnorm(x, weight, eps, impl) -> y                                        public (composite over rmsnorm_fwd)
-  rmsnorm_residual(x, residual, weight, eps, impl) -> (y, x + residual)     public (over rmsnorm_residual_fwd)
-  rmsnorm_fwd(x, weight, eps, impl) -> (y, rstd)                            custom op; backward: rmsnorm_bwd
-  rmsnorm_residual_fwd(x, residual, weight, eps, impl) -> (y, sum, rstd)    custom op; backward: rmsnorm_bwd
+  rmsnorm(x, weight, eps, impl, out_dtype) -> y                             public (composite over rmsnorm_fwd)
+  rmsnorm_residual(x, residual, weight, eps, impl, out_dtype) -> (y, x + residual)
+                                                                            public (over rmsnorm_residual_fwd)
+  rmsnorm_fwd(x, weight, eps, impl, out_dtype) -> (y, rstd)                 custom op; backward: rmsnorm_bwd
+  rmsnorm_residual_fwd(x, residual, weight, eps, impl, out_dtype) -> (y, sum, rstd)
+                                                                            custom op; backward: rmsnorm_bwd
   rmsnorm_bwd(dy, x, weight, rstd, dresidual, impl) -> (dx, dweight)        custom op (not differentiable)
 
 The residual form equals ``(rmsnorm(x + residual), x + residual)``, in the add's dtype.
+With ``out_dtype``, y is written in it: the norm's output cast once (autocast), and dy comes in it.
 Each addend's gradient is in its own dtype. Why, and autocast: ``docs/ops.md``, "RMSNorm with a residual".
 rstd (fp32, x.shape[:-1]) is saved for the backward. dweight is reduced in fp32.
 weight may be None; ``rmsnorm_bwd`` then returns an empty dweight.
@@ -64,54 +67,76 @@ def check_rmsnorm(op: str, x: Tensor, weight: Optional[Tensor], eps: float, resi
     check_same_device(op, x=x, weight=weight, residual=residual)
 
 
-def empty_output(x: Tensor, residual: Optional[Tensor] = None) -> Tensor:
-    """An uninitialized, contiguous y (or sum) of x's shape, in the dtype of ``x + residual``."""
-    return x.new_empty(x.shape, dtype=sum_dtype(x, residual))
+def empty_output(x: Tensor, residual: Optional[Tensor] = None, out_dtype: Optional[torch.dtype] = None) -> Tensor:
+    """An uninitialized, contiguous y (or sum) of x's shape, in ``out_dtype`` or the dtype of ``x + residual``."""
+    return x.new_empty(x.shape, dtype=out_dtype or sum_dtype(x, residual))
 
 
-def _empty_outputs(x: Tensor, residual: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+def _empty_outputs(
+    x: Tensor, residual: Optional[Tensor] = None, out_dtype: Optional[torch.dtype] = None
+) -> tuple[Tensor, Tensor]:
     """Outputs for an input with no elements. rstd is NaN, as the plain math gives."""
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device).fill_(float("nan"))
-    return empty_output(x, residual), rstd
+    return empty_output(x, residual, out_dtype), rstd
+
+
+def _check_out_dtype(op: str, out_dtype: Optional[torch.dtype]) -> None:
+    check(
+        out_dtype is None or out_dtype in SUPPORTED_FLOAT_DTYPES,
+        op,
+        lambda: f"out_dtype must be one of float32, bfloat16, float16 or None, got {out_dtype}",
+    )
 
 
 # ---- forward -------------------------------------------------------------------------------------------------
 
 
 @kernel_op("rmsnorm_fwd", (FWD_KERNEL,))
-def rmsnorm_fwd(x: Tensor, weight: Optional[Tensor], eps: float, impl: str = "auto") -> tuple[Tensor, Tensor]:
+def rmsnorm_fwd(
+    x: Tensor, weight: Optional[Tensor], eps: float, impl: str = "auto", out_dtype: Optional[torch.dtype] = None
+) -> tuple[Tensor, Tensor]:
     check_rmsnorm("rmsnorm", x, weight, eps)
+    _check_out_dtype("rmsnorm", out_dtype)
     if x.numel() == 0:
-        return _empty_outputs(x)
-    y, _, rstd = registry.select(FWD_KERNEL, x.device, impl)(rows_view(x), contiguous_or_none(weight), None, eps)
+        return _empty_outputs(x, out_dtype=out_dtype)
+    kernel = registry.select(FWD_KERNEL, x.device, impl)
+    y, _, rstd = kernel(rows_view(x), contiguous_or_none(weight), None, eps, out_dtype=out_dtype)
     return y.view(x.shape), rstd.view(x.shape[:-1])
 
 
 @rmsnorm_fwd.register_fake
-def _(x, weight, eps, impl="auto"):
+def _(x, weight, eps, impl="auto", out_dtype=None):
     check_rmsnorm("rmsnorm", x, weight, eps)
-    return (torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape[:-1], dtype=torch.float32))
+    _check_out_dtype("rmsnorm", out_dtype)
+    return empty_output(x, out_dtype=out_dtype), x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
 @kernel_op("rmsnorm_residual_fwd", (FWD_KERNEL,))
 def rmsnorm_residual_fwd(
-    x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float, impl: str = "auto"
+    x: Tensor,
+    residual: Tensor,
+    weight: Optional[Tensor],
+    eps: float,
+    impl: str = "auto",
+    out_dtype: Optional[torch.dtype] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     check_rmsnorm("rmsnorm_residual", x, weight, eps, residual)
+    _check_out_dtype("rmsnorm_residual", out_dtype)
     if x.numel() == 0:
-        y, rstd = _empty_outputs(x, residual)
-        return y, torch.empty_like(y), rstd
+        y, rstd = _empty_outputs(x, residual, out_dtype)
+        return y, empty_output(x, residual), rstd
     y, total, rstd = registry.select(FWD_KERNEL, x.device, impl)(
-        rows_view(x), contiguous_or_none(weight), rows_view(residual), eps
+        rows_view(x), contiguous_or_none(weight), rows_view(residual), eps, out_dtype=out_dtype
     )
     return y.view(x.shape), total.view(x.shape), rstd.view(x.shape[:-1])
 
 
 @rmsnorm_residual_fwd.register_fake
-def _(x, residual, weight, eps, impl="auto"):
+def _(x, residual, weight, eps, impl="auto", out_dtype=None):
     check_rmsnorm("rmsnorm_residual", x, weight, eps, residual)
-    y = empty_output(x, residual)
-    return y, torch.empty_like(y), x.new_empty(x.shape[:-1], dtype=torch.float32)
+    _check_out_dtype("rmsnorm_residual", out_dtype)
+    total = empty_output(x, residual)
+    return empty_output(x, residual, out_dtype), total, x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
 # ---- backward ------------------------------------------------------------------------------------------------
@@ -167,7 +192,7 @@ def _check_backward_inputs(dy, x, weight, rstd, dresidual) -> None:
 
 
 def _setup_fwd(ctx, inputs, output):
-    x, weight, _eps, impl = inputs
+    x, weight, _eps, impl, _out_dtype = inputs
     ctx.save_for_backward(x, weight, output[1])
     ctx.impl = impl
 
@@ -200,11 +225,11 @@ def input_grads(
 def _backward_fwd(ctx, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
     dx, _, dweight = input_grads(dy, None, x, weight, rstd, None, ctx.impl)
-    return dx, dweight, None, None
+    return dx, dweight, None, None, None
 
 
 def _setup_residual_fwd(ctx, inputs, output):
-    x, residual, weight, _eps, impl = inputs
+    x, residual, weight, _eps, impl, _out_dtype = inputs
     ctx.save_for_backward(output[1], weight, output[2])
     ctx.impl, ctx.addend_dtypes = impl, (x.dtype, residual.dtype)
     # An unused output's gradient is None, not a full-size zero tensor (docs/ops.md, "RMSNorm with a residual").
@@ -213,7 +238,7 @@ def _setup_residual_fwd(ctx, inputs, output):
 
 def _backward_residual_fwd(ctx, dy, dtotal, _drstd):
     total, weight, rstd = ctx.saved_tensors
-    return *input_grads(dy, dtotal, total, weight, rstd, ctx.addend_dtypes, ctx.impl), None, None
+    return *input_grads(dy, dtotal, total, weight, rstd, ctx.addend_dtypes, ctx.impl), None, None, None
 
 
 rmsnorm_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
@@ -224,15 +249,22 @@ rmsnorm_residual_fwd.register_autograd(_backward_residual_fwd, setup_context=_se
 
 
 @composite_op("rmsnorm")
-def rmsnorm(x: Tensor, weight: Optional[Tensor], eps: float, impl: str = "auto") -> Tensor:
-    return rmsnorm_fwd(x, weight, eps, impl)[0]
+def rmsnorm(
+    x: Tensor, weight: Optional[Tensor], eps: float, impl: str = "auto", out_dtype: Optional[torch.dtype] = None
+) -> Tensor:
+    return rmsnorm_fwd(x, weight, eps, impl, out_dtype)[0]
 
 
 @composite_op("rmsnorm_residual")
 def rmsnorm_residual(
-    x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float, impl: str = "auto"
+    x: Tensor,
+    residual: Tensor,
+    weight: Optional[Tensor],
+    eps: float,
+    impl: str = "auto",
+    out_dtype: Optional[torch.dtype] = None,
 ) -> tuple[Tensor, Tensor]:
-    return rmsnorm_residual_fwd(x, residual, weight, eps, impl)[:2]
+    return rmsnorm_residual_fwd(x, residual, weight, eps, impl, out_dtype)[:2]
 
 
 def can_rewrite(x: Tensor, weight: Optional[Tensor]) -> bool:

@@ -31,6 +31,7 @@ from .moe_permute import MoEPermutePass
 from .moe_permute_fp8 import MoEPermuteFP8Pass
 from .moe_sentinel_mask import MoESentinelMaskPass
 from .rmsnorm import RMSNormPass
+from .rmsnorm_autocast import RMSNormAutocastPass
 from .rmsnorm_fp8 import RMSNormFP8Pass
 from .rmsnorm_residual import RMSNormResidualPass
 from .rotary import RotaryPass
@@ -65,6 +66,7 @@ PASSES: list[RewritePass] = check_order(
         GLUFP8Pass(),
         MoEPermuteFP8Pass(),  # a permute feeding FP8 experts moves x's FP8 rows and scales, not its bf16 rows
         FP8SharedInputPass(),  # FP8 linears reading one x no producer quantized: x and x^T quantized once for all
+        RMSNormAutocastPass(),  # norms whose every use autocast casts to bf16 write bf16 (the linears' input)
         # post-grad: on AOTAutograd's graphs
         MMFP32OutputPass(),  # a bf16 mm cast to fp32 (a gradient under autocast): the GEMM writes fp32
     ]

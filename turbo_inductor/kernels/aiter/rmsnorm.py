@@ -14,7 +14,15 @@ PRIORITY = 15  # below Triton (20) for the extra read; above native (10)
 DTYPES = (torch.bfloat16, torch.float16)
 
 
-def supports_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float):
+def supports_fwd(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    eps: float,
+    out_dtype: torch.dtype | None = None,
+):
+    if out_dtype not in (None, x.dtype):
+        return f"y in x's dtype, got {out_dtype} for {x.dtype}"
     if x.dtype not in DTYPES:
         return f"bfloat16 or float16 x only (aiter's CK kernels), got {x.dtype}"
     if x.numel() == 0:
@@ -44,7 +52,13 @@ def inverse_rms(s: torch.Tensor, eps: float) -> torch.Tensor:
     traceable=never,
     supports=supports_fwd,
 )
-def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float):
+def rmsnorm_fwd(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    eps: float,
+    out_dtype: torch.dtype | None = None,
+):
     """``(y, s_out, rstd)`` as ``..reference.rmsnorm.rmsnorm_fwd`` returns them."""
     aiter = module()
     x, weight, eps = x.contiguous(), weight.contiguous(), float(eps)

@@ -26,9 +26,11 @@ def _supports(x: torch.Tensor, weight: torch.Tensor | None) -> str | None:
     return None
 
 
-def supports_fwd(x, weight, residual, eps) -> str | None:
+def supports_fwd(x, weight, residual, eps, out_dtype=None) -> str | None:
     if residual is not None and residual.dtype != x.dtype:
         return f"a residual of x's dtype, got {residual.dtype} for {x.dtype}"
+    if out_dtype not in (None, x.dtype):
+        return f"y in x's dtype, got {out_dtype} for {x.dtype}"
     return _supports(x, weight)
 
 
@@ -41,7 +43,13 @@ def supports_bwd(dy, x, weight, rstd, dresidual) -> str | None:
 @implementation(
     "rmsnorm_fwd", "native", priority=PRIORITY, unavailable_reason=unavailable_reason, supports=supports_fwd
 )
-def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float):
+def rmsnorm_fwd(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    eps: float,
+    out_dtype: torch.dtype | None = None,
+):
     y, s_out, rstd = ops().rmsnorm_fwd(x.contiguous(), _contiguous(weight), _contiguous(residual), eps)
     return y, (s_out if residual is not None else None), rstd
 

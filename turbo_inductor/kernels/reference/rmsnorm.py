@@ -18,10 +18,16 @@ def sum_dtype(x: torch.Tensor, residual: torch.Tensor | None) -> torch.dtype:
 
 
 @implementation("rmsnorm_fwd", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=traced_off_cpu)
-def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float):
+def rmsnorm_fwd(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    eps: float,
+    out_dtype: torch.dtype | None = None,
+):
     """Returns ``(y, s_out, rstd)``. ``s_out`` is the rounded sum, None without a residual.
-    ``rstd`` is fp32, one per row."""
-    return _rmsnorm(x, weight, residual, eps, None)
+    ``rstd`` is fp32, one per row. y is in ``out_dtype`` where given (autocast's cast of it), else the sum's."""
+    return _rmsnorm(x, weight, residual, eps, out_dtype)
 
 
 def _rmsnorm(

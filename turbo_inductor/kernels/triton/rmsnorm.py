@@ -412,9 +412,15 @@ def _dw_reduce_kernel(
 # Launchers
 # --------------------------------------------------------------------------------------------------------------
 @implementation("rmsnorm_fwd", "triton", priority=20, unavailable_reason=unavailable_reason, traceable=traceable)
-def rmsnorm_fwd(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor | None, eps: float):
+def rmsnorm_fwd(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    eps: float,
+    out_dtype: torch.dtype | None = None,
+):
     """Returns ``(y, s_out, rstd)``; see ``..reference.rmsnorm.rmsnorm_fwd``."""
-    return _fwd(x, weight, residual, eps)[:3]
+    return _fwd(x, weight, residual, eps, out_dtype=out_dtype)[:3]
 
 
 @implementation(
