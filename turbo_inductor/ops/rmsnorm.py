@@ -80,7 +80,7 @@ def _empty_outputs(
     return empty_output(x, residual, out_dtype), rstd
 
 
-def _check_out_dtype(op: str, out_dtype: Optional[torch.dtype]) -> None:
+def check_out_dtype(op: str, out_dtype: Optional[torch.dtype]) -> None:
     check(
         out_dtype is None or out_dtype in SUPPORTED_FLOAT_DTYPES,
         op,
@@ -96,7 +96,7 @@ def rmsnorm_fwd(
     x: Tensor, weight: Optional[Tensor], eps: float, impl: str = "auto", out_dtype: Optional[torch.dtype] = None
 ) -> tuple[Tensor, Tensor]:
     check_rmsnorm("rmsnorm", x, weight, eps)
-    _check_out_dtype("rmsnorm", out_dtype)
+    check_out_dtype("rmsnorm", out_dtype)
     if x.numel() == 0:
         return _empty_outputs(x, out_dtype=out_dtype)
     kernel = registry.select(FWD_KERNEL, x.device, impl)
@@ -107,7 +107,7 @@ def rmsnorm_fwd(
 @rmsnorm_fwd.register_fake
 def _(x, weight, eps, impl="auto", out_dtype=None):
     check_rmsnorm("rmsnorm", x, weight, eps)
-    _check_out_dtype("rmsnorm", out_dtype)
+    check_out_dtype("rmsnorm", out_dtype)
     return empty_output(x, out_dtype=out_dtype), x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
@@ -121,7 +121,7 @@ def rmsnorm_residual_fwd(
     out_dtype: Optional[torch.dtype] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     check_rmsnorm("rmsnorm_residual", x, weight, eps, residual)
-    _check_out_dtype("rmsnorm_residual", out_dtype)
+    check_out_dtype("rmsnorm_residual", out_dtype)
     if x.numel() == 0:
         y, rstd = _empty_outputs(x, residual, out_dtype)
         return y, empty_output(x, residual), rstd
@@ -134,7 +134,7 @@ def rmsnorm_residual_fwd(
 @rmsnorm_residual_fwd.register_fake
 def _(x, residual, weight, eps, impl="auto", out_dtype=None):
     check_rmsnorm("rmsnorm_residual", x, weight, eps, residual)
-    _check_out_dtype("rmsnorm_residual", out_dtype)
+    check_out_dtype("rmsnorm_residual", out_dtype)
     total = empty_output(x, residual)
     return empty_output(x, residual, out_dtype), total, x.new_empty(x.shape[:-1], dtype=torch.float32)
 

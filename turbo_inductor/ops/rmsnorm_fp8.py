@@ -24,9 +24,9 @@ from torch import Tensor
 from ..kernels import registry
 from ..recipes import ROW_RECIPES, Recipe
 from .fp8_operands import check_row_recipe, producer_quantization, scale_shape
-from .library import SUPPORTED_FLOAT_DTYPES, check, composite_op, contiguous_or_none, kernel_op, rows_view
+from .library import composite_op, contiguous_or_none, kernel_op, rows_view
 from .node import OpNode
-from .rmsnorm import BWD_KERNEL, check_rmsnorm, empty_output, input_grads
+from .rmsnorm import BWD_KERNEL, check_out_dtype, check_rmsnorm, empty_output, input_grads
 
 KERNEL = "rmsnorm_fwd_fp8"
 
@@ -41,11 +41,7 @@ def _check(
 ) -> None:
     check_rmsnorm("rmsnorm_fp8", x, weight, eps, residual)
     check_row_recipe("rmsnorm_fp8", recipe)
-    check(
-        out_dtype is None or out_dtype in SUPPORTED_FLOAT_DTYPES,
-        "rmsnorm_fp8",
-        lambda: f"out_dtype must be one of float32, bfloat16, float16 or None, got {out_dtype}",
-    )
+    check_out_dtype("rmsnorm_fp8", out_dtype)
 
 
 def _outputs(
