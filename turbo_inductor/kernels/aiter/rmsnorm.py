@@ -5,6 +5,8 @@ aiter returns no rstd, so it is recomputed in one more read. See docs/kernels.md
 from __future__ import annotations
 
 import torch
+from torch import Tensor
+from torch import dtype as DType
 
 from ..registry import implementation, never
 from . import module, unavailable_reason
@@ -14,13 +16,7 @@ PRIORITY = 15  # below Triton (20) for the extra read; above native (10)
 DTYPES = (torch.bfloat16, torch.float16)
 
 
-def supports_fwd(
-    x: torch.Tensor,
-    weight: torch.Tensor | None,
-    residual: torch.Tensor | None,
-    eps: float,
-    out_dtype: torch.dtype | None = None,
-):
+def supports_fwd(x: Tensor, weight: Tensor | None, residual: Tensor | None, eps: float, out_dtype: DType | None = None):
     if out_dtype not in (None, x.dtype):
         return f"y in x's dtype, got {out_dtype} for {x.dtype}"
     if x.dtype not in DTYPES:
@@ -52,13 +48,7 @@ def inverse_rms(s: torch.Tensor, eps: float) -> torch.Tensor:
     traceable=never,
     supports=supports_fwd,
 )
-def rmsnorm_fwd(
-    x: torch.Tensor,
-    weight: torch.Tensor | None,
-    residual: torch.Tensor | None,
-    eps: float,
-    out_dtype: torch.dtype | None = None,
-):
+def rmsnorm_fwd(x: Tensor, weight: Tensor | None, residual: Tensor | None, eps: float, out_dtype: DType | None = None):
     """``(y, s_out, rstd)`` as ``..reference.rmsnorm.rmsnorm_fwd`` returns them."""
     aiter = module()
     x, weight, eps = x.contiguous(), weight.contiguous(), float(eps)

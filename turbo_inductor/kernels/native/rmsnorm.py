@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import torch
+from torch import Tensor
+from torch import dtype as DType
 
 from ..registry import implementation
 from . import ops, unavailable_reason
@@ -43,13 +45,7 @@ def supports_bwd(dy, x, weight, rstd, dresidual) -> str | None:
 @implementation(
     "rmsnorm_fwd", "native", priority=PRIORITY, unavailable_reason=unavailable_reason, supports=supports_fwd
 )
-def rmsnorm_fwd(
-    x: torch.Tensor,
-    weight: torch.Tensor | None,
-    residual: torch.Tensor | None,
-    eps: float,
-    out_dtype: torch.dtype | None = None,
-):
+def rmsnorm_fwd(x: Tensor, weight: Tensor | None, residual: Tensor | None, eps: float, out_dtype: DType | None = None):
     y, s_out, rstd = ops().rmsnorm_fwd(x.contiguous(), _contiguous(weight), _contiguous(residual), eps)
     return y, (s_out if residual is not None else None), rstd
 

@@ -6,6 +6,8 @@ With a residual, ``s = x + residual`` is rounded to the add's dtype, then normal
 from __future__ import annotations
 
 import torch
+from torch import Tensor
+from torch import dtype as DType
 
 from ..registry import implementation
 from . import traced_off_cpu, unavailable_reason
@@ -18,13 +20,7 @@ def sum_dtype(x: torch.Tensor, residual: torch.Tensor | None) -> torch.dtype:
 
 
 @implementation("rmsnorm_fwd", "reference", priority=0, unavailable_reason=unavailable_reason, traceable=traced_off_cpu)
-def rmsnorm_fwd(
-    x: torch.Tensor,
-    weight: torch.Tensor | None,
-    residual: torch.Tensor | None,
-    eps: float,
-    out_dtype: torch.dtype | None = None,
-):
+def rmsnorm_fwd(x: Tensor, weight: Tensor | None, residual: Tensor | None, eps: float, out_dtype: DType | None = None):
     """Returns ``(y, s_out, rstd)``. ``s_out`` is the rounded sum, None without a residual.
     ``rstd`` is fp32, one per row. y is in ``out_dtype`` where given (autocast's cast of it), else the sum's."""
     return _rmsnorm(x, weight, residual, eps, out_dtype)

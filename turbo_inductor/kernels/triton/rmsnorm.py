@@ -10,6 +10,8 @@ import dataclasses
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
+from torch import dtype as DType
 
 from ..reference.rmsnorm import sum_dtype
 from ..registry import FP8_IN_ITS_PASS, implementation
@@ -412,13 +414,7 @@ def _dw_reduce_kernel(
 # Launchers
 # --------------------------------------------------------------------------------------------------------------
 @implementation("rmsnorm_fwd", "triton", priority=20, unavailable_reason=unavailable_reason, traceable=traceable)
-def rmsnorm_fwd(
-    x: torch.Tensor,
-    weight: torch.Tensor | None,
-    residual: torch.Tensor | None,
-    eps: float,
-    out_dtype: torch.dtype | None = None,
-):
+def rmsnorm_fwd(x: Tensor, weight: Tensor | None, residual: Tensor | None, eps: float, out_dtype: DType | None = None):
     """Returns ``(y, s_out, rstd)``; see ``..reference.rmsnorm.rmsnorm_fwd``."""
     return _fwd(x, weight, residual, eps, out_dtype=out_dtype)[:3]
 
