@@ -32,6 +32,13 @@ def _fp32_cast_of_mm(node: fx.Node) -> fx.Node | None:
     return mm if a.dtype in _NARROW and a.device.type == "cuda" and torch.version.hip is None else None
 
 
+def _lowered() -> bool:
+    """Whether this torch has ``mm.dtype`` and Inductor lowers it (to cuBLAS's ``mm_dtype_out``): torch >= 2.8."""
+    from torch._inductor.kernel import mm as inductor_mm
+
+    return hasattr(aten.mm, "dtype") and hasattr(inductor_mm, "aten_mm_dtype")
+
+
 class MMFP32OutputPass(RewritePass):
     """A bf16 mm cast to fp32 (a gradient under autocast) as one mm writing fp32."""
 
@@ -44,7 +51,7 @@ class MMFP32OutputPass(RewritePass):
     )
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
-        if not hasattr(aten.mm, "dtype"):  # torch < 2.9 has no mm with an output dtype
+        if not _lowered():
             return 0
         count = 0
         for node in list(graph.nodes):
