@@ -1,10 +1,11 @@
 """Grouped GEMMs of MoE experts on the GPU, in one run: bf16 ``torch._grouped_mm`` (the baseline of every ratio),
 our ``grouped_mm`` per implementation, ``fp8_grouped_mm`` rowwise and blockwise per implementation (quantization
 included), and the FP8 grouped GEMM alone on operands already quantized. Forward and forward + backward, at the
-expert shapes of Mixtral-8x7B (E 8, top 2) and Qwen3-30B-A3B (E 128, top 8), tokens 2 x 4096, each projection
+expert shapes of Mixtral-8x7B (E 8, top 2) and Qwen3-30B-A3B (E 128, top 8), tokens 2 x 4096 (--tokens), each projection
 (gate_up [E, 2I, H] and down [E, H, I] parameters, passed transposed as transformers 5 does). Routing: each token's
 top-k of uniform random router scores (balanced on average, uneven per expert).
 python -m benchmarks.bench_grouped_mm [--configs mixtral-8x7b,qwen3-30b-a3b] [--modes fwd,fwd+bwd] [--kernels]
+    [--tokens N]
 Prints a table (median ms by triton's do_bench, TFLOP/s, ratio to bf16 torch._grouped_mm) and writes
 grouped_mm.json (benchmarks/record.py). With ``--kernels``, the GPU time of each kernel per step of the FP8 fwd+bwd
 columns and of the baseline (``kernels_us`` in their rows), to show where the time goes."""
@@ -104,17 +105,17 @@ def print_kernels(label: str, times_us: dict[str, float]) -> None:
         print(f"  {us:10.1f} us  {name[:KERNEL_NAME_CHARS]}")
 
 
-def run(configs: list[str], modes: list[str], kernels: bool = False) -> list[dict]:
+def run(configs: list[str], modes: list[str], kernels: bool = False, tokens: int = TOKENS) -> list[dict]:
     rows = []
     for config in configs:
         experts, top_k, _, _ = CONFIGS[config]
         torch.manual_seed(0)
-        offs = routing(TOKENS, experts, top_k)
+        offs = routing(tokens, experts, top_k)
         sizes = torch.diff(offs, prepend=offs.new_zeros(1))
-        print(f"\n{config}: {TOKENS * top_k} routed rows, rows per expert {sizes.min().item()}..{sizes.max().item()}")
+        print(f"\n{config}: {tokens * top_k} routed rows, rows per expert {sizes.min().item()}..{sizes.max().item()}")
         for projection, (k, n) in projections(config).items():
-            shape = f"{config} {projection} [{TOKENS * top_k}, {k}] x [{experts}, {k}, {n}]"
-            x = torch.randn(TOKENS * top_k, k, device=DEVICE, dtype=torch.bfloat16)
+            shape = f"{config} {projection} [{tokens * top_k}, {k}] x [{experts}, {k}, {n}]"
+            x = torch.randn(tokens * top_k, k, device=DEVICE, dtype=torch.bfloat16)
             parameter = torch.randn(experts, n, k, device=DEVICE, dtype=torch.bfloat16) / k**0.5
             flops = 2 * x.shape[0] * k * n
             for mode in modes:
@@ -163,9 +164,12 @@ def main():
     parser.add_argument(
         "--kernels", action="store_true", help="print each kernel's GPU time per fwd+bwd step (FP8 and baseline)"
     )
+    parser.add_argument(
+        "--tokens", type=int, default=TOKENS, help="tokens routed (run_model's MoE step: 2 x 2048 = 4096)"
+    )
     parser.add_argument("--out", default=None, help="folder for the JSON (default: $OUT, else benchmarks/out)")
     args = parser.parse_args()
-    rows = run(args.configs.split(","), args.modes.split(","), args.kernels)
+    rows = run(args.configs.split(","), args.modes.split(","), args.kernels, args.tokens)
     print_table(rows)
     record.write("grouped_mm", record.changed_options(parser, args, ignore={"out"}), vars(args), rows, args.out)
 
