@@ -1,5 +1,5 @@
 """The rmsnorm_autocast pass: under autocast with fp32 parameters, a norm whose every use autocast casts to bf16
-(its linears) writes bf16 itself. The output is the same, bit for bit; the norm's gradient comes back in bf16."""
+(its linears) writes bf16 itself. The output is the same; the norm's gradient comes back in bf16."""
 
 import pytest
 import torch
@@ -16,6 +16,15 @@ from turbo_inductor.testing.tolerance import snr_db
 IMPL = {"impl": "reference"} if DEVICE == "cpu" else {}
 
 
+def assert_same_output(got, want):
+    """Bit for bit with the reference kernels (CPU); on the GPU at bf16's noise: the Triton kernel compiled to store
+    bf16 may sum a row in another order than the one storing fp32 (system/test_gpu.py: within an ulp)."""
+    if DEVICE == "cpu":
+        assert torch.equal(got, want)
+    else:
+        assert snr_db(got, want) >= 40
+
+
 def counts_and_results(model, inputs, **options):
     turbo_inductor.reset_records()
     with torch.autocast(DEVICE, torch.bfloat16):
@@ -25,7 +34,8 @@ def counts_and_results(model, inputs, **options):
 
 def test_an_hf_llamas_norms_write_their_linears_bf16_input():
     """Both norms of the layer (q/k/v's and gate/up's) and the final one (the LM head's) write bf16. The loss is
-    the same as without the pass, bit for bit; each gradient within a bf16 rounding of the norm's gradient."""
+    the same as without the pass (:func:`assert_same_output`); each gradient within a bf16 rounding of the norm's
+    gradient."""
     pytest.importorskip("transformers")
     torch.manual_seed(0)
     model = CausalLMLoss(hf.build("llama3-8b", 1, tiny=True)).to(DEVICE)
@@ -33,7 +43,7 @@ def test_an_hf_llamas_norms_write_their_linears_bf16_input():
     counts, (loss, grads) = counts_and_results(model, [ids])
     assert counts["rmsnorm_autocast"] == 3
     _, (want, want_grads) = counts_and_results(model, [ids], rmsnorm_autocast=False)
-    assert torch.equal(loss[0], want[0])
+    assert_same_output(loss[0], want[0])
     for got, expected in zip(grads, want_grads):
         assert got.dtype == expected.dtype == torch.float32 and snr_db(got, expected) >= 40
 
@@ -67,6 +77,6 @@ def test_only_a_norm_every_use_of_which_autocast_casts(model, autocast, fires):
         assert turbo_inductor.rewrite_counts()["rmsnorm_autocast"] == fires
         want = run(model, [x], "primus_turbo", options={**IMPL, "rmsnorm_autocast": False})
     for g, w in zip(got[0], want[0]):
-        assert torch.equal(g, w)
+        assert_same_output(g, w)
     for g, w in zip(got[1], want[1]):
         assert snr_db(g, w) >= 40
