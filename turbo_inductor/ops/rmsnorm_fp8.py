@@ -51,9 +51,8 @@ def _outputs(
     rows, h = math.prod(x.shape[:-1]), x.shape[-1]
     dtype, block_cols = producer_quantization(recipe, x)
     total = empty_output(x, residual)
-    y = total if out_dtype is None else x.new_empty(x.shape, dtype=out_dtype)
     return (
-        y,
+        empty_output(x, residual, out_dtype),
         torch.empty_like(total) if residual is not None else x.new_empty(0),
         x.new_empty(x.shape[:-1], dtype=torch.float32),
         x.new_empty((rows, h), dtype=dtype),

@@ -15,6 +15,8 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+from . import ir
+
 # Ops that autocast runs in its lower-precision dtype on CPU and CUDA, casting their floating inputs to it.
 _LOWER_PRECISION_FUNCTIONS = {
     F.scaled_dot_product_attention,
@@ -102,3 +104,21 @@ def cast_for_every_use(node: fx.Node, in_force: dict[fx.Node, torch.dtype | None
         else:
             return None
     return dtypes.pop() if len(dtypes) == 1 else None
+
+
+class AutocastCasts:
+    """Where autocast casts in one graph: :func:`cast_for_every_use` of its nodes, with the dtypes in force per
+    device type computed once."""
+
+    def __init__(self, graph: fx.Graph):
+        self.graph, self._in_force = graph, {}
+
+    def for_every_use(self, node: fx.Node) -> torch.dtype | None:
+        """The dtype autocast casts ``node``'s value to wherever it is used, or None (:func:`cast_for_every_use`)."""
+        value = ir.fake(node)
+        if value is None:
+            return None
+        device_type = value.device.type
+        if device_type not in self._in_force:
+            self._in_force[device_type] = dtypes_in_force(self.graph, device_type)
+        return cast_for_every_use(node, self._in_force[device_type])

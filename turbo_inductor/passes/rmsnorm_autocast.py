@@ -16,7 +16,7 @@ import torch.fx as fx
 from ..ops.rmsnorm import RMSNormNode, RMSNormResidualNode
 from ..options import Options
 from . import ir, surgery
-from .autocast import cast_for_every_use, dtypes_in_force
+from .autocast import AutocastCasts
 from .manager import Phase, RewritePass
 
 
@@ -28,7 +28,7 @@ class RMSNormAutocastPass(RewritePass):
     after = ("rmsnorm_residual", "rmsnorm_fp8")
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
-        count, in_force = 0, {}  # device type -> the autocast dtype at each node, computed once per graph
+        count, casts = 0, AutocastCasts(graph)
         for node in list(graph.nodes):
             norm = RMSNormNode.of(node) or RMSNormResidualNode.of(node)
             if norm is None or norm.out_dtype is not None:
@@ -38,9 +38,7 @@ class RMSNormAutocastPass(RewritePass):
             yt = ir.fake(y) if y is not None else None
             if yt is None:
                 continue
-            if yt.device.type not in in_force:
-                in_force[yt.device.type] = dtypes_in_force(graph, yt.device.type)
-            narrow = cast_for_every_use(y, in_force[yt.device.type])
+            narrow = casts.for_every_use(y)
             if narrow is None or narrow.itemsize >= yt.dtype.itemsize:
                 continue
             fused = surgery.insert_view(graph, node, type(norm), **(norm.arguments() | {"out_dtype": narrow}))

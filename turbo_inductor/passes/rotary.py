@@ -20,7 +20,7 @@ import torch.fx as fx
 from ..ops.rotary import RotaryNode, can_rewrite
 from ..options import Options
 from . import ir, patterns, surgery
-from .autocast import cast_for_every_use, dtypes_in_force
+from .autocast import AutocastCasts
 from .manager import Phase, RewritePass, declined
 
 
@@ -81,7 +81,7 @@ class RotaryPass(RewritePass):
     phase = Phase.FUSE
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
-        count, in_force = 0, {}  # device type -> the autocast dtype at each node, computed once per graph
+        count, casts = 0, AutocastCasts(graph)
         for node in list(graph.nodes):
             found = rotation_of(node)
             if found is None:
@@ -93,9 +93,7 @@ class RotaryPass(RewritePass):
             if out.shape != xt.shape:
                 continue
             promoted = out.dtype != xt.dtype
-            if promoted and xt.device.type not in in_force:
-                in_force[xt.device.type] = dtypes_in_force(graph, xt.device.type)
-            if promoted and cast_for_every_use(node, in_force[xt.device.type]) != xt.dtype:
+            if promoted and casts.for_every_use(node) != xt.dtype:
                 declined(self.name, node, f"the sum promotes to {out.dtype} and some use reads it uncast")
                 continue
             rotated = surgery.insert_view(graph, node, RotaryNode, x=x, cos=cos, sin=sin, impl=options.impl).node
