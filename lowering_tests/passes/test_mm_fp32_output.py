@@ -20,16 +20,20 @@ aten, prims = torch.ops.aten, torch.ops.prims
 pytestmark = pytest.mark.skipif(not hasattr(aten.mm, "dtype"), reason="torch < 2.9 has no mm with an output dtype")
 
 
-def graph_of(dtype=torch.bfloat16, device="cuda", cast_to=torch.float32, mm_used_twice=False) -> fx.Graph:
-    """``convert_element_type(mm(a, b), cast_to)`` as AOTAutograd's backward spells dW, on fake tensors."""
+def graph_of(dtype=torch.bfloat16, device="cuda", cast_to=torch.float32, mm_used_twice=False, view=False) -> fx.Graph:
+    """``convert_element_type(mm(a, b), cast_to)`` as AOTAutograd's backward spells dW, on fake tensors; with ``view``,
+    ``convert_element_type(reshape(mm(a, b), (2, 8, 4)), cast_to)`` as it spells a 3-D input's gradient."""
     graph = fx.Graph()
     with FakeTensorMode():
         a, b = torch.randn(16, 8, dtype=dtype, device=device), torch.randn(8, 4, dtype=dtype, device=device)
         values = {"a": a, "b": b, "mm": a @ b}
-        values["cast"] = values["mm"].to(cast_to)
+        values["view"] = values["mm"].view(2, 8, 4)
+        values["cast"] = values["view" if view else "mm"].to(cast_to)
     nodes = {name: graph.placeholder(name) for name in ("a", "b")}
     nodes["mm"] = graph.call_function(aten.mm.default, (nodes["a"], nodes["b"]))
-    nodes["cast"] = graph.call_function(prims.convert_element_type.default, (nodes["mm"], cast_to))
+    if view:
+        nodes["view"] = graph.call_function(aten.reshape.default, (nodes["mm"], [2, 8, 4]))
+    nodes["cast"] = graph.call_function(prims.convert_element_type.default, (nodes["view" if view else "mm"], cast_to))
     for name, node in nodes.items():
         node.meta["val"] = values[name]
     graph.output((nodes["cast"], nodes["mm"]) if mm_used_twice else (nodes["cast"],))
@@ -49,15 +53,26 @@ def test_a_bf16_mm_cast_to_fp32_becomes_one_mm_writing_fp32():
     graph.lint()
 
 
+def test_a_view_between_stays_a_view_of_the_fp32_product():
+    graph = graph_of(view=True)
+    assert rewritten(graph) == 1
+    mm, view = [n for n in graph.nodes if n.op == "call_function"]
+    assert mm.target is aten.mm.dtype and mm.meta["val"].dtype == torch.float32 and mm.meta["val"].shape == (16, 4)
+    assert view.target is aten.reshape.default and view.args[0] is mm
+    assert view.meta["val"].dtype == torch.float32 and view.meta["val"].shape == (2, 8, 4)
+    graph.lint()
+
+
 @pytest.mark.parametrize(
     "graph",
     [
         graph_of(mm_used_twice=True),  # the bf16 product is read too: it stays
+        graph_of(mm_used_twice=True, view=True),
         graph_of(dtype=torch.float32),  # nothing to widen
         graph_of(cast_to=torch.float16),
         graph_of(device="cpu"),  # cuBLAS's mm.dtype only
     ],
-    ids=["mm-read-elsewhere", "fp32-mm", "cast-to-fp16", "cpu"],
+    ids=["mm-read-elsewhere", "mm-read-elsewhere-through-view", "fp32-mm", "cast-to-fp16", "cpu"],
 )
 def test_other_casts_and_mms_stay(graph):
     before = [(n.op, n.target) for n in graph.nodes]

@@ -98,7 +98,10 @@ def test_pass_seconds_are_recorded(caplog):
     with caplog.at_level(logging.INFO, logger="turbo_inductor"):
         run()
     (record,) = turbo_inductor.compile_records()
-    assert set(record.seconds) == {p.name for p in PassManager(PASSES, Options.parse(None, PASSES)).passes}
+    manager = PassManager(PASSES, Options.parse(None, PASSES))
+    pre_grad, post_grad = ({p.name for p in passes} for passes in (manager.passes, manager.post_grad_passes))
+    # the POST_GRAD passes run on an FX graph cache miss only (on CPU the cache is on)
+    assert pre_grad <= set(record.seconds) <= pre_grad | post_grad
     assert 0 < record.seconds["rmsnorm"] < 60
     assert f"replaced 1 rmsnorm in {record.seconds['rmsnorm']:.3f} s" in caplog.text
 

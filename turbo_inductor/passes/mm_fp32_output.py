@@ -1,4 +1,5 @@
 """A bf16 or fp16 ``mm`` whose one use is its cast to fp32 -> ``aten.mm.dtype(a, b, float32)``: the GEMM writes fp32.
+A view between them (a 3-D input's gradient) stays, now of the fp32 product.
 
 Under ``torch.autocast`` with fp32 parameters, each weight's gradient is a bf16 mm cast back to fp32 in the backward
 graph: a pass over every gradient each step, and a rounding to bf16 on the way. cuBLAS accumulates in fp32 and
@@ -16,20 +17,23 @@ from .manager import Phase, RewritePass
 
 aten, prims = torch.ops.aten, torch.ops.prims
 _NARROW = (torch.bfloat16, torch.float16)
+_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
-def _fp32_cast_of_mm(node: fx.Node) -> fx.Node | None:
-    """The mm that ``node`` casts to fp32, where that cast is the mm's one use, the operands are bf16 or fp16 alike,
-    and they are on an NVIDIA GPU; else None."""
+def _fp32_cast_of_mm(node: fx.Node) -> tuple[fx.Node, fx.Node | None] | None:
+    """``(mm, view)``: the mm that ``node`` casts to fp32, directly (view None) or through one view, where each is
+    the next one's one use, the operands are bf16 or fp16 alike, and they are on an NVIDIA GPU; else None."""
     if node.target is not prims.convert_element_type.default or node.args[1] != torch.float32:
         return None
-    mm = node.args[0]
+    mm, view = node.args[0], None
+    if isinstance(mm, fx.Node) and mm.target in _VIEWS and len(mm.users) == 1:
+        mm, view = mm.args[0], mm
     if not isinstance(mm, fx.Node) or mm.target is not aten.mm.default or len(mm.users) != 1:
         return None
     a, b = (operand.meta.get("val") for operand in mm.args)
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dtype != b.dtype:
         return None
-    return mm if a.dtype in _NARROW and a.device.type == "cuda" and torch.version.hip is None else None
+    return (mm, view) if a.dtype in _NARROW and a.device.type == "cuda" and torch.version.hip is None else None
 
 
 def _lowered() -> bool:
@@ -55,13 +59,19 @@ class MMFP32OutputPass(RewritePass):
             return 0
         count = 0
         for node in list(graph.nodes):
-            mm = _fp32_cast_of_mm(node)
-            if mm is None:
+            matched = _fp32_cast_of_mm(node)
+            if matched is None:
                 continue
-            with graph.inserting_before(node):
+            mm, view = matched
+            with graph.inserting_before(mm):
                 fused = graph.call_function(aten.mm.dtype, (*mm.args, torch.float32))
-            fused.meta.update(node.meta)
-            node.replace_all_uses_with(fused)
+            if view is None:
+                fused.meta.update(node.meta)
+            else:
+                fused.meta["val"] = mm.meta["val"].to(torch.float32)
+                view.replace_input_with(mm, fused)
+                view.meta.update(node.meta)
+            node.replace_all_uses_with(view if view is not None else fused)
             graph.erase_node(node)
             graph.erase_node(mm)
             count += 1
