@@ -77,10 +77,11 @@ def hand_edited_notes(results: dict[str, dict], files: list[str], folder: str = 
 
 
 def runs_of(result: dict) -> list[tuple]:
-    """What a run measured, to tell which run is the newest of each: (model, transformers' or not, mode)."""
+    """What a run measured, to tell which run is the newest of each: (model, transformers' or not, mode, under
+    autocast or not)."""
     configuration = result.get("configuration", {})
-    hf, mode = bool(configuration.get("hf")), configuration.get("mode")
-    return [(model, hf, mode) for model in configuration.get("models", {})]
+    kind = (bool(configuration.get("hf")), configuration.get("mode"), bool(configuration.get("autocast")))
+    return [(model, *kind) for model in configuration.get("models", {})]
 
 
 def newest_runs(results: dict[str, dict], files: list[str]) -> dict[tuple, str]:
@@ -99,15 +100,15 @@ def shows(newest: dict[tuple, str], runs: list[tuple], file: str, model: str | N
 
 
 def together(results: dict[str, dict], files: list[str]) -> list[list[str]]:
-    """The runs shown in one table: transformers' models measured alike (mode, batch, sequence, layers, SNR inputs),
-    each against the Inductor of its own run; every other run alone."""
+    """The runs shown in one table: transformers' models measured alike (mode, batch, sequence, SNR inputs, autocast,
+    layers), each against the Inductor of its own run; every other run alone."""
     groups: dict = {}
     for file in files:
         configuration = results[file].get("configuration", {})
         key = file
         if configuration.get("hf"):
             layers = tuple(sorted({model.get("layers") for model in configuration["models"].values()}))
-            key = tuple(configuration.get(k) for k in ("mode", "batch", "seq", "snr_inputs")) + layers
+            key = tuple(configuration.get(k) for k in ("mode", "batch", "seq", "snr_inputs", "autocast")) + layers
         groups.setdefault(key, []).append(file)
     return list(groups.values())
 

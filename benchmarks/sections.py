@@ -63,6 +63,18 @@ def _compiled(row: dict) -> bool:
     return row["backend"] == "inductor" or row["backend"].startswith("primus_turbo")
 
 
+def _moe_quant_row(row: dict) -> bool:
+    return row["backend"] == "triton" and not row["mode"].endswith("per layout")
+
+
+def _fp8_quant_table(result: dict) -> list[str]:
+    """The standard shapes across (few, short); an MoE model's operands down the side (many, long), without the
+    both-layouts kernel's comparison against one pass per layout (in the JSON)."""
+    if result["configuration"].get("moe"):
+        return pivot(("shape",), "mode", _moe_quant_row, True, ratio_key="copy_pct", ratio_format=(".0f", "%"))(result)
+    return pivot(("mode",), "shape", _backend_in("triton"), False)(result)
+
+
 def layer_count(*counts: int) -> str:
     return f"{'/'.join(map(str, counts))} layer{'s' * (counts != (1,))}"
 
@@ -96,7 +108,8 @@ def model_about(result: dict) -> str:
     train = configuration["mode"] == "train"
     classes = ", ".join(model["class"] for model in models)
     return (
-        f"{classes}, {layer_count(*layers)}, {'training' if train else 'prefill'}, "
+        f"{classes}, {layer_count(*layers)}, {'training' if train else 'prefill'}"
+        f"{' under bf16 autocast, fp32 parameters' * bool(configuration.get('autocast'))}, "
         f"{configuration['batch']} x {configuration['seq']}{_over_inputs(configuration.get('snr_inputs', 1))}."
     )
 
@@ -140,8 +153,9 @@ BENCHMARKS = (
         "FP8 quantization",
         "bench_fp8_quant.py",
         "fp8_quant",
-        pivot(("mode",), "shape", _backend_in("triton"), False),
-        "The Triton kernels against the reference quantization compiled by Inductor.",
+        lambda result: _fp8_quant_table(result),
+        "The Triton kernels against the reference quantization compiled by Inductor; an MoE model's operands (`--moe`)"
+        " by shape, each kernel's GPU time and its bandwidth as a percentage of a copy's.",
     ),
     Benchmark(
         "grouped_mm",
@@ -158,6 +172,27 @@ BENCHMARKS = (
         ),
         "Ratios to bf16 `torch._grouped_mm` of the same shape and mode; what `auto` runs, in bf16 and the FP8 recipes "
         "it picks from for experts (the rest: the JSON).",
+    ),
+    Benchmark(
+        "floor",
+        "The floor of the FP8 MoE step",
+        "floor.py",
+        "moe",
+        rows_table(
+            (
+                Field("vs Inductor", "measured", ".3f", "x"),
+                Field("quant ms", "quantization_ms", ".2f"),
+                Field("at copy", "quantization_at_copy_ms", ".2f"),
+                Field("GEMMs ms", "expert_gemms_ms", ".2f"),
+                Field("at best", "expert_gemms_at_best_ms", ".2f"),
+                Field("quant at copy", "quantization_at_copy", ".3f", "x"),
+                Field("+ GEMMs at best", "and_gemms_at_best", ".3f", "x"),
+                Field("target", "target", ".2f", "x"),
+            )
+        ),
+        "The step's kernels by kind, from the model run's kernel table: the FP8 quantization's time and at a copy's "
+        "bandwidth, the expert GEMMs' and at the grouped benchmark's best; the ratio the step would reach with the "
+        "quantization at copy speed, then with the GEMMs at their best too.",
     ),
     Benchmark(
         "convergence",

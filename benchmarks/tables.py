@@ -58,9 +58,11 @@ def pivot(
     gpu_time: bool,
     baseline: str = "inductor",
     ratio_key: str | None = None,
+    ratio_format: tuple[str, str] = (".2f", "x"),
 ) -> Callable:
     """A table of the rows ``keep`` selects: the values of ``down`` down the side, of ``across`` along the top, and in
-    each cell the time (GPU time alone with ``gpu_time``) and its ratio to the ``baseline`` column's."""
+    each cell the time (GPU time alone with ``gpu_time``) and its ratio to the ``baseline`` column's (or the row's
+    ``ratio_key``, as ``ratio_format``'s spec and suffix)."""
 
     def render(result: dict) -> list[str]:
         rows = [row for row in result["rows"] if keep(row)]
@@ -79,7 +81,7 @@ def pivot(
                 elif row[across] == baseline:
                     line.append(formatted(row[time], ".4f"))
                 else:
-                    line.append(f"{formatted(row[time], '.4f')} ({formatted(row.get(ratio), '.2f', 'x')})")
+                    line.append(f"{formatted(row[time], '.4f')} ({formatted(row.get(ratio), *ratio_format)})")
             lines.append(line)
         header = [*down[:-1], f"{down[-1]} ({'GPU ms' if gpu_time else 'ms'})"]
         return markdown_table(header + [str(column).removeprefix("primus_turbo ") for column in top], lines)
