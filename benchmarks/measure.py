@@ -57,11 +57,12 @@ def measure(
     the device); prints ``kernels`` kernels, and with ``compile_kernels`` the Triton kernels slowest to compile."""
     from torch._inductor.utils import fresh_inductor_cache
 
-    timers, compiles = compile_timers(), []
+    timers, compiles, ttir = compile_timers(), [], {"calls": 0, "seconds": 0.0}
     start = time.perf_counter()
     with (
         fresh_inductor_cache() if cold else contextlib.nullcontext(),
         triton_compiles(compiles) if compile_kernels else contextlib.nullcontext(),
+        kernel_ttir(ttir),
     ):
         out = step().detach()
     if device == "cuda":
@@ -71,7 +72,12 @@ def measure(
     compiled = any(s for phase, s in phases.items() if phase != "other")  # not the eager column
     if compiled:
         print("    compile", ", ".join(f"{phase} {s:.1f} s" for phase, s in phases.items()))
+    if ttir["calls"]:
+        print(
+            f"    of which torch's TTIR of user-defined Triton kernels: {ttir['calls']} calls, {ttir['seconds']:.1f} s"
+        )
     result = {"ms": time_ms(step, device), "compile_s": compile_s, "compile_phases": phases, "out": out}
+    result["compile_kernel_ttir"] = ttir
     if compile_kernels and compiled:
         result["triton_compiles"] = slowest_compiles(compiles, compile_kernels)
     if device == "cuda":
@@ -169,6 +175,30 @@ def triton_knobs():
     except ImportError:
         return None
     return triton.knobs
+
+
+@contextlib.contextmanager
+def kernel_ttir(total: dict):
+    """Counts into ``total`` the calls and seconds of torch's TTIR of user-defined Triton kernels (ours, launched
+    from traced op bodies): torch reads what each launch reads and writes from it, as AOTAutograd traces and again
+    as Inductor lowers, within those phases' times."""
+    from torch._higher_order_ops import triton_kernel_wrap
+
+    generate = triton_kernel_wrap.generate_ttir
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            total["calls"] += 1
+            total["seconds"] += time.perf_counter() - start
+
+    triton_kernel_wrap.generate_ttir = timed
+    try:
+        yield
+    finally:
+        triton_kernel_wrap.generate_ttir = generate
 
 
 @contextlib.contextmanager

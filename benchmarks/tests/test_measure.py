@@ -1,10 +1,13 @@
-"""The main job's measurements that need no GPU: what a step saves for its backward, told apart by kind."""
+"""The main job's measurements that need no GPU: what a step saves for its backward, told apart by kind; the time
+torch spends on our Triton kernels' TTIR."""
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
-from benchmarks.measure import saved_for_backward
+from benchmarks.measure import kernel_ttir, saved_for_backward
 
 
 class _SavesACopyOfW(torch.autograd.Function):
@@ -47,3 +50,20 @@ def test_saved_memory_tells_activations_from_weight_copies_and_counts_a_storage_
     x = step.x.clone()
     step.draw(0)
     assert torch.equal(step.x, x), "input 0 is drawn back"
+
+
+def test_kernel_ttir_counts_torchs_calls_while_it_measures_and_restores_the_function(monkeypatch):
+    """The main job counts torch's TTIR of user-defined Triton kernels by wrapping the module function that torch's
+    analysis of a launch calls by name (``identify_mutated_tensors``, torch >= 2.13 ``identify_accessed_tensors``)."""
+    from torch._higher_order_ops import triton_kernel_wrap
+
+    analysis = getattr(triton_kernel_wrap, "identify_accessed_tensors", None)
+    analysis = analysis or triton_kernel_wrap.identify_mutated_tensors
+    assert "generate_ttir(" in inspect.getsource(analysis)
+    calls = []
+    monkeypatch.setattr(triton_kernel_wrap, "generate_ttir", lambda *args: calls.append(args) or "ttir")
+    total = {"calls": 0, "seconds": 0.0}
+    with kernel_ttir(total):
+        assert triton_kernel_wrap.generate_ttir("kernel", {"x": 1}) == "ttir"
+    assert triton_kernel_wrap.generate_ttir("after") == "ttir"
+    assert total["calls"] == 1 and total["seconds"] >= 0 and calls == [("kernel", {"x": 1}), ("after",)]
