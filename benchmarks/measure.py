@@ -57,7 +57,7 @@ def measure(
     the device); prints ``kernels`` kernels, and with ``compile_kernels`` the Triton kernels slowest to compile."""
     from torch._inductor.utils import fresh_inductor_cache
 
-    timers, compiles, ttir = compile_timers(), [], {"calls": 0, "seconds": 0.0}
+    timers, compiles, ttir = compile_timers(), [], {"calls": 0, "distinct": 0, "seconds": 0.0}
     start = time.perf_counter()
     with (
         fresh_inductor_cache() if cold else contextlib.nullcontext(),
@@ -74,7 +74,8 @@ def measure(
         print("    compile", ", ".join(f"{phase} {s:.1f} s" for phase, s in phases.items()))
     if ttir["calls"]:
         print(
-            f"    of which torch's TTIR of user-defined Triton kernels: {ttir['calls']} calls, {ttir['seconds']:.1f} s"
+            f"    of which torch's TTIR of user-defined Triton kernels: {ttir['calls']} calls "
+            f"({ttir['distinct']} distinct), {ttir['seconds']:.1f} s"
         )
     result = {"ms": time_ms(step, device), "compile_s": compile_s, "compile_phases": phases, "out": out}
     result["compile_kernel_ttir"] = ttir
@@ -179,26 +180,37 @@ def triton_knobs():
 
 @contextlib.contextmanager
 def kernel_ttir(total: dict):
-    """Counts into ``total`` the calls and seconds of torch's TTIR of user-defined Triton kernels (ours, launched
-    from traced op bodies): torch reads what each launch reads and writes from it, as AOTAutograd traces and again
-    as Inductor lowers, within those phases' times."""
+    """Counts into ``total`` the calls, distinct calls and seconds of torch's TTIR of user-defined Triton kernels
+    (ours, launched from traced op bodies): torch reads what each launch reads and writes from it, as AOTAutograd
+    traces and again as Inductor lowers, within those phases' times. Distinct: by what the TTIR depends on, the
+    kernel, its arguments' dtypes, its other arguments' values, symbolic sizes alike (``generate_ttir``)."""
     from torch._higher_order_ops import triton_kernel_wrap
 
-    generate = triton_kernel_wrap.generate_ttir
+    generate, seen = triton_kernel_wrap.generate_ttir, set()
 
-    def timed(*args, **kwargs):
+    def timed(kernel, kwargs, *args, **rest):
         start = time.perf_counter()
         try:
-            return generate(*args, **kwargs)
+            return generate(kernel, kwargs, *args, **rest)
         finally:
             total["calls"] += 1
             total["seconds"] += time.perf_counter() - start
+            seen.add((id(kernel), *((name, _ttir_input(value)) for name, value in sorted(kwargs.items()))))
+            total["distinct"] = len(seen)
 
     triton_kernel_wrap.generate_ttir = timed
     try:
         yield
     finally:
         triton_kernel_wrap.generate_ttir = generate
+
+
+def _ttir_input(value) -> str:
+    """A kernel argument as the TTIR sees it: a tensor's dtype, "symbolic" for a symbolic size, else its value."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) or type(value).__module__.startswith("sympy"):
+        return "symbolic"
+    dtype = getattr(value, "dtype", None)
+    return f"tensor {dtype}" if dtype is not None and not isinstance(value, (int, float, bool)) else repr(value)
 
 
 @contextlib.contextmanager

@@ -6,6 +6,8 @@ from __future__ import annotations
 import inspect
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from benchmarks.measure import kernel_ttir, saved_for_backward
 
@@ -62,8 +64,21 @@ def test_kernel_ttir_counts_torchs_calls_while_it_measures_and_restores_the_func
     assert "generate_ttir(" in inspect.getsource(analysis)
     calls = []
     monkeypatch.setattr(triton_kernel_wrap, "generate_ttir", lambda *args: calls.append(args) or "ttir")
-    total = {"calls": 0, "seconds": 0.0}
+    total = {"calls": 0, "distinct": 0, "seconds": 0.0}
+    kernel, other = object(), object()
+    with FakeTensorMode(shape_env=ShapeEnv()) as mode:
+        n, m = mode.shape_env.create_unbacked_symint(), mode.shape_env.create_unbacked_symint()
+    bf16, fp32 = (torch.empty(4, dtype=dtype) for dtype in (torch.bfloat16, torch.float32))
+    launches = [
+        {"X": bf16, "n": n, "BLOCK": 64},
+        {"X": torch.empty(8, dtype=torch.bfloat16), "n": m, "BLOCK": 64},  # other sizes: the same TTIR
+        {"X": fp32, "n": n, "BLOCK": 64},
+        {"X": bf16, "n": n, "BLOCK": 128},
+    ]
     with kernel_ttir(total):
-        assert triton_kernel_wrap.generate_ttir("kernel", {"x": 1}) == "ttir"
-    assert triton_kernel_wrap.generate_ttir("after") == "ttir"
-    assert total["calls"] == 1 and total["seconds"] >= 0 and calls == [("kernel", {"x": 1}), ("after",)]
+        for kwargs in launches:
+            assert triton_kernel_wrap.generate_ttir(kernel, kwargs, {}) == "ttir"
+        triton_kernel_wrap.generate_ttir(other, launches[0], {})
+    assert triton_kernel_wrap.generate_ttir("after", {}, {}) == "ttir"
+    assert total["calls"] == 5 and total["distinct"] == 4 and total["seconds"] >= 0
+    assert [args[0] for args in calls] == [kernel] * 4 + [other, "after"]
