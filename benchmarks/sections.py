@@ -153,7 +153,7 @@ BENCHMARKS = (
         "FP8 quantization",
         "bench_fp8_quant.py",
         "fp8_quant",
-        lambda result: _fp8_quant_table(result),
+        _fp8_quant_table,
         "The Triton kernels against the reference quantization compiled by Inductor; an MoE model's operands (`--moe`)"
         " by shape, each kernel's GPU time and its bandwidth as a percentage of a copy's.",
     ),
