@@ -23,13 +23,29 @@ def bench_ms(fn) -> float:
 def kernel_us(fn, steps: int = 10) -> dict[str, float]:
     """GPU time per call of ``fn``, per kernel name, in us: the profiler's device events only, so host time (Python,
     launches, waiting) never counts. Where a step is host-bound, wall-clock ratios measure the host; these do not."""
+    return device_us(profiled(fn, steps), steps)
+
+
+def profiled(fn, steps: int):
+    """A finished ``torch.profiler`` run of the GPU's activity over ``steps`` calls of ``fn``, after one."""
     fn()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             fn()
         torch.cuda.synchronize()
-    return device_us(prof, steps)
+    return prof
+
+
+def launch_us(trace: dict, steps: int) -> dict[str, float]:
+    """Device time per step of each kernel per launch grid, in us, from a profiler run's Chrome trace
+    (``export_chrome_trace``): "name grid [x, y, z]". A kernel launched for several operands (a quantization of W,
+    of x, of dy) has a grid per operand shape, where the kernel table has one name."""
+    times: dict[str, float] = collections.defaultdict(float)
+    for event in trace.get("traceEvents", []):
+        if event.get("cat") == "kernel":
+            times[f"{event['name']} grid {event.get('args', {}).get('grid')}"] += event.get("dur", 0.0) / steps
+    return dict(times)
 
 
 def device_us(prof, steps: int) -> dict[str, float]:

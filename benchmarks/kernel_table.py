@@ -1,7 +1,7 @@
 """A step's GPU time by what its kernels do, from the per-kernel table a results row holds (``kernels_us``, written by
 ``run_model --kernels N`` and ``bench_grouped_mm``): the table a floor argument starts from.
 
-    python -m benchmarks.kernel_table benchmarks/results/RUN.json [...]
+    python -m benchmarks.kernel_table benchmarks/results/RUN.json [...] [--launches KIND]
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def by_kind(kernels_us: dict[str, float]) -> dict[str, float]:
     return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
-def print_run(path: str) -> None:
+def print_run(path: str, kind: str | None = None) -> None:
+    """Each row's GPU time by kind; with ``kind``, that kind's launches (kernel and grid) too, slowest first."""
     result = json.loads(open(path).read())
     print(f"== {path} ({result['environment'].get('machine')}, torch {result['environment'].get('torch')})")
     for row in result["rows"]:
@@ -53,13 +54,18 @@ def print_run(path: str) -> None:
             f"{kind} {us / 1e3:.2f} ms ({us / total:.0%})" for kind, us in by_kind(row["kernels_us"]).items()
         )
         print(f"{name}: {total / 1e3:.2f} ms = {kinds}")
+        launches = [(launch, us) for launch, us in row.get("launches_us", {}).items() if kind_of(launch) == kind]
+        for launch, us in sorted(launches, key=lambda item: -item[1]):
+            print(f"    {us:9.1f} us  {launch[:140]}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="+", help="results JSON files")
-    for path in parser.parse_args().results:
-        print_run(path)
+    parser.add_argument("--launches", metavar="KIND", help='that kind\'s launches by grid, e.g. "FP8 quantization"')
+    args = parser.parse_args()
+    for path in args.results:
+        print_run(path, args.launches)
 
 
 if __name__ == "__main__":

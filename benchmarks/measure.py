@@ -4,8 +4,11 @@ peak memory), and its numerics against Inductor's column as SNRs."""
 from __future__ import annotations
 
 import contextlib
+import json
 import math
+import pathlib
 import statistics
+import tempfile
 import time
 
 import torch
@@ -99,19 +102,27 @@ def slowest_compiles(compiles: list[tuple[str, float]], shown: int) -> dict:
 
 def gpu_figures(step, left_over: int, kernels: int) -> dict:
     """One step's peak memory (GiB, less ``left_over`` bytes) and kernel time (ms); with ``kernels``, every kernel's
-    GPU time per step (``kernels_us``, the table a floor argument rests on), printing the ``kernels`` slowest."""
-    from benchmarks.common import kernel_us
+    GPU time per step (``kernels_us``, the table a floor argument rests on), printing the ``kernels`` slowest, and
+    per launch grid too (``launches_us``: which operand a quantization kernel's time went to)."""
+    from benchmarks.common import device_us, launch_us, profiled
 
     # One step's peak, on its own: do_bench's 256 MiB cache-flushing buffer is allocated during its timed steps.
     torch.cuda.reset_peak_memory_stats()
     step()
     torch.cuda.synchronize()
     peak_gib = (torch.cuda.max_memory_allocated() - left_over) / 2**30
-    per_kernel = sorted(kernel_us(step, steps=5).items(), key=lambda item: -item[1])
+    prof = profiled(step, steps=5)
+    per_kernel = sorted(device_us(prof, 5).items(), key=lambda item: -item[1])
     for kernel, us in per_kernel[:kernels]:
         print(f"    {us:9.1f} us  {kernel[:110]}")
     figures = {"peak_gib": peak_gib, "gpu_ms": sum(us for _, us in per_kernel) / 1e3}
-    return figures | ({"kernels_us": dict(per_kernel)} if kernels else {})
+    if not kernels:
+        return figures
+    with tempfile.TemporaryDirectory() as folder:
+        prof.export_chrome_trace(f"{folder}/trace.json")
+        trace = json.loads(pathlib.Path(f"{folder}/trace.json").read_text())
+    launches = sorted(launch_us(trace, 5).items(), key=lambda item: -item[1])
+    return figures | {"kernels_us": dict(per_kernel), "launches_us": dict(launches)}
 
 
 def saved_for_backward(step, draw) -> dict:

@@ -378,12 +378,17 @@ def table_rows(args, work, model_name: str, results: dict, on_gpu: bool) -> list
                 **{key: r[key] for key in ("saved_gib", "saved_gib_by_kind") if key in r},
                 "compile_s": r["compile_s"],
                 "compile_phases": r["compile_phases"],
-                **{key: r[key] for key in ("triton_compiles", "kernels_us") if key in r},
+                **{key: r[key] for key in OPTIONAL_FIGURES if key in r},
                 **r["accuracy"],
                 "rewrites": r.get("rewrites", {}),
             }
         )
     return table
+
+
+# What a column's row holds where its measurement took it: the slowest Triton compiles (--compile-kernels), torch's TTIR
+# of our kernels, the kernel table by name and by launch grid (--kernels).
+OPTIONAL_FIGURES = ("triton_compiles", "compile_kernel_ttir", "kernels_us", "launches_us")
 
 
 # The printed table: header, row key, format; a column no row has is left out.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from benchmarks import kernel_table
+from benchmarks.common import launch_us
 
 
 def test_kernels_of_a_saved_run_fall_in_their_kinds():
@@ -32,12 +33,20 @@ def test_a_row_sums_to_its_kinds(tmp_path, capsys):
     kernels_us = {"_grouped_gemm_kernel": 300.0, "nvjet_x": 100.0, "_fp8_tile_kernel": 50.0, "weird": 50.0}
     assert kernel_table.by_kind(kernels_us) == {"GEMM": 400.0, "FP8 quantization": 50.0, "other": 50.0}
     path = tmp_path / "run.json"
-    rows = [{"model": "m", "column": "fp8", "kernels_us": kernels_us}, {"model": "m", "column": "eager"}]
+    launches_us = {"_fp8_tile_kernel grid [8, 1, 1]": 10.0, "_fp8_tile_kernel grid [64, 1, 1]": 40.0, "nvjet_x": 1.0}
+    rows = [{"model": "m", "column": "fp8", "kernels_us": kernels_us, "launches_us": launches_us}]
+    rows.append({"model": "m", "column": "eager"})
     path.write_text(json.dumps({"environment": {"machine": "1x NVIDIA H200", "torch": "2.11"}, "rows": rows}))
     kernel_table.print_run(str(path))
     out = capsys.readouterr().out
     assert "m fp8: 0.50 ms = GEMM 0.40 ms (80%), FP8 quantization 0.05 ms (10%), other 0.05 ms (10%)" in out
-    assert "eager" not in out
+    assert "eager" not in out and "grid" not in out
+    kernel_table.print_run(str(path), "FP8 quantization")  # --launches: that kind's launches, slowest first
+    lines = capsys.readouterr().out.splitlines()[2:]
+    assert lines == [
+        "         40.0 us  _fp8_tile_kernel grid [64, 1, 1]",
+        "         10.0 us  _fp8_tile_kernel grid [8, 1, 1]",
+    ]
 
 
 def test_every_kernel_we_launch_has_a_kind():
@@ -53,3 +62,19 @@ def test_every_kernel_we_launch_has_a_kind():
     assert len(native) >= 8, native
     names = [*hopper.launched_kernels(), *(f"void turbo_inductor::(anonymous namespace)::{n}<float>" for n in native)]
     assert [name for name in names if kernel_table.kind_of(name) == kernel_table.OTHER] == []
+
+
+def test_launch_times_split_a_kernel_by_its_grid_per_step():
+    """``launch_us``: a Chrome trace's kernel events by name and launch grid, per step; host events left out."""
+    trace = {
+        "traceEvents": [
+            {"cat": "kernel", "name": "_fp8_tile_kernel", "dur": 30.0, "args": {"grid": [64, 1, 1]}},
+            {"cat": "kernel", "name": "_fp8_tile_kernel", "dur": 10.0, "args": {"grid": [64, 1, 1]}},
+            {"cat": "kernel", "name": "_fp8_tile_kernel", "dur": 4.0, "args": {"grid": [8, 1, 1]}},
+            {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "dur": 99.0},
+        ]
+    }
+    assert launch_us(trace, steps=2) == {
+        "_fp8_tile_kernel grid [64, 1, 1]": 20.0,
+        "_fp8_tile_kernel grid [8, 1, 1]": 2.0,
+    }

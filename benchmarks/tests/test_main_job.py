@@ -59,6 +59,10 @@ def test_main_job_runs_and_reports_every_column(capsys, tmp_path):
         assert math.isclose(sum(phases.values()), column["compile_s"]) and phases["dynamo"] > 0
         assert (phases["passes"] > 0) == ("primus_turbo" in column["column"])
     assert out.count("    compile dynamo ") == len(columns) - 1
+    # Our Triton kernels trace into the graph on the GPU only, where torch analyses each launch's TTIR
+    ttir = [c["compile_kernel_ttir"] for c in columns]
+    assert [t["calls"] > 0 for t in ttir[:3]] == [False, False, device == "cuda"]
+    assert all(t["distinct"] <= t["calls"] for t in ttir)
     assert out.count("    saved for the backward ") == len(columns)
     for column in columns:  # what each step saves for its backward, measured on any device
         assert math.isclose(column["saved_gib"], sum(column["saved_gib_by_kind"].values()))
@@ -367,7 +371,9 @@ def test_a_columns_kernel_table_goes_in_its_row():
 
     args, work = types.SimpleNamespace(batch=2, seq=8, mode="train"), types.SimpleNamespace(flops=1e9)
     kernels_us = {"_fp8_tile_kernel": 12.5, "nvjet_tst_256x128": 80.0}
+    launches_us = {"_fp8_tile_kernel grid [64, 1, 1]": 10.0, "_fp8_tile_kernel grid [8, 1, 1]": 2.5}
     figures = dict(ms=2.0, gpu_ms=1.5, peak_gib=1.0, compile_s=1.0, compile_phases={}, accuracy={})
-    results = {"inductor": figures, "primus_turbo fp8 rowwise": figures | {"kernels_us": kernels_us}}
+    tables = {"kernels_us": kernels_us, "launches_us": launches_us}
+    results = {"inductor": figures, "primus_turbo fp8 rowwise": figures | tables}
     rows = run_model.table_rows(args, work, "mixtral-8x7b", results, on_gpu=True)
-    assert "kernels_us" not in rows[0] and rows[1]["kernels_us"] == kernels_us
+    assert not set(tables) & set(rows[0]) and {key: rows[1][key] for key in tables} == tables
