@@ -4,12 +4,14 @@ torch spends on our Triton kernels' TTIR."""
 from __future__ import annotations
 
 import inspect
+import math
 
+import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from benchmarks.measure import kernel_ttir, saved_for_backward
+from benchmarks.measure import gpu_figures, kernel_ttir, saved_for_backward
 
 
 class _SavesACopyOfW(torch.autograd.Function):
@@ -82,3 +84,14 @@ def test_kernel_ttir_counts_torchs_calls_while_it_measures_and_restores_the_func
     assert triton_kernel_wrap.generate_ttir("after", {}, {}) == "ttir"
     assert total["calls"] == 5 and total["distinct"] == 4 and total["seconds"] >= 0
     assert [args[0] for args in calls] == [kernel] * 4 + [other, "after"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the profiler's GPU kernels")
+def test_a_gpu_steps_kernel_table_by_name_and_by_launch_grid_agree():
+    """``--kernels``: the per-kernel table and the per-launch one (from the profiler's Chrome trace) hold the same
+    kernel time, each launch keyed by its grid."""
+    a = torch.randn(512, 512, device="cuda")
+    figures = gpu_figures(lambda: (a @ a).relu_(), 0, kernels=2)
+    kernels = {name: us for name, us in figures["kernels_us"].items() if not name.startswith(("Memcpy", "Memset"))}
+    assert figures["launches_us"] and all(" grid [" in launch for launch in figures["launches_us"])
+    assert math.isclose(sum(figures["launches_us"].values()), sum(kernels.values()), rel_tol=0.05)
