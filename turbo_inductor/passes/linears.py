@@ -122,7 +122,8 @@ def insert_linear(
     bias cast to the linear's dtype (autocast's casts made explicit), and ``arguments``.
     With ``fp32_weight`` a float32 W stays float32, for an op that reads it so (``fp8_linear``)."""
     weight = weight_of(graph, linear)
-    kept = fp32_weight and ir.fake(weight) is not None and ir.fake(weight).dtype == torch.float32
+    w = ir.fake(weight)
+    kept = fp32_weight and w is not None and w.dtype == torch.float32
     values = (linear.x if x is None else x, None if kept else weight, linear.bias)
     x, cast_weight, bias = cast_to(graph, before, values, linear_dtype(linear.node))
     weight = weight if kept else cast_weight

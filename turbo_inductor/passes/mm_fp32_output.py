@@ -1,5 +1,5 @@
 """A bf16 or fp16 ``mm`` whose one use is its cast to fp32 -> ``aten.mm.dtype(a, b, float32)``: the GEMM writes fp32.
-A view between them (a 3-D input's gradient) stays, now of the fp32 product.
+A view between them (a 3-D input's gradient) stays, as a view of the fp32 product.
 
 Under ``torch.autocast`` with fp32 parameters, each weight's gradient is a bf16 mm cast back to fp32 in the backward
 graph: a pass over every gradient each step, and a rounding to bf16 on the way. cuBLAS accumulates in fp32 and
@@ -13,6 +13,7 @@ import torch
 import torch.fx as fx
 
 from ..options import Options
+from . import ir
 from .manager import Phase, RewritePass
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -30,8 +31,8 @@ def _fp32_cast_of_mm(node: fx.Node) -> tuple[fx.Node, fx.Node | None] | None:
         mm, view = mm.args[0], mm
     if not isinstance(mm, fx.Node) or mm.target is not aten.mm.default or len(mm.users) != 1:
         return None
-    a, b = (operand.meta.get("val") for operand in mm.args)
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dtype != b.dtype:
+    a, b = map(ir.fake, mm.args)
+    if a is None or b is None or a.dtype != b.dtype:
         return None
     return (mm, view) if a.dtype in _NARROW and a.device.type == "cuda" and torch.version.hip is None else None
 
@@ -68,7 +69,7 @@ class MMFP32OutputPass(RewritePass):
             if view is None:
                 fused.meta.update(node.meta)
             else:
-                fused.meta["val"] = mm.meta["val"].to(torch.float32)
+                fused.meta["val"] = ir.fake_as(mm, torch.float32)
                 view.replace_input_with(mm, fused)
                 view.meta.update(node.meta)
             node.replace_all_uses_with(view if view is not None else fused)
