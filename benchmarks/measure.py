@@ -60,7 +60,7 @@ def measure(
     the device); prints ``kernels`` kernels, and with ``compile_kernels`` the Triton kernels slowest to compile."""
     from torch._inductor.utils import fresh_inductor_cache
 
-    timers, compiles, ttir = compile_timers(), [], {"calls": 0, "distinct": 0, "seconds": 0.0}
+    timers, compiles, ttir = compile_timers(), [], {"calls": 0, "distinct": 0, "seconds": 0.0, "answered": 0}
     start = time.perf_counter()
     with (
         fresh_inductor_cache() if cold else contextlib.nullcontext(),
@@ -78,7 +78,7 @@ def measure(
     if ttir["calls"]:
         print(
             f"    of which torch's TTIR of user-defined Triton kernels: {ttir['calls']} calls "
-            f"({ttir['distinct']} distinct), {ttir['seconds']:.1f} s"
+            f"({ttir['distinct']} distinct), {ttir['seconds']:.1f} s; {ttir['answered']} launches answered without one"
         )
     result = {"ms": time_ms(step, device), "compile_s": compile_s, "compile_phases": phases, "out": out}
     result["compile_kernel_ttir"] = ttir
@@ -194,10 +194,14 @@ def kernel_ttir(total: dict):
     """Counts into ``total`` the calls, distinct calls and seconds of torch's TTIR of user-defined Triton kernels
     (ours, launched from traced op bodies): torch reads what each launch reads and writes from it, as AOTAutograd
     traces and again as Inductor lowers, within those phases' times. Distinct: by what the TTIR depends on, the
-    kernel, its arguments' dtypes, its other arguments' values, symbolic sizes alike (``generate_ttir``)."""
+    kernel, its arguments' dtypes, its other arguments' values, symbolic sizes alike (``generate_ttir``). Answered:
+    the analyses of launches that ``access_analysis`` answered without a TTIR."""
     from torch._higher_order_ops import triton_kernel_wrap
 
+    from turbo_inductor.kernels.triton import access_analysis
+
     generate, seen = triton_kernel_wrap.generate_ttir, set()
+    answered = access_analysis.counts()["answered"]
 
     def timed(kernel, kwargs, *args, **rest):
         start = time.perf_counter()
@@ -214,6 +218,7 @@ def kernel_ttir(total: dict):
         yield
     finally:
         triton_kernel_wrap.generate_ttir = generate
+        total["answered"] = access_analysis.counts()["answered"] - answered
 
 
 def _ttir_input(value) -> str:

@@ -62,7 +62,9 @@ def test_main_job_runs_and_reports_every_column(capsys, tmp_path):
     # Our Triton kernels trace into the graph on the GPU only, where torch analyses each launch's TTIR
     ttir = [c["compile_kernel_ttir"] for c in columns]
     assert [t["calls"] > 0 for t in ttir[:3]] == [False, False, device == "cuda"]
-    assert all(t["distinct"] <= t["calls"] for t in ttir)
+    # Each distinct launch is analyzed once in the process (access_analysis); the others are answered from memory
+    assert all(t["distinct"] == t["calls"] for t in ttir)
+    assert (ttir[2]["answered"] > 0) == (device == "cuda")
     assert out.count("    saved for the backward ") == len(columns)
     for column in columns:  # what each step saves for its backward, measured on any device
         assert math.isclose(column["saved_gib"], sum(column["saved_gib_by_kind"].values()))

@@ -11,6 +11,7 @@ import torch
 from torch._inductor import config as inductor_config
 
 from .. import registry
+from . import access_analysis
 
 # Read once at import: triton.jit picks the interpreter when it decorates a kernel.
 # A later change of the variable cannot change the kernels.
@@ -39,7 +40,10 @@ def traceable(device: torch.device) -> bool:
 def launch(kernel):
     """``kernel``, to launch as ``launch(kernel)[grid](...)``. In a traced op body it goes through ``wrap_triton``.
     Inductor then compiles and launches it. Eager calls skip the wrapper, which costs about 1 ms."""
-    return torch.library.wrap_triton(kernel) if registry.is_tracing() else kernel
+    if not registry.is_tracing():
+        return kernel
+    access_analysis.install()  # torch analyzes each traced launch, several times: once per distinct launch suffices
+    return torch.library.wrap_triton(kernel)
 
 
 def interpreting() -> bool:

@@ -1,0 +1,103 @@
+"""torch's analysis of what a traced Triton launch writes, answered once per distinct launch
+(``kernels/triton/access_analysis.py``). The analysis is torch's own, made for sm_90 without a GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+from turbo_inductor.kernels.triton import access_analysis
+
+triton = pytest.importorskip("triton")
+tl = triton.language
+triton_kernel_wrap = pytest.importorskip("torch._higher_order_ops.triton_kernel_wrap")
+ANALYSIS = next(name for name in access_analysis._NAMES if hasattr(triton_kernel_wrap, name))
+
+
+def _scale(x_ptr, y_ptr, n, factor, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(y_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * factor, mask=mask)
+
+
+def _written(answer) -> list[str]:
+    writes = answer if isinstance(answer, list) else [dep.name for dep in answer.read_writes.writes]
+    return sorted(writes)
+
+
+@pytest.fixture
+def hopper_target():
+    """Triton's compiler aimed at sm_90, as on the GPU machine; the kernel jitted for real, not interpreted."""
+    if importlib.util.find_spec("triton.backends.nvidia") is None:
+        pytest.skip("this Triton has no NVIDIA backend to compile for sm_90")
+    from triton.runtime.driver import driver
+
+    from turbo_inductor.testing.hopper import _OfflineDriver
+
+    previous = driver._active
+    driver.set_active(_OfflineDriver())
+    yield triton.runtime.jit.JITFunction(_scale)
+    driver.set_active(previous)
+
+
+def test_each_distinct_launch_is_analyzed_once_and_answers_as_torch_does(hopper_target, monkeypatch):
+    """A launch differing only in sizes (symbolic or not, as torch hands them) is answered from memory; a dtype, a
+    scalar's value or a constexpr makes another launch; a real tensor is analyzed every time (Triton specializes on
+    its alignment). Each answer equals torch's own, and is a copy: Inductor keeps what it gets."""
+    kernel, torchs = hopper_target, getattr(triton_kernel_wrap, ANALYSIS)
+    made = []
+    generate = triton_kernel_wrap.generate_ttir
+    monkeypatch.setattr(triton_kernel_wrap, "generate_ttir", lambda *args: made.append(args[0]) or generate(*args))
+    analyze = access_analysis.remembered(torchs)
+    with FakeTensorMode(shape_env=ShapeEnv()) as mode:
+        n, m = mode.shape_env.create_unbacked_symint(), mode.shape_env.create_unbacked_symint()
+        bf16, fp32 = torch.empty(64, dtype=torch.bfloat16), torch.empty(64, dtype=torch.float32)
+        other_size = torch.empty(96, dtype=torch.bfloat16)
+    first = {"x_ptr": bf16, "y_ptr": bf16, "n": n, "factor": 2.0, "BLOCK": 64}
+    launches = [
+        (first, True),
+        ({**first, "x_ptr": other_size, "y_ptr": other_size, "n": m}, False),  # other sizes: the same TTIR
+        ({**first, "n": 4096}, True),
+        ({**first, "x_ptr": fp32}, True),
+        ({**first, "factor": 3.0}, True),
+        ({**first, "BLOCK": 128}, True),
+        ({**first, "BLOCK": 128}, False),
+    ]
+    before = access_analysis.counts()
+    for kwargs, analyzed in launches:
+        made.clear()
+        answer = analyze(kernel, kwargs, {})
+        assert len(made) == analyzed, kwargs
+        assert _written(answer) == _written(torchs(kernel, kwargs, {})) == ["y_ptr"]
+        answer.clear() if isinstance(answer, list) else answer.read_writes.writes.clear()
+    after = access_analysis.counts()
+    assert (after["analyzed"] - before["analyzed"], after["answered"] - before["answered"]) == (5, 2)
+    real = {**first, "x_ptr": torch.randn(64), "y_ptr": torch.randn(64), "n": 64}
+    for _ in range(2):
+        made.clear()
+        assert _written(analyze(kernel, real, {})) == ["y_ptr"] and len(made) == 1
+
+
+def test_launches_with_tensor_descriptors_are_analyzed_every_time_and_install_wraps_once(monkeypatch):
+    """TMA descriptor metadata changes the TTIR's arguments: never answered from memory. install() puts the memory in
+    front of torch's analysis under its own name, once, however often a launch is traced."""
+    calls = []
+
+    def torchs(kernel, kwargs, tma_descriptor_metadata):
+        calls.append(kernel)
+        return ["y_ptr"]
+
+    monkeypatch.setattr(triton_kernel_wrap, ANALYSIS, torchs)
+    access_analysis.install()
+    access_analysis.install()
+    analyze = getattr(triton_kernel_wrap, ANALYSIS)
+    assert analyze is not torchs and analyze.__wrapped__ is torchs
+    kernel, kwargs = object(), {"x_ptr": None, "BLOCK": 64}
+    for _ in range(2):
+        assert analyze(kernel, kwargs, {"x_ptr": ("stable", ([64, 64],))}) == ["y_ptr"]
+    assert analyze(kernel, kwargs, {}) == analyze(kernel, kwargs, {}) == ["y_ptr"]
+    assert calls == [kernel] * 3

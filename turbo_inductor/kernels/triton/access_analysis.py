@@ -1,0 +1,92 @@
+"""torch's analysis of what a traced Triton launch writes, answered once per distinct launch.
+
+torch makes each traced launch's TTIR to find the tensors it writes: as AOTAutograd functionalizes the graph, and again
+as Inductor lowers it. Making the TTIR costs 10-50 ms a launch on a host CPU (``python -m
+turbo_inductor.testing.hopper``), and an MoE model's FP8 training graph makes dozens of such calls over a handful of
+distinct launches. The answer depends only on what torch hands Triton to make the TTIR (``generate_ttir``): the kernel,
+its tensors' dtypes, its other arguments' values, any symbolic size as one placeholder. :func:`install` keys the
+answers by exactly that. A launch with a real tensor or a TMA descriptor is analyzed every time.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# The analysis by its name in torch: identify_mutated_tensors, renamed identify_accessed_tensors in newer torch.
+_NAMES = ("identify_accessed_tensors", "identify_mutated_tensors")
+_COUNTS = {"answered": 0, "analyzed": 0}
+
+
+def _argument_key(value: Any) -> tuple | None:
+    """What the TTIR sees of one argument, or None where that is not known without analyzing it."""
+    import sympy
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool, sympy.Expr)):
+        return ("symbolic",)
+    if isinstance(value, FakeTensor) or _is_inductor_tensor(value):
+        return ("tensor", value.dtype)
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype)):
+        return (type(value).__name__, value)
+    return None  # a real tensor (its alignment is specialized on), a descriptor, a tuple
+
+
+def _is_inductor_tensor(value: Any) -> bool:
+    from torch._inductor.ir import TensorBox
+
+    return isinstance(value, TensorBox)
+
+
+def _launch_key(kwargs: dict[str, Any], tma_descriptor_metadata: dict) -> tuple | None:
+    if tma_descriptor_metadata:
+        return None
+    parts = []
+    for name in sorted(kwargs):
+        part = _argument_key(kwargs[name])
+        if part is None:
+            return None
+        parts.append((name, *part))
+    return tuple(parts)
+
+
+def remembered(analysis: Callable) -> Callable:
+    """``analysis(kernel, kwargs, tma_descriptor_metadata)``, each distinct launch analyzed once; a copy of the
+    answer each time, since Inductor keeps what it gets."""
+    answers: dict[int, tuple[Any, dict[tuple, Any]]] = {}  # id(kernel) -> (kernel, kept alive; answers by launch)
+
+    @functools.wraps(analysis)
+    def analyze(kernel, kwargs, tma_descriptor_metadata, *args, **rest):
+        key = None if args or rest else _launch_key(kwargs, tma_descriptor_metadata)
+        if key is None:
+            return analysis(kernel, kwargs, tma_descriptor_metadata, *args, **rest)
+        by_launch = answers.setdefault(id(kernel), (kernel, {}))[1]
+        if key in by_launch:
+            _COUNTS["answered"] += 1
+        else:
+            _COUNTS["analyzed"] += 1
+            by_launch[key] = analysis(kernel, kwargs, tma_descriptor_metadata)
+        return copy.deepcopy(by_launch[key])
+
+    analyze.remembers = True
+    return analyze
+
+
+def install() -> None:
+    """Puts :func:`remembered` in front of torch's analysis, once per process. Every caller looks it up by name in
+    torch's module at call time, so each traced launch of any kernel goes through it."""
+    from torch._higher_order_ops import triton_kernel_wrap
+
+    name = next(name for name in _NAMES if hasattr(triton_kernel_wrap, name))
+    analysis = getattr(triton_kernel_wrap, name)
+    if not getattr(analysis, "remembers", False):
+        setattr(triton_kernel_wrap, name, remembered(analysis))
+
+
+def counts() -> dict[str, int]:
+    """Launches answered from memory and launches analyzed, in this process."""
+    return dict(_COUNTS)
