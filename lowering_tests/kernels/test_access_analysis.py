@@ -15,7 +15,9 @@ from turbo_inductor.kernels.triton import access_analysis
 triton = pytest.importorskip("triton")
 tl = triton.language
 triton_kernel_wrap = pytest.importorskip("torch._higher_order_ops.triton_kernel_wrap")
-ANALYSIS = next(name for name in access_analysis._NAMES if hasattr(triton_kernel_wrap, name))
+ANALYSIS = access_analysis.analysis_name()
+if ANALYSIS is None:
+    pytest.skip("this torch names no analysis of Triton launches", allow_module_level=True)
 
 
 def _scale(x_ptr, y_ptr, n, factor, BLOCK: tl.constexpr):

@@ -81,10 +81,17 @@ def install() -> None:
     torch's module at call time, so each traced launch of any kernel goes through it."""
     from torch._higher_order_ops import triton_kernel_wrap
 
-    name = next(name for name in _NAMES if hasattr(triton_kernel_wrap, name))
-    analysis = getattr(triton_kernel_wrap, name)
-    if not getattr(analysis, "remembers", False):
-        setattr(triton_kernel_wrap, name, remembered(analysis))
+    name = analysis_name()
+    if name is not None and not getattr(getattr(triton_kernel_wrap, name), "remembers", False):
+        setattr(triton_kernel_wrap, name, remembered(getattr(triton_kernel_wrap, name)))
+
+
+def analysis_name() -> str | None:
+    """The name of torch's analysis in ``torch._higher_order_ops.triton_kernel_wrap``; None in a torch without
+    either (then nothing is remembered)."""
+    from torch._higher_order_ops import triton_kernel_wrap
+
+    return next((name for name in _NAMES if hasattr(triton_kernel_wrap, name)), None)
 
 
 def counts() -> dict[str, int]:
