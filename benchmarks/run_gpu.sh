@@ -6,7 +6,8 @@
 #   kernel's launch-heuristic variants; gemm_ar, fsdp2: on every GPU of the host (kind nvidia-h200-x2); quick: the tests
 #   marked gpu_quick, every GPU session's first step; tests: the test suite (lowering_tests, benchmarks/tests); profile:
 #   profiler tables; costs: the FP8 cost table of this GPU (benchmarks/cost_table.py), from grouped GEMMs (at the
-#   bench's and run_model's routed rows) and linears measured fwd+bwd; memory: the main job beside FP8 columns that save
+#   bench's and run_model's routed rows) and linears measured fwd+bwd, merged into the package's table here (later
+#   steps decide by it) and copied to $OUT; memory: the main job beside FP8 columns that save
 #   no W^T (save_weight_t's cost in time against the memory it holds); moe: transformers' Mixtral and Qwen3-MoE with
 #   their kernel lists, FP8 experts forced beside auto's choice, then their quantization kernels and the floor of the
 #   FP8 step (benchmarks/floor.py); autocast: Llama-3-8B in bf16 and under autocast (fp32 parameters), whose ratios to
@@ -70,7 +71,8 @@ for step in "${steps[@]}"; do
     costs) bench bench_grouped_mm python3 -m benchmarks.bench_grouped_mm --modes fwd+bwd
            bench bench_grouped_mm python3 -m benchmarks.bench_grouped_mm --modes fwd+bwd --tokens 4096
            bench bench_fp8 python3 -m benchmarks.bench_fp8
-           python3 -m benchmarks.cost_table "$OUT"/grouped_mm*.json "$OUT"/fp8*.json --out "$OUT" ;;
+           # Into the package's table on this machine, so that later steps of this call decide by it; a copy to $OUT.
+           python3 -m benchmarks.cost_table "$OUT"/grouped_mm*.json "$OUT"/fp8*.json && cp turbo_inductor/costs/*.json "$OUT"/ ;;
     model) bench run_model python3 -m benchmarks.run_model ${MODEL_ARGS:-} ;;
     moe) bench run_model python3 -m benchmarks.run_model --hf mixtral-8x7b,qwen3-30b-a3b --kernels 30 --snr-inputs 1 --peers '' \
            --column 'fp8 rowwise experts={"fp8": {"recipe": "rowwise", "experts": true}}'
