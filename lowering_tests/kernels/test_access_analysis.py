@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -31,29 +35,20 @@ def _written(answer) -> list[str]:
     return sorted(writes)
 
 
-@pytest.fixture
-def hopper_target():
-    """Triton's compiler aimed at sm_90, as on the GPU machine; the kernel jitted for real, not interpreted."""
-    if importlib.util.find_spec("triton.backends.nvidia") is None:
-        pytest.skip("this Triton has no NVIDIA backend to compile for sm_90")
+def each_distinct_launch_analyzed_once() -> None:
+    """A launch differing only in sizes (symbolic or not, as torch hands them) is answered from memory; a dtype, a
+    scalar's value or a constexpr makes another launch; a real tensor is analyzed every time (Triton specializes on
+    its alignment). Each answer equals torch's own, and is a copy: Inductor keeps what it gets. Triton's compiler
+    aims at sm_90, as on the GPU machine, and the kernel is jitted for real: in a process that never ran the
+    interpreter, which patches ``triton.language`` as it runs."""
     from triton.runtime.driver import driver
 
     from turbo_inductor.testing.hopper import _OfflineDriver
 
-    previous = driver._active
     driver.set_active(_OfflineDriver())
-    yield triton.runtime.jit.JITFunction(_scale)
-    driver.set_active(previous)
-
-
-def test_each_distinct_launch_is_analyzed_once_and_answers_as_torch_does(hopper_target, monkeypatch):
-    """A launch differing only in sizes (symbolic or not, as torch hands them) is answered from memory; a dtype, a
-    scalar's value or a constexpr makes another launch; a real tensor is analyzed every time (Triton specializes on
-    its alignment). Each answer equals torch's own, and is a copy: Inductor keeps what it gets."""
-    kernel, torchs = hopper_target, getattr(triton_kernel_wrap, ANALYSIS)
-    made = []
-    generate = triton_kernel_wrap.generate_ttir
-    monkeypatch.setattr(triton_kernel_wrap, "generate_ttir", lambda *args: made.append(args[0]) or generate(*args))
+    kernel, torchs = triton.runtime.jit.JITFunction(_scale), getattr(triton_kernel_wrap, ANALYSIS)
+    made, generate = [], triton_kernel_wrap.generate_ttir
+    triton_kernel_wrap.generate_ttir = lambda *args: made.append(args[0]) or generate(*args)
     analyze = access_analysis.remembered(torchs)
     with FakeTensorMode(shape_env=ShapeEnv()) as mode:
         n, m = mode.shape_env.create_unbacked_symint(), mode.shape_env.create_unbacked_symint()
@@ -74,7 +69,7 @@ def test_each_distinct_launch_is_analyzed_once_and_answers_as_torch_does(hopper_
         made.clear()
         answer = analyze(kernel, kwargs, {})
         assert len(made) == analyzed, kwargs
-        assert _written(answer) == _written(torchs(kernel, kwargs, {})) == ["y_ptr"]
+        assert _written(answer) == _written(torchs(kernel, kwargs, {})) == ["y_ptr"], kwargs
         answer.clear() if isinstance(answer, list) else answer.read_writes.writes.clear()
     after = access_analysis.counts()
     assert (after["analyzed"] - before["analyzed"], after["answered"] - before["answered"]) == (5, 2)
@@ -82,6 +77,18 @@ def test_each_distinct_launch_is_analyzed_once_and_answers_as_torch_does(hopper_
     for _ in range(2):
         made.clear()
         assert _written(analyze(kernel, real, {})) == ["y_ptr"] and len(made) == 1
+
+
+def test_each_distinct_launch_is_analyzed_once_and_answers_as_torch_does():
+    """:func:`each_distinct_launch_analyzed_once`, in a process without ``TRITON_INTERPRET``."""
+    if importlib.util.find_spec("triton.backends.nvidia") is None:
+        pytest.skip("this Triton has no NVIDIA backend to compile for sm_90")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = pathlib.Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", __name__], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
 
 
 def test_launches_with_tensor_descriptors_are_analyzed_every_time_and_install_wraps_once(monkeypatch):
@@ -103,3 +110,7 @@ def test_launches_with_tensor_descriptors_are_analyzed_every_time_and_install_wr
         assert analyze(kernel, kwargs, {"x_ptr": ("stable", ([64, 64],))}) == ["y_ptr"]
     assert analyze(kernel, kwargs, {}) == analyze(kernel, kwargs, {}) == ["y_ptr"]
     assert calls == [kernel] * 3
+
+
+if __name__ == "__main__":
+    each_distinct_launch_analyzed_once()
