@@ -4,14 +4,15 @@
 #   all = model rmsnorm glu fp8_quant convergence fp8: every single-GPU benchmark, the main job first (nvidia-h200);
 #   grouped_mm: MoE expert GEMMs; fp8_quant_moe: their operands' quantization kernels against a copy, with the grouped
 #   kernel's launch-heuristic variants; gemm_ar, fsdp2: on every GPU of the host (kind nvidia-h200-x2); quick: the tests
-#   marked gpu_quick, every GPU session's first step; tests: the test suite (lowering_tests, benchmarks/tests); profile:
-#   profiler tables; costs: the FP8 cost table of this GPU (benchmarks/cost_table.py), from grouped GEMMs (at the
-#   bench's and run_model's routed rows) and linears measured fwd+bwd, merged into the package's table here (later
-#   steps decide by it) and copied to $OUT; memory: the main job beside FP8 columns that save
-#   no W^T (save_weight_t's cost in time against the memory it holds); moe: transformers' Mixtral and Qwen3-MoE with
-#   their kernel lists, FP8 experts forced beside auto's choice, then their quantization kernels and the floor of the
-#   FP8 step (benchmarks/floor.py); autocast: Llama-3-8B in bf16 and under autocast (fp32 parameters), whose ratios to
-#   Inductor are to be within 3%, with their kernel tables; these three without the peers' columns.
+#   marked gpu_quick, every GPU session's first step; tests: the test suite (lowering_tests, benchmarks/tests), less the
+#   gpu_quick tests where the quick step ran before it in the same call; profile: profiler tables; costs: the FP8 cost
+#   table of this GPU (benchmarks/cost_table.py), from grouped GEMMs (at the bench's and run_model's routed rows) and
+#   linears measured fwd+bwd, merged into the package's table here (later steps decide by it) and copied to $OUT;
+#   memory: the main job beside FP8 columns that save no W^T (save_weight_t's cost in time against the memory it holds);
+#   moe: transformers' Mixtral and Qwen3-MoE with their kernel lists, FP8 experts forced beside auto's choice, then
+#   their quantization kernels and the floor of the FP8 step (benchmarks/floor.py); autocast: Llama-3-8B in bf16 and
+#   under autocast (fp32 parameters), whose ratios to Inductor are to be within 3%, with their kernel tables; these
+#   three without the peers' columns.
 #   TESTS="lowering_tests/system/test_gpu.py ..." limits the tests; MODEL_ARGS, GEMM_AR_ARGS, FSDP2_ARGS add arguments
 #   to that step; TESTS_TIMEOUT bounds the tests (s); MAX_JOBS sets the native build's jobs; INSTALLED=1 skips the
 #   install.
@@ -58,9 +59,13 @@ done
 for step in "${steps[@]}"; do
   case $step in
     quick) timeout 300 python3 -m pytest lowering_tests -m gpu_quick -q -n "$test_jobs" --dist worksteal \
-             --junitxml="$OUT/quick.xml" 2>&1 | tee "$OUT/quick.log" | tail -25 ;;
+             --junitxml="$OUT/quick.xml" 2>&1 | tee "$OUT/quick.log" | tail -25
+           quick_ran=1 ;;
+    # After the quick step of the same call, the suite leaves out what it ran (about 100 s): the two logs together
+    # are the whole suite.
     tests) timeout "${TESTS_TIMEOUT:-500}" python3 -m pytest ${TESTS:-lowering_tests benchmarks/tests} -q \
-             -n "$test_jobs" --dist worksteal --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+             ${quick_ran:+-m "not gpu_quick"} -n "$test_jobs" --dist worksteal --junitxml="$OUT/tests.xml" 2>&1 |
+             tee "$OUT/tests.log" | tail -25 ;;
     rmsnorm) bench bench_rmsnorm python3 -m benchmarks.bench_rmsnorm ;;
     glu) bench bench_glu python3 -m benchmarks.bench_glu ;;
     fp8) bench bench_fp8 python3 -m benchmarks.bench_fp8 ;;
