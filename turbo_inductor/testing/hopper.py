@@ -25,6 +25,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 
 import torch
 
@@ -64,6 +65,7 @@ class Compiled:
     constexprs: dict
     tensors: list[str]  # its tensor arguments
     writes: list[str]  # those torch's analysis finds written (a traced launch copies what is written)
+    analysis_ms: float  # that analysis's time on this host: a compile pays it per traced launch (access_analysis)
     descriptors: list[str]  # its tensor descriptor arguments (such a launch is never traced)
     ttgir: str
     ptx: str
@@ -117,6 +119,7 @@ class Compiled:
             kernel=self.kernel,
             tensors=self.tensors,
             writes=self.writes,
+            analysis_ms=self.analysis_ms,
             descriptors=self.descriptors,
             shared=self.shared,
             num_warps=self.num_warps,
@@ -170,7 +173,9 @@ def offline_hopper():
                 arguments = dict(zip(self.kernel.arg_names, args)) | constexprs
                 tensors = [name for name, value in arguments.items() if isinstance(value, torch.Tensor)]
                 descriptors = [name for name, value in arguments.items() if isinstance(value, TensorDescriptor)]
+                start = time.perf_counter()
                 written = _written(self.kernel, arguments)
+                analysis_ms = 1e3 * (time.perf_counter() - start)
                 asm, metadata = kernel.asm, kernel.metadata
                 name = self.kernel.fn.__name__
                 compiled.append(
@@ -179,6 +184,7 @@ def offline_hopper():
                         constexprs,
                         tensors,
                         written,
+                        analysis_ms,
                         descriptors,
                         asm["ttgir"],
                         asm["ptx"],
@@ -424,7 +430,8 @@ def main(argv: list[str]) -> None:
             f"{row['case']:22} {row['kernel']:30} shared {row['shared']:6} B  warps {row['num_warps']:2}  "
             f"registers {row['registers']:3}  spilled {row['spilled']:4} B  MMAs in flight {row['mma_in_flight']}  "
             f"waits added {row['mma_waits_added']}  register round trips {row['register_round_trips']}  "
-            f"16-byte loads {row['vector_loads']} stores {row['vector_stores']}  byte stores {row['byte_stores']}"
+            f"16-byte loads {row['vector_loads']} stores {row['vector_stores']}  byte stores {row['byte_stores']}  "
+            f"torch's analysis {row['analysis_ms']:.0f} ms"
         )
 
 
