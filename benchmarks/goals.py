@@ -8,7 +8,7 @@ import dataclasses
 import math
 import statistics
 
-# Every primus_turbo column's cold compile over Inductor's.
+# Every column our backend compiles, its cold compile over the same model's under Inductor.
 COMPILE = 1.25
 # Every primus_turbo column's peak memory in a step over Inductor's, at most; each FP8 recipe's also at most torchao's.
 MEMORY = 1.02
@@ -117,17 +117,22 @@ def speed(table: list[dict], targets: Targets = LAYER, compile_goal: bool = True
                         "met": fp8["speedup_vs_inductor"] >= bf16["speedup_vs_inductor"],
                     }
                 )
-    ours = [row for name, row in rows.items() if "primus_turbo" in name]
-    if ours and compile_goal:
-        slowest = max(ours, key=lambda row: row["compile_s"])
-        ratio = slowest["compile_s"] / inductor["compile_s"]
+    # Each column our backend compiles against the same model under Inductor: a peer's model (Liger's kernels are
+    # slow to compile under either) against the peer's own column.
+    compiled = {
+        name: rows["inductor" if name.startswith("primus_turbo") else name.removesuffix(" on primus_turbo")]
+        for name in rows
+        if "primus_turbo" in name and (name.startswith("primus_turbo") or name.removesuffix(" on primus_turbo") in rows)
+    }
+    if compiled and compile_goal:
+        slowest = max(compiled, key=lambda name: rows[name]["compile_s"] / compiled[name]["compile_s"])
+        ours, theirs = rows[slowest], compiled[slowest]
         report.append(
             {
                 "goal": f"compile time <= {targets.compile:.2f}x Inductor's",
-                "measured": f"{ratio:.2f}x at most ({slowest['column'].removeprefix('primus_turbo ')}: "
-                f"{slowest['compile_s']:.1f} s vs "
-                f"{inductor['compile_s']:.1f} s)",
-                "met": ratio <= targets.compile,
+                "measured": f"{ours['compile_s'] / theirs['compile_s']:.2f}x at most "
+                f"({slowest.removeprefix('primus_turbo ')}: {ours['compile_s']:.1f} s vs {theirs['compile_s']:.1f} s)",
+                "met": ours["compile_s"] / theirs["compile_s"] <= targets.compile,
             }
         )
     return report
