@@ -117,13 +117,7 @@ def speed(table: list[dict], targets: Targets = LAYER, compile_goal: bool = True
                         "met": fp8["speedup_vs_inductor"] >= bf16["speedup_vs_inductor"],
                     }
                 )
-    # Each column our backend compiles against the same model under Inductor: a peer's model (Liger's kernels are
-    # slow to compile under either) against the peer's own column.
-    compiled = {
-        name: rows["inductor" if name.startswith("primus_turbo") else name.removesuffix(" on primus_turbo")]
-        for name in rows
-        if "primus_turbo" in name and (name.startswith("primus_turbo") or name.removesuffix(" on primus_turbo") in rows)
-    }
+    compiled = {name: rows[base] for name in rows if (base := under_inductor(name)) in rows}
     if compiled and compile_goal:
         slowest = max(compiled, key=lambda name: rows[name]["compile_s"] / compiled[name]["compile_s"])
         ours, theirs = rows[slowest], compiled[slowest]
@@ -136,6 +130,15 @@ def speed(table: list[dict], targets: Targets = LAYER, compile_goal: bool = True
             }
         )
     return report
+
+
+def under_inductor(column: str) -> str | None:
+    """For a column our backend compiles, the column of the same model under Inductor: ours against ``inductor``, a
+    peer's model against the peer's own column (Liger's kernels are slow to compile under either); else None."""
+    if column.startswith("primus_turbo"):
+        return "inductor"
+    peer = column.removesuffix(" on primus_turbo")
+    return peer if peer != column else None
 
 
 def memory(table: list[dict]) -> list[dict]:

@@ -242,8 +242,8 @@ def run_workload(args, family: models.Family, model_name: str, on_gpu: bool) -> 
     device, dtype = ("cuda" if on_gpu else "cpu"), getattr(torch, args.dtype)
     autocast_dtype, dtype = (dtype, torch.float32) if args.autocast else (None, dtype)
     torch.manual_seed(0)
-    # What earlier models left allocated is no part of this one's peaks. With the peers' columns, about 5.5 GiB (the
-    # first model's weights and gradients) stayed under every column of the second model in a run on an H100.
+    # What was allocated before this model was built is no part of its peaks: a peer's model, with its gradients, can
+    # outlive its column and stay under every column of the next model.
     outside = torch.cuda.memory_allocated() if on_gpu else 0
     work = family.build(args, model_name, on_gpu, device, dtype)
     if args.frozen_linears:

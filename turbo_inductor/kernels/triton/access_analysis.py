@@ -1,11 +1,11 @@
 """torch's analysis of what a traced Triton launch writes, answered once per distinct launch.
 
 torch makes each traced launch's TTIR to find the tensors it writes: as AOTAutograd functionalizes the graph, and again
-as Inductor lowers it. Making the TTIR costs 10-50 ms a launch on a host CPU (``python -m
-turbo_inductor.testing.hopper``), and an MoE model's FP8 training graph makes dozens of such calls over a handful of
-distinct launches. The answer depends only on what torch hands Triton to make the TTIR (``generate_ttir``): the kernel,
-its tensors' dtypes, its other arguments' values, any symbolic size as one placeholder. :func:`install` keys the
-answers by exactly that. A launch with a real tensor or a TMA descriptor is analyzed every time.
+as Inductor lowers it. Making the TTIR costs about 20 ms a launch on a host CPU (``python -m
+turbo_inductor.testing.hopper``), and a training graph repeats each launch in every layer and in forward and backward.
+The answer depends only on what torch hands Triton to make the TTIR (``generate_ttir``): the kernel, its tensors'
+dtypes, its other arguments' values, any symbolic size as one placeholder. :func:`install` keys the answers by exactly
+that. A launch with a real tensor or a TMA descriptor is analyzed every time.
 """
 
 from __future__ import annotations
