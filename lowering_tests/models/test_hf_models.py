@@ -17,11 +17,11 @@ LAYERS = 1  # one layer holds every fusion site: the input norm, the residual no
 # becomes FP8 (q/k/v/o, gate/up/down, the head). q/k/v and gate/up, each reading one x, run as one FP8 linear over
 # their weights concatenated (fp8_concat): o, down and the head stay single, 2 per layer + 1. Phi-3's qkv and
 # gate_up are fused already: 4 per layer + 1. Every norm but the final one (which reads the last residual add)
-# writes its linears' FP8 input, and so does each GLU. Gemma normalizes with (1 + weight) and multiplies after the
-# norm: its residual adds and its norms' casts stay; its GeGLU writes down_proj's FP8 input. Each model's token
-# embedding and loss become ours. So do q's and k's rotary embedding: with fp32 parameters the table is fp32 and
-# ``q * cos`` promotes bf16 q, but attention casts the result back to bf16 (passes/test_rotary.py). A causal mask
-# built in the graph becomes SDPA's ``is_causal`` where transformers builds one (testing.compare.masked_attentions).
+# writes its linears' FP8 input, and so does each GLU (Gemma's too, which weights its norms by 1 + w in fp32 and
+# casts back after). Each model's token embedding and loss become ours. So do q's and k's rotary embedding: with
+# fp32 parameters the table is fp32 and ``q * cos`` promotes bf16 q, but attention casts the result back to bf16
+# (passes/test_rotary.py). A causal mask built in the graph becomes SDPA's ``is_causal`` where transformers builds
+# one (testing.compare.masked_attentions).
 ENDS = dict(embedding=1, cross_entropy=1, rotary=2 * LAYERS)
 FAMILIES = {
     "qwen2": (  # q/k/v with biases
@@ -41,7 +41,14 @@ FAMILIES = {
     ),
     "gemma": (
         "gemma-7b",
-        dict(rmsnorm=2 * LAYERS + 1, fp8=2 * LAYERS + 1, fp8_concat=2 * LAYERS, glu_fp8=LAYERS, **ENDS),
+        dict(
+            rmsnorm_residual=1,
+            fp8=2 * LAYERS + 1,
+            fp8_concat=2 * LAYERS,
+            rmsnorm_fp8=2 * LAYERS,
+            glu_fp8=LAYERS,
+            **ENDS,
+        ),
     ),
 }
 

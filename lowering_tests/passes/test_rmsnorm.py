@@ -49,6 +49,18 @@ class TitanRMSNorm(nn.Module):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
 
+class GemmaRMSNorm(nn.Module):
+    """Gemma's: normalized and weighted (1 + w) in fp32, then cast back once."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(H))
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + self.weight.float())).type_as(x)
+
+
 class SqrtDivNorm(nn.Module):
     """No upcast, x * x, division by sqrt, no weight."""
 
@@ -68,9 +80,9 @@ class FunctionalNorm(nn.Module):
 class ResidualBlock(nn.Module):
     """Pre-norm residual wiring: the sum feeds the norm and the next residual add."""
 
-    def __init__(self):
+    def __init__(self, norm=HFRMSNorm):
         super().__init__()
-        self.norm1, self.norm2 = HFRMSNorm(), nn.RMSNorm(H, eps=1e-6)
+        self.norm1, self.norm2 = norm(), nn.RMSNorm(H, eps=1e-6)
         self.proj = nn.Linear(H, H, bias=False)
 
     def forward(self, x, residual):
@@ -103,7 +115,7 @@ def check_rewritten(counts, n, train, name="rmsnorm", op="turbo_inductor.rmsnorm
 
 
 class Spellings(nn.Module):
-    """Every spelling, one after the other, in each of ``dtypes`` on an input of its own: 7 sites a dtype."""
+    """Every spelling, one after the other, in each of ``dtypes`` on an input of its own: 8 sites a dtype."""
 
     def __init__(self, dtypes):
         super().__init__()
@@ -112,6 +124,7 @@ class Spellings(nn.Module):
                 HFRMSNorm(),
                 HFRMSNorm(weight_first=False, eps=1e-5),
                 TitanRMSNorm(),
+                GemmaRMSNorm(),
                 nn.RMSNorm(H, eps=1e-6),
                 nn.RMSNorm(H),
                 FunctionalNorm(1e-4),
@@ -133,7 +146,7 @@ class Spellings(nn.Module):
 def test_spellings_are_rewritten(dtypes, train):
     inputs = [randn(2, 5, H, dtype=dtype) for dtype in dtypes]
     counts = assert_matches_inductor(Spellings(dtypes), inputs, train=train)
-    check_rewritten(counts, 7 * len(dtypes), train)
+    check_rewritten(counts, 8 * len(dtypes), train)
 
 
 def test_fp32_weight_on_bf16_input_keeps_the_promoting_multiply():
@@ -145,9 +158,11 @@ def test_fp32_weight_on_bf16_input_keeps_the_promoting_multiply():
     assert turbo_inductor.compile_records()[-1].ops_after["mul"] == 1
 
 
+@pytest.mark.parametrize("norm", [HFRMSNorm, GemmaRMSNorm])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_residual_add_is_fused(dtype):
-    model = ResidualBlock().to(dtype)
+def test_residual_add_is_fused(dtype, norm):
+    """Gemma's norm computes its weight, 1 + w in fp32, after the add: that moves before the fused op."""
+    model = ResidualBlock(norm).to(dtype)
     counts = assert_matches_inductor(model, [randn(2, 3, H, dtype=dtype), randn(2, 3, H, dtype=dtype)])
     assert (counts["rmsnorm"], counts["rmsnorm_residual"]) == (0, 2)
     assert ops_after("turbo_inductor.rmsnorm_residual") == 2 and ops_after("turbo_inductor.rmsnorm") == 0
@@ -281,3 +296,16 @@ def test_near_misses_are_left_alone(variant):
 
 def test_float64_is_left_to_inductor():
     assert_left_alone(HFRMSNorm().double(), [randn(2, H).double()])
+
+
+def test_gemma_norm_takes_and_saves_x_in_its_own_dtype():
+    """Gemma's norm upcasts x and casts the weighted result back: the op takes x in bf16, so the backward keeps
+    bf16 x, not its fp32 copy."""
+    model = GemmaRMSNorm()
+    counts = assert_matches_inductor(model, [randn(2, 5, H, dtype=torch.bfloat16)], precision=torch.bfloat16)
+    check_rewritten(counts, 1, True)
+    saved = []
+    compiled = torch.compile(model, backend="primus_turbo")
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        compiled(randn(2, 5, H, dtype=torch.bfloat16))
+    assert not [t for t in saved if t.dtype == torch.float32 and t.shape == (2, 5, H)]

@@ -8,6 +8,7 @@ Spellings matched (any eps, fp32/bf16/fp16, any leading dims):
         var = xf.pow(2).mean(-1, keepdim=True)          # or xf ** 2, xf * xf, torch.square(xf)
         n = xf * torch.rsqrt(var + eps)                 # or xf / torch.sqrt(var + eps)
         y = weight * n.to(x.dtype)                      # optional cast back; weight optional, either side
+        y = (n * weight).to(x.dtype)                    # or Gemma's: weighted in fp32, then cast back
 
 A weight multiply that promotes (fp32 weight, bf16 norm) stays in the graph; only the normalization is replaced.
 """
@@ -138,13 +139,24 @@ def _squared(node: Any) -> Any:
 def _match(
     xf: fx.Node, out: fx.Node, matched: list[fx.Node], eps: float | fx.Node, weight: fx.Node | None = None
 ) -> RMSNormMatch | None:
-    """The match whose output is ``out``. Its input is x before the upcast where dtypes allow, else xf itself."""
+    """The match whose output is ``out``. Its input is x before the upcast where dtypes allow, else xf itself.
+
+    Where ``out`` is upcast and its one user casts it back to x's dtype (Gemma's ``(norm(x.float()) * (1 +
+    w.float())).type_as(x)``), that cast is the output: the op then takes and saves x, not its fp32 copy."""
+    x, cast = ir.strip_casts(xf), ir.only_user(out)
+    if x is not xf and cast is not None and ir.is_op(cast, "cast") and _same_tensor_type(x, cast):
+        return RMSNormMatch(x, weight, eps, cast, matched + [cast])
     out_dtype = ir.fake(out).dtype
     for x in (ir.strip_casts(xf), xf):
         xt = ir.fake(x)
         if xt is not None and xt.dtype == out_dtype and xt.shape == ir.fake(out).shape:
             return RMSNormMatch(x, weight, eps, out, matched)
     return None
+
+
+def _same_tensor_type(a: fx.Node, b: fx.Node) -> bool:
+    at, bt = ir.fake(a), ir.fake(b)
+    return at is not None and bt is not None and at.dtype == bt.dtype and at.shape == bt.shape
 
 
 class RMSNormPass(RewritePass):

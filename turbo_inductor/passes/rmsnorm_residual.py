@@ -35,11 +35,13 @@ class RMSNormResidualPass(RewritePass):
             operands = ir.binary_operands(c) if c is not None and c.op == "add" else None
             if operands is None or not all(_addend_of(o, total) for o in operands):
                 continue
-            # The fused op goes where the add was, so everything it reads must exist there.
-            reads = (norm.weight, norm.eps)
-            if not surgery.available_at(reads, total, position):
+            # The fused op goes where the add was, so everything it reads must exist there: the weight's pure
+            # producers (Gemma's 1 + w.float()) move before the add.
+            if not surgery.available_at((norm.eps,), total, position):
                 continue
-            surgery.hoist(reads, total, position)
+            if surgery.gather_before(total, [norm.weight], [norm.weight]) is not None:
+                continue
+            surgery.hoist((norm.eps,), total, position)
             fused = surgery.insert_view(
                 graph,
                 total,
