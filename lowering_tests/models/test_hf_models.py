@@ -23,33 +23,13 @@ LAYERS = 1  # one layer holds every fusion site: the input norm, the residual no
 # (passes/test_rotary.py). A causal mask built in the graph becomes SDPA's ``is_causal`` where transformers builds
 # one (testing.compare.masked_attentions).
 ENDS = dict(embedding=1, cross_entropy=1, rotary=2 * LAYERS)
+NORMS = dict(rmsnorm_residual=1, rmsnorm_fp8=2 * LAYERS, glu_fp8=LAYERS, **ENDS)
+# Separate q/k/v and gate/up projections, concatenated per input.
+SEPARATE_PROJECTIONS = dict(fp8=2 * LAYERS + 1, fp8_concat=2 * LAYERS, **NORMS)
 FAMILIES = {
-    "qwen2": (  # q/k/v with biases
-        "qwen2.5-7b",
-        dict(
-            rmsnorm_residual=1,
-            fp8=2 * LAYERS + 1,
-            fp8_concat=2 * LAYERS,
-            rmsnorm_fp8=2 * LAYERS,
-            glu_fp8=LAYERS,
-            **ENDS,
-        ),
-    ),
-    "phi3": (
-        "phi3-mini",
-        dict(rmsnorm_residual=1, fp8=4 * LAYERS + 1, rmsnorm_fp8=2 * LAYERS, glu_fp8=LAYERS, **ENDS),
-    ),
-    "gemma": (
-        "gemma-7b",
-        dict(
-            rmsnorm_residual=1,
-            fp8=2 * LAYERS + 1,
-            fp8_concat=2 * LAYERS,
-            rmsnorm_fp8=2 * LAYERS,
-            glu_fp8=LAYERS,
-            **ENDS,
-        ),
-    ),
+    "qwen2": ("qwen2.5-7b", SEPARATE_PROJECTIONS),  # q/k/v with biases
+    "phi3": ("phi3-mini", dict(fp8=4 * LAYERS + 1, **NORMS)),
+    "gemma": ("gemma-7b", SEPARATE_PROJECTIONS),
 }
 
 
