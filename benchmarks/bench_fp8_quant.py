@@ -13,7 +13,7 @@ import torch
 
 from benchmarks import record
 from benchmarks.bench_grouped_mm import CONFIGS, TOKENS, projections, routing
-from benchmarks.common import available_impls, bench_ms, gpu_ms, print_table
+from benchmarks.common import available_impls, bench_ms, gpu_ms, module_constants, print_table
 
 # [rows, cols] of operands at batch 2 x seq 4096: x and dy (K 4096), the down projection's x (K 14336), a weight.
 SHAPES = "8192x4096,8192x14336,4096x14336"
@@ -57,15 +57,9 @@ def measure(rows: list, shape: str, mode: str, module, variants, call, moved_byt
     time as TB/s of the bytes an ideal kernel moves (each input read once, each output written once), and that as %
     of the copy's."""
     for name, fn, constants in variants:
-        saved = {constant: getattr(module, constant) for constant in constants}
-        for constant, value in constants.items():
-            setattr(module, constant, value)
-        try:
+        with module_constants(module, constants):
             run = lambda: call(fn)  # noqa: E731
             ms, gpu = bench_ms(run), gpu_ms(run)
-        finally:
-            for constant, value in saved.items():
-                setattr(module, constant, value)
         rate = moved_bytes / gpu / 1e9
         rows.append(
             {"shape": shape, "mode": mode, "backend": name, "ms": ms, "gpu_ms": gpu, "rate": rate}

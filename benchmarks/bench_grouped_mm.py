@@ -5,7 +5,7 @@ expert shapes of Mixtral-8x7B (E 8, top 2) and Qwen3-30B-A3B (E 128, top 8), tok
 (gate_up [E, 2I, H] and down [E, H, I] parameters, passed transposed as transformers 5 does). Routing: each token's
 top-k of uniform random router scores (balanced on average, uneven per expert).
 python -m benchmarks.bench_grouped_mm [--configs mixtral-8x7b,qwen3-30b-a3b] [--modes fwd,fwd+bwd] [--kernels]
-    [--tokens N]
+    [--tokens N] [--heuristics NAME,...|all] [--columns PREFIX,...]
 Prints a table (median ms by triton's do_bench, TFLOP/s, ratio to bf16 torch._grouped_mm) and writes
 grouped_mm.json (benchmarks/record.py). With ``--kernels``, the GPU time of each kernel per step of the FP8 fwd+bwd
 columns and of the baseline (``kernels_us`` in their rows), to show where the time goes."""
@@ -20,8 +20,9 @@ import torch
 
 import turbo_inductor
 from benchmarks import record
-from benchmarks.common import bench_ms, fwd_bwd_step, kernel_us
+from benchmarks.common import bench_ms, fwd_bwd_step, kernel_us, module_constants
 from turbo_inductor.kernels import registry
+from turbo_inductor.kernels.triton import grouped_mm as triton_grouped_mm
 from turbo_inductor.ops.fp8_operands import kernel_block, weight_operands
 from turbo_inductor.recipes import RECIPES
 
@@ -34,6 +35,20 @@ SHAPE = re.compile(r"\[(\d+), (\d+)\] x \[(\d+), (\d+), (\d+)\]")
 DEVICE = "cuda"
 # Characters of a kernel's name printed by --kernels (CUTLASS's template names run to thousands).
 KERNEL_NAME_CHARS = 110
+# Launch-heuristic variants of the Triton FP8 GEMMs (module constants of kernels.triton.grouped_mm), each a column
+# "fp8 rowwise triton GEMMs: NAME" with --heuristics. Tiles are (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages). The
+# promoted tiles (PROMOTED_CONFIG) run the dgrad and the wgrad, the fast-accumulation ones (GPU_CONFIGS[1]) the
+# forward. 3 stages of 128 x 128 x 128 FP8 tiles take 96 KB of shared memory: two programs an SM.
+_FAST = triton_grouped_mm.GPU_CONFIGS
+HEURISTICS = {
+    "promoted, 3 stages": {"PROMOTED_CONFIG": (128, 128, 128, 8, 3)},
+    "promoted, 2 stages": {"PROMOTED_CONFIG": (128, 128, 128, 8, 2)},
+    "promoted, 64-wide chunks in 5 stages": {"PROMOTED_CONFIG": (128, 128, 64, 8, 5)},
+    "promoted, 64 x 256 tiles at 4 warps": {"PROMOTED_CONFIG": (64, 256, 128, 4, 3)},
+    "promoted, 256 x 128 tiles": {"PROMOTED_CONFIG": (256, 128, 128, 8, 3)},
+    "promoted, 128 x 64 tiles at 4 warps": {"PROMOTED_CONFIG": (128, 64, 128, 4, 4)},
+    "fast accumulation, 4 stages": {"GPU_CONFIGS": _FAST | {1: (128, 256, 128, 8, 4)}},
+}
 
 
 def routing(tokens: int, experts: int, top_k: int) -> torch.Tensor:
@@ -46,6 +61,25 @@ def projections(config: str) -> dict[str, tuple[int, int]]:
     """Projection -> (K, N) of its grouped GEMM y = x W, W [E, K, N]."""
     _, _, hidden, intermediate = CONFIGS[config]
     return {"gate_up": (hidden, 2 * intermediate), "down": (intermediate, hidden)}
+
+
+HEURISTIC_COLUMN = "fp8 rowwise triton GEMMs: "
+
+
+def heuristic_variants(names: list[str]) -> dict[str, Callable]:
+    """Column -> fn(x, parameter, offs): FP8 rowwise with the Triton GEMMs, to run under each named variant of
+    HEURISTICS (:func:`column_constants`)."""
+    impl = "fp8_grouped_gemm=triton,fp8_grouped_gemm_wgrad=triton"
+
+    def fn(x, parameter, offs):
+        return turbo_inductor.ops.fp8_grouped_mm(x, parameter.transpose(-2, -1), offs, "rowwise", impl=impl)
+
+    return {HEURISTIC_COLUMN + name: fn for name in names}
+
+
+def column_constants(column: str) -> dict:
+    """The module constants a column's forward and backward run under (none but for a heuristic variant)."""
+    return HEURISTICS[column.removeprefix(HEURISTIC_COLUMN)] if column.startswith(HEURISTIC_COLUMN) else {}
 
 
 def variants() -> dict[str, Callable]:
@@ -105,7 +139,16 @@ def print_kernels(label: str, times_us: dict[str, float]) -> None:
         print(f"  {us:10.1f} us  {name[:KERNEL_NAME_CHARS]}")
 
 
-def run(configs: list[str], modes: list[str], kernels: bool = False, tokens: int = TOKENS) -> list[dict]:
+def run(
+    configs: list[str],
+    modes: list[str],
+    kernels: bool = False,
+    tokens: int = TOKENS,
+    heuristics: list[str] = (),
+    columns_from: tuple[str, ...] = ("",),
+) -> list[dict]:
+    """The rows of each config's projections, mode and column (those whose name starts with one of
+    ``columns_from``)."""
     rows = []
     for config in configs:
         experts, top_k, _, _ = CONFIGS[config]
@@ -120,27 +163,35 @@ def run(configs: list[str], modes: list[str], kernels: bool = False, tokens: int
             flops = 2 * x.shape[0] * k * n
             for mode in modes:
                 columns = variants() | (bare_fp8_gemms(x, parameter, offs) if mode == "fwd" else {})
-                for column, fn in columns.items():
+                for column, fn in (columns | heuristic_variants(heuristics)).items():
+                    if not column.startswith(columns_from):
+                        continue
                     row = {"shape": shape, "mode": mode, "column": column}
                     try:
-                        if mode == "fwd":
-                            with torch.no_grad():
-                                row["ms"] = bench_ms(lambda fn=fn: fn(x, parameter, offs))
-                        else:
-                            inputs = (x.clone().requires_grad_(), parameter.clone().requires_grad_())
-                            step = fwd_bwd_step(lambda a, p, fn=fn: fn(a, p, offs), *inputs)
-                            row["ms"], times_us = bench_ms(step), kernel_us(step)
-                            row["gpu_ms"] = sum(times_us.values()) / 1e3
-                            if kernels and (column == BASELINE or column.startswith("fp8")):
-                                row["kernels_us"] = times_us
-                                print_kernels(f"{shape} {mode} {column}", times_us)
+                        with module_constants(triton_grouped_mm, column_constants(column)):
+                            row["ms"], times_us = _measure(fn, x, parameter, offs, mode)
                     except Exception as error:  # one column failing leaves the others measured
                         print(f"{shape} {mode} {column}: failed: {type(error).__name__}: {error}")
                         continue
+                    if times_us is not None:
+                        row["gpu_ms"] = sum(times_us.values()) / 1e3
+                        if kernels and (column == BASELINE or column.startswith("fp8")):
+                            row["kernels_us"] = times_us
+                            print_kernels(f"{shape} {mode} {column}", times_us)
                     row["tflops"] = flops * (1 if mode == "fwd" else 3) / row["ms"] / 1e9
                     rows.append(row)
                     torch.cuda.empty_cache()
     return rows
+
+
+def _measure(fn, x, parameter, offs, mode: str) -> tuple[float, dict | None]:
+    """(ms, None) of fn's forward, or (ms, each kernel's GPU time per step) of its forward + backward."""
+    if mode == "fwd":
+        with torch.no_grad():
+            return bench_ms(lambda: fn(x, parameter, offs)), None
+    inputs = (x.clone().requires_grad_(), parameter.clone().requires_grad_())
+    step = fwd_bwd_step(lambda a, p: fn(a, p, offs), *inputs)
+    return bench_ms(step), kernel_us(step)
 
 
 def print_table(rows: list[dict]) -> None:
@@ -168,8 +219,20 @@ def main():
         "--tokens", type=int, default=TOKENS, help="tokens routed (run_model's MoE step: 2 x 2048 = 4096)"
     )
     parser.add_argument("--out", default=None, help="folder for the JSON (default: $OUT, else benchmarks/out)")
+    parser.add_argument(
+        "--heuristics",
+        default="",
+        help=f"comma-separated, of {sorted(HEURISTICS)}, or all: FP8 rowwise Triton GEMM columns under each",
+    )
+    parser.add_argument(
+        "--columns", default="", help="comma-separated beginnings of the column names to run (default: every column)"
+    )
     args = parser.parse_args()
-    rows = run(args.configs.split(","), args.modes.split(","), args.kernels, args.tokens)
+    heuristics = list(HEURISTICS) if args.heuristics == "all" else [h for h in args.heuristics.split(",") if h]
+    if unknown := sorted(set(heuristics) - HEURISTICS.keys()):
+        parser.error(f"unknown heuristics {unknown}; choose from {sorted(HEURISTICS)} or all")
+    columns_from = tuple(args.columns.split(",")) if args.columns else ("",)
+    rows = run(args.configs.split(","), args.modes.split(","), args.kernels, args.tokens, heuristics, columns_from)
     print_table(rows)
     record.write("grouped_mm", record.changed_options(parser, args, ignore={"out"}), vars(args), rows, args.out)
 

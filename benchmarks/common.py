@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 
 import torch
@@ -11,6 +12,19 @@ import torch
 # (past the default limit Dynamo silently falls back to eager and the numbers would be eager's).
 torch._dynamo.config.recompile_limit = 64
 torch._dynamo.config.accumulated_recompile_limit = 1024
+
+
+@contextlib.contextmanager
+def module_constants(module, values: dict):
+    """``module``'s constants (a kernel's launch heuristics) set to ``values`` for the block, then restored."""
+    saved = {name: getattr(module, name) for name in values}
+    for name, value in values.items():
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
 
 
 def bench_ms(fn) -> float:

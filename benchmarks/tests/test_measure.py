@@ -1,16 +1,18 @@
 """The main job's measurements that need no GPU: what a step saves for its backward, told apart by kind; the time
-torch spends on our Triton kernels' TTIR."""
+torch spends on our Triton kernels' TTIR; the benchmarks' launch-heuristic variants."""
 
 from __future__ import annotations
 
 import inspect
 import math
+import types
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from benchmarks.common import module_constants
 from benchmarks.measure import gpu_figures, kernel_ttir, saved_for_backward
 
 
@@ -95,3 +97,11 @@ def test_a_gpu_steps_kernel_table_by_name_and_by_launch_grid_agree():
     kernels = {name: us for name, us in figures["kernels_us"].items() if not name.startswith(("Memcpy", "Memset"))}
     assert figures["launches_us"] and all(" grid [" in launch for launch in figures["launches_us"])
     assert math.isclose(sum(figures["launches_us"].values()), sum(kernels.values()), rel_tol=0.05)
+
+
+def test_module_constants_are_set_in_the_block_and_restored_after_an_error():
+    module = types.SimpleNamespace(TILE=64, STAGES=3)
+    with pytest.raises(RuntimeError), module_constants(module, {"TILE": 128}):
+        assert (module.TILE, module.STAGES) == (128, 3)
+        raise RuntimeError("a failing variant")
+    assert (module.TILE, module.STAGES) == (64, 3)
