@@ -3,6 +3,7 @@ peak memory), and its numerics against Inductor's column as SNRs."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import math
@@ -61,6 +62,7 @@ def measure(
     from torch._inductor.utils import fresh_inductor_cache
 
     timers, compiles, ttir = compile_timers(), [], {"calls": 0, "distinct": 0, "seconds": 0.0, "answered": 0}
+    dynamo_before = dynamo_counts()
     start = time.perf_counter()
     with (
         fresh_inductor_cache() if cold else contextlib.nullcontext(),
@@ -80,7 +82,8 @@ def measure(
             f"    of which torch's TTIR of user-defined Triton kernels: {ttir['calls']} calls "
             f"({ttir['distinct']} distinct), {ttir['seconds']:.1f} s; {ttir['answered']} launches answered without one"
         )
-    result = {"ms": time_ms(step, device), "compile_s": compile_s, "compile_phases": phases, "out": out}
+    graphs = dynamo_graphs(dynamo_before)
+    result = {"ms": time_ms(step, device), "compile_s": compile_s, "compile_phases": phases, "out": out, **graphs}
     result["compile_kernel_ttir"] = ttir
     if compile_kernels and compiled:
         result["triton_compiles"] = slowest_compiles(compiles, compile_kernels)
@@ -88,6 +91,27 @@ def measure(
         result.update(gpu_figures(step, left_over, kernels))
     result["grads"] = {name: grad.detach() for name, grad in gradients().items() if grad is not None}
     return result
+
+
+def dynamo_counts() -> tuple[int, collections.Counter]:
+    """(graphs Dynamo compiled, its graph breaks by reason) in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"], collections.Counter(counters["graph_break"])
+
+
+def dynamo_graphs(before: tuple[int, collections.Counter]) -> dict:
+    """{"graphs", "graph_breaks"} since ``before`` (:func:`dynamo_counts`): what a step compiled as how many graphs,
+    and where Dynamo broke it (a peer's kernels it cannot trace then run eagerly between them). The commonest reasons
+    are printed."""
+    graphs, breaks = dynamo_counts()
+    breaks.subtract(before[1])
+    reasons = +breaks  # those that grew
+    if reasons:
+        print(f"    graph breaks: {sum(reasons.values())}, the commonest:")
+        for reason, count in reasons.most_common(3):
+            print(f"      {count} x {' '.join(reason.split())[:140]}")
+    return {"graphs": graphs - before[0], "graph_breaks": sum(reasons.values())}
 
 
 def slowest_compiles(compiles: list[tuple[str, float]], shown: int) -> dict:

@@ -1,9 +1,9 @@
 """The main job: a model's training step (or inference forward) under eager, Inductor and primus_turbo (bf16, FP8
 recipes) and the peers beside them (torchao's float8, Liger-Kernel's kernels): step time, speedup, memory, compile
-time, SNR against Inductor. With no model named: transformers' Llama-3-8B, 2 layers at its published sizes with the
-LM head and loss (on CPU: its tiny config). --hf: transformers' own causal LMs; --config: the hand-written Llama-style
-decoders and transformers' MoE decoders. The workloads: models.py; the columns: columns.py; the goals a GPU run is
-held to: goals.py.
+time and the graph breaks Dynamo made, SNR against Inductor. With no model named: transformers' Llama-3-8B, 2 layers
+at its published sizes with the LM head and loss (on CPU: its tiny config). --hf: transformers' own causal LMs;
+--config: the hand-written Llama-style decoders and transformers' MoE decoders. The workloads: models.py; the
+columns: columns.py; the goals a GPU run is held to: goals.py.
 ``python -m benchmarks.run_model [--hf llama3-8b[,...] | --config llama3-8b[,...]] [--fp8 tensorwise,rowwise]
 [--mode train|inference]``"""
 
@@ -381,6 +381,8 @@ def table_rows(args, work, model_name: str, results: dict, on_gpu: bool) -> list
                 **{key: r[key] for key in ("saved_gib", "saved_gib_by_kind") if key in r},
                 "compile_s": r["compile_s"],
                 "compile_phases": r["compile_phases"],
+                "graphs": r["graphs"],
+                "graph_breaks": r["graph_breaks"],
                 **{key: r[key] for key in OPTIONAL_FIGURES if key in r},
                 **r["accuracy"],
                 "rewrites": r.get("rewrites", {}),
@@ -404,6 +406,7 @@ TABLE = (
     ("peak GiB", "peak_gib", "{:9.2f}"),
     ("saved GiB", "saved_gib", "{:10.3f}"),
     ("compile s", "compile_s", "{:10.1f}"),
+    ("graph breaks", "graph_breaks", "{:12d}"),
     ("out SNR dB", "out_snr_db", "{:11.1f}"),
     ("dx SNR dB", "dx_snr_db", "{:10.1f}"),
     ("loss SNR dB", "loss_snr_db", "{:12.1f}"),

@@ -59,6 +59,9 @@ def test_main_job_runs_and_reports_every_column(capsys, tmp_path):
         assert math.isclose(sum(phases.values()), column["compile_s"]) and phases["dynamo"] > 0
         assert (phases["passes"] > 0) == ("primus_turbo" in column["column"])
     assert out.count("    compile dynamo ") == len(columns) - 1
+    # The model compiles as one graph, unbroken (a column's breaks would be printed with their reasons)
+    assert [(c["graphs"], c["graph_breaks"]) for c in columns] == [(0, 0)] + [(1, 0)] * (len(columns) - 1)
+    assert "graph breaks" in out and "    graph breaks: " not in out
     # Our Triton kernels trace into the graph on the GPU only, where torch analyses each launch's TTIR
     ttir = [c["compile_kernel_ttir"] for c in columns]
     assert [t["calls"] > 0 for t in ttir[:3]] == [False, False, device == "cuda"]
@@ -132,6 +135,7 @@ def test_main_job_trains_transformers_models_with_their_loss(capsys, tmp_path):
             assert rows[liger]["error"].startswith("InterpreterError: "), rows[liger]
             assert f"{liger:28s} failed: InterpreterError: " in out
     assert not any("error" in rows[column] for column in columns)
+    assert [(rows[c]["graphs"], rows[c]["graph_breaks"]) for c in columns[1:]] == [(1, 0)] * 3, "transformers' model"
     assert out.count(" failed: ") == sum("error" in row for row in rows.values())
     assert written["environment"]["liger-kernel"] == importlib.metadata.version("liger-kernel")
     # The norms but the first read a residual add; in FP8 every norm but the final one writes its linears' FP8 input,
@@ -374,7 +378,8 @@ def test_a_columns_kernel_table_goes_in_its_row():
     args, work = types.SimpleNamespace(batch=2, seq=8, mode="train"), types.SimpleNamespace(flops=1e9)
     kernels_us = {"_fp8_tile_kernel": 12.5, "nvjet_tst_256x128": 80.0}
     launches_us = {"_fp8_tile_kernel grid [64, 1, 1]": 10.0, "_fp8_tile_kernel grid [8, 1, 1]": 2.5}
-    figures = dict(ms=2.0, gpu_ms=1.5, peak_gib=1.0, compile_s=1.0, compile_phases={}, accuracy={})
+    figures = dict(ms=2.0, gpu_ms=1.5, peak_gib=1.0, compile_s=1.0, compile_phases={}, graphs=1, graph_breaks=0)
+    figures["accuracy"] = {}
     tables = {"kernels_us": kernels_us, "launches_us": launches_us}
     results = {"inductor": figures, "primus_turbo fp8 rowwise": figures | tables}
     rows = run_model.table_rows(args, work, "mixtral-8x7b", results, on_gpu=True)
