@@ -2,17 +2,18 @@
 # The GPU machine's work in one call (device tool): install, then each step; each benchmark's log and JSON land in $OUT.
 #   bash benchmarks/run_gpu.sh [STEP...]   (default: all)
 #   all = model rmsnorm glu fp8_quant convergence fp8: every single-GPU benchmark, the main job first (nvidia-h200);
-#   grouped_mm: MoE expert GEMMs; fp8_quant_moe: their operands' quantization kernels against a copy, with the grouped
-#   kernel's launch-heuristic variants; gemm_ar, fsdp2: on every GPU of the host (kind nvidia-h200-x2); quick: the tests
-#   marked gpu_quick, every GPU session's first step; tests: the test suite (lowering_tests, benchmarks/tests), less the
-#   gpu_quick tests where the quick step ran before it in the same call; profile: profiler tables; costs: the FP8 cost
-#   table of this GPU (benchmarks/cost_table.py), from grouped GEMMs (at the bench's and run_model's routed rows) and
-#   linears measured fwd+bwd, merged into the package's table here (later steps decide by it) and copied to $OUT;
-#   memory: the main job beside FP8 columns that save no W^T (save_weight_t's cost in time against the memory it holds);
-#   moe: transformers' Mixtral and Qwen3-MoE with their kernel lists, FP8 experts forced beside auto's choice, then
-#   their quantization kernels and the floor of the FP8 step (benchmarks/floor.py); autocast: Llama-3-8B in bf16 and
-#   under autocast (fp32 parameters), whose ratios to Inductor are to be within 3%, with their kernel tables; these
-#   three without the peers' columns.
+#   grouped_mm: MoE expert GEMMs; grouped_mm_heuristics: the Triton FP8 GEMMs' launch-heuristic variants (rowwise, at
+#   run_model's routed rows, with kernel tables); fp8_quant_moe: their operands' quantization kernels against a copy,
+#   with the grouped kernel's launch-heuristic variants; gemm_ar, fsdp2: on every GPU of the host (kind nvidia-h200-x2);
+#   quick: the tests marked gpu_quick, every GPU session's first step; tests: the test suite (lowering_tests,
+#   benchmarks/tests), less the gpu_quick tests where the quick step ran before it in the same call; profile: profiler
+#   tables; costs: the FP8 cost table of this GPU (benchmarks/cost_table.py), from grouped GEMMs (at the bench's and
+#   run_model's routed rows) and linears measured fwd+bwd, merged into the package's table here (later steps decide by
+#   it) and copied to $OUT; memory: the main job beside FP8 columns that save no W^T (save_weight_t's cost in time
+#   against the memory it holds); moe: transformers' Mixtral and Qwen3-MoE with their kernel lists, FP8 experts forced
+#   beside auto's choice, then their quantization kernels and the floor of the FP8 step (benchmarks/floor.py); autocast:
+#   Llama-3-8B in bf16 and under autocast (fp32 parameters), whose ratios to Inductor are to be within 3%, with their
+#   kernel tables; these three without the peers' columns.
 #   TESTS="lowering_tests/system/test_gpu.py ..." limits the tests; MODEL_ARGS, GEMM_AR_ARGS, FSDP2_ARGS add arguments
 #   to that step; TESTS_TIMEOUT bounds the tests (s); MAX_JOBS sets the native build's jobs; INSTALLED=1 skips the
 #   install.
@@ -73,6 +74,8 @@ for step in "${steps[@]}"; do
     fp8_quant_moe) bench bench_fp8_quant python3 -m benchmarks.bench_fp8_quant --shapes '' \
                      --moe mixtral-8x7b,qwen3-30b-a3b --heuristics all ;;
     grouped_mm) bench bench_grouped_mm python3 -m benchmarks.bench_grouped_mm ${GROUPED_MM_ARGS:-} ;;
+    grouped_mm_heuristics) bench bench_grouped_mm python3 -m benchmarks.bench_grouped_mm --modes fwd+bwd --tokens 4096 \
+                             --kernels --heuristics all --columns 'bf16 torch._grouped_mm,fp8 rowwise' ;;
     costs) bench bench_grouped_mm python3 -m benchmarks.bench_grouped_mm --modes fwd+bwd
            bench bench_grouped_mm python3 -m benchmarks.bench_grouped_mm --modes fwd+bwd --tokens 4096
            bench bench_fp8 python3 -m benchmarks.bench_fp8
