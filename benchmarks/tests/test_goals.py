@@ -6,6 +6,7 @@ import math
 import pytest
 
 from benchmarks import goals
+from turbo_inductor.testing import hf
 
 
 def test_goals_are_reported_met_or_missed_from_the_table():
@@ -88,6 +89,7 @@ def test_each_model_is_held_to_its_own_targets():
     assert goals.targets({"config": "mixtral-8x7b"}, "mixtral-8x7b") == goals.MOE["mixtral-8x7b"]
     train = {"hf": "gemma-7b", "mode": "train", "autocast": False}
     assert goals.targets(train, "gemma-7b") == goals.HF_TRAIN["gemma-7b"]
+    assert goals.HF_TRAIN.keys() == hf.MODELS.keys(), "every model --hf runs has its training targets"
     assert goals.targets({**train, "mode": "inference"}, "gemma-7b") == goals.HF_PREFILL
     # under autocast the ratios are to be within 3% of pure bf16's
     autocast = goals.targets({**train, "autocast": True}, "llama3-8b")

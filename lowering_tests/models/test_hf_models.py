@@ -30,6 +30,7 @@ FAMILIES = {
     "qwen2": ("qwen2.5-7b", SEPARATE_PROJECTIONS),  # q/k/v with biases
     "phi3": ("phi3-mini", dict(fp8=4 * LAYERS + 1, **NORMS)),
     "gemma": ("gemma-7b", SEPARATE_PROJECTIONS),
+    "qwen3": ("qwen3-8b", dict(rmsnorm=2 * LAYERS, **SEPARATE_PROJECTIONS)),  # q's and k's norms, per head
 }
 
 

@@ -108,6 +108,21 @@ MODELS = {
         ),
         {**TINY, "head_dim": 16},
     ),
+    "qwen3-8b": HFModel(  # Qwen/Qwen3-8B: RMSNorms on each head's q and k
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(
+            hidden_size=4096,
+            intermediate_size=12288,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            vocab_size=151936,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+        ),
+        TINY,
+    ),
     # MoE: transformers' experts as 3-D parameters through its grouped_mm implementation (our grouped GEMM).
     "mixtral-8x7b": HFModel(  # mistralai/Mixtral-8x7B-v0.1
         "MixtralConfig",
