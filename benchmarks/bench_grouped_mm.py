@@ -63,23 +63,15 @@ def projections(config: str) -> dict[str, tuple[int, int]]:
     return {"gate_up": (hidden, 2 * intermediate), "down": (intermediate, hidden)}
 
 
-HEURISTIC_COLUMN = "fp8 rowwise triton GEMMs: "
-
-
-def heuristic_variants(names: list[str]) -> dict[str, Callable]:
-    """Column -> fn(x, parameter, offs): FP8 rowwise with the Triton GEMMs, to run under each named variant of
-    HEURISTICS (:func:`column_constants`)."""
+def heuristic_variants(names: list[str]) -> dict[str, tuple[Callable, dict]]:
+    """Column -> (fn(x, parameter, offs), the constants of kernels.triton.grouped_mm its forward and backward run
+    under): FP8 rowwise with the Triton GEMMs under each named variant of HEURISTICS."""
     impl = "fp8_grouped_gemm=triton,fp8_grouped_gemm_wgrad=triton"
 
     def fn(x, parameter, offs):
         return turbo_inductor.ops.fp8_grouped_mm(x, parameter.transpose(-2, -1), offs, "rowwise", impl=impl)
 
-    return {HEURISTIC_COLUMN + name: fn for name in names}
-
-
-def column_constants(column: str) -> dict:
-    """The module constants a column's forward and backward run under (none but for a heuristic variant)."""
-    return HEURISTICS[column.removeprefix(HEURISTIC_COLUMN)] if column.startswith(HEURISTIC_COLUMN) else {}
+    return {f"fp8 rowwise triton GEMMs: {name}": (fn, HEURISTICS[name]) for name in names}
 
 
 def variants() -> dict[str, Callable]:
@@ -163,12 +155,13 @@ def run(
             flops = 2 * x.shape[0] * k * n
             for mode in modes:
                 columns = variants() | (bare_fp8_gemms(x, parameter, offs) if mode == "fwd" else {})
-                for column, fn in (columns | heuristic_variants(heuristics)).items():
+                columns = {column: (fn, {}) for column, fn in columns.items()} | heuristic_variants(heuristics)
+                for column, (fn, constants) in columns.items():
                     if not column.startswith(columns_from):
                         continue
                     row = {"shape": shape, "mode": mode, "column": column}
                     try:
-                        with module_constants(triton_grouped_mm, column_constants(column)):
+                        with module_constants(triton_grouped_mm, constants):
                             row["ms"], times_us = _measure(fn, x, parameter, offs, mode)
                     except Exception as error:  # one column failing leaves the others measured
                         print(f"{shape} {mode} {column}: failed: {type(error).__name__}: {error}")

@@ -146,11 +146,9 @@ def _match(
     x, cast = ir.strip_casts(xf), ir.only_user(out)
     if x is not xf and cast is not None and ir.is_op(cast, "cast") and _same_tensor_type(x, cast):
         return RMSNormMatch(x, weight, eps, cast, matched + [cast])
-    out_dtype = ir.fake(out).dtype
-    for x in (ir.strip_casts(xf), xf):
-        xt = ir.fake(x)
-        if xt is not None and xt.dtype == out_dtype and xt.shape == ir.fake(out).shape:
-            return RMSNormMatch(x, weight, eps, out, matched)
+    for candidate in (x, xf):
+        if _same_tensor_type(candidate, out):
+            return RMSNormMatch(candidate, weight, eps, out, matched)
     return None
 
 

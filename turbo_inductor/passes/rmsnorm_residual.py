@@ -39,7 +39,7 @@ class RMSNormResidualPass(RewritePass):
             # producers (Gemma's 1 + w.float()) move before the add.
             if not surgery.available_at((norm.eps,), total, position):
                 continue
-            if surgery.gather_before(total, [norm.weight], [norm.weight]) is not None:
+            if surgery.gather_before(total, [norm.weight], []) is not None:
                 continue
             surgery.hoist((norm.eps,), total, position)
             fused = surgery.insert_view(
