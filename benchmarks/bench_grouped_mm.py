@@ -38,7 +38,8 @@ KERNEL_NAME_CHARS = 110
 # Launch-heuristic variants of the Triton FP8 GEMMs (module constants of kernels.triton.grouped_mm), each a column
 # "fp8 rowwise triton GEMMs: NAME" with --heuristics. Tiles are (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages). The
 # promoted tiles (PROMOTED_CONFIG) run the dgrad and the wgrad, the fast-accumulation ones (GPU_CONFIGS[1]) the
-# forward. 3 stages of 128 x 128 x 128 FP8 tiles take 96 KB of shared memory: two programs an SM.
+# forward, and the wgrad with WGRAD_FAST_ACCUM. 3 stages of 128 x 128 x 128 FP8 tiles take 96 KB of shared memory:
+# two programs an SM. 256-deep promoted chunks wait on the MMA half as often.
 _FAST = triton_grouped_mm.GPU_CONFIGS
 HEURISTICS = {
     "promoted, 3 stages": {"PROMOTED_CONFIG": (128, 128, 128, 8, 3)},
@@ -47,7 +48,14 @@ HEURISTICS = {
     "promoted, 64 x 256 tiles at 4 warps": {"PROMOTED_CONFIG": (64, 256, 128, 4, 3)},
     "promoted, 256 x 128 tiles": {"PROMOTED_CONFIG": (256, 128, 128, 8, 3)},
     "promoted, 128 x 64 tiles at 4 warps": {"PROMOTED_CONFIG": (128, 64, 128, 4, 4)},
+    "promoted, 256-deep chunks in 3 stages": {"PROMOTED_CONFIG": (128, 128, 256, 8, 3)},
+    "promoted, 256-deep chunks in 2 stages": {"PROMOTED_CONFIG": (128, 128, 256, 8, 2)},
     "fast accumulation, 4 stages": {"GPU_CONFIGS": _FAST | {1: (128, 256, 128, 8, 4)}},
+    "wgrad fast accumulation": {"WGRAD_FAST_ACCUM": True},
+    "wgrad fast accumulation, 128 x 128 tiles": {
+        "WGRAD_FAST_ACCUM": True,
+        "GPU_CONFIGS": _FAST | {1: (128, 128, 128, 8, 3)},
+    },
 }
 
 

@@ -9,6 +9,7 @@ import torch
 
 from turbo_inductor.kernels import registry
 from turbo_inductor.kernels.reference.grouped_mm import group_bounds
+from turbo_inductor.kernels.triton import grouped_mm as triton_grouped_mm
 from turbo_inductor.kernels.vendor import grouped_mm as vendor_grouped
 from turbo_inductor.ops.fp8_operands import (
     contracts_weight_scales,
@@ -149,12 +150,14 @@ def test_the_fp8_operands_the_op_builds_are_what_torch_scaled_grouped_mm_takes(m
         assert got[offs[-1] :].count_nonzero() == 0
 
 
-def test_triton_kernels_sum_whole_and_partial_chunks_of_each_group():
+@pytest.mark.parametrize("wgrad_fast_accum", [False, True])
+def test_triton_kernels_sum_whole_and_partial_chunks_of_each_group(monkeypatch, wgrad_fast_accum):
     """Groups holding whole chunks and partial ones at either end (or within one): the weight gradients in fp32 and
     FP8 (scales in the epilogue, per chunk of 32 and of 128 rows, per group in the padded layout), and the FP8
     forward rowwise with K = 48 (a partial last chunk of K) and blockwise with K = 256, against the reference on the
     same operands; the FP8 kernels loading through pointers and through tensor descriptors (where the device has
-    them)."""
+    them); the FP8 weight gradients promoting each chunk's sum or summing in the MMA's accumulator."""
+    monkeypatch.setattr(triton_grouped_mm, "WGRAD_FAST_ACCUM", wgrad_fast_accum)
     x, parameter, _, offs = case("long groups", 48, 32)
     x, dy, w = x.detach(), torch.randn(x.shape[0], 32, device=DEVICE), parameter.detach()
     impls = {kernel: registry.implementations(kernel) for kernel in ("grouped_gemm_wgrad", "fp8_grouped_gemm_wgrad")}

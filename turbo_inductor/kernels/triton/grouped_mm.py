@@ -47,6 +47,9 @@ GPU_CONFIGS = {1: (128, 256, 128, 8, 3), 2: (128, 256, 64, 8, 3), 4: (128, 128, 
 # beside the accumulator, so the tile is half as wide (or registers spill), and a fourth stage of loads stays in
 # flight while each chunk's product is awaited.
 PROMOTED_CONFIG = (128, 128, 128, 8, 4)
+# Whether the FP8 weight gradients (scales constant along the rows) sum their chunks in the MMA's accumulator, as the
+# forward does with fast_accum, rather than promoting each chunk's sum: torchao's grad_weight default promotes.
+WGRAD_FAST_ACCUM = False
 # AMD's LDS (64 KiB on MI300) holds smaller tiles.
 ROCM_CONFIG = (128, 128, 64, 8, 2)
 INTERPRETER_CONFIG = (32, 32, 32, 4, 1)
@@ -252,6 +255,7 @@ def _wgrad_chunk(
     EDGE: tl.constexpr,
     SCALED: tl.constexpr,
     SCALE_PER_CHUNK: tl.constexpr,
+    FAST_ACCUM: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
     TMA: tl.constexpr,
@@ -301,7 +305,7 @@ def _wgrad_chunk(
         acc += tl.dot(a, b, out_dtype=tl.float32) * (a_scale[:, None] * b_scale[None, :])
     elif IEEE:
         acc = tl.dot(a, b, acc, input_precision="ieee")
-    elif SCALED:
+    elif SCALED and not FAST_ACCUM:
         acc += tl.dot(a, b, out_dtype=tl.float32)  # promoted per chunk, as in the kernel above
     else:
         acc = tl.dot(a, b, acc)
@@ -336,6 +340,7 @@ def _grouped_wgrad_kernel(
     b_block_cols,
     SCALED: tl.constexpr,
     SCALE_PER_CHUNK: tl.constexpr,
+    FAST_ACCUM: tl.constexpr,
     A_FORMAT: tl.constexpr,
     B_FORMAT: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -381,7 +386,7 @@ def _grouped_wgrad_kernel(
             acc, A, B, A_SCALE, B_SCALE, t0, start, end, S, pid_m * BLOCK_M, pid_n * BLOCK_N,
             stride_am, stride_at, stride_bn, stride_bt, stride_as_m, stride_as_t, stride_bs_n, stride_bs_t,
             a_block_rows, a_block_cols, b_block_rows, b_block_cols, M, N,
-            False, SCALED, SCALE_PER_CHUNK, UPCAST, IEEE, TMA, BLOCK_M, BLOCK_N, BLOCK_K,
+            False, SCALED, SCALE_PER_CHUNK, FAST_ACCUM, UPCAST, IEEE, TMA, BLOCK_M, BLOCK_N, BLOCK_K,
         )  # fmt: skip
     # The chunks holding the group's bounds where partial: before the whole ones (none for an empty group), after them.
     for edge in tl.static_range(2):
@@ -396,7 +401,7 @@ def _grouped_wgrad_kernel(
                 acc, A, B, A_SCALE, B_SCALE, t0, start, end, S, pid_m * BLOCK_M, pid_n * BLOCK_N,
                 stride_am, stride_at, stride_bn, stride_bt, stride_as_m, stride_as_t, stride_bs_n, stride_bs_t,
                 a_block_rows, a_block_cols, b_block_rows, b_block_cols, M, N,
-                True, SCALED, SCALE_PER_CHUNK, UPCAST, IEEE, TMA, BLOCK_M, BLOCK_N, BLOCK_K,
+                True, SCALED, SCALE_PER_CHUNK, FAST_ACCUM, UPCAST, IEEE, TMA, BLOCK_M, BLOCK_N, BLOCK_K,
             )  # fmt: skip
     if SCALED and not SCALE_PER_CHUNK:
         row_in = rows < M
@@ -657,7 +662,8 @@ def _launch_wgrad(a, b, S, out, offs, scales, constexprs, block_k, element_size,
     """The wgrad kernel: out [E, M, N] = per group, a [M, S] times b [N, S]^T over the group's rows; with ``tma``
     loaded through tensor descriptors."""
     E, M, N = out.shape
-    options = _launch_options(element_size, constexprs["SCALED"], block_k)
+    fast_accum = WGRAD_FAST_ACCUM and not constexprs["SCALE_PER_CHUNK"]
+    options = _launch_options(element_size, constexprs["SCALED"] and not fast_accum, block_k)
     strides, device = (*a.stride(), *b.stride()), a.device
     if tma:
         a = descriptor(a, [options["BLOCK_M"], options["BLOCK_K"]])
@@ -678,6 +684,7 @@ def _launch_wgrad(a, b, S, out, offs, scales, constexprs, block_k, element_size,
             E,
             *strides,
             *scale_arguments,
+            FAST_ACCUM=fast_accum,
             UPCAST=interpreting(),
             IEEE=element_size == 4,
             TMA=tma,
