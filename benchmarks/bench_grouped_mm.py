@@ -13,6 +13,8 @@ columns and of the baseline (``kernels_us`` in their rows), to show where the ti
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import re
 from collections.abc import Callable
 
@@ -35,27 +37,33 @@ SHAPE = re.compile(r"\[(\d+), (\d+)\] x \[(\d+), (\d+), (\d+)\]")
 DEVICE = "cuda"
 # Characters of a kernel's name printed by --kernels (CUTLASS's template names run to thousands).
 KERNEL_NAME_CHARS = 110
-# Launch-heuristic variants of the Triton FP8 GEMMs (module constants of kernels.triton.grouped_mm), each a column
-# "fp8 rowwise triton GEMMs: NAME" with --heuristics. Tiles are (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages). The
-# promoted tiles (PROMOTED_CONFIG) run the dgrad and the wgrad, the fast-accumulation ones (GPU_CONFIGS[1]) the
-# forward, and the wgrad with WGRAD_FAST_ACCUM. 3 stages of 128 x 128 x 128 FP8 tiles take 96 KB of shared memory:
-# two programs an SM. 256-deep promoted chunks wait on the MMA half as often.
+# Launch-heuristic variants of the FP8 GEMMs, each a column "fp8 rowwise: NAME" with --heuristics: the
+# implementations it runs and the module constants it runs under. Tiles are (BLOCK_M, BLOCK_N, BLOCK_K, warps,
+# stages). The promoted tiles (PROMOTED_CONFIG) run the Triton dgrad and wgrad, the fast-accumulation ones
+# (GPU_CONFIGS[1]) the forward, and the wgrad with FAST_ACCUM_WGRAD. 3 stages of 128 x 128 x 128 FP8 tiles take
+# 96 KB of shared memory: two programs an SM. 256-deep promoted chunks wait on the MMA half as often.
+_TRITON = "fp8_grouped_gemm=triton,fp8_grouped_gemm_wgrad=triton"
+_TORCH_WGRAD = "fp8_grouped_gemm=triton,fp8_grouped_gemm_wgrad=vendor"
 _FAST = triton_grouped_mm.GPU_CONFIGS
+# The op's module (the package's ops attribute of that name is the op).
+_FAST_WGRAD = {importlib.import_module("turbo_inductor.ops.fp8_grouped_mm"): {"FAST_ACCUM_WGRAD": True}}
+
+
+def _tiles(**constants) -> dict:
+    return {triton_grouped_mm: constants}
+
+
 HEURISTICS = {
-    "promoted, 3 stages": {"PROMOTED_CONFIG": (128, 128, 128, 8, 3)},
-    "promoted, 2 stages": {"PROMOTED_CONFIG": (128, 128, 128, 8, 2)},
-    "promoted, 64-wide chunks in 5 stages": {"PROMOTED_CONFIG": (128, 128, 64, 8, 5)},
-    "promoted, 64 x 256 tiles at 4 warps": {"PROMOTED_CONFIG": (64, 256, 128, 4, 3)},
-    "promoted, 256 x 128 tiles": {"PROMOTED_CONFIG": (256, 128, 128, 8, 3)},
-    "promoted, 128 x 64 tiles at 4 warps": {"PROMOTED_CONFIG": (128, 64, 128, 4, 4)},
-    "promoted, 256-deep chunks in 3 stages": {"PROMOTED_CONFIG": (128, 128, 256, 8, 3)},
-    "promoted, 256-deep chunks in 2 stages": {"PROMOTED_CONFIG": (128, 128, 256, 8, 2)},
-    "fast accumulation, 4 stages": {"GPU_CONFIGS": _FAST | {1: (128, 256, 128, 8, 4)}},
-    "wgrad fast accumulation": {"WGRAD_FAST_ACCUM": True},
-    "wgrad fast accumulation, 128 x 128 tiles": {
-        "WGRAD_FAST_ACCUM": True,
-        "GPU_CONFIGS": _FAST | {1: (128, 128, 128, 8, 3)},
-    },
+    "triton GEMMs, promoted in 3 stages": (_TRITON, _tiles(PROMOTED_CONFIG=(128, 128, 128, 8, 3))),
+    "triton GEMMs, promoted 256-deep chunks in 3 stages": (_TRITON, _tiles(PROMOTED_CONFIG=(128, 128, 256, 8, 3))),
+    "triton GEMMs, promoted 256-deep chunks in 2 stages": (_TRITON, _tiles(PROMOTED_CONFIG=(128, 128, 256, 8, 2))),
+    "triton GEMMs, fast accumulation in 4 stages": (_TRITON, _tiles(GPU_CONFIGS=_FAST | {1: (128, 256, 128, 8, 4)})),
+    "triton GEMMs, wgrad fast accumulation": (_TRITON, _FAST_WGRAD),
+    "triton GEMMs, wgrad fast accumulation in 128 x 128 tiles": (
+        _TRITON,
+        _FAST_WGRAD | _tiles(GPU_CONFIGS=_FAST | {1: (128, 128, 128, 8, 3)}),
+    ),
+    "torch's wgrad, fast accumulation": (_TORCH_WGRAD, _FAST_WGRAD),
 }
 
 
@@ -72,14 +80,17 @@ def projections(config: str) -> dict[str, tuple[int, int]]:
 
 
 def heuristic_variants(names: list[str]) -> dict[str, tuple[Callable, dict]]:
-    """Column -> (fn(x, parameter, offs), the constants of kernels.triton.grouped_mm its forward and backward run
-    under): FP8 rowwise with the Triton GEMMs under each named variant of HEURISTICS."""
-    impl = "fp8_grouped_gemm=triton,fp8_grouped_gemm_wgrad=triton"
+    """Column -> (fn(x, parameter, offs), {module: constants} its forward and backward run under): FP8 rowwise under
+    each named variant of HEURISTICS."""
+    columns = {}
+    for name in names:
+        impl, constants = HEURISTICS[name]
 
-    def fn(x, parameter, offs):
-        return turbo_inductor.ops.fp8_grouped_mm(x, parameter.transpose(-2, -1), offs, "rowwise", impl=impl)
+        def fn(x, parameter, offs, impl=impl):
+            return turbo_inductor.ops.fp8_grouped_mm(x, parameter.transpose(-2, -1), offs, "rowwise", impl=impl)
 
-    return {f"fp8 rowwise triton GEMMs: {name}": (fn, HEURISTICS[name]) for name in names}
+        columns[f"fp8 rowwise: {name}"] = (fn, constants)
+    return columns
 
 
 def variants() -> dict[str, Callable]:
@@ -169,7 +180,9 @@ def run(
                         continue
                     row = {"shape": shape, "mode": mode, "column": column}
                     try:
-                        with module_constants(triton_grouped_mm, constants):
+                        with contextlib.ExitStack() as stack:
+                            for module, values in constants.items():
+                                stack.enter_context(module_constants(module, values))
                             row["ms"], times_us = _measure(fn, x, parameter, offs, mode)
                     except Exception as error:  # one column failing leaves the others measured
                         print(f"{shape} {mode} {column}: failed: {type(error).__name__}: {error}")
@@ -223,7 +236,7 @@ def main():
     parser.add_argument(
         "--heuristics",
         default="",
-        help=f"comma-separated, of {sorted(HEURISTICS)}, or all: FP8 rowwise Triton GEMM columns under each",
+        help=f"comma-separated, of {sorted(HEURISTICS)}, or all: FP8 rowwise columns under each",
     )
     parser.add_argument(
         "--columns", default="", help="comma-separated beginnings of the column names to run (default: every column)"

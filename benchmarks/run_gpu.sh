@@ -75,7 +75,8 @@ for step in "${steps[@]}"; do
                      --moe mixtral-8x7b,qwen3-30b-a3b --heuristics all ;;
     grouped_mm) bench bench_grouped_mm python3 -m benchmarks.bench_grouped_mm ${GROUPED_MM_ARGS:-} ;;
     grouped_mm_heuristics) bench bench_grouped_mm python3 -m benchmarks.bench_grouped_mm --modes fwd+bwd --tokens 4096 \
-                             --kernels --heuristics all --columns 'bf16 torch._grouped_mm,fp8 rowwise' ;;
+                             --kernels --heuristics all \
+                             --columns 'bf16 torch._grouped_mm,fp8 rowwise auto,fp8 rowwise triton GEMMs,fp8 rowwise:' ;;
     costs) bench bench_grouped_mm python3 -m benchmarks.bench_grouped_mm --modes fwd+bwd
            bench bench_grouped_mm python3 -m benchmarks.bench_grouped_mm --modes fwd+bwd --tokens 4096
            bench bench_fp8 python3 -m benchmarks.bench_fp8

@@ -105,3 +105,18 @@ def test_module_constants_are_set_in_the_block_and_restored_after_an_error():
         assert (module.TILE, module.STAGES) == (128, 3)
         raise RuntimeError("a failing variant")
     assert (module.TILE, module.STAGES) == (64, 3)
+
+
+def test_every_launch_heuristic_variant_names_existing_constants_and_implementations():
+    """A constant renamed in the kernels would otherwise fail its column only on the GPU."""
+    from benchmarks.bench_grouped_mm import HEURISTICS, heuristic_variants
+    from turbo_inductor.kernels import registry
+
+    for name, (impl, constants) in HEURISTICS.items():
+        for kernel_impl in impl.split(","):
+            kernel, implementation = kernel_impl.split("=")
+            assert implementation in registry.implementations(kernel), (name, kernel_impl)
+        for module, values in constants.items():
+            assert all(hasattr(module, constant) for constant in values), (name, module.__name__, values)
+    columns = heuristic_variants(list(HEURISTICS))
+    assert len(columns) == len(HEURISTICS) and all(column.startswith("fp8 rowwise: ") for column in columns)

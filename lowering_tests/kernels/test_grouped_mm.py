@@ -9,7 +9,6 @@ import torch
 
 from turbo_inductor.kernels import registry
 from turbo_inductor.kernels.reference.grouped_mm import group_bounds
-from turbo_inductor.kernels.triton import grouped_mm as triton_grouped_mm
 from turbo_inductor.kernels.vendor import grouped_mm as vendor_grouped
 from turbo_inductor.ops.fp8_operands import (
     contracts_weight_scales,
@@ -150,14 +149,13 @@ def test_the_fp8_operands_the_op_builds_are_what_torch_scaled_grouped_mm_takes(m
         assert got[offs[-1] :].count_nonzero() == 0
 
 
-@pytest.mark.parametrize("wgrad_fast_accum", [False, True])
-def test_triton_kernels_sum_whole_and_partial_chunks_of_each_group(monkeypatch, wgrad_fast_accum):
+@pytest.mark.parametrize("fast_accum", [False, True])
+def test_triton_kernels_sum_whole_and_partial_chunks_of_each_group(fast_accum):
     """Groups holding whole chunks and partial ones at either end (or within one): the weight gradients in fp32 and
     FP8 (scales in the epilogue, per chunk of 32 and of 128 rows, per group in the padded layout), and the FP8
     forward rowwise with K = 48 (a partial last chunk of K) and blockwise with K = 256, against the reference on the
     same operands; the FP8 kernels loading through pointers and through tensor descriptors (where the device has
     them); the FP8 weight gradients promoting each chunk's sum or summing in the MMA's accumulator."""
-    monkeypatch.setattr(triton_grouped_mm, "WGRAD_FAST_ACCUM", wgrad_fast_accum)
     x, parameter, _, offs = case("long groups", 48, 32)
     x, dy, w = x.detach(), torch.randn(x.shape[0], 32, device=DEVICE), parameter.detach()
     impls = {kernel: registry.implementations(kernel) for kernel in ("grouped_gemm_wgrad", "fp8_grouped_gemm_wgrad")}
@@ -167,11 +165,11 @@ def test_triton_kernels_sum_whole_and_partial_chunks_of_each_group(monkeypatch, 
     tma = impls["fp8_grouped_gemm_wgrad"]["triton_tma"].unavailable_reason(x.device) is None
     run = {name: [] for name in ("reference", "triton", *(["triton_tma"] if tma else []))}
 
-    def call(kernel, *args):
+    def call(kernel, *args, **kwargs):
         for name in run:
             impl = registry.implementations(kernel)[name]
-            assert impl.declines(*args) is None, (name, impl.declines(*args))
-            run[name].append(impl.fn(*args))
+            assert impl.declines(*args, **kwargs) is None, (name, impl.declines(*args, **kwargs))
+            run[name].append(impl.fn(*args, **kwargs))
 
     quantize = registry.implementations("fp8_quantize")["reference"].fn
     for block in (x.shape[0] + 1, 32, 128):  # per row of x^T and dy^T over all of S, and 1 x 32, 1 x 128
@@ -187,11 +185,13 @@ def test_triton_kernels_sum_whole_and_partial_chunks_of_each_group(monkeypatch, 
             dy_scale,
             offs,
             torch.float32,
+            fast_accum=fast_accum,
         )
     # each group's own scales, on x^T and dy^T in the padded layout (groups start at multiples of 16, not of a chunk)
     grouped = registry.implementations("fp8_quantize_grouped")["reference"].fn
     (x_t, x_scale, padded_offs), (dy_t, dy_scale, _) = (grouped(t, offs, torch.float8_e4m3fn) for t in (x, dy))
-    call("fp8_grouped_gemm_wgrad", x_t, x_scale.unsqueeze(-1), dy_t, dy_scale.unsqueeze(-1), padded_offs, torch.float32)
+    per_group = (x_t, x_scale.unsqueeze(-1), dy_t, dy_scale.unsqueeze(-1), padded_offs, torch.float32)
+    call("fp8_grouped_gemm_wgrad", *per_group, fast_accum=fast_accum)
     for recipe, k in (("rowwise", 48), ("blockwise", 256)):  # blockwise: 128x128 weight scales per chunk
         x_k, w_k = torch.randn(x.shape[0], k, device=DEVICE), torch.randn(w.shape[0], 32, k, device=DEVICE) / k**0.5
         x_q = quantize(x_k, torch.float8_e4m3fn, *kernel_block(RECIPES[recipe].activation_block, *x_k.shape), False)

@@ -70,6 +70,9 @@ FP8_GROUPED_KERNEL, FP8_WGRAD_KERNEL = "fp8_grouped_gemm", "fp8_grouped_gemm_wgr
 GROUPED_QUANTIZE_KERNEL, GROUPED_ROWS_QUANTIZE_KERNEL = "fp8_quantize_grouped", "fp8_quantize_grouped_rows"
 QUANTIZE_KERNELS = (QUANTIZE_KERNEL, TRANSPOSE_KERNEL, GROUPED_QUANTIZE_KERNEL, GROUPED_ROWS_QUANTIZE_KERNEL)
 FP8_KERNELS = (*QUANTIZE_KERNELS, FP8_GROUPED_KERNEL, FP8_WGRAD_KERNEL, WGRAD_KERNEL)
+# Whether the FP8 wgrad sums in the tensor cores' fast mode. Off: it accumulates in full, as torchao's grad_weight
+# does (bench_grouped_mm --heuristics measures both).
+FAST_ACCUM_WGRAD = False
 
 
 def _check(
@@ -337,7 +340,12 @@ def _backward(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl)
         wgrad_kernel = registry.select(WGRAD_KERNEL, dy.device, impl)
         return dx, in_weight_layout(lambda a, b: wgrad_kernel(a, b, offs, weight.dtype), x, dy, transposed)
     gemm = registry.select(FP8_WGRAD_KERNEL, dy.device, impl)
-    return dx, in_weight_layout(lambda a, b: gemm(*a, *b, wgrad_offs, weight.dtype), (x_t, x_t_scale), dy_t, transposed)
+    return dx, in_weight_layout(
+        lambda a, b: gemm(*a, *b, wgrad_offs, weight.dtype, fast_accum=FAST_ACCUM_WGRAD),
+        (x_t, x_t_scale),
+        dy_t,
+        transposed,
+    )
 
 
 def _check_backward(

@@ -88,7 +88,7 @@ def fp8_grouped_gemm(a, a_scale, b, b_scale, offs, out_dtype, fast_accum=False):
     return out
 
 
-def wgrad_scales_reason(a, a_scale, b, b_scale, offs, *rest) -> str | None:
+def wgrad_scales_reason(a, a_scale, b, b_scale, offs, *rest, **kwargs) -> str | None:
     """Why the FP8 weight gradient's scales (its arguments) are neither both shared by the groups ([rows blocks,
     S blocks]) nor both per group ([E, rows blocks, 1]), else None."""
     groups = offs.shape[0]
@@ -120,10 +120,11 @@ def _dequantized_columns(q: torch.Tensor, scale: torch.Tensor):
     traceable=never,
     supports=wgrad_scales_reason,
 )
-def fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype):
+def fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype, fast_accum=False):
     """``out [E, M, N]``, ``out[g] = dequant(a)[:, rows of g] @ dequant(b)[:, rows of g]^T``, ``a [M, S]`` and
     ``b [N, S]``. Scales [rows blocks, S blocks] are shared by the groups, a block possibly straddling two; scales
-    [E, rows blocks, 1] hold each group's own, over its rows (``fp8_quantize_grouped``'s padded layout)."""
+    [E, rows blocks, 1] hold each group's own, over its rows (``fp8_quantize_grouped``'s padded layout).
+    Always accumulates in fp32. ``fast_accum`` lets other implementations accumulate faster."""
     a_columns, b_columns = _dequantized_columns(a, a_scale), _dequantized_columns(b, b_scale)
     out = torch.zeros((offs.shape[0], a.shape[0], b.shape[0]), dtype=out_dtype, device=a.device)
     for g, (start, end) in enumerate(group_bounds(offs, a.shape[1])):

@@ -47,9 +47,6 @@ GPU_CONFIGS = {1: (128, 256, 128, 8, 3), 2: (128, 256, 64, 8, 3), 4: (128, 128, 
 # beside the accumulator, so the tile is half as wide (or registers spill), and a fourth stage of loads stays in
 # flight while each chunk's product is awaited.
 PROMOTED_CONFIG = (128, 128, 128, 8, 4)
-# Whether the FP8 weight gradients (scales constant along the rows) sum their chunks in the MMA's accumulator, as the
-# forward does with fast_accum, rather than promoting each chunk's sum: torchao's grad_weight default promotes.
-WGRAD_FAST_ACCUM = False
 # AMD's LDS (64 KiB on MI300) holds smaller tiles.
 ROCM_CONFIG = (128, 128, 64, 8, 2)
 INTERPRETER_CONFIG = (32, 32, 32, 4, 1)
@@ -610,14 +607,15 @@ def grouped_gemm_wgrad(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out
     return out
 
 
-def _fp8_wgrad_supports(a, a_scale, b, b_scale, offs, *rest) -> str | None:
+def _fp8_wgrad_supports(a, a_scale, b, b_scale, offs, *rest, **kwargs) -> str | None:
     return wgrad_scales_reason(a, a_scale, b, b_scale, offs) or _fp8_supports(
         _blocks(a, a_scale, b.shape[0], b_scale, int(a.shape[1])), int(a.shape[1])
     )
 
 
-def _fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype, tma) -> torch.Tensor:
-    """Scales shared by the groups or each group's own (``..reference.grouped_mm.fp8_grouped_gemm_wgrad``)."""
+def _fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype, fast_accum, tma) -> torch.Tensor:
+    """Scales shared by the groups or each group's own (``..reference.grouped_mm.fp8_grouped_gemm_wgrad``); sums
+    are promoted to fp32 per chunk unless ``fast_accum`` (with scales constant along the rows)."""
     (M, S), N = a.shape, b.shape[0]
     S = int(S)  # sets the chunk: a compiled graph specializes on it
     out = torch.empty((offs.shape[0], M, N), dtype=out_dtype, device=a.device)
@@ -628,7 +626,7 @@ def _fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype, tma) -> tor
         scales, constexprs, block_k = _scaled(a, b, per_group, blocks, S)
         if not tma:
             a, b = a.view(torch.uint8), b.view(torch.uint8)
-        _launch_wgrad(a, b, S, out, offs, scales, constexprs, block_k, 1, tma)
+        _launch_wgrad(a, b, S, out, offs, scales, constexprs, block_k, 1, fast_accum, tma)
     return out
 
 
@@ -640,8 +638,8 @@ def _fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype, tma) -> tor
     traceable=traceable,
     supports=_fp8_wgrad_supports,
 )
-def fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype) -> torch.Tensor:
-    return _fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype, False)
+def fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype, fast_accum=False) -> torch.Tensor:
+    return _fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype, fast_accum, False)
 
 
 @implementation(
@@ -650,19 +648,19 @@ def fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype) -> torch.Ten
     priority=tma_priority,
     unavailable_reason=tma_unavailable_reason,
     traceable=never,
-    supports=lambda a, a_scale, b, b_scale, offs, *rest: (
+    supports=lambda a, a_scale, b, b_scale, offs, *rest, **kwargs: (
         _fp8_wgrad_supports(a, a_scale, b, b_scale, offs) or tma_reason(("x^T", a), ("dy^T", b))
     ),
 )
-def fp8_grouped_gemm_wgrad_tma(a, a_scale, b, b_scale, offs, out_dtype) -> torch.Tensor:
-    return _fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype, True)
+def fp8_grouped_gemm_wgrad_tma(a, a_scale, b, b_scale, offs, out_dtype, fast_accum=False) -> torch.Tensor:
+    return _fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype, fast_accum, True)
 
 
-def _launch_wgrad(a, b, S, out, offs, scales, constexprs, block_k, element_size, tma=False) -> None:
+def _launch_wgrad(a, b, S, out, offs, scales, constexprs, block_k, element_size, fast_accum=False, tma=False) -> None:
     """The wgrad kernel: out [E, M, N] = per group, a [M, S] times b [N, S]^T over the group's rows; with ``tma``
-    loaded through tensor descriptors."""
+    loaded through tensor descriptors; ``fast_accum``: FP8 sums in the MMA's accumulator where the scales allow."""
     E, M, N = out.shape
-    fast_accum = WGRAD_FAST_ACCUM and not constexprs["SCALE_PER_CHUNK"]
+    fast_accum = fast_accum and not constexprs["SCALE_PER_CHUNK"]
     options = _launch_options(element_size, constexprs["SCALED"] and not fast_accum, block_k)
     strides, device = (*a.stride(), *b.stride()), a.device
     if tma:

@@ -182,7 +182,7 @@ def fp8_grouped_gemm(a, a_scale, b, b_scale, offs, out_dtype, fast_accum=False):
     return out
 
 
-def fp8_grouped_gemm_wgrad_supports(a, a_scale, b, b_scale, offs, out_dtype) -> str | None:
+def fp8_grouped_gemm_wgrad_supports(a, a_scale, b, b_scale, offs, out_dtype, fast_accum=False) -> str | None:
     (m, s), n = a.shape, b.shape[0]
     reason = wgrad_scales_reason(a, a_scale, b, b_scale, offs)
     if reason is not None or a_scale.dim() == 2:
@@ -208,7 +208,7 @@ def fp8_grouped_gemm_wgrad_supports(a, a_scale, b, b_scale, offs, out_dtype) -> 
     unavailable_reason=unavailable_reason,
     supports=fp8_grouped_gemm_wgrad_supports,
 )
-def fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype):
+def fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype, fast_accum=False):
     """a [M, S_pad] and b [N, S_pad] in the padded layout, scales [E, M, 1] and [E, N, 1], offs the padded offsets
     (see the module docstring)."""
     # torch reads a 1-D scale per group and row of each operand: ours flattened (contiguous, a view)
@@ -219,7 +219,7 @@ def fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype):
         b_scale.reshape(-1),
         offs=offs,
         out_dtype=out_dtype,
-        use_fast_accum=False,
+        use_fast_accum=fast_accum,
     )
 
 
