@@ -438,9 +438,9 @@ def priority(device: torch.device) -> int:
     return -10 if device.type == "cpu" else 10
 
 
-# Above torch's CUTLASS kernel (the vendor's 30) on NVIDIA GPUs: at Mixtral's and Qwen3-MoE's expert shapes on an
-# H100, the rows kernel's forward and dgrad took 6.95 vs 8.64 ms (gate_up), 3.54 vs 4.44, 1.08 vs 3.65 and 0.64 vs
-# 2.43 (benchmarks/results/h100/grouped_mm_modes-fwd-bwd_kernels.json). Its wgrad kernel is slower: not moved.
+# Above torch's CUTLASS kernel (the vendor's 30) on NVIDIA GPUs: on an H100 the rows kernel's forward and dgrad tie
+# CUTLASS's at Mixtral's expert shapes and take half their time at Qwen3-MoE's (docs/fp8.md, "The rows-grouped GEMM").
+# Its wgrad kernel is slower at Mixtral's: not moved.
 FP8_ROWS_PRIORITY_NVIDIA = 40
 
 
