@@ -38,15 +38,16 @@ DEVICE = "cuda"
 # Characters of a kernel's name printed by --kernels (CUTLASS's template names run to thousands).
 KERNEL_NAME_CHARS = 110
 # Launch-heuristic variants of the FP8 GEMMs, each a column "fp8 rowwise: NAME" with --heuristics: the
-# implementations it runs and the module constants it runs under. Tiles are (BLOCK_M, BLOCK_N, BLOCK_K, warps,
-# stages). The promoted tiles (PROMOTED_CONFIG) run the Triton dgrad and wgrad, the fast-accumulation ones
-# (GPU_CONFIGS[1]) the forward, and the wgrad with FAST_ACCUM_WGRAD. 3 stages of 128 x 128 x 128 FP8 tiles take
-# 96 KB of shared memory: two programs an SM. 256-deep promoted chunks wait on the MMA half as often.
+# implementations it runs and the module constants it runs under (no comma in a name: --heuristics and --columns
+# split on commas). Tiles are (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages). The promoted tiles (PROMOTED_CONFIG) run the
+# Triton dgrad, and its wgrad without FAST_ACCUM_WGRAD; the fast-accumulation ones (GPU_CONFIGS[1]) the forward and
+# the fast wgrad. 3 stages of 128 x 128 x 128 FP8 tiles take 96 KB of shared memory: two programs an SM. 256-deep
+# promoted chunks wait on the MMA half as often.
 _TRITON = "fp8_grouped_gemm=triton,fp8_grouped_gemm_wgrad=triton"
 _TORCH_WGRAD = "fp8_grouped_gemm=triton,fp8_grouped_gemm_wgrad=vendor"
 _FAST = triton_grouped_mm.GPU_CONFIGS
 # The op's module (the package's ops attribute of that name is the op).
-_FAST_WGRAD = {importlib.import_module("turbo_inductor.ops.fp8_grouped_mm"): {"FAST_ACCUM_WGRAD": True}}
+_PROMOTED_WGRAD = {importlib.import_module("turbo_inductor.ops.fp8_grouped_mm"): {"FAST_ACCUM_WGRAD": False}}
 
 
 def _tiles(**constants) -> dict:
@@ -54,16 +55,15 @@ def _tiles(**constants) -> dict:
 
 
 HEURISTICS = {
-    "triton GEMMs, promoted in 3 stages": (_TRITON, _tiles(PROMOTED_CONFIG=(128, 128, 128, 8, 3))),
-    "triton GEMMs, promoted 256-deep chunks in 3 stages": (_TRITON, _tiles(PROMOTED_CONFIG=(128, 128, 256, 8, 3))),
-    "triton GEMMs, promoted 256-deep chunks in 2 stages": (_TRITON, _tiles(PROMOTED_CONFIG=(128, 128, 256, 8, 2))),
-    "triton GEMMs, fast accumulation in 4 stages": (_TRITON, _tiles(GPU_CONFIGS=_FAST | {1: (128, 256, 128, 8, 4)})),
-    "triton GEMMs, wgrad fast accumulation": (_TRITON, _FAST_WGRAD),
-    "triton GEMMs, wgrad fast accumulation in 128 x 128 tiles": (
+    "triton GEMMs promoted in 3 stages": (_TRITON, _tiles(PROMOTED_CONFIG=(128, 128, 128, 8, 3))),
+    "triton GEMMs promoted 256-deep chunks": (_TRITON, _tiles(PROMOTED_CONFIG=(128, 128, 256, 8, 3))),
+    "triton GEMMs fast accumulation in 4 stages": (_TRITON, _tiles(GPU_CONFIGS=_FAST | {1: (128, 256, 128, 8, 4)})),
+    "triton GEMMs fast accumulation in 128 x 128 tiles": (
         _TRITON,
-        _FAST_WGRAD | _tiles(GPU_CONFIGS=_FAST | {1: (128, 128, 128, 8, 3)}),
+        _tiles(GPU_CONFIGS=_FAST | {1: (128, 128, 128, 8, 3)}),
     ),
-    "torch's wgrad, fast accumulation": (_TORCH_WGRAD, _FAST_WGRAD),
+    "triton GEMMs wgrad promoted": (_TRITON, _PROMOTED_WGRAD),
+    "torch's wgrad promoted": (_TORCH_WGRAD, _PROMOTED_WGRAD),
 }
 
 

@@ -113,6 +113,7 @@ def test_every_launch_heuristic_variant_names_existing_constants_and_implementat
     from turbo_inductor.kernels import registry
 
     for name, (impl, constants) in HEURISTICS.items():
+        assert "," not in name, name  # --heuristics and --columns split on commas
         for kernel_impl in impl.split(","):
             kernel, implementation = kernel_impl.split("=")
             assert implementation in registry.implementations(kernel), (name, kernel_impl)
