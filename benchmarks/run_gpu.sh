@@ -2,7 +2,7 @@
 # The GPU machine's work in one call (device tool): install, then each step; each benchmark's log and JSON land in $OUT.
 #   bash benchmarks/run_gpu.sh [STEP...]   (default: all)
 #   all = model rmsnorm glu fp8_quant convergence fp8: every single-GPU benchmark, the main job first (nvidia-h200);
-#   grouped_mm: MoE expert GEMMs; grouped_mm_heuristics: the Triton FP8 GEMMs' launch-heuristic variants (rowwise, at
+#   grouped_mm: MoE expert GEMMs; grouped_mm_heuristics: the FP8 GEMMs' launch-heuristic variants (rowwise, at
 #   run_model's routed rows, with kernel tables); fp8_quant_moe: their operands' quantization kernels against a copy,
 #   with the grouped kernel's launch-heuristic variants; gemm_ar, fsdp2: on every GPU of the host (kind nvidia-h200-x2);
 #   quick: the tests marked gpu_quick, every GPU session's first step; tests: the test suite (lowering_tests,
