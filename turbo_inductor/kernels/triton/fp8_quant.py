@@ -322,7 +322,9 @@ def fp8_bits_of(y, scale, FORMAT: tl.constexpr, FMAX: tl.constexpr, FIX_NAN: tl.
 
 
 @triton.jit
-def fp8_bits_times(y, inverse, FORMAT: tl.constexpr, FMAX: tl.constexpr, FIX_NAN: tl.constexpr, NAN_BITS: tl.constexpr):
+def fp8_bits_times(
+    y, inverse, FORMAT: tl.constexpr, FMAX: tl.constexpr, FIX_NAN: tl.constexpr, NAN_BITS: tl.constexpr
+):
     """y (fp32) times ``inverse`` (1 / the scale), saturated and cast to FP8 raw bytes."""
     scaled = tl.clamp(y * inverse, -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
     bits = to_fp8_bits(scaled, FORMAT)
