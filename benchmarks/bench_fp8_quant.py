@@ -33,12 +33,22 @@ HEURISTICS = {
 }
 GROUPED_HEURISTICS = {
     "default": {},
-    "128 columns a tile": {"BLOCK_COLS": 128},
-    "128 columns a tile at 8 warps": {"BLOCK_COLS": 128, "NUM_WARPS": 8},
-    "32 positions a tile, 128 columns": {"BLOCK_ROWS": 32, "BLOCK_COLS": 128},
-    "128 positions a tile at 8 warps": {"BLOCK_ROWS": 128, "NUM_WARPS": 8},
-    "32 positions a tile": {"BLOCK_ROWS": 32},
-    "2 warps": {"NUM_WARPS": 2},
+    "256 rows a step at 8 warps": {"BLOCK_ROWS": 256, "NUM_WARPS": 8},
+    "128 rows a step at 8 warps": {"BLOCK_ROWS": 128, "NUM_WARPS": 8},
+    "2 programs per SM": {"PROGRAMS_PER_SM": 2},
+    "128 columns an item": {"BLOCK_COLS": 128},
+    "one tile in flight (STAGES=1)": {"STAGES": 1},
+    "two tiles in flight (STAGES=2)": {"STAGES": 2},
+    # The cast walk's rows from L2: a group's column block (Mixtral: 4096 rows x 32 columns, 256 KB) per program, 132
+    # in flight (34 MB) against the H100's 50 MB; the default's 528 x 512 KB read them from HBM again. Slower on an
+    # H100 at every operand (Mixtral down x: 27% and 42% of copy, the default 47%): short rows lose more than L2 gives.
+    "L2-resident walks: 1 program per SM, 32 columns, 256 rows a step": {
+        "PROGRAMS_PER_SM": 1,
+        "BLOCK_COLS": 32,
+        "BLOCK_ROWS": 256,
+        "NUM_WARPS": 8,
+    },
+    "2 programs per SM, 32 columns, 128 rows a step": {"PROGRAMS_PER_SM": 2, "BLOCK_COLS": 32, "BLOCK_ROWS": 128},
 }
 
 
@@ -109,9 +119,8 @@ def layer_rows(shapes: str, heuristics: list[str]) -> list[dict]:
 def moe_rows(configs: list[str], grouped_heuristics: list[str], heuristics: list[str]) -> list[dict]:
     """Per MoE config and projection, as the FP8 grouped GEMM quantizes in training: x [rows, K] and dy [rows, N]
     grouped and transposed per expert (the wgrad's operands); dy per row, times its expert's multiplier (the dgrad's,
-    beside a plain rowwise quantization of it), and both layouts of dy in one call (training's); W [E, K, N] once for
-    both layouts, the forward's copy transposed for the dgrad, beside the two per-layout quantizations it replaces
-    (the rowwise pass with column maxima; two calls)."""
+    beside a plain rowwise quantization of it); W [E, K, N] once for both layouts, the forward's copy transposed for
+    the dgrad, beside the two per-layout quantizations it replaces (the rowwise pass with column maxima; two calls)."""
     from turbo_inductor.kernels.triton import fp8_quant as triton_fp8
     from turbo_inductor.kernels.triton import fp8_quant_grouped as triton_grouped
     from turbo_inductor.ops.fp8_operands import weight_operands
@@ -142,18 +151,6 @@ def moe_rows(configs: list[str], grouped_heuristics: list[str], heuristics: list
                     call = lambda fn, t=t, m=m: fn(t, offs, m, e4m3)  # noqa: E731
                     measure(
                         rows, shape, "rows by expert", triton_grouped, grouped_rows, call, 3 * t.numel(), copy_rate(t)
-                    )
-                    # The training backward's: both of the above from the same reads.
-                    call = lambda fn, t=t, m=m: fn(t, offs, e4m3, rowwise=True, multiplier=m)  # noqa: E731
-                    measure(
-                        rows,
-                        shape,
-                        "both layouts by expert",
-                        triton_grouped,
-                        grouped,
-                        call,
-                        4 * t.numel(),
-                        copy_rate(t),
                     )
                     call = lambda fn, t=t: fn(t, e4m3, 1, n, False)  # noqa: E731
                     measure(rows, shape, "rowwise", triton_fp8, once[:1], call, 3 * t.numel(), copy_rate(t))

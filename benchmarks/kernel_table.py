@@ -17,7 +17,7 @@ KINDS = (
     ("attention", r"flash|fmha|sdpa|attention"),
     (
         "FP8 quantization",
-        r"_fp8_tile_kernel|_fp8_scale_kernel|_grouped_tile_kernel|_grouped_rows_kernel|_fp8_transpose_kernel"
+        r"_fp8_tile_kernel|_fp8_scale_kernel|_grouped_transposed_kernel|_grouped_rows_kernel|_fp8_transpose_kernel"
         r"|_dispatch_fp8_kernel|::fp8_row_kernel|::fp8_cast_kernel|::amax_\w+_kernel|::scale_(one_)?kernel",
     ),
     ("GEMM", r"cutlass|gemm|nvjet|xmma|cublas|_grouped_wgrad_kernel"),

@@ -38,7 +38,7 @@ QUANT = {
 def test_quantization_moves_its_bytes_at_the_fastest_copy_and_gemms_run_at_the_best_rates():
     kernels_us = {
         "_fp8_tile_kernel": 4000.0,
-        "_grouped_tile_kernel": 2000.0,
+        "_grouped_transposed_kernel": 2000.0,
         "_dispatch_fp8_kernel": 500.0,
         CUTLASS_GROUPED: 20000.0,
         "nvjet_dense": 3000.0,  # a dense GEMM: kept
@@ -64,7 +64,7 @@ def test_quantization_moves_its_bytes_at_the_fastest_copy_and_gemms_run_at_the_b
 
 def test_an_expert_gemm_moves_each_operand_once_per_layout():
     shape = "mixtral-8x7b gate_up [256, 64] x [4, 64, 128]"
-    kernels_us = {"_fp8_tile_kernel": 300.0, "_grouped_tile_kernel": 100.0, CUTLASS_GROUPED: 1000.0}
+    kernels_us = {"_fp8_tile_kernel": 300.0, "_grouped_transposed_kernel": 100.0, CUTLASS_GROUPED: 1000.0}
     rows = [
         {"shape": shape, "mode": "fwd+bwd", "column": "bf16 torch._grouped_mm", "ms": 2.0},
         {"shape": shape, "mode": "fwd+bwd", "column": "fp8 rowwise auto", "ms": 1.6, "kernels_us": kernels_us},

@@ -16,7 +16,7 @@ def test_kernels_of_a_saved_run_fall_in_their_kinds():
         "nvjet_tst_256x128_64x4_2x1_v_bz_coopA_TNT": "GEMM",
         "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1": "attention",
         "_fp8_tile_kernel": "FP8 quantization",
-        "_grouped_tile_kernel": "FP8 quantization",
+        "_grouped_transposed_kernel": "FP8 quantization",
         "_dispatch_fp8_kernel": "FP8 quantization",
         "_route_kernel": "MoE routing",
         "_gather_sum_kernel": "MoE routing",

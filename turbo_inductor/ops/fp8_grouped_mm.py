@@ -167,7 +167,7 @@ def _grouped_quantizer(t: Tensor, impl: str) -> Callable:
     return registry.select(GROUPED_QUANTIZE_KERNEL, t.device, impl)
 
 
-def _allocating_grouped_quantize(t, offs, fp8_dtype, power_of_two=False, rowwise=False, rows=None, multiplier=None):
+def _allocating_grouped_quantize(t, offs, fp8_dtype, power_of_two=False, rowwise=False, rows=None):
     """``fp8_quantize_grouped``'s outputs, allocated (the shapes the fakes return)."""
     (rows, cols), groups = (t.shape[0] if rows is None else rows.shape[0], t.shape[1]), offs.shape[0]
     transposed = (
@@ -186,18 +186,13 @@ def _wgrad_operands(
     impl: str,
     q: Optional[tuple[Tensor, Tensor]] = None,
     rows: Optional[Tensor] = None,
-    multiplier: Optional[Tensor] = None,
 ) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]:
     """((q, scale), (q_t, scale_t, offs_t)): t [S, C] quantized for the rows-grouped GEMM (``q``: already, or None)
     and t^T for the FP8 wgrad, with the group offsets of its columns. ``rows``: the operand is ``t[rows]``, q given.
-    ``multiplier`` [E, C]: q is of each row times its group's (``fp8_quantize_grouped_rows``), q not given.
 
     Where :func:`_pads_wgrad_operands`: q_t [C, S_pad] padded, scale_t [E, C, 1] (per group, one block along its
     columns), offs_t the padded offsets. Otherwise t^T in the recipe's blocks, with offs."""
     r = RECIPES[recipe]
-    if multiplier is not None and not _pads_wgrad_operands(recipe):
-        quantize_rows = registry.select(GROUPED_ROWS_QUANTIZE_KERNEL, t.device, impl)
-        q = quantize_rows(t, offs, multiplier, fp8_dtype, r.power_of_two)
     if not _pads_wgrad_operands(recipe):
         # These blocks run along the rows in expert order, across groups: the rows are gathered for them.
         t = t if rows is None else t[rows]
@@ -208,9 +203,8 @@ def _wgrad_operands(
             transposed = _transposed_activations(t, recipe, fp8_dtype, quantize)
         return q, (*transposed, offs)
     grouped = _grouped_quantizer(t, impl)
-    if q is None and (r.quantizes_x_in_rows or multiplier is not None):
-        # Both layouts from the same reads of t.
-        q_rows, scale, q_t, scale_t, offs_t = grouped(t, offs, fp8_dtype, r.power_of_two, True, multiplier=multiplier)
+    if q is None and r.quantizes_x_in_rows:
+        q_rows, scale, q_t, scale_t, offs_t = grouped(t, offs, fp8_dtype, r.power_of_two, True)
         q = (q_rows, scale)
     else:
         # t already quantized, or tensorwise: one scale over all of t, which no group's program sees
@@ -330,15 +324,14 @@ def _backward(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl)
     fp8_wgrad = wgrad and not keeps_x(recipe)
     if w_t.dim() != 3:  # no W^T saved (save_weight_t=False): quantized from W again
         w_t, w_t_scale = weight_operands(weight, recipe, quantizer(dy, impl), False, True, impl)[1]
-    multiplier = None
+    dy_q = None
     if contracts_weight_scales(recipe):  # W^T's row scales move onto dy's columns
         w_t_scale, multiplier = fold_contracted_weight_scales(w_t_scale, weight.shape[1])
-    if fp8_wgrad:  # dy for dx and dy^T for the wgrad
-        dy_q, (*dy_t, wgrad_offs) = _wgrad_operands(dy, offs, recipe, gradient_format, impl, multiplier=multiplier)
-    elif multiplier is not None:
         quantize_rows = registry.select(GROUPED_ROWS_QUANTIZE_KERNEL, dy.device, impl)
         dy_q = quantize_rows(dy, offs, multiplier, gradient_format, RECIPES[recipe].power_of_two)
-    else:
+    if fp8_wgrad:  # dy for dx, where not yet, and dy^T for the wgrad
+        dy_q, (*dy_t, wgrad_offs) = _wgrad_operands(dy, offs, recipe, gradient_format, impl, dy_q)
+    elif dy_q is None:
         dy_q = _activations(dy, recipe, gradient_format, quantizer(dy, impl), False)[0]
     dx = registry.select(FP8_GROUPED_KERNEL, dy.device, impl)(*dy_q, w_t, w_t_scale, offs, dy.dtype)
     if not wgrad:

@@ -289,13 +289,10 @@ def _quantize_gradient_rows(E: int, S: int, C: int):
 
 
 def _quantize_grouped_transposed(E: int, S: int, C: int):
-    """t [S, C] by groups of rows, transposed and quantized per group and column (the wgrad's operands): alone (x),
-    and beside the rowwise copy times each group's multiplier (dy, the dgrad's operand too)."""
+    """t [S, C] by groups of rows, transposed and quantized per group and column (the wgrad's operands)."""
     from ..kernels.triton import fp8_quant_grouped
 
-    offs = _meta(E, dtype=torch.int32)
-    fp8_quant_grouped.fp8_quantize_grouped(_meta(S, C), offs, E4M3)
-    fp8_quant_grouped.fp8_quantize_grouped(_meta(S, C), offs, E4M3, rowwise=True, multiplier=_meta(E, C))
+    fp8_quant_grouped.fp8_quantize_grouped(_meta(S, C), _meta(E, dtype=torch.int32), E4M3, rowwise=True)
 
 
 def _triton(kernel: str):

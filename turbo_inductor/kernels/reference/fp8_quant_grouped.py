@@ -52,14 +52,9 @@ def check_args(
     fp8_dtype: torch.dtype,
     rows: torch.Tensor | None = None,
     rowwise: bool = False,
-    multiplier: torch.Tensor | None = None,
 ) -> None:
     """The argument checks every implementation makes; raises ValueError."""
     _check_grouped("fp8_quantize_grouped", t, offs, fp8_dtype)
-    if multiplier is not None:
-        if not rowwise:
-            raise ValueError("turbo_inductor: fp8_quantize_grouped's multiplier scales the rowwise copy: pass rowwise")
-        _check_multiplier("fp8_quantize_grouped", t, offs, multiplier)
     if rows is not None and (rows.dim() != 1 or rows.dtype != torch.int64 or rows.device != t.device):
         raise ValueError(
             f"turbo_inductor: fp8_quantize_grouped expects rows 1-D int64 on t's device, got {tuple(rows.shape)} "
@@ -94,13 +89,11 @@ def fp8_quantize_grouped(
     power_of_two: bool = False,
     rowwise: bool = False,
     rows: torch.Tensor | None = None,
-    multiplier: torch.Tensor | None = None,
 ):
     """``(q_t [C, S_pad], scale_t [E, C] fp32, padded_offs [E] int32)``, each contiguous; with ``rowwise``, first
-    ``(q [S, C], scale [S, 1])``, ``fp8_quantize`` of t per row over all of C (the rows-grouped GEMM's operand), with
-    ``multiplier`` [E, C] ``fp8_quantize_grouped_rows``'s of t. ``power_of_two``: scales rounded up to powers of two.
-    ``rows``: the operand is ``t[rows]`` (no rowwise copy)."""
-    check_args(t, offs, fp8_dtype, rows, rowwise, multiplier)
+    ``(q [S, C], scale [S, 1])``, ``fp8_quantize`` of t per row over all of C (the rows-grouped GEMM's operand).
+    ``power_of_two``: scales rounded up to powers of two. ``rows``: the operand is ``t[rows]`` (no rowwise copy)."""
+    check_args(t, offs, fp8_dtype, rows, rowwise)
     if rows is not None:
         t = t[rows]
     (rows, cols), groups = t.shape, offs.shape[0]
@@ -129,19 +122,12 @@ def fp8_quantize_grouped(
     transposed = (saturating_cast(scaled, fp8_dtype).t().contiguous(), scale, padded_ends.to(torch.int32))
     if not rowwise:
         return transposed
-    if multiplier is not None:
-        return (*fp8_quantize_grouped_rows(t, offs, multiplier, fp8_dtype, power_of_two), *transposed)
     return (*fp8_quantize(t, fp8_dtype, 1, max(cols, 1), False, power_of_two=power_of_two), *transposed)
 
 
 def check_rows_args(t: torch.Tensor, offs: torch.Tensor, multiplier: torch.Tensor, fp8_dtype: torch.dtype) -> None:
     """``fp8_quantize_grouped_rows``'s argument checks, every implementation's; raises ValueError."""
     _check_grouped("fp8_quantize_grouped_rows", t, offs, fp8_dtype)
-    _check_multiplier("fp8_quantize_grouped_rows", t, offs, multiplier)
-
-
-def _check_multiplier(kernel: str, t: torch.Tensor, offs: torch.Tensor, multiplier: torch.Tensor) -> None:
-    """A multiplier per group and column of t, on t's device, as offs; raises ValueError naming ``kernel``."""
     expected = (offs.shape[0], t.shape[1])
     if (
         offs.device != t.device
@@ -150,7 +136,7 @@ def _check_multiplier(kernel: str, t: torch.Tensor, offs: torch.Tensor, multipli
         or multiplier.device != t.device
     ):
         raise ValueError(
-            f"turbo_inductor: {kernel} expects offs and a multiplier per group and column, "
+            f"turbo_inductor: fp8_quantize_grouped_rows expects offs and a multiplier per group and column, "
             f"{list(expected)} fp32/bf16/fp16, on t's device {t.device}, got offs on {offs.device}, multiplier "
             f"{list(multiplier.shape)} {multiplier.dtype} on {multiplier.device}"
         )

@@ -318,15 +318,7 @@ def _fp8_scale_kernel(
 @triton.jit
 def fp8_bits_of(y, scale, FORMAT: tl.constexpr, FMAX: tl.constexpr, FIX_NAN: tl.constexpr, NAN_BITS: tl.constexpr):
     """y (fp32) times 1 / ``scale``, saturated and cast to FP8 raw bytes."""
-    return fp8_bits_times(y, tl.math.div_rn(1.0, scale), FORMAT, FMAX, FIX_NAN, NAN_BITS)
-
-
-@triton.jit
-def fp8_bits_times(
-    y, inverse, FORMAT: tl.constexpr, FMAX: tl.constexpr, FIX_NAN: tl.constexpr, NAN_BITS: tl.constexpr
-):
-    """y (fp32) times ``inverse`` (1 / the scale), saturated and cast to FP8 raw bytes."""
-    scaled = tl.clamp(y * inverse, -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
+    scaled = tl.clamp(y * tl.math.div_rn(1.0, scale), -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
     bits = to_fp8_bits(scaled, FORMAT)
     if FIX_NAN:
         # The interpreter casts NaN to a finite e4m3 value. GPU casts keep NaN.

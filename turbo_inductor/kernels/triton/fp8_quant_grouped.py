@@ -1,16 +1,18 @@
 """Grouped transposed FP8 quantization in Triton: t [S, C] to t^T [C, S_pad] with a scale per group and column, each
-group padded, and with ``rowwise`` t's rowwise copy. Semantics: ``..reference.fp8_quant_grouped``.
+group padded. Semantics: ``..reference.fp8_quant_grouped``.
 
-Two launches over the same tiles: BLOCK_ROWS positions of the padded layout (q_t's columns) by BLOCK_COLS columns of
-t. The first reads each tile once and folds its maxima into per-group column maxima (and with ``rowwise`` per-row
-maxima) by atomic max on their bits; the second reads the tile again and casts it, to q_t and with ``rowwise`` to q.
-t is read twice, each time by every SM at once in short tiles: a group's column maxima need all of its rows, which
-no tile holds. Each program derives the padded layout from offs itself, so no launch size and no host value depends
-on the group sizes.
+One persistent launch over work items (group, block of BLOCK_COLS columns). A program walks its item's group rows
+twice: the column maxima, then the cast, whose reads of the same rows come from L2 while the programs in flight read
+less than its size (PROGRAMS_PER_SM bounds them); it stores its columns of q_t from the group's padded start to the
+next group's, zeros past the group's rows. Each program derives the padded layout from offs itself, so no launch size
+and no host value depends on the group sizes.
 
-With ``rows`` the tiles read row ``rows[r]`` of t for the operand's row r: t's tokens gathered into expert order as
-they are quantized, without a copy in that order. With ``multiplier`` the rowwise copy is of each row times its
-group's multiplier (``fp8_quantize_grouped_rows``), the dgrad's dy beside the wgrad's dy^T from the same reads.
+The rowwise copy (``rowwise``) comes from ``fp8_quantize``'s one-pass row kernel. Its scale needs a whole row and the
+transposed one a whole column of a group, so no program sees both before it casts: whichever kernel writes the rowwise
+copy reads t once more, and the row kernel reads whole rows.
+
+With ``rows`` the walk reads row ``rows[r]`` of t for the operand's row r: t's tokens gathered into expert order as
+they are quantized, without a copy in that order.
 """
 
 from __future__ import annotations
@@ -28,19 +30,25 @@ from .fp8_quant import (
     abs_bits,
     format_constexprs,
     fp8_bits_of,
-    fp8_bits_times,
     num_warps_for,
     scale_from_amax,
 )
+from .fp8_quant import fp8_quantize as fp8_quantize_rows
+from .grouped_mm import persistent_programs
 
 # Launch heuristics: module constants, so that tests can shrink them and the GPU session can tune them.
-# Positions of the padded layout per tile: 64 contiguous bytes of each row of q_t.
+# Rows per step of a program's walk down its group.
 BLOCK_ROWS = 64
-# Columns of t per tile: 64 bf16 are 128 contiguous bytes of each row.
+# Columns of t per work item: 64 bf16 are 128 contiguous bytes of each row (whole 32-byte sectors).
 BLOCK_COLS = 64
 NUM_WARPS = 4
-
-_MAXIMA, _CAST = 0, 1
+# Programs per SM. The cast pass finds most of its rows in L2 while the programs in flight read about what L2 holds:
+# programs x rows per group x BLOCK_COLS x element size. 4 ran 6-9% faster than 2 on an H100 at every Mixtral and
+# Qwen3-MoE operand (bench_fp8_quant --moe), though at Mixtral's 1024-row groups they read 68 MB against its 50 MB.
+PROGRAMS_PER_SM = 4
+# Tiles in flight per program in each walk: the next ones load (cp.async) while one is reduced or cast. With few
+# programs per SM, one 8 KB tile each left the walk waiting on memory.
+STAGES = 3
 
 
 @triton.jit
@@ -55,23 +63,20 @@ def _bounded_running_max(values, S):
 
 
 @triton.jit
-def _pick(values, e, g):
-    """values[g] of a vector over the groups ``e``."""
-    return tl.sum(tl.where(e == g, values, 0), 0)
+def _source_rows(ROWS, rows, end, HAS_ROWS: tl.constexpr):
+    """X's rows (int64) holding the operand's ``rows``: ROWS[rows] with HAS_ROWS, else the rows themselves."""
+    if HAS_ROWS:
+        return tl.load(ROWS + rows, mask=rows < end, other=0)
+    return rows.to(tl.int64)
 
 
 @triton.jit
-def _grouped_tile_kernel(
+def _grouped_transposed_kernel(
     X,
     ROWS,
-    MULTIPLIER,
-    COLUMN_MAXIMA,
-    ROW_MAXIMA,
     QT,
-    SCALE_T,
-    PADDED_OFFS,
-    Q,
     SCALE,
+    PADDED_OFFS,
     OFFS,
     S,
     C,
@@ -79,113 +84,71 @@ def _grouped_tile_kernel(
     E,
     stride_xs,
     stride_xc,
-    PASS: tl.constexpr,
+    n_col_blocks,
+    n_items,
     FORMAT: tl.constexpr,
     FMAX: tl.constexpr,
     POW2: tl.constexpr,
     FIX_NAN: tl.constexpr,
     NAN_BITS: tl.constexpr,
     HAS_ROWS: tl.constexpr,
-    ROWWISE: tl.constexpr,
-    HAS_MULTIPLIER: tl.constexpr,
     ALIGN: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
-    """Tile (positions p0 + [0, BLOCK_R), columns of block program_id(1)). _MAXIMA: atomic max of the tile's |t| bits
-    into COLUMN_MAXIMA [E, C] (zeros before) per group, with ROWWISE of |t times its multiplier| into ROW_MAXIMA [S].
-    _CAST: QT [C, S_PAD] (contiguous) at these positions; the tile where a group's padded start lies writes its
-    SCALE_T [E, C] row and, in the first column block, PADDED_OFFS[g]; with ROWWISE, Q [S, C] and SCALE [S] of the
-    rows held. Positions past the last group's padded end hold the rows past its end, in order (ROWWISE only)."""
+    """Work item (g, column block), for items pid, pid + programs, ...: SCALE [E, C] row g, and QT [C, S_PAD]
+    (contiguous) in those columns from the group's padded start to the next group's (for the last group, S_PAD);
+    PADDED_OFFS[g] from the first column block. With HAS_ROWS, the operand's row r is X's row ROWS[r]."""
     # The padded layout, as the reference computes it: ends bounded within [previous end, S], then sizes rounded
     # up to a non-zero multiple of ALIGN and summed.
     e = tl.arange(0, BLOCK_E)
     in_e = e < E
     ends = _bounded_running_max(tl.load(OFFS + e, mask=in_e, other=0), S)
-    starts = _bounded_running_max(tl.load(OFFS + e - 1, mask=in_e & (e > 0), other=0), S)
+    previous = tl.load(OFFS + e - 1, mask=in_e & (e > 0), other=0)
+    starts = _bounded_running_max(previous, S)
     padded = tl.where(in_e, tl.maximum(tl.cdiv(ends - starts, ALIGN), 1) * ALIGN, 0)
     padded_ends = tl.cumsum(padded, 0)
-    padded_starts = padded_ends - padded
-    grouped_end, padded_total = tl.max(ends, 0), tl.max(padded_ends, 0)
+    for item in range(tl.program_id(0), n_items, tl.num_programs(0)):
+        g = item // n_col_blocks
+        cb = item % n_col_blocks
+        mine = e == g
+        start = tl.sum(tl.where(mine, starts, 0), 0)
+        end = tl.sum(tl.where(mine, ends, 0), 0)
+        padded_end = tl.sum(tl.where(mine, padded_ends, 0), 0)
+        padded_start = padded_end - tl.sum(tl.where(mine, padded, 0), 0)
+        # Multiples of ALIGN, said so (// ALIGN * ALIGN) for the compiler, which then stores q_t in 16-byte vectors.
+        padded_start = padded_start // ALIGN * ALIGN
+        stop = tl.where(g == E - 1, S_PAD, padded_end) // ALIGN * ALIGN
+        tl.store(PADDED_OFFS + g, padded_end, mask=cb == 0)
 
-    p0 = tl.program_id(0) * BLOCK_R
-    p = p0 + tl.arange(0, BLOCK_R)
-    cb = tl.program_id(1)
-    cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_in = cols < C
-    cols64 = cols.to(tl.int64)
-    # The groups whose padded columns meet the tile's: a padded group holds at least ALIGN positions.
-    g_first = tl.minimum(tl.sum(tl.where(in_e & (padded_ends <= p0), 1, 0), 0), E - 1)
-    g_last = tl.minimum(tl.sum(tl.where(in_e & (padded_ends <= p0 + BLOCK_R - 1), 1, 0), 0), E - 1)
-    row = tl.where(p >= padded_total, grouped_end + p - padded_total, 0)  # t's row at each position
-    group = tl.full([BLOCK_R], E - 1, tl.int32)  # its group
-    held = p < 0  # whether the position holds a row of its group
-    for g in range(g_first, g_last + 1):
-        padded_start = _pick(padded_starts, e, g)
-        here = (p >= padded_start) & (p < _pick(padded_ends, e, g))
-        row = tl.where(here, _pick(starts, e, g) + p - padded_start, row)
-        group = tl.where(here, g, group)
-        held = held | (here & (row < _pick(ends, e, g)))
-    read = held
-    if ROWWISE:
-        read = held | ((p >= padded_total) & (row < S))
-    if HAS_ROWS:
-        source = tl.load(ROWS + row, mask=read, other=0)
-    else:
-        source = row.to(tl.int64)
-    x = tl.load(
-        X + source[:, None] * stride_xs + cols64[None, :] * stride_xc, mask=read[:, None] & col_in[None, :], other=0.0
-    ).to(tl.float32)
-    rows64 = row.to(tl.int64)
-    multiplied = x
-    if HAS_MULTIPLIER:
-        # Rows past the last group (not held) times 1.
-        factor = _of_row_groups(MULTIPLIER, group, held, g_first, g_last, cols64, col_in, C, BLOCK_R, BLOCK_C)
-        multiplied = x * tl.where(held[:, None], factor.to(tl.float32), 1.0)
-
-    if PASS == 0:
-        for g in range(g_first, g_last + 1):
-            mine = held & (group == g)
-            group_bits = tl.max(tl.where(mine[:, None], abs_bits(x), 0), 0)
-            has_rows = tl.sum(mine.to(tl.int32), 0) > 0
-            tl.atomic_max(COLUMN_MAXIMA + g * C + cols64, group_bits, mask=col_in & has_rows, sem="relaxed")
-        if ROWWISE:
-            tl.atomic_max(ROW_MAXIMA + rows64, tl.max(abs_bits(multiplied), 1), mask=read, sem="relaxed")
-    else:
-        for g in range(g_first, g_last + 1):
-            padded_start = _pick(padded_starts, e, g)
-            if padded_start >= p0:  # the group's padded columns start in this tile
-                amax = tl.load(COLUMN_MAXIMA + g * C + cols64, mask=col_in, other=0).to(tl.float32, bitcast=True)
-                tl.store(SCALE_T + g * C + cols64, scale_from_amax(amax, FMAX, POW2), mask=col_in)
-                tl.store(PADDED_OFFS + g, _pick(padded_ends, e, g), mask=cb == 0)
-        maxima = _of_row_groups(COLUMN_MAXIMA, group, held, g_first, g_last, cols64, col_in, C, BLOCK_R, BLOCK_C)
-        inverse = tl.math.div_rn(1.0, scale_from_amax(maxima.to(tl.float32, bitcast=True), FMAX, POW2))
-        # The padding is +0 (0x00 in every FP8 format), also where a NaN scale would make 0 / scale NaN.
-        bits = tl.where(held[:, None], fp8_bits_times(x, inverse, FORMAT, FMAX, FIX_NAN, NAN_BITS), 0)
-        tl.store(QT + cols64[None, :] * S_PAD + p[:, None], bits, mask=(p < S_PAD)[:, None] & col_in[None, :])
-        if ROWWISE:
-            row_bits = tl.load(ROW_MAXIMA + rows64, mask=read, other=0)
-            scale = scale_from_amax(row_bits.to(tl.float32, bitcast=True), FMAX, POW2)
-            tl.store(SCALE + rows64, scale, mask=read & (cb == 0))
-            bits = fp8_bits_of(multiplied, scale[:, None], FORMAT, FMAX, FIX_NAN, NAN_BITS)
-            tl.store(Q + rows64[:, None] * C + cols64[None, :], bits, mask=read[:, None] & col_in[None, :])
-
-
-@triton.jit
-def _of_row_groups(
-    VALUES, group, held, g_first, g_last, cols64, col_in, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr
-):
-    """[BLOCK_R, BLOCK_C]: row ``group[r]`` of VALUES [E, C] at the tile's columns, for held rows (0 elsewhere). A
-    tile within one group, the common case, loads that row once; one across groups gathers per element."""
-    if g_first == g_last:
-        values = tl.load(VALUES + g_first * C + cols64, mask=col_in, other=0)
-        values = tl.broadcast_to(values[None, :], [BLOCK_R, BLOCK_C])
-    else:
-        values = tl.load(
-            VALUES + group.to(tl.int64)[:, None] * C + cols64[None, :], mask=held[:, None] & col_in[None, :], other=0
-        )
-    return values
+        cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+        col_in = cols < C
+        cols64 = cols.to(tl.int64)
+        amax_bits = tl.zeros([BLOCK_C], dtype=tl.int32)  # maxima of |t| as bits (see .fp8_quant.abs_bits)
+        for r0 in tl.range(start, end, BLOCK_R, num_stages=STAGES):
+            rows = r0 + tl.arange(0, BLOCK_R)
+            x = tl.load(
+                X + _source_rows(ROWS, rows, end, HAS_ROWS)[:, None] * stride_xs + cols64[None, :] * stride_xc,
+                mask=(rows < end)[:, None] & col_in[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            amax_bits = tl.maximum(amax_bits, tl.max(abs_bits(x), 0))
+        scale = scale_from_amax(amax_bits.to(tl.float32, bitcast=True), FMAX, POW2)
+        tl.store(SCALE + g.to(tl.int64) * C + cols64, scale, mask=col_in)
+        for p0 in tl.range(padded_start, stop, BLOCK_R, num_stages=STAGES):
+            p = p0 + tl.arange(0, BLOCK_R)
+            rows = start + (p - padded_start)
+            holds = (rows < end)[:, None]
+            x = tl.load(
+                X + _source_rows(ROWS, rows, end, HAS_ROWS)[:, None] * stride_xs + cols64[None, :] * stride_xc,
+                mask=holds & col_in[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            # The padding is +0 (0x00 in every FP8 format), also where a NaN scale would make 0 / scale NaN.
+            bits = tl.where(holds, fp8_bits_of(x, scale[None, :], FORMAT, FMAX, FIX_NAN, NAN_BITS), 0)
+            tl.store(QT + cols64[None, :] * S_PAD + p[:, None], bits, mask=(p < stop)[:, None] & col_in[None, :])
 
 
 @implementation(
@@ -198,56 +161,47 @@ def fp8_quantize_grouped(
     power_of_two: bool = False,
     rowwise: bool = False,
     rows: torch.Tensor | None = None,
-    multiplier: torch.Tensor | None = None,
 ):
     """``(q_t, scale_t, padded_offs)``, with ``rowwise`` after ``(q, scale)``; see
     ``..reference.fp8_quant_grouped.fp8_quantize_grouped``."""
-    check_args(t, offs, fp8_dtype, rows, rowwise, multiplier)
+    check_args(t, offs, fp8_dtype, rows, rowwise)
     (n_rows, cols), groups = (t.shape[0] if rows is None else rows.shape[0], t.shape[1]), offs.shape[0]
     s_pad = padded_columns(n_rows, groups)
     q_t = torch.empty((cols, s_pad), dtype=fp8_dtype, device=t.device)
     scale_t = torch.empty((groups, cols), dtype=torch.float32, device=t.device)
     padded_offs = torch.empty(groups, dtype=torch.int32, device=t.device)
-    q = torch.empty((n_rows, cols) if rowwise else (0, cols), dtype=fp8_dtype, device=t.device)
-    scale = torch.empty((n_rows if rowwise else 0, 1), dtype=torch.float32, device=t.device)
-    maxima = torch.zeros(groups * cols + q.shape[0], dtype=torch.int32, device=t.device)
-    # Past the padded layout, the rows past the last group: fewer than ALIGN more than the layout's spare positions.
-    positions = s_pad + (PAD_ALIGN if rowwise else 0)
-    # At least one column block, whose tiles write the padded offsets where C is 0.
-    grid = (triton.cdiv(positions, BLOCK_ROWS), max(triton.cdiv(cols, BLOCK_COLS), 1))
+    # At least one column block, whose items write the padded offsets where C is 0.
+    n_col_blocks = max(triton.cdiv(cols, BLOCK_COLS), 1)
+    n_items = groups * n_col_blocks
     with on_device(t.device):
-        for kernel_pass in (_MAXIMA, _CAST):
-            launch(_grouped_tile_kernel)[grid](
-                t,
-                t if rows is None else rows.contiguous(),  # not read without HAS_ROWS
-                t if multiplier is None else multiplier.contiguous(),  # not read without HAS_MULTIPLIER
-                maxima[: groups * cols],
-                maxima[groups * cols :],
-                q_t.view(torch.uint8),  # FP8 travels as raw bytes (see .fp8_formats)
-                scale_t,
-                padded_offs,
-                q.view(torch.uint8),
-                scale,
-                offs,
-                n_rows,
-                cols,
-                s_pad,
-                groups,
-                t.stride(0),
-                t.stride(1),
-                PASS=kernel_pass,
-                **format_constexprs(fp8_dtype, t.device, power_of_two),
-                HAS_ROWS=rows is not None,
-                ROWWISE=rowwise,
-                HAS_MULTIPLIER=multiplier is not None,
-                ALIGN=PAD_ALIGN,
-                BLOCK_E=max(16, triton.next_power_of_2(groups)),
-                BLOCK_R=BLOCK_ROWS,
-                BLOCK_C=BLOCK_COLS,
-                num_warps=NUM_WARPS,
-            )
+        launch(_grouped_transposed_kernel)[(min(n_items, persistent_programs(t.device, PROGRAMS_PER_SM)),)](
+            t,
+            t if rows is None else rows.contiguous(),  # not read without HAS_ROWS
+            q_t.view(torch.uint8),  # FP8 travels as raw bytes (see .fp8_formats)
+            scale_t,
+            padded_offs,
+            offs,
+            n_rows,
+            cols,
+            s_pad,
+            groups,
+            t.stride(0),
+            t.stride(1),
+            n_col_blocks,
+            n_items,
+            **format_constexprs(fp8_dtype, t.device, power_of_two),
+            HAS_ROWS=rows is not None,
+            ALIGN=PAD_ALIGN,
+            BLOCK_E=max(16, triton.next_power_of_2(groups)),
+            BLOCK_R=BLOCK_ROWS,
+            BLOCK_C=BLOCK_COLS,
+            STAGES=STAGES,
+            num_warps=NUM_WARPS,
+        )
     transposed = (q_t, scale_t, padded_offs)
-    return (q, scale, *transposed) if rowwise else transposed
+    if not rowwise:
+        return transposed
+    return (*fp8_quantize_rows(t, fp8_dtype, 1, max(cols, 1), False, power_of_two=power_of_two), *transposed)
 
 
 # The grouped row kernel: a row of up to MAX_TILE_ELEMENTS columns is held in registers (one read of t); a longer one
