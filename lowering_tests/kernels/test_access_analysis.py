@@ -36,11 +36,12 @@ def _written(answer) -> list[str]:
 
 
 def each_distinct_launch_analyzed_once() -> None:
-    """A launch differing only in sizes (symbolic or not, as torch hands them) is answered from memory; a dtype, a
-    scalar's value or a constexpr makes another launch; a real tensor is analyzed every time (Triton specializes on
-    its alignment). Each answer equals torch's own, and is a copy: Inductor keeps what it gets. Triton's compiler
-    aims at sm_90, as on the GPU machine, and the kernel is jitted for real: in a process that never ran the
-    interpreter, which patches ``triton.language`` as it runs."""
+    """A launch differing only in sizes (symbolic or not, as torch hands them) or a float's value is answered from
+    memory, where Triton specializes the sizes alike (the int's type, whether it is 1, whether 16 divides it); a
+    dtype, another specialization or a constexpr makes another launch; a real tensor is analyzed every time (Triton
+    specializes on its alignment). Each answer equals torch's own, and is a copy: Inductor keeps what it gets.
+    Triton's compiler aims at sm_90, as on the GPU machine, and the kernel is jitted for real: in a process that
+    never ran the interpreter, which patches ``triton.language`` as it runs."""
     from triton.runtime.driver import driver
 
     from turbo_inductor.testing.hopper import _OfflineDriver
@@ -58,21 +59,29 @@ def each_distinct_launch_analyzed_once() -> None:
     launches = [
         (first, True),
         ({**first, "x_ptr": other_size, "y_ptr": other_size, "n": m}, False),  # other sizes: the same TTIR
+        ({**first, "n": 4097}, False),  # as torch hands a symbolic size: 2, an i32 that 16 does not divide
         ({**first, "n": 4096}, True),
+        ({**first, "n": 14336}, False),
+        ({**first, "n": 1}, True),
+        ({**first, "n": 2**31}, True),
         ({**first, "x_ptr": fp32}, True),
-        ({**first, "factor": 3.0}, True),
+        ({**first, "factor": 3.0}, False),
         ({**first, "BLOCK": 128}, True),
         ({**first, "BLOCK": 128}, False),
     ]
     before = access_analysis.counts()
+    ttir_by_key = {}
     for kwargs, analyzed in launches:
         made.clear()
         answer = analyze(kernel, kwargs, {})
         assert len(made) == analyzed, kwargs
+        # The key is exact: launches answered alike are one TTIR.
+        ttir = str(generate(kernel, kwargs, {})[0])
+        assert ttir_by_key.setdefault(access_analysis._launch_key(kernel, kwargs, {}), ttir) == ttir, kwargs
         assert _written(answer) == _written(torchs(kernel, kwargs, {})) == ["y_ptr"], kwargs
         answer.clear() if isinstance(answer, list) else answer.read_writes.writes.clear()
     after = access_analysis.counts()
-    assert (after["analyzed"] - before["analyzed"], after["answered"] - before["answered"]) == (5, 2)
+    assert (after["analyzed"] - before["analyzed"], after["answered"] - before["answered"]) == (6, 5)
     real = {**first, "x_ptr": torch.randn(64), "y_ptr": torch.randn(64), "n": 64}
     for _ in range(2):
         made.clear()

@@ -4,8 +4,10 @@ torch makes each traced launch's TTIR to find the tensors it writes: as AOTAutog
 as Inductor lowers it. Making the TTIR costs about 20 ms a launch on a host CPU (``python -m
 turbo_inductor.testing.hopper``), and a training graph repeats each launch in every layer and in forward and backward.
 The answer depends only on what torch hands Triton to make the TTIR (``generate_ttir``): the kernel, its tensors'
-dtypes, its other arguments' values, any symbolic size as one placeholder. :func:`install` keys the answers by exactly
-that. A launch with a real tensor or a TMA descriptor is analyzed every time.
+dtypes, its constexprs' values, and of its other scalars only what Triton specializes on: an int's type (i32 or
+wider), whether it is 1 (made a constant) and whether 16 divides it; a float's type. A symbolic size is handed as 2.
+:func:`install` keys the answers by exactly that, so the launches of one kernel at every layer's sizes share one
+analysis. A launch with a real tensor or a TMA descriptor is analyzed every time.
 """
 
 from __future__ import annotations
@@ -22,15 +24,32 @@ _NAMES = ("identify_accessed_tensors", "identify_mutated_tensors")
 _COUNTS = {"answered": 0, "analyzed": 0}
 
 
-def _argument_key(value: Any) -> tuple | None:
-    """What the TTIR sees of one argument, or None where that is not known without analyzing it."""
+def _int_key(value: int) -> tuple:
+    """What Triton's specialization (``native_specialize_impl``) sees of a non-constexpr int."""
+    if value == 1:
+        return ("int", 1)
+    width = "i32" if -(2**31) <= value < 2**31 else "i64" if -(2**63) <= value < 2**63 else "u64"
+    return ("int", width, value % 16 == 0)
+
+
+# torch hands Triton a symbolic size as this int (generate_ttir).
+_SYMBOLIC_KEY = _int_key(2)
+
+
+def _argument_key(value: Any, constexpr: bool) -> tuple | None:
+    """What the TTIR sees of one argument (``constexpr``: one of the kernel's constexprs), or None where that is not
+    known without analyzing it."""
     import sympy
     from torch._subclasses.fake_tensor import FakeTensor
 
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool, sympy.Expr)):
-        return ("symbolic",)
+        return _SYMBOLIC_KEY
     if isinstance(value, FakeTensor) or _is_inductor_tensor(value):
         return ("tensor", value.dtype)
+    if not constexpr and type(value) is int:
+        return _int_key(value)
+    if not constexpr and type(value) is float:
+        return ("float",)
     if value is None or isinstance(value, (bool, int, float, str, torch.dtype)):
         return (type(value).__name__, value)
     return None  # a real tensor (its alignment is specialized on), a descriptor, a tuple
@@ -42,12 +61,24 @@ def _is_inductor_tensor(value: Any) -> bool:
     return isinstance(value, TensorBox)
 
 
-def _launch_key(kwargs: dict[str, Any], tma_descriptor_metadata: dict) -> tuple | None:
+def _constexpr_names(kernel: Any) -> frozenset[str] | None:
+    """The kernel's constexpr parameters (an autotuner's or heuristics' wrapped JITFunction's); None where unknown:
+    then every argument counts by its value."""
+    while not hasattr(kernel, "params") and hasattr(kernel, "fn"):
+        kernel = kernel.fn
+    params = getattr(kernel, "params", None)
+    if params is None:
+        return None
+    return frozenset(p.name for p in params if p.is_constexpr)
+
+
+def _launch_key(kernel: Any, kwargs: dict[str, Any], tma_descriptor_metadata: dict) -> tuple | None:
     if tma_descriptor_metadata:
         return None
+    constexprs = _constexpr_names(kernel)
     parts = []
     for name in sorted(kwargs):
-        part = _argument_key(kwargs[name])
+        part = _argument_key(kwargs[name], constexprs is None or name in constexprs)
         if part is None:
             return None
         parts.append((name, *part))
@@ -61,7 +92,7 @@ def remembered(analysis: Callable) -> Callable:
 
     @functools.wraps(analysis)
     def analyze(kernel, kwargs, tma_descriptor_metadata, *args, **rest):
-        key = None if args or rest else _launch_key(kwargs, tma_descriptor_metadata)
+        key = None if args or rest else _launch_key(kernel, kwargs, tma_descriptor_metadata)
         if key is None:
             return analysis(kernel, kwargs, tma_descriptor_metadata, *args, **rest)
         by_launch = answers.setdefault(id(kernel), (kernel, {}))[1]
