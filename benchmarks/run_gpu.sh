@@ -16,7 +16,9 @@
 #   kernel tables; these three without the peers' columns.
 #   TESTS="lowering_tests/system/test_gpu.py ..." limits the tests; MODEL_ARGS, GEMM_AR_ARGS, FSDP2_ARGS add arguments
 #   to that step; TESTS_TIMEOUT bounds the tests (s); MAX_JOBS sets the native build's jobs; INSTALLED=1 skips the
-#   install.
+#   install. BUNDLE=DIR: after the install and after each step, DIR/bundle.tgz holds all of $OUT so far (the device
+#   tool brings back a few files, and a command stopped at its time limit keeps what its last step bundled):
+#   BUNDLE=$OUT OUT=/tmp/stage bash benchmarks/run_gpu.sh ...
 set -o pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/turbo_out}
 mkdir -p "$OUT"
@@ -52,6 +54,13 @@ bench() {
   "$@" 2>&1 | tee -a "$OUT/$log.log" | grep -v -i "warn"
   echo "== $log: $(( SECONDS - start )) s"
 }
+
+# bundle: $OUT so far into $BUNDLE/bundle.tgz, where BUNDLE is set (replaced whole, never half written).
+bundle() {
+  [ -n "${BUNDLE:-}" ] || return 0
+  tar czf "$BUNDLE/bundle.tgz.part" -C "$OUT" . && mv "$BUNDLE/bundle.tgz.part" "$BUNDLE/bundle.tgz"
+}
+bundle
 
 steps=()
 for step in ${*:-all}; do
@@ -100,4 +109,5 @@ for step in "${steps[@]}"; do
     fsdp2) bench bench_fsdp2 torchrun --nproc-per-node "$gpus" -m benchmarks.bench_fsdp2 ${FSDP2_ARGS:-} ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
+  bundle
 done
