@@ -217,9 +217,10 @@ def triton_knobs():
 def kernel_ttir(total: dict):
     """Counts into ``total`` the calls, distinct calls and seconds of torch's TTIR of user-defined Triton kernels
     (ours, launched from traced op bodies): torch reads what each launch reads and writes from it, as AOTAutograd
-    traces and again as Inductor lowers, within those phases' times. Distinct: by what the TTIR depends on, the
-    kernel, its arguments' dtypes, its other arguments' values, symbolic sizes alike (``generate_ttir``). Answered:
-    the analyses of launches that ``access_analysis`` answered without a TTIR."""
+    traces and again as Inductor lowers, within those phases' times. Distinct: by the kernel, its arguments' dtypes,
+    its other arguments' values, symbolic sizes alike, finer than ``access_analysis``'s keys (Triton's
+    specialization), so each launch it analyzed counts once. Answered: the analyses of launches that
+    ``access_analysis`` answered without a TTIR."""
     from torch._higher_order_ops import triton_kernel_wrap
 
     from turbo_inductor.kernels.triton import access_analysis
