@@ -157,10 +157,12 @@ def weight_operands(
     if not (backward and dgrad_weight_is_forward_transposed(recipe)):
         return _weight_operands_apart(weight, recipe, quantize, forward, backward)
     q, scale = _weight_operands_apart(weight, recipe, quantize, True, False)[0]
-    if not TRANSPOSE_DGRAD_WEIGHT:
-        return ((q, scale) if forward else None), (q.transpose(1, 2), scale.transpose(1, 2))
-    transpose = fp8_transpose if isinstance(q, FakeTensor) else registry.select(TRANSPOSE_KERNEL, q.device, impl)
-    return ((q, scale) if forward else None), (transpose(q), scale.transpose(1, 2))
+    if TRANSPOSE_DGRAD_WEIGHT:
+        transpose = fp8_transpose if isinstance(q, FakeTensor) else registry.select(TRANSPOSE_KERNEL, q.device, impl)
+        q_t = transpose(q)
+    else:
+        q_t = q.transpose(1, 2)
+    return ((q, scale) if forward else None), (q_t, scale.transpose(1, 2))
 
 
 def dgrad_weight_is_forward_transposed(recipe: str) -> bool:
