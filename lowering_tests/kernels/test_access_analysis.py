@@ -37,9 +37,10 @@ def _written(answer) -> list[str]:
 
 def each_distinct_launch_analyzed_once() -> None:
     """A launch differing only in sizes (symbolic or not, as torch hands them) or a float's value is answered from
-    memory, where Triton specializes the sizes alike (the int's type, whether it is 1, whether 16 divides it); a
-    dtype, another specialization or a constexpr makes another launch; a real tensor is analyzed every time (Triton
-    specializes on its alignment). Each answer equals torch's own, and is a copy: Inductor keeps what it gets.
+    memory, where Triton specializes the sizes alike (the int's type, whether it is 1, whether 16 divides it) and
+    torch makes constants of constexprs only; where torch makes every scalar a constant, only a launch with the same
+    values is. A dtype or a constexpr makes another launch; a real tensor is analyzed every time (Triton specializes
+    on its alignment). Each answer equals torch's own, and is a copy: Inductor keeps what it gets.
     Triton's compiler aims at sm_90, as on the GPU machine, and the kernel is jitted for real: in a process that
     never ran the interpreter, which patches ``triton.language`` as it runs."""
     from triton.runtime.driver import driver
@@ -56,22 +57,25 @@ def each_distinct_launch_analyzed_once() -> None:
         bf16, fp32 = torch.empty(64, dtype=torch.bfloat16), torch.empty(64, dtype=torch.float32)
         other_size = torch.empty(96, dtype=torch.bfloat16)
     first = {"x_ptr": bf16, "y_ptr": bf16, "n": n, "factor": 2.0, "BLOCK": 64}
+    # (launch, analyzed where keyed by specialization, analyzed where keyed by value)
     launches = [
-        (first, True),
-        ({**first, "x_ptr": other_size, "y_ptr": other_size, "n": m}, False),  # other sizes: the same TTIR
-        ({**first, "n": 4097}, False),  # as torch hands a symbolic size: 2, an i32 that 16 does not divide
-        ({**first, "n": 4096}, True),
-        ({**first, "n": 14336}, False),
-        ({**first, "n": 1}, True),
-        ({**first, "n": 2**31}, True),
-        ({**first, "x_ptr": fp32}, True),
-        ({**first, "factor": 3.0}, False),
-        ({**first, "BLOCK": 128}, True),
-        ({**first, "BLOCK": 128}, False),
+        (first, True, True),
+        ({**first, "x_ptr": other_size, "y_ptr": other_size, "n": m}, False, False),  # other sizes: the same TTIR
+        ({**first, "n": 4097}, False, True),  # as torch hands a symbolic size: 2, an i32 that 16 does not divide
+        ({**first, "n": 4096}, True, True),
+        ({**first, "n": 14336}, False, True),
+        ({**first, "n": 1}, True, True),
+        ({**first, "n": 2**31}, True, True),
+        ({**first, "x_ptr": fp32}, True, True),
+        ({**first, "factor": 3.0}, False, True),
+        ({**first, "BLOCK": 128}, True, True),
+        ({**first, "BLOCK": 128}, False, False),
     ]
+    by_value = access_analysis.scalars_are_constants()
+    expected = [by_value_analyzed if by_value else analyzed for _, analyzed, by_value_analyzed in launches]
     before = access_analysis.counts()
     ttir_by_key = {}
-    for kwargs, analyzed in launches:
+    for (kwargs, *_), analyzed in zip(launches, expected):
         made.clear()
         answer = analyze(kernel, kwargs, {})
         assert len(made) == analyzed, kwargs
@@ -81,15 +85,18 @@ def each_distinct_launch_analyzed_once() -> None:
         assert _written(answer) == _written(torchs(kernel, kwargs, {})) == ["y_ptr"], kwargs
         answer.clear() if isinstance(answer, list) else answer.read_writes.writes.clear()
     after = access_analysis.counts()
-    assert (after["analyzed"] - before["analyzed"], after["answered"] - before["answered"]) == (6, 5)
+    counted = (after["analyzed"] - before["analyzed"], after["answered"] - before["answered"])
+    assert counted == (sum(expected), len(expected) - sum(expected))
     real = {**first, "x_ptr": torch.randn(64), "y_ptr": torch.randn(64), "n": 64}
     for _ in range(2):
         made.clear()
         assert _written(analyze(kernel, real, {})) == ["y_ptr"] and len(made) == 1
+    triton_kernel_wrap.generate_ttir = generate
 
 
 def test_each_distinct_launch_is_analyzed_once_and_answers_as_torch_does():
-    """:func:`each_distinct_launch_analyzed_once`, in a process without ``TRITON_INTERPRET``."""
+    """:func:`each_distinct_launch_analyzed_once`, in a process without ``TRITON_INTERPRET``: keyed as this torch
+    makes the TTIR, then by value (exact under every torch)."""
     if importlib.util.find_spec("triton.backends.nvidia") is None:
         pytest.skip("this Triton has no NVIDIA backend to compile for sm_90")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -122,4 +129,6 @@ def test_launches_with_tensor_descriptors_are_analyzed_every_time_and_install_wr
 
 
 if __name__ == "__main__":
+    each_distinct_launch_analyzed_once()
+    access_analysis.scalars_are_constants = lambda: True
     each_distinct_launch_analyzed_once()

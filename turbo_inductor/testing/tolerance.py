@@ -21,3 +21,10 @@ def snr_db(got: torch.Tensor, want: torch.Tensor) -> float:
     if noise == 0:
         return math.inf
     return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
+
+
+def snr_spread_db(elements: int) -> float:
+    """How far two SNRs of one ``elements``-element result, each with its own FP8 noise, lie apart by chance: a noise
+    power is a sum of that many squares, known to within sqrt(2 / elements) relatively, so the difference of two in
+    dB spreads by about 20 / ln 10 / sqrt(elements) (one sigma). Two sigma, and 0.5 dB at least."""
+    return max(0.5, 2 * 20 / math.log(10) / math.sqrt(max(elements, 1)))

@@ -7,13 +7,15 @@ The answer depends only on what torch hands Triton to make the TTIR (``generate_
 dtypes, its constexprs' values, and of its other scalars only what Triton specializes on: an int's type (i32 or
 wider), whether it is 1 (made a constant) and whether 16 divides it; a float's type. A symbolic size is handed as 2.
 :func:`install` keys the answers by exactly that, so the launches of one kernel at every layer's sizes share one
-analysis. A launch with a real tensor or a TMA descriptor is analyzed every time.
+analysis. Where torch makes every scalar a constant of the TTIR (torch 2.11; newer torch only constexprs), a scalar
+counts by its value. A launch with a real tensor or a TMA descriptor is analyzed every time.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +35,28 @@ def _int_key(value: int) -> tuple:
 
 
 # torch hands Triton a symbolic size as this int (generate_ttir).
-_SYMBOLIC_KEY = _int_key(2)
+SYMBOLIC_SIZE = 2
+
+
+@functools.cache
+def scalars_are_constants() -> bool:
+    """Whether this torch's ``generate_ttir`` makes every non-tensor argument a constant of the TTIR, its value then
+    part of the launch (torch 2.11). Newer torch makes constants of constexprs only (its ``_is_constexpr_or_none``).
+    Where the source cannot be read, by value: never a wrong answer, only fewer shared ones."""
+    from torch._higher_order_ops import triton_kernel_wrap
+
+    try:
+        source = inspect.getsource(triton_kernel_wrap.generate_ttir)
+    except (OSError, TypeError):
+        return True
+    return "_is_constexpr_or_none" not in source
+
+
+def _scalar_key(value: int | float) -> tuple:
+    """What the TTIR sees of a non-constexpr int or float."""
+    if scalars_are_constants():
+        return (type(value).__name__, value)
+    return _int_key(value) if type(value) is int else ("float",)
 
 
 def _argument_key(value: Any, constexpr: bool) -> tuple | None:
@@ -43,13 +66,11 @@ def _argument_key(value: Any, constexpr: bool) -> tuple | None:
     from torch._subclasses.fake_tensor import FakeTensor
 
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool, sympy.Expr)):
-        return _SYMBOLIC_KEY
+        return _scalar_key(SYMBOLIC_SIZE)
     if isinstance(value, FakeTensor) or _is_inductor_tensor(value):
         return ("tensor", value.dtype)
-    if not constexpr and type(value) is int:
-        return _int_key(value)
-    if not constexpr and type(value) is float:
-        return ("float",)
+    if not constexpr and type(value) in (int, float):
+        return _scalar_key(value)
     if value is None or isinstance(value, (bool, int, float, str, torch.dtype)):
         return (type(value).__name__, value)
     return None  # a real tensor (its alignment is specialized on), a descriptor, a tuple
