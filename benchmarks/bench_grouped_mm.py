@@ -64,11 +64,6 @@ HEURISTICS = {
     ),
     "triton GEMMs wgrad promoted": (_TRITON, _PROMOTED_WGRAD),
     "torch's wgrad promoted": (_TORCH_WGRAD, _PROMOTED_WGRAD),
-    # No fp8_transpose of W: the Triton dgrad reads the forward copy, each tile transposed into shared memory.
-    "triton dgrad of the forward copy": (
-        _TORCH_WGRAD,
-        {importlib.import_module("turbo_inductor.ops.fp8_operands"): {"TRANSPOSE_DGRAD_WEIGHT": False}},
-    ),
 }
 
 

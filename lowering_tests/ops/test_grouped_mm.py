@@ -170,31 +170,6 @@ def test_without_saving_w_t_the_backward_quantizes_it_again_to_the_same_results(
         assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise", "blockwise"])
-@pytest.mark.parametrize("impl", [EXACT_IMPL, TRITON_FP8])
-def test_a_dgrad_reading_the_forward_copy_in_place_gives_the_transposed_copys_results(monkeypatch, recipe, impl):
-    """Without TRANSPOSE_DGRAD_WEIGHT no fp8_transpose runs: the dgrad reads the forward copy through strides (the
-    saved W^T is a view of it), and outputs and gradients are bit-equal to the transposed copy's, the Triton GEMM's
-    included."""
-    from turbo_inductor.ops import fp8_operands
-
-    x, parameter, weight, offs = case("empty first and last, rows past the last group", 32, 48)
-    dy = torch.randn(x.shape[0], 48, device=DEVICE)
-    results = []
-    for transposes in (True, False):
-        monkeypatch.setattr(fp8_operands, "TRANSPOSE_DGRAD_WEIGHT", transposes)
-        for t in (x, parameter):
-            t.grad = None
-        registry.reset_kernel_calls()
-        y = ops.fp8_grouped_mm(x, weight(parameter), offs, recipe, impl=impl)
-        y.backward(dy)
-        transposed = sum(n for (kernel, _), n in registry.kernel_calls().items() if kernel == "fp8_transpose")
-        assert transposed == (1 if transposes else 0)
-        results.append((y.detach(), x.grad, parameter.grad))
-    for got, want in zip(*results, strict=True):
-        assert torch.equal(got, want)
-
-
 def test_the_eager_backward_gets_no_zero_filled_gradient_of_the_saved_fp8_operands():
     """The saved FP8 operands (x^T, W^T) are outputs of the forward op that take no gradient: eager autograd would
     hand the backward a zero-filled tensor of each (W^T: as large as W), unless told not to."""

@@ -27,13 +27,6 @@ from .library import check
 
 QUANTIZE_KERNEL = "fp8_quantize"
 TRANSPOSE_KERNEL = "fp8_transpose"
-# Whether the experts' dgrad operand is the forward copy transposed into its own layout (``fp8_transpose``: one byte
-# read and one written per element of W), or the forward copy read where it lies, its contracted dimension strided:
-# a GEMM reading it (the Triton pointer kernels) then carries each tile through registers into shared memory
-# transposed, since Hopper's FP8 MMA takes operands with the contracted dimension contiguous. A launch-heuristic
-# constant (``bench_grouped_mm --heuristics``).
-TRANSPOSE_DGRAD_WEIGHT = True
-
 # cuBLASLt's FP8 GEMMs want N and K in multiples of 16.
 ALIGNMENT = 16
 
@@ -152,16 +145,13 @@ def weight_operands(
     Forward: W[g]^T [N, K] as [E, N, K], scales [E, N blocks, K blocks]. Backward (dx): W[g] [K, N] as
     [E, K, N], scales [E, K blocks, N blocks]. Strided views; the contracted dimension is contiguous.
     Where :func:`dgrad_weight_is_forward_transposed`, the backward's is the forward's q transposed (``fp8_transpose``,
-    by ``impl``; a strided view of it without ``TRANSPOSE_DGRAD_WEIGHT``), its scales the forward's transposed:
+    by ``impl``), its scales the forward's transposed:
     rowwise recipes' then lie along the dgrad's contracted N, [E, 1, N], for :func:`fold_contracted_weight_scales`."""
     if not (backward and dgrad_weight_is_forward_transposed(recipe)):
         return _weight_operands_apart(weight, recipe, quantize, forward, backward)
     q, scale = _weight_operands_apart(weight, recipe, quantize, True, False)[0]
-    if TRANSPOSE_DGRAD_WEIGHT:
-        transpose = fp8_transpose if isinstance(q, FakeTensor) else registry.select(TRANSPOSE_KERNEL, q.device, impl)
-        q_t = transpose(q)
-    else:
-        q_t = q.transpose(1, 2)
+    transpose = fp8_transpose if isinstance(q, FakeTensor) else registry.select(TRANSPOSE_KERNEL, q.device, impl)
+    q_t = transpose(q)
     return ((q, scale) if forward else None), (q_t, scale.transpose(1, 2))
 
 
