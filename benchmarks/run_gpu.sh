@@ -3,7 +3,8 @@
 #   bash benchmarks/run_gpu.sh [STEP...]   (default: all)
 #   all = model rmsnorm glu fp8_quant convergence fp8: every single-GPU benchmark, the main job first (nvidia-h200);
 #   grouped_mm: MoE expert GEMMs; grouped_mm_heuristics: the FP8 GEMMs' launch-heuristic variants (rowwise, at
-#   run_model's routed rows, with kernel tables); fp8_quant_moe: their operands' quantization kernels against a copy,
+#   run_model's routed rows, with kernel tables); per_group: torch's grouped GEMMs against a cuBLAS GEMM per group
+#   after a host sync, per pass; fp8_quant_moe: their operands' quantization kernels against a copy,
 #   with the grouped kernel's launch-heuristic variants; gemm_ar, fsdp2: on every GPU of the host (kind nvidia-h200-x2);
 #   quick: the tests marked gpu_quick, every GPU session's first step; tests: the test suite (lowering_tests,
 #   benchmarks/tests), less the gpu_quick tests where the quick step ran before it in the same call; profile: profiler
@@ -86,6 +87,7 @@ for step in "${steps[@]}"; do
     grouped_mm_heuristics) bench bench_grouped_mm python3 -m benchmarks.bench_grouped_mm --modes fwd+bwd --tokens 4096 \
                              --kernels --heuristics all \
                              --columns 'bf16 torch._grouped_mm,fp8 rowwise auto,fp8 rowwise triton GEMMs,fp8 rowwise:' ;;
+    per_group) bench bench_grouped_per_group python3 -m benchmarks.bench_grouped_per_group ;;
     costs) bench bench_grouped_mm python3 -m benchmarks.bench_grouped_mm --modes fwd+bwd
            bench bench_grouped_mm python3 -m benchmarks.bench_grouped_mm --modes fwd+bwd --tokens 4096
            bench bench_fp8 python3 -m benchmarks.bench_fp8
