@@ -12,9 +12,10 @@
 #   run_model's routed rows) and linears measured fwd+bwd, merged into the package's table here (later steps decide by
 #   it) and copied to $OUT; memory: the main job beside FP8 columns that save no W^T (save_weight_t's cost in time
 #   against the memory it holds); moe: transformers' Mixtral and Qwen3-MoE with their kernel lists, FP8 experts forced
-#   beside auto's choice, then their quantization kernels and the floor of the FP8 step (benchmarks/floor.py); autocast:
-#   Llama-3-8B in bf16 and under autocast (fp32 parameters), whose ratios to Inductor are to be within 3%, with their
-#   kernel tables; these three without the peers' columns.
+#   beside auto's choice and bf16 experts by one GEMM per group (vendor_per_group), then their quantization kernels
+#   and the floor of the FP8 step (benchmarks/floor.py); autocast: Llama-3-8B in bf16 and under autocast (fp32
+#   parameters), whose ratios to Inductor are to be within 3%, with their kernel tables; these three without the
+#   peers' columns.
 #   TESTS="lowering_tests/system/test_gpu.py ..." limits the tests; MODEL_ARGS, GEMM_AR_ARGS, FSDP2_ARGS add arguments
 #   to that step; TESTS_TIMEOUT bounds the tests (s); MAX_JOBS sets the native build's jobs; INSTALLED=1 skips the
 #   install. BUNDLE=DIR: after the install and after each step, DIR/bundle.tgz holds all of $OUT so far (the device
@@ -95,7 +96,8 @@ for step in "${steps[@]}"; do
            python3 -m benchmarks.cost_table "$OUT"/grouped_mm*.json "$OUT"/fp8*.json && cp turbo_inductor/costs/*.json "$OUT"/ ;;
     model) bench run_model python3 -m benchmarks.run_model ${MODEL_ARGS:-} ;;
     moe) bench run_model python3 -m benchmarks.run_model --hf mixtral-8x7b,qwen3-30b-a3b --kernels 30 --snr-inputs 1 --peers '' \
-           --column 'fp8 rowwise experts={"fp8": {"recipe": "rowwise", "experts": true}}'
+           --column 'fp8 rowwise experts={"fp8": {"recipe": "rowwise", "experts": true}}' \
+           --column 'bf16 per group={"impl": {"grouped_gemm": "vendor_per_group", "grouped_gemm_wgrad": "vendor_per_group"}}'
          bench bench_fp8_quant python3 -m benchmarks.bench_fp8_quant --shapes '' --moe mixtral-8x7b,qwen3-30b-a3b
          python3 -m benchmarks.floor "$(ls -t "$OUT"/model_*.json | head -1)" --out "$OUT/floor_moe.json" \
            --quant "$OUT/fp8_quant_shapes-none_moe-mixtral-8x7b-qwen3-30b-a3b.json" ;;

@@ -32,6 +32,8 @@ def test_implementations_rank_vendor_then_triton_then_reference(monkeypatch):
         assert impls["triton"].priority_on(torch.device("cpu")) < priority["reference"]  # the interpreter is slow
         if "triton_tma" in impls:  # until measured ahead of the pointer kernels
             assert priority["triton_tma"] < priority["triton"]
+        if "vendor_per_group" in impls:  # until measured ahead of the grouped kernels in a model
+            assert priority["reference"] < priority["vendor_per_group"] < priority["triton"]
     monkeypatch.setattr(torch.version, "hip", "6.4")
     rows = registry.implementations("fp8_grouped_gemm")
     assert rows["vendor"].priority_on(torch.device("cuda")) > rows["triton"].priority_on(torch.device("cuda"))
@@ -91,6 +93,29 @@ def test_vendor_bf16_kernels_on_torchs_cpu_grouped_mm(monkeypatch):
     assert got[offs[-1] :].count_nonzero() == 0
     got = vendor_grouped.grouped_gemm_wgrad(x, dy, offs, torch.bfloat16)
     torch.testing.assert_close(got, reference_wgrad(x, dy, offs, torch.bfloat16), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("pattern", ["empty first and last, rows past the last group", "odd sizes"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_gemm_per_group_matches_the_reference_and_declines_a_graph_capture(monkeypatch, pattern, dtype):
+    """``vendor_per_group`` (one torch.mm per group after reading offs on the host): the reference's sums, rows past
+    the last group zero and empty groups' gradients zero (the outputs start as garbage, NaN here); it declines
+    another output dtype and a CUDA graph capture, which forbids reading offs on the host."""
+    x, parameter, weight, offs = case(pattern, 32, 48, dtype)
+    x, w, dy = x.detach(), weight(parameter.detach()), torch.randn(x.shape[0], 48, device=DEVICE).to(dtype)
+    monkeypatch.setattr(torch, "empty", lambda *args, **kwargs: torch.full(*args, float("nan"), **kwargs))
+    tolerance = dict(rtol=1e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    for kernel, fn, args in (
+        ("grouped_gemm", vendor_grouped.grouped_gemm_per_group, (x, w, offs, dtype)),
+        ("grouped_gemm_wgrad", vendor_grouped.grouped_gemm_wgrad_per_group, (x, dy, offs, dtype)),
+    ):
+        assert vendor_grouped.per_group_supports(*args) is None
+        want = registry.implementations(kernel)["reference"].fn(*args)
+        torch.testing.assert_close(fn(*args), want, **tolerance)
+    assert "operands' dtype" in vendor_grouped.per_group_supports(x, w, offs, torch.float16)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert "CUDA graph capture" in vendor_grouped.per_group_supports(x, w, offs, dtype)
 
 
 def _scaled_grouped_mm_checked(mat_a, mat_b, scale_a, scale_b, offs=None, out_dtype=None, use_fast_accum=False):

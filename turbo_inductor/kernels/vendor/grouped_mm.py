@@ -28,8 +28,8 @@ import functools
 
 import torch
 
-from ..reference.grouped_mm import wgrad_scales_reason
-from ..registry import implementation
+from ..reference.grouped_mm import group_bounds, wgrad_scales_reason
+from ..registry import implementation, never
 from ..triton.grouped_mm import zero_rows_past_groups
 from . import unavailable_reason as vendor_unavailable_reason
 
@@ -139,6 +139,59 @@ def grouped_gemm_wgrad(a, b, offs, out_dtype):
     return torch._grouped_mm(a.t(), b, offs=offs)
 
 
+# One cuBLAS GEMM per group after reading offs on the host (a sync), as TransformerEngine's GroupedLinear runs: at
+# Mixtral's expert shapes in bf16 its passes ran 0.98-1.12x torch's grouped kernels on an H100, at Qwen3-MoE's 128
+# groups 0.1-0.2x (``bench_grouped_per_group``, docs/kernels.md, "Grouped GEMM"). Below the grouped kernels until
+# measured ahead in a model; ``impl=`` or ``autotune`` picks it. Never traced: it stays one call in a compiled graph.
+PER_GROUP_PRIORITY = 5
+
+
+def per_group_supports(a, b, offs, out_dtype) -> str | None:
+    if not (a.dtype == b.dtype == out_dtype):
+        return f"torch.mm writes its operands' dtype, got {a.dtype} x {b.dtype} -> {out_dtype}"
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return "one GEMM per group reads offs on the host, which a CUDA graph capture forbids"
+    return None
+
+
+@implementation(
+    "grouped_gemm",
+    "vendor_per_group",
+    priority=PER_GROUP_PRIORITY,
+    unavailable_reason=vendor_unavailable_reason,
+    traceable=never,
+    supports=per_group_supports,
+)
+def grouped_gemm_per_group(a, b, offs, out_dtype):
+    """``out[rows of g] = a[rows of g] @ b[g]``, one ``torch.mm`` per non-empty group; rows of no group are zero."""
+    out = torch.empty((a.shape[0], b.shape[2]), dtype=out_dtype, device=a.device)
+    end = 0
+    for g, (start, end) in enumerate(group_bounds(offs, a.shape[0])):
+        if end > start:
+            torch.mm(a[start:end], b[g], out=out[start:end])
+    out[end:].zero_()
+    return out
+
+
+@implementation(
+    "grouped_gemm_wgrad",
+    "vendor_per_group",
+    priority=PER_GROUP_PRIORITY,
+    unavailable_reason=vendor_unavailable_reason,
+    traceable=never,
+    supports=per_group_supports,
+)
+def grouped_gemm_wgrad_per_group(a, b, offs, out_dtype):
+    """``out[g] = a[rows of g]^T @ b[rows of g]``, one ``torch.mm`` per non-empty group; empty groups give zeros."""
+    out = torch.empty((offs.shape[0], a.shape[1], b.shape[1]), dtype=out_dtype, device=a.device)
+    for g, (start, end) in enumerate(group_bounds(offs, a.shape[0])):
+        if end > start:
+            torch.mm(a[start:end].t(), b[start:end], out=out[g])
+        else:
+            out[g].zero_()
+    return out
+
+
 def _scale_granularity(a, a_scale, b, b_scale) -> str | None:
     """The granularity, rowwise or tensorwise, of scales torch._scaled_grouped_mm takes (broadcast), else None."""
     (s, _), (groups, n, _) = a.shape, b.shape
@@ -226,6 +279,9 @@ def fp8_grouped_gemm_wgrad(a, a_scale, b, b_scale, offs, out_dtype, fast_accum=F
 __all__ = [
     "grouped_gemm",
     "grouped_gemm_wgrad",
+    "grouped_gemm_per_group",
+    "grouped_gemm_wgrad_per_group",
+    "per_group_supports",
     "fp8_grouped_gemm",
     "fp8_grouped_gemm_wgrad",
     "device_unsupported",
