@@ -15,8 +15,9 @@ import torch
 from benchmarks import record
 from benchmarks.bench_grouped_mm import CONFIGS, DEVICE, TOKENS, projections, routing
 from benchmarks.common import bench_ms
+from turbo_inductor.kernels import registry
+from turbo_inductor.kernels.reference.grouped_mm import group_bounds
 
-E4M3 = torch.float8_e4m3fn
 PAD = 16
 
 
@@ -27,18 +28,15 @@ def padded(offs: torch.Tensor) -> torch.Tensor:
 
 
 def rowwise(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """t quantized to e4m3 with a scale per row (fp32 [rows, 1])."""
-    scale = t.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / torch.finfo(E4M3).max
-    return (t.float() / scale).to(E4M3), scale
+    """t [R, C] quantized to e4m3 by the package's kernel, a scale per row (fp32 [R, 1])."""
+    return registry.select("fp8_quantize", t.device)(t, torch.float8_e4m3fn, 1, t.shape[1], False)
 
 
-def per_group(offs: torch.Tensor, gemm) -> None:
-    """``gemm(g, start, end)`` for every non-empty group, after reading offs on the host."""
-    start = 0
-    for g, end in enumerate(offs.tolist()):
+def per_group(offs: torch.Tensor, rows: int, gemm) -> None:
+    """``gemm(g, start, end)`` for every non-empty group of ``rows`` rows, after reading offs on the host."""
+    for g, (start, end) in enumerate(group_bounds(offs, rows)):
         if end > start:
             gemm(g, start, end)
-        start = end
 
 
 def passes(s: int, k: int, n: int, groups: int, offs: torch.Tensor) -> dict[str, tuple]:
@@ -67,10 +65,13 @@ def passes(s: int, k: int, n: int, groups: int, offs: torch.Tensor) -> dict[str,
         ),
     }
     xq, xs = rowwise(x)
-    wq, ws = rowwise(w)  # [E, N, K], a scale per expert and output column
+    wq, ws = (t.view(groups, n, -1) for t in rowwise(w.view(groups * n, k)))  # a scale per expert and output column
     # The wgrad's operands transposed, [N, S] and [K, S], scaled per row: the padded layout the FP8 wgrads take.
     dytq, dyts = rowwise(dy.t().contiguous())
     xtq, xts = rowwise(x.t().contiguous())
+    scale_w = ws.reshape(groups, n).contiguous()
+    # torch's grouped wgrad takes a scale per group and row of each operand, flattened
+    scales_t = (dyts.reshape(1, n).expand(groups, n).reshape(-1), xts.reshape(1, k).expand(groups, k).reshape(-1))
     for fast in (False, True):
 
         def forward(g, i, j, fast=fast):
@@ -83,8 +84,6 @@ def passes(s: int, k: int, n: int, groups: int, offs: torch.Tensor) -> dict[str,
                 dytq[:, i:j], xtq[:, i:j].t(), dyts, xts.reshape(1, k), out_dtype=torch.bfloat16, use_fast_accum=fast
             )
 
-        scale_w = ws.reshape(groups, n).contiguous()
-        scales_t = (dyts.reshape(1, n).expand(groups, n).reshape(-1), xts.reshape(1, k).expand(groups, k).reshape(-1))
         cases[f"fp8 forward fast_accum={fast}"] = (
             lambda fast=fast: torch._scaled_grouped_mm(
                 xq,
@@ -101,7 +100,7 @@ def passes(s: int, k: int, n: int, groups: int, offs: torch.Tensor) -> dict[str,
             lambda fast=fast: torch._scaled_grouped_mm(
                 dytq,
                 xtq.t(),
-                *[s.contiguous() for s in scales_t],
+                *scales_t,
                 offs=offs,
                 out_dtype=torch.bfloat16,
                 use_fast_accum=fast,
@@ -121,7 +120,7 @@ def run(configs: list[str], tokens: int) -> list[dict]:
             tflop = 2 * s * k * n / 1e12
             for name, (grouped, loop) in passes(s, k, n, groups, offs).items():
                 grouped_ms = bench_ms(grouped)
-                loop_ms = bench_ms(lambda loop=loop: per_group(offs, loop))
+                loop_ms = bench_ms(lambda loop=loop: per_group(offs, s, loop))
                 rows.append(
                     {
                         "shape": f"{config} {projection} [{s}, {k}] x [{groups}, {k}, {n}]",

@@ -14,5 +14,5 @@ def test_groups_are_padded_to_whole_tiles_and_each_nonempty_group_is_called_once
     assert torch.equal(counts, torch.tensor([16, 0, 32, 32, 32], dtype=torch.int32))
     assert all(c % PAD == 0 for c in counts.tolist())
     calls = []
-    per_group(ends, lambda g, start, end: calls.append((g, start, end)))
+    per_group(ends, 112, lambda g, start, end: calls.append((g, start, end)))
     assert calls == [(0, 0, 16), (2, 16, 48), (3, 48, 80), (4, 80, 112)]
