@@ -2,9 +2,10 @@
 ``fp8`` option's ``"auto"`` reads to put a GEMM in FP8 only where it was measured to win (``turbo_inductor.costs``).
 
 ``python -m benchmarks.cost_table RESULT.json [...] [--out turbo_inductor/costs]``
-Takes ``bench_grouped_mm`` runs (fwd+bwd rows: ``grouped_mm impl=auto`` is high precision, ``fp8 RECIPE auto`` each
-recipe) and ``bench_fp8`` runs (its training step by size: ``inductor`` is high precision), their GPU time. A shape
-measured again replaces its row; every row names the run it came from.
+Takes ``bench_grouped_mm`` runs (fwd+bwd rows: ``grouped_mm impl=auto`` is high precision, ``grouped_mm impl=NAME`` high
+precision by implementation NAME (auto included), ``fp8 RECIPE auto`` each recipe) and ``bench_fp8`` runs (its training
+step by size: ``inductor`` is high precision), their GPU time. A shape measured again replaces its row; every row names
+the run it came from.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import pathlib
 import re
 
 from benchmarks.bench_grouped_mm import SHAPE
-from turbo_inductor.costs import DEFAULTS, GROUPED_MM, HERE, HIGH_PRECISION, LINEAR
+from turbo_inductor.costs import DEFAULTS, GROUPED_MM, HERE, HIGH_PRECISION, LINEAR, implementation_key
 
 # FP8 must be this much faster than high precision to be taken: the spread of repeated GPU timings of one step.
 MARGIN = 0.02
 _LINEAR = re.compile(r"linear (\d+)x(\d+)->(\d+)")
 _FP8_COLUMN = re.compile(r"(?:fp8|primus_turbo fp8) (\w+)(?: auto)?$")
+_IMPL_COLUMN = re.compile(r"grouped_mm impl=(\w+)$")
 
 
 def slug_of(machine: str) -> str:
@@ -35,20 +37,29 @@ def entries(result: dict, source: str) -> dict[str, list[dict]]:
         if row.get("mode") != "fwd+bwd":
             continue
         column = row.get("column", row.get("backend", ""))
+        alternative = None
         if result["benchmark"] == "grouped_mm" and (match := SHAPE.search(row["shape"])):
             rows, k, groups, _, n = map(int, match.groups())
             key = (GROUPED_MM, groups, rows, k, n)
             high = column == "grouped_mm impl=auto"
+            if m := _IMPL_COLUMN.match(column):
+                alternative = implementation_key(m.group(1))
         elif result["benchmark"] == "fp8" and (match := _LINEAR.search(row["shape"])):
             rows, k, n = map(int, match.groups())
             key = (LINEAR, 1, rows, k, n)
             high = column == "inductor"
         else:
             continue
+        entry = found.setdefault(key, {"groups": key[1], "rows": rows, "k": k, "n": n, "ms": {}, "source": source})
+        if alternative is not None:
+            # Implementations compare by the slower of wall and GPU time: one that reads offs on the host leaves the
+            # GPU idle while it waits, which its GPU time does not show.
+            entry["ms"][alternative] = round(max(row["ms"], row.get("gpu_ms", 0.0)), 4)
+            if not high:
+                continue
         recipe = HIGH_PRECISION if high else (m.group(1) if (m := _FP8_COLUMN.match(column)) else None)
         if recipe is None:
             continue
-        entry = found.setdefault(key, {"groups": key[1], "rows": rows, "k": k, "n": n, "ms": {}, "source": source})
         # GPU time where the run recorded it: in a model the host's launches overlap other kernels, while a lone
         # small GEMM's wall time is mostly launches (FP8 8192x2048->2048 at 0.37x Inductor on an H100).
         entry["ms"][recipe] = round(row.get("gpu_ms", row["ms"]), 4)

@@ -127,9 +127,9 @@ def test_main_job_trains_transformers_models_with_their_loss(capsys, tmp_path):
     assert [row["column"] for row in written["rows"]] == columns + ["liger", "liger on primus_turbo"]
     rows = {row["column"]: row for row in written["rows"]}
     if torch.cuda.is_available():  # whether Liger composes with our backend, its second column says
-        # Liger's loss in bf16 came within 27.7 dB of Inductor's on this tiny model (an H100, liger-kernel 0.8.5);
-        # a patch gone wrong gives a loss of another model, near 0 dB.
-        assert "error" not in rows["liger"] and rows["liger"]["loss_snr_db"] > 20, "the peer's bf16 numerics"
+        # Liger's loss in bf16 came within 19.7 to 27.7 dB of Inductor's on this tiny model from run to run (H100s,
+        # liger-kernel 0.8.5); a patch gone wrong gives a loss of another model, near 0 dB.
+        assert "error" not in rows["liger"] and rows["liger"]["loss_snr_db"] > 10, "the peer's bf16 numerics"
     else:
         for liger in ("liger", "liger on primus_turbo"):
             assert rows[liger]["error"].startswith("InterpreterError: "), rows[liger]

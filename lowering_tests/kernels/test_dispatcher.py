@@ -74,6 +74,21 @@ def test_forced_implementation_never_substitutes():
     assert CALLS == []
 
 
+def test_a_preferred_implementation_runs_where_it_can_and_yields_to_the_ranking_elsewhere():
+    """``prefer:NAME``, which rewrites write from measured data: NAME first, auto's choice where it declines the call
+    or does not run on the device, never an error; a name no kernel has is one."""
+    x = torch.randn(8)
+    torch.testing.assert_close(registry.select(KERNEL, x.device, "prefer:fast")(x, 2.0), x * 2)
+    assert CALLS == ["fast"]  # ahead of slow, which ranks higher
+    torch.testing.assert_close(registry.select(KERNEL, x.device, f"{KERNEL}=prefer:slow")(x, -2.0), x * -2)
+    assert CALLS == ["fast", "fast"]  # slow declines negative factors: the ranking's next
+    torch.testing.assert_close(registry.select(KERNEL, x.device, "prefer:absent")(x, 3.0), x * 3)
+    assert CALLS == ["fast", "fast", "slow"]  # absent does not run here: the ranking's first
+    assert registry.candidates(KERNEL, x.device, "prefer:fast") == ["fast", "slow"]
+    with pytest.raises(ValueError, match="no kernel has an implementation 'cutlass' to prefer"):
+        registry.select(KERNEL, x.device, "prefer:cutlass")
+
+
 def test_autotune_measures_once_per_signature_and_keeps_the_fastest():
     x = torch.randn(8)
     tuned = registry.select(KERNEL, x.device, "autotune")

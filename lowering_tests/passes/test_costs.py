@@ -9,9 +9,10 @@ import torch
 
 import turbo_inductor
 from turbo_inductor import costs
+from turbo_inductor.kernels import registry
 from turbo_inductor.recipes import FP8Config
 from turbo_inductor.testing import DEVICE
-from turbo_inductor.testing.compare import rewrites_without_compiling
+from turbo_inductor.testing.compare import assert_matches_inductor, rewrites_without_compiling
 from turbo_inductor.testing.moe import TitanMoE
 
 EXPERTS, HIDDEN, INTERMEDIATE, TOKENS, TOP_K = 4, 64, 32, 16, 2
@@ -166,9 +167,88 @@ def test_the_h200_table_takes_fp8_for_mixtrals_experts_and_bf16_for_qwen3s(monke
     assert not any(decide(32768, k, n, 128).fp8 for k, n in ((2048, 1536), (768, 2048)))
 
 
+@pytest.mark.cost_tables
+def test_the_h100_table_runs_mixtrals_bf16_down_gemm_per_expert_and_qwen3s_grouped(monkeypatch):
+    """Measured on an H100, forward and backward, by the slower of wall and GPU time: one cuBLAS GEMM per expert ran
+    Mixtral's down 3.5% faster than torch's grouped kernel, its gate_up within the margin, and Qwen3-MoE's 128 small
+    experts 5-16x slower (a host sync and 128 launches per pass)."""
+    monkeypatch.setattr(costs, "device_slug", lambda device: "nvidia-h100-80gb-hbm3")
+
+    def choose(rows, k, n, groups):
+        return costs.grouped_implementation(torch.device("cuda"), rows, k, n, groups)[0]
+
+    assert (choose(8192, 14336, 4096, 8), choose(8192, 4096, 28672, 8)) == ("vendor_per_group", None)
+    assert choose(32768, 2048, 1536, 128) is None and choose(32768, 768, 2048, 128) is None
+
+
 @pytest.mark.parametrize("value, parsed", [("auto", "auto"), ("AUTO", "auto"), (True, True), ("false", False)])
 def test_the_option_takes_true_false_or_auto(value, parsed):
     assert FP8Config.from_option({"recipe": "rowwise", "experts": value}).experts == parsed
     assert FP8Config.from_option("rowwise").experts == FP8Config.from_option("rowwise").linears == "auto"
     with pytest.raises(ValueError, match="option 'fp8.linears' takes true, false or 'auto', got 'maybe'"):
         FP8Config.from_option({"recipe": "rowwise", "linears": "maybe"})
+
+
+@pytest.mark.parametrize(
+    "measured, preferred",
+    [
+        ({costs.HIGH_PRECISION: 1.0, costs.implementation_key("vendor_per_group"): 0.9}, "vendor_per_group"),
+        ({costs.HIGH_PRECISION: 1.0, costs.implementation_key("vendor_per_group"): 0.99}, None),  # within the margin
+        ({costs.HIGH_PRECISION: 1.0, costs.implementation_key("vendor_per_group"): 1.5}, None),
+        ({costs.HIGH_PRECISION: 1.0, "rowwise": 1.2}, None),  # no other implementation measured
+        # the ranking's choice timed as the others were (its wall time, 1.2) is the one they compare with
+        (
+            {
+                costs.HIGH_PRECISION: 1.0,
+                **{costs.implementation_key(n): t for n, t in (("auto", 1.2), ("triton", 1.1))},
+            },
+            "triton",
+        ),
+    ],
+)
+def test_bf16_experts_prefer_the_implementation_the_table_measured_faster(on_a_gpu_with, measured, preferred):
+    """The experts FP8 did not take run the implementation measured fastest at their shape, as a preference: on this
+    CPU, where it does not run, the registry's own choice runs, and the step still trains like Inductor's."""
+    on_a_gpu_with(a_table(grouped_ms=measured))
+    counts = moe_rewrites(False, record_graphs=True)
+    assert counts["grouped_mm_impl"] == (3 if preferred else 0)  # gate, up and down of the routed experts
+    graph = turbo_inductor.compile_records()[-1].graph_after
+    gemms = [line for line in graph.splitlines() if "turbo_inductor.grouped_mm.default(" in line]
+    assert len(gemms) == 3 and sum(f"'prefer:{preferred}'" in line for line in gemms) == (3 if preferred else 0)
+    decisions = [line for record in turbo_inductor.compile_records() for line in record.decisions]
+    lines = [line for line in decisions if line.startswith("grouped_mm_impl: experts: ")]
+    verdict = preferred or "the ranking's implementation"
+    assert len(lines) == 2 and all(f": {verdict}, measured on test-gpu at 32 rows" in line for line in lines)
+
+
+def test_bf16_experts_preferring_an_implementation_train_like_inductor_on_it(on_a_gpu_with):
+    """The preferred implementation runs the forward, dgrad and wgrad; outputs and gradients are Inductor's."""
+    on_a_gpu_with(a_table(grouped_ms={costs.HIGH_PRECISION: 1.0, costs.implementation_key("triton"): 0.5}))
+    torch.manual_seed(0)
+    model = TitanMoE(HIDDEN, INTERMEDIATE, experts=EXPERTS, top_k=TOP_K).to(DEVICE, torch.bfloat16)
+    x = torch.randn(2, TOKENS // 2, HIDDEN, device=DEVICE, dtype=torch.bfloat16)
+    counts = assert_matches_inductor(model, [x])
+    assert counts["grouped_mm_impl"] == 3
+    calls = turbo_inductor.kernel_calls()
+    assert calls[("grouped_gemm", "triton")] >= 6 and calls[("grouped_gemm_wgrad", "triton")] >= 3, calls
+    assert not any(name != "triton" for kernel, name in calls if kernel.startswith("grouped_gemm")), calls
+
+
+def test_bf16_experts_measured_fastest_in_the_rankings_first_stay_as_they_are(on_a_gpu_with):
+    """The table times the ranking's first implementation apart from ``auto``; the two differ by noise alone."""
+    first = registry.candidates("grouped_gemm", torch.device(DEVICE))[0]
+    on_a_gpu_with(a_table(grouped_ms={costs.HIGH_PRECISION: 1.0, costs.implementation_key(first): 0.5}))
+    assert moe_rewrites(False)["grouped_mm_impl"] == 0
+    decisions = [line for record in turbo_inductor.compile_records() for line in record.decisions]
+    lines = [line for line in decisions if line.startswith("grouped_mm_impl: ")]
+    assert len(lines) == 2 and all(line.endswith(", the ranking's first already") for line in lines), decisions
+
+
+def test_bf16_experts_keep_the_implementation_the_user_forced(on_a_gpu_with):
+    faster = {costs.HIGH_PRECISION: 1.0, costs.implementation_key("vendor_per_group"): 0.5}
+    on_a_gpu_with(a_table(grouped_ms=faster))
+    assert moe_rewrites(False, impl="reference")["grouped_mm_impl"] == 0
+    on_a_gpu_with(None)  # no table: nothing measured, nothing said
+    assert moe_rewrites(False)["grouped_mm_impl"] == 0
+    decisions = [line for record in turbo_inductor.compile_records() for line in record.decisions]
+    assert not [line for line in decisions if line.startswith("grouped_mm_impl")]

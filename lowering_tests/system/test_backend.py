@@ -173,6 +173,7 @@ def test_a_higher_order_ops_body_without_fake_tensors_is_left_to_inductor_and_no
         ({"rmsnrom": True}, "unknown option 'rmsnrom'"),
         ({"rmsnorm": "maybe"}, "option 'rmsnorm' takes true/false"),
         ({"impl": "cutlass"}, "unknown implementation 'cutlass'"),
+        ({"impl": {"grouped_gemm": "prefer:cutlass"}}, "unknown implementation 'prefer:cutlass' for grouped_gemm"),
     ],
 )
 def test_bad_options_are_named(options, message):

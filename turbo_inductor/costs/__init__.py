@@ -21,7 +21,7 @@ import re
 
 import torch
 
-from ..recipes import RECIPES
+from ..recipes import AUTO, RECIPES
 
 HERE = pathlib.Path(__file__).resolve().parent
 GROUPED_MM, LINEAR = "grouped_mm", "linear"
@@ -70,6 +70,20 @@ def _default(defaults: dict, kind: str, recipe: str) -> tuple[bool, str]:
     return fp8, f"FP8 {recipe}" if fp8 else HIGH_PRECISION
 
 
+def _nearest(costs: dict, kind: str, groups: int, rows: int | None, k: int, n: int, keys) -> dict | None:
+    """The table's row of this ``kind`` and (groups, K, N) that measured one of ``keys``, with the rows nearest to
+    ``rows`` within :data:`ROWS_FACTOR`; None where there is none."""
+    nearest = None
+    for entry in costs.get(kind, ()):
+        measured = any(key in entry["ms"] for key in keys)
+        if (entry["groups"], entry["k"], entry["n"]) != (groups, k, n) or not measured or rows is None:
+            continue
+        distance = abs(math.log(entry["rows"] / rows))
+        if distance <= math.log(ROWS_FACTOR) and (nearest is None or distance < nearest[0]):
+            nearest = distance, entry
+    return None if nearest is None else nearest[1]
+
+
 def decide(kind: str, recipe: str, device: torch.device, rows, k: int, n: int, groups: int = 1) -> Decision:
     """FP8 or high precision for a ``kind`` GEMM (:data:`GROUPED_MM`: ``groups`` experts' weights [K, N] over
     ``rows`` routed rows in all; :data:`LINEAR`: [rows, K] x [K, N]) in ``recipe``, on ``device``."""
@@ -83,18 +97,10 @@ def decide(kind: str, recipe: str, device: torch.device, rows, k: int, n: int, g
         fp8, default = _default(DEFAULTS, kind, recipe)
         return Decision(fp8, f"{shape}: no cost table for {slug}: {default}, the default for a {kind}", recipe)
     candidates = (recipe, *RECIPES[recipe].substitutes)
-    nearest = None
-    for entry in costs.get(kind, ()):
-        measured = any(candidate in entry["ms"] for candidate in candidates)
-        if (entry["groups"], entry["k"], entry["n"]) != (groups, k, n) or not measured or rows is None:
-            continue
-        distance = abs(math.log(entry["rows"] / rows))
-        if distance <= math.log(ROWS_FACTOR) and (nearest is None or distance < nearest[0]):
-            nearest = distance, entry
-    if nearest is None:
+    entry = _nearest(costs, kind, groups, rows, k, n, candidates)
+    if entry is None:
         fp8, default = _default(costs["defaults"], kind, recipe)
         return Decision(fp8, f"{shape} not measured on {slug}: {default}, the table's default for a {kind}", recipe)
-    entry = nearest[1]
     times = {candidate: entry["ms"][candidate] for candidate in candidates if candidate in entry["ms"]}
     fastest = min(times, key=times.get)
     high = entry["ms"][HIGH_PRECISION]
@@ -107,3 +113,37 @@ def decide(kind: str, recipe: str, device: torch.device, rows, k: int, n: int, g
         f"{fp8_times} (fwd+bwd)",
         fastest if fp8 else recipe,
     )
+
+
+def implementation_key(name: str) -> str:
+    """The key of a row's ``ms`` for high precision run by the grouped GEMM implementation ``name``."""
+    return f"{HIGH_PRECISION} impl={name}"
+
+
+def grouped_implementation(device: torch.device, rows, k: int, n: int, groups: int) -> tuple[str | None, str]:
+    """(the implementation a high-precision grouped GEMM runs, or None for the registry's own ranking, why; no
+    reason where the device has no table).
+
+    An implementation the table measured at this shape, forward and backward, faster by ``margin`` than the
+    ranking's choice: one GEMM per expert won at Mixtral's few large experts and lost at Qwen3-MoE's many small
+    ones (``docs/kernels.md``, "Grouped GEMM"), so the choice is per shape, from data."""
+    slug = device_slug(device)
+    costs = table(slug)
+    rows = _rows(rows)
+    shape = f"[groups {groups}, rows {rows}, K {k}, N {n}]"
+    if costs is None:
+        return None, ""
+    entry = _nearest(costs, GROUPED_MM, groups, rows, k, n, (HIGH_PRECISION,))
+    if entry is None:
+        return None, f"{shape} not measured on {slug}: the ranking's implementation"
+    prefix = implementation_key("")
+    others = {key[len(prefix) :]: ms for key, ms in entry["ms"].items() if key.startswith(prefix)}
+    ranked = others.pop(AUTO, None)  # timed as the others were, where the run timed it so
+    ranked = entry["ms"][HIGH_PRECISION] if ranked is None else ranked
+    fastest = min(others, key=others.get) if others else None
+    times = ", ".join(f"{ms:.3f} ms by {name}" for name, ms in others.items())
+    measured = f"measured on {slug} at {entry['rows']} rows: {ranked:.3f} ms by the ranking's choice"
+    measured += f", {times} (fwd+bwd)" if times else ", no other implementation"
+    if fastest is None or others[fastest] >= ranked * (1 - costs["margin"]):
+        return None, f"{shape}: the ranking's implementation, {measured}"
+    return fastest, f"{shape}: {fastest}, {measured}"

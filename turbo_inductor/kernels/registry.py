@@ -23,6 +23,9 @@ from torch.utils._python_dispatch import _disable_current_modes
 IMPL_ENV = "TURBO_INDUCTOR_IMPL"
 AUTO = "auto"
 AUTOTUNE = "autotune"
+# "prefer:NAME": NAME where it runs on the device and takes the call, else what "auto" picks; never an error.
+# What a rewrite writes from measured data (the cost table), which must not break a call NAME declines.
+PREFER = "prefer:"
 log = logging.getLogger("turbo_inductor")
 # Capability of the FP8-writing producers (rmsnorm_fwd_fp8, glu_fwd_fp8). Arguments: width, element size, block cols.
 # True: the producer quantizes its output from registers, with no separate pass.
@@ -121,12 +124,16 @@ def parse_spec(spec: str) -> list[tuple[str, str]]:
     return pairs
 
 
+def preferred(name: str) -> str | None:
+    """NAME of a ``prefer:NAME`` spec, else None."""
+    return name[len(PREFER) :] if name.startswith(PREFER) else None
+
+
 def known_names(kernel: str = "") -> set[str]:
-    """The names an ``impl`` spec may give ``kernel``: its implementations and ``autotune``.
-    An empty ``kernel`` means any kernel."""
-    if kernel:
-        return set(implementations(kernel)) | {AUTOTUNE}
-    return {name for impls in _IMPLS.values() for name in impls} | {AUTOTUNE}
+    """The names an ``impl`` spec may give ``kernel``: its implementations and ``autotune``, each also preferred
+    (``prefer:NAME``). An empty ``kernel`` means any kernel."""
+    names = set(implementations(kernel)) if kernel else {name for impls in _IMPLS.values() for name in impls}
+    return names | {PREFER + name for name in names} | {AUTOTUNE}
 
 
 def _requested_by(spec: str, kernel: str) -> str:
@@ -168,6 +175,13 @@ def _candidates(kernel: str, device_type: str, impl: str, env: str) -> tuple[str
     requested = _requested_by(impl, kernel)
     if requested == AUTO:
         requested = _requested_by(env, kernel)
+    first = None  # a preferred implementation, tried before auto's
+    if (name := preferred(requested)) is not None:
+        if name not in known_names():
+            raise ValueError(f"turbo_inductor: no kernel has an implementation {name!r} to prefer")
+        requested = AUTO  # a kernel without that implementation, or not on this device, takes auto's alone
+        if name in impls and impls[name].unavailable_reason(device) is None:
+            first = impls[name]
     if requested == AUTOTUNE and kernel in _COLLECTIVE:
         requested = AUTO
     if requested not in (AUTO, AUTOTUNE):
@@ -193,6 +207,8 @@ def _candidates(kernel: str, device_type: str, impl: str, env: str) -> tuple[str
     if requested == AUTO:  # implementations after the first that takes every argument are never reached
         first_total = next((n for n, i in enumerate(usable) if i.supports is None), len(usable) - 1)
         usable = usable[: first_total + 1]
+    if first is not None:
+        usable = [first] + [i for i in usable if i is not first]
     return ("auto" if requested == AUTO else "autotune"), tuple(usable)
 
 

@@ -13,6 +13,7 @@ from .gemm_allreduce_dgrad import GemmAllReduceDgradPass
 from .glu import GLUPass
 from .glu_fp8 import GLUFP8Pass
 from .grouped_mm import GroupedMMPass
+from .grouped_mm_impl import GroupedMMImplPass
 from .manager import (
     CompileRecord,
     PassManager,
@@ -51,6 +52,7 @@ PASSES: list[RewritePass] = check_order(
         FP8LinearPass(),  # options={"fp8": ...}: every other linear
         FP8ConcatPass(),  # FP8 linears reading one x (q/k/v, gate/up): one GEMM. Before the producers hand them x.
         FP8ExpertsPass(),  # options={"fp8": ...}: the MoE experts' grouped GEMMs
+        GroupedMMImplPass(),  # the other grouped GEMMs: the implementation the cost table measured fastest
         # fuse: element-wise building blocks onto our ops
         RMSNormPass(),
         RMSNormResidualPass(),  # on the norms RMSNormPass made

@@ -141,8 +141,8 @@ def grouped_gemm_wgrad(a, b, offs, out_dtype):
 
 # One cuBLAS GEMM per group after reading offs on the host (a sync), as TransformerEngine's GroupedLinear runs: at
 # Mixtral's expert shapes in bf16 its passes ran 0.98-1.12x torch's grouped kernels on an H100, at Qwen3-MoE's 128
-# groups 0.1-0.2x (``bench_grouped_per_group``, docs/kernels.md, "Grouped GEMM"). Below the grouped kernels until
-# measured ahead in a model; ``impl=`` or ``autotune`` picks it. Never traced: it stays one call in a compiled graph.
+# groups 0.1-0.2x (``bench_grouped_per_group``, docs/kernels.md, "Grouped GEMM"). Below the grouped kernels: the
+# cost table prefers it per shape (passes/grouped_mm_impl.py). Never traced: it stays one call in a compiled graph.
 PER_GROUP_PRIORITY = 5
 
 
