@@ -195,7 +195,7 @@ def with_an_extra_argument(original: torch._ops.OpOverload) -> torch._ops.OpOver
 
 def test_an_optional_argument_appended_to_every_op_changes_no_rewrite(fake_group, monkeypatch):
     # grouped_mm_impl rewrites where a cost table measured another implementation faster: here, everywhere
-    monkeypatch.setattr(costs, "grouped_implementation", lambda *shape: ("reference", "preferred by the test"))
+    monkeypatch.setattr(costs, "grouped_implementation", lambda *shape: ("triton", "preferred by the test"))
     before = {name: rewrite(capture(), options) for name, (capture, options) in graphs().items()}
     for view in views():
         monkeypatch.setattr(view, "op", with_an_extra_argument(view.op))
