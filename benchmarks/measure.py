@@ -61,7 +61,8 @@ def measure(
     the device); prints ``kernels`` kernels, and with ``compile_kernels`` the Triton kernels slowest to compile."""
     from torch._inductor.utils import fresh_inductor_cache
 
-    timers, compiles, ttir = compile_timers(), [], {"calls": 0, "distinct": 0, "seconds": 0.0, "answered": 0}
+    timers, compiles = compile_timers(), []
+    ttir = {"calls": 0, "distinct": 0, "seconds": 0.0, "answered": 0, "declared": 0}
     dynamo_before = dynamo_counts()
     start = time.perf_counter()
     with (
@@ -77,10 +78,11 @@ def measure(
     compiled = any(s for phase, s in phases.items() if phase != "other")  # not the eager column
     if compiled:
         print("    compile", ", ".join(f"{phase} {s:.1f} s" for phase, s in phases.items()))
-    if ttir["calls"]:
+    if ttir["calls"] or ttir["declared"]:
         print(
             f"    of which torch's TTIR of user-defined Triton kernels: {ttir['calls']} calls "
-            f"({ttir['distinct']} distinct), {ttir['seconds']:.1f} s; {ttir['answered']} launches answered without one"
+            f"({ttir['distinct']} distinct), {ttir['seconds']:.1f} s; launches answered without one: "
+            f"{ttir['answered']} from memory, {ttir['declared']} by their kernel's declaration"
         )
     graphs = dynamo_graphs(dynamo_before)
     result = {"ms": time_ms(step, device), "compile_s": compile_s, "compile_phases": phases, "out": out, **graphs}
@@ -220,13 +222,13 @@ def kernel_ttir(total: dict):
     traces and again as Inductor lowers, within those phases' times. Distinct: by the kernel, its arguments' dtypes,
     its other arguments' values, symbolic sizes alike, finer than ``access_analysis``'s keys (Triton's
     specialization), so each launch it analyzed counts once. Answered: the analyses of launches that
-    ``access_analysis`` answered without a TTIR."""
+    ``access_analysis`` answered without a TTIR from memory; declared: by their kernel's declaration (torch 2.11)."""
     from torch._higher_order_ops import triton_kernel_wrap
 
     from turbo_inductor.kernels.triton import access_analysis
 
     generate, seen = triton_kernel_wrap.generate_ttir, set()
-    answered = access_analysis.counts()["answered"]
+    before = access_analysis.counts()
 
     def timed(kernel, kwargs, *args, **rest):
         start = time.perf_counter()
@@ -243,7 +245,9 @@ def kernel_ttir(total: dict):
         yield
     finally:
         triton_kernel_wrap.generate_ttir = generate
-        total["answered"] = access_analysis.counts()["answered"] - answered
+        after = access_analysis.counts()
+        total["answered"] = after["answered"] - before["answered"]
+        total["declared"] = after["declared"] - before["declared"]
 
 
 def _ttir_input(value) -> str:

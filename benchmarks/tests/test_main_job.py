@@ -62,12 +62,13 @@ def test_main_job_runs_and_reports_every_column(capsys, tmp_path):
     # The model compiles as one graph, unbroken (a column's breaks would be printed with their reasons)
     assert [(c["graphs"], c["graph_breaks"]) for c in columns] == [(0, 0)] + [(1, 0)] * (len(columns) - 1)
     assert "graph breaks" in out and "    graph breaks: " not in out
-    # Our Triton kernels trace into the graph on the GPU only, where torch analyses each launch's TTIR
+    # Our Triton kernels trace into the graph on the GPU only, where torch analyses each launch's TTIR, or on torch
+    # 2.11 takes what the kernel declares it writes
     ttir = [c["compile_kernel_ttir"] for c in columns]
-    assert [t["calls"] > 0 for t in ttir[:3]] == [False, False, device == "cuda"]
+    assert [t["calls"] + t["declared"] > 0 for t in ttir[:3]] == [False, False, device == "cuda"]
     # Each distinct launch is analyzed once in the process (access_analysis); the others are answered from memory
     assert all(t["distinct"] == t["calls"] for t in ttir)
-    assert (ttir[2]["answered"] > 0) == (device == "cuda")
+    assert (ttir[2]["answered"] + ttir[2]["declared"] > 0) == (device == "cuda")
     assert out.count("    saved for the backward ") == len(columns)
     for column in columns:  # what each step saves for its backward, measured on any device
         assert math.isclose(column["saved_gib"], sum(column["saved_gib_by_kind"].values()))

@@ -128,6 +128,37 @@ def test_launches_with_tensor_descriptors_are_analyzed_every_time_and_install_wr
     assert calls == [kernel] * 3
 
 
+class _Kernel:
+    """Stands for a jitted kernel: the declaration is an attribute of it."""
+
+
+def test_a_kernels_declaration_answers_for_it_where_torch_wants_the_written_names():
+    """torch 2.11's analysis answers with the written tensors' names: a kernel declaring its writes is answered from
+    the declaration (its conditional names as its constexprs say), with no TTIR. Newer torch's analysis wants more, a
+    launch with a TMA descriptor passes them apart, and a kernel declaring nothing is analyzed: those go to torch."""
+    calls = []
+
+    def torchs(kernel, kwargs, tma_descriptor_metadata):
+        calls.append(kernel)
+        return ["y_ptr"]
+
+    declaring = access_analysis.writes("y_ptr", z_ptr=lambda a: a["HAS_Z"])(_Kernel())
+    t = torch.empty(4)
+    launch = {"x_ptr": t, "y_ptr": t, "z_ptr": t, "n": 4, "HAS_Z": False}
+    analyze = access_analysis.remembered(torchs, take_declared=True)
+    before = access_analysis.counts()["declared"]
+    assert analyze(declaring, launch, {}) == ["y_ptr"]
+    assert analyze(declaring, {**launch, "HAS_Z": True}, {}) == ["y_ptr", "z_ptr"]
+    assert analyze(declaring, {**launch, "HAS_Z": True, "z_ptr": None}, {}) == ["y_ptr"]  # a pointer not passed
+    assert calls == [] and access_analysis.counts()["declared"] == before + 3
+    undeclared = _Kernel()
+    analyze(declaring, launch, {"y_ptr": ("stable", ([64],))})
+    analyze(undeclared, launch, {})
+    access_analysis.remembered(torchs)(declaring, launch, {})
+    analyze(declaring, {k: v for k, v in launch.items() if k != "HAS_Z"}, {})  # a predicate without its constexpr
+    assert calls == [declaring, undeclared, declaring, declaring]
+
+
 if __name__ == "__main__":
     each_distinct_launch_analyzed_once()
     access_analysis.scalars_are_constants = lambda: True

@@ -65,6 +65,7 @@ class Compiled:
     constexprs: dict
     tensors: list[str]  # its tensor arguments
     writes: list[str]  # those torch's analysis finds written (a traced launch copies what is written)
+    declared: list[str] | None  # those the kernel declares it writes (access_analysis.writes); None: no declaration
     analysis_ms: float  # that analysis's time on this host: a compile pays it per traced launch (access_analysis)
     descriptors: list[str]  # its tensor descriptor arguments (such a launch is never traced)
     ttgir: str
@@ -119,6 +120,7 @@ class Compiled:
             kernel=self.kernel,
             tensors=self.tensors,
             writes=self.writes,
+            declared=self.declared,
             analysis_ms=self.analysis_ms,
             descriptors=self.descriptors,
             shared=self.shared,
@@ -157,6 +159,7 @@ def offline_hopper():
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from ..kernels import triton as triton_kernels
+    from ..kernels.triton import access_analysis
 
     if triton_kernels.interpreting():
         raise RuntimeError("nothing compiles under TRITON_INTERPRET=1: run in a process without it")
@@ -176,6 +179,7 @@ def offline_hopper():
                 start = time.perf_counter()
                 written = _written(self.kernel, arguments)
                 analysis_ms = 1e3 * (time.perf_counter() - start)
+                declared = access_analysis.declared(self.kernel, arguments)
                 asm, metadata = kernel.asm, kernel.metadata
                 name = self.kernel.fn.__name__
                 compiled.append(
@@ -184,6 +188,7 @@ def offline_hopper():
                         constexprs,
                         tensors,
                         written,
+                        sorted(declared) if declared is not None else None,
                         analysis_ms,
                         descriptors,
                         asm["ttgir"],

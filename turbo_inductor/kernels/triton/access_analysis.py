@@ -9,6 +9,11 @@ wider), whether it is 1 (made a constant) and whether 16 divides it; a float's t
 :func:`install` keys the answers by exactly that, so the launches of one kernel at every layer's sizes share one
 analysis. Where torch makes every scalar a constant of the TTIR (torch 2.11; newer torch only constexprs), a scalar
 counts by its value. A launch with a real tensor or a TMA descriptor is analyzed every time.
+
+Keyed by value, every layer's sizes make another TTIR there, so our kernels say what they write (:func:`writes`) and
+torch 2.11 takes that answer, making no TTIR. Newer torch wants more than the written tensors (what each launch reads,
+whether an epilogue can fuse): it still analyzes, once per specialization. ``testing/hopper.py`` checks each
+declaration against torch's analysis at every launch it compiles.
 """
 
 from __future__ import annotations
@@ -23,7 +28,43 @@ import torch
 
 # The analysis by its name in torch: identify_mutated_tensors, renamed identify_accessed_tensors in newer torch.
 _NAMES = ("identify_accessed_tensors", "identify_mutated_tensors")
-_COUNTS = {"answered": 0, "analyzed": 0}
+# torch 2.11's analysis, which answers with the names of the tensors a launch writes.
+_WRITTEN_NAMES = "identify_mutated_tensors"
+_COUNTS = {"answered": 0, "analyzed": 0, "declared": 0}
+_DECLARED = "declared_writes"
+
+
+def writes(*names: str, **conditional: Callable[[dict], bool]) -> Callable:
+    """Decorator of a ``@triton.jit`` kernel: the tensor arguments its launches write. ``names`` always; each keyword
+    where its predicate holds of the launch's arguments by name (``Q=lambda a: a["QUANT_BLOCK"] > 0``), as the
+    kernel's own branches on constexprs decide."""
+
+    def declare(kernel):
+        setattr(kernel, _DECLARED, (names, conditional))
+        return kernel
+
+    return declare
+
+
+def declared(kernel: Any, arguments: dict[str, Any]) -> list[str] | None:
+    """The tensor arguments of this launch that ``kernel`` declares it writes, in the launch's order; None where it
+    declares nothing."""
+    from torch._inductor.ir import TensorBox
+
+    while not hasattr(kernel, _DECLARED) and hasattr(kernel, "fn"):
+        kernel = kernel.fn
+    if not hasattr(kernel, _DECLARED):
+        return None
+    names, conditional = getattr(kernel, _DECLARED)
+    try:
+        return [
+            name
+            for name, value in arguments.items()
+            if isinstance(value, (torch.Tensor, TensorBox))
+            and (name in names or (name in conditional and conditional[name](arguments)))
+        ]
+    except KeyError:  # a constexpr the predicate reads was not handed over (a default): torch's analysis answers
+        return None
 
 
 def _int_key(value: int) -> tuple:
@@ -106,13 +147,19 @@ def _launch_key(kernel: Any, kwargs: dict[str, Any], tma_descriptor_metadata: di
     return tuple(parts)
 
 
-def remembered(analysis: Callable) -> Callable:
+def remembered(analysis: Callable, take_declared: bool = False) -> Callable:
     """``analysis(kernel, kwargs, tma_descriptor_metadata)``, each distinct launch analyzed once; a copy of the
-    answer each time, since Inductor keeps what it gets."""
+    answer each time, since Inductor keeps what it gets. ``take_declared``: the analysis answers with the written
+    tensors' names (torch 2.11), and a kernel's declaration (:func:`writes`) answers for it."""
     answers: dict[int, tuple[Any, dict[tuple, Any]]] = {}  # id(kernel) -> (kernel, kept alive; answers by launch)
 
     @functools.wraps(analysis)
     def analyze(kernel, kwargs, tma_descriptor_metadata, *args, **rest):
+        if take_declared and not (tma_descriptor_metadata or args or rest):
+            names = declared(kernel, kwargs)
+            if names is not None:
+                _COUNTS["declared"] += 1
+                return names
         key = None if args or rest else _launch_key(kernel, kwargs, tma_descriptor_metadata)
         if key is None:
             return analysis(kernel, kwargs, tma_descriptor_metadata, *args, **rest)
@@ -135,7 +182,7 @@ def install() -> None:
 
     name = analysis_name()
     if name is not None and not getattr(getattr(triton_kernel_wrap, name), "remembers", False):
-        setattr(triton_kernel_wrap, name, remembered(getattr(triton_kernel_wrap, name)))
+        setattr(triton_kernel_wrap, name, remembered(getattr(triton_kernel_wrap, name), name == _WRITTEN_NAMES))
 
 
 def analysis_name() -> str | None:
@@ -147,5 +194,5 @@ def analysis_name() -> str | None:
 
 
 def counts() -> dict[str, int]:
-    """Launches answered from memory and launches analyzed, in this process."""
+    """Launches answered from memory, analyzed, and answered by their kernel's declaration, in this process."""
     return dict(_COUNTS)

@@ -12,6 +12,7 @@ import triton.language as tl
 
 from ..registry import implementation
 from . import launch, on_device, traceable, unavailable_reason
+from .access_analysis import writes
 
 # Columns per program, and gradient rows summed per step: a frequent index's rows load ROWS at a time.
 BLOCK_H = 1024
@@ -21,6 +22,7 @@ ROWS = 16
 TABLE_ROWS = 4
 
 
+@writes("OUT")
 @triton.jit
 def _embedding_fwd_kernel(WEIGHT, INDICES, OUT, V, H, BLOCK_H: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
@@ -31,6 +33,7 @@ def _embedding_fwd_kernel(WEIGHT, INDICES, OUT, V, H, BLOCK_H: tl.constexpr):
     tl.store(OUT + token * H + cols, values, mask=cols < H)
 
 
+@writes("OUT")
 @triton.jit
 def _embedding_bwd_kernel(
     GRAD,

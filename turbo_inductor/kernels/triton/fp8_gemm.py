@@ -11,6 +11,7 @@ import triton.language as tl
 from ..reference.fp8_gemm import block_size
 from ..registry import implementation
 from . import interpreting, launch, on_device, traceable, unavailable_reason
+from .access_analysis import writes
 from .fp8_formats import format_id, fp8_pointer
 
 # Output tile per program. The interpreter gets a small one: it runs every element in numpy.
@@ -34,6 +35,7 @@ def block_k_for(K: int, a_block_cols: int, b_block_cols: int) -> int | None:
     return block_k if block_k >= MIN_BLOCK_K else None
 
 
+@writes("OUT")
 @triton.jit
 def _fp8_gemm_kernel(
     A,

@@ -21,6 +21,7 @@ from ..reference.fp8_quant import (
 )
 from ..registry import implementation
 from . import interpreting, launch, on_device, traceable, unavailable_reason
+from .access_analysis import writes
 from .fp8_formats import format_id, to_fp8_bits
 from .fp8_transpose import fp8_transpose
 
@@ -180,6 +181,12 @@ def scale_from_amax(amax, FMAX: tl.constexpr, POW2: tl.constexpr):
     return scale
 
 
+@writes(
+    PARTIAL=lambda a: a["COLUMN_MAXIMA"] or a["MODE"] == 1,
+    SCALE=lambda a: a["MODE"] == 0,
+    Q=lambda a: a["MODE"] != 1 and a["WRITE_Q"],
+    QT=lambda a: a["MODE"] != 1 and a["WRITE_QT"],
+)
 @triton.jit
 def _fp8_tile_kernel(
     X,
@@ -272,6 +279,7 @@ def _fp8_tile_kernel(
         )
 
 
+@writes("SCALE")
 @triton.jit
 def _fp8_scale_kernel(
     PARTIAL,

@@ -24,6 +24,7 @@ import triton.language as tl
 from ..reference.fp8_quant_grouped import PAD_ALIGN, check_args, check_rows_args, padded_columns
 from ..registry import implementation
 from . import launch, on_device, traceable, unavailable_reason
+from .access_analysis import writes
 from .fp8_quant import (
     MAX_TILE_ELEMENTS,
     TILE_ELEMENTS,
@@ -70,6 +71,7 @@ def _source_rows(ROWS, rows, end, HAS_ROWS: tl.constexpr):
     return rows.to(tl.int64)
 
 
+@writes("PADDED_OFFS", "SCALE", "QT")
 @triton.jit
 def _grouped_transposed_kernel(
     X,
@@ -216,6 +218,7 @@ def _multiplied_rows(X, MULTIPLIER, rows64, group64, cols, mask, grouped, C, str
     return x * tl.load(MULTIPLIER + group64 * C + cols, mask=grouped & (cols < C), other=1.0).to(tl.float32)
 
 
+@writes("Q", "SCALE")
 @triton.jit
 def _grouped_rows_kernel(
     X,

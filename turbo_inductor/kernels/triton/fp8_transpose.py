@@ -14,6 +14,7 @@ import triton.language as tl
 from ..reference.fp8_transpose import check_args
 from ..registry import implementation
 from . import launch, on_device, traceable, unavailable_reason
+from .access_analysis import writes
 
 # Launch heuristics: module constants, so that tests can shrink them and the GPU session can tune them.
 # 64 bytes of each row of q and of the output per tile: two whole 32-byte sectors each way.
@@ -22,6 +23,7 @@ TILE_COLS = 64
 NUM_WARPS = 4
 
 
+@writes("OUT")
 @triton.jit
 def _fp8_transpose_kernel(
     Q,

@@ -14,6 +14,7 @@ import triton.language as tl
 
 from ..registry import FP8_IN_ITS_PASS, implementation
 from . import launch, on_device, traceable, unavailable_reason
+from .access_analysis import writes
 from .fp8_quant import NO_FP8_OUTPUT, format_constexprs, fp8_quantize, store_fp8_row_blocks
 
 # --------------------------------------------------------------------------------------------------------------
@@ -167,6 +168,7 @@ def _glu_tile(
     return y
 
 
+@writes("OUT", Q=lambda a: a["QUANT_BLOCK"] > 0, Q_SCALE=lambda a: a["QUANT_BLOCK"] > 0)
 @triton.jit
 def _glu_fwd_kernel(
     GATE,
@@ -231,6 +233,7 @@ def _glu_fwd_kernel(
         )
 
 
+@writes("DGATE", DUP=lambda a: not a["DUP_IN_DGATE"], DPROBS=lambda a: a["HAS_PROBS"])
 @triton.jit
 def _glu_bwd_kernel(
     DOUT,

@@ -36,6 +36,7 @@ from ..reference.fp8_gemm import block_size
 from ..reference.grouped_mm import wgrad_scales_reason
 from ..registry import implementation, never
 from . import device_limits, interpreting, launch, on_device, traceable, unavailable_reason
+from .access_analysis import writes
 from .fp8_formats import format_id, fp8_pointer
 from .fp8_gemm import block_k_for
 from .tma import descriptor, tma_reason, tma_unavailable_reason
@@ -85,6 +86,7 @@ def _launch_options(element_size: int, promoted: bool, block_k: int | None) -> d
     )
 
 
+@writes("OUT")
 @triton.jit
 def _grouped_gemm_kernel(
     A,
@@ -309,6 +311,7 @@ def _wgrad_chunk(
     return acc
 
 
+@writes("OUT")
 @triton.jit
 def _grouped_wgrad_kernel(
     A,
@@ -410,6 +413,7 @@ def _grouped_wgrad_kernel(
     tl.store(out, acc.to(OUT.dtype.element_ty), mask=(rows < M)[:, None] & (cols < N)[None, :])
 
 
+@writes("OUT")
 @triton.jit
 def _zero_rows_past_groups_kernel(OUT, OFFS, S, N, E, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
     """Zeros in OUT [S, N] (contiguous) from row offs[E-1] on, the programs taking row blocks in turn."""

@@ -11,6 +11,7 @@ import triton.language as tl
 
 from ..registry import FP8_IN_ITS_PASS, implementation
 from . import launch, on_device, traceable, unavailable_reason
+from .access_analysis import writes
 from .fp8_quant import format_constexprs, store_fp8_row_blocks
 
 # Choices a routing program takes per step.
@@ -36,6 +37,7 @@ def _tile(k: int, hidden: int) -> tuple[int, int]:
     return k_pad, min(triton.next_power_of_2(hidden), max(MIN_BLOCK_H, TILE_ELEMENTS // k_pad))
 
 
+@writes("POSITIONS", "ORDER", "OFFS")
 @triton.jit
 def _route_kernel(IDS, OFFS, ORDER, POSITIONS, S, E, BLOCK: tl.constexpr):
     """Program b sorts bucket b: expert b, or the sentinels for b = E.
@@ -60,6 +62,7 @@ def _route_kernel(IDS, OFFS, ORDER, POSITIONS, S, E, BLOCK: tl.constexpr):
     tl.store(OFFS + b, row, mask=b < E)
 
 
+@writes("OUT", DOTS=lambda a: a["HAS_DOTS"])
 @triton.jit
 def _dispatch_kernel(
     SRC,
@@ -103,6 +106,7 @@ def _dispatch_kernel(
         tl.store(DOTS + t * K + j, dots, mask=j_in)
 
 
+@writes("OUT")
 @triton.jit
 def _gather_sum_kernel(
     SRC,
@@ -131,6 +135,7 @@ def _gather_sum_kernel(
     tl.store(OUT + t * stride_out + cols, tl.sum(rows, axis=0).to(OUT.dtype.element_ty), mask=col_in)
 
 
+@writes("Q", "SCALE")
 @triton.jit
 def _dispatch_fp8_kernel(
     X,

@@ -16,6 +16,7 @@ from torch import dtype as DType
 from ..reference.rmsnorm import sum_dtype
 from ..registry import FP8_IN_ITS_PASS, implementation
 from . import device_limits, interpreting, launch, on_device, traceable, unavailable_reason
+from .access_analysis import writes
 from .fp8_quant import NO_FP8_OUTPUT, format_constexprs, fp8_quantize, store_fp8_row_blocks
 
 # --------------------------------------------------------------------------------------------------------------
@@ -136,6 +137,13 @@ def dw_reduce_config(max_partials: int, H: int, device: torch.device) -> tuple[i
 # --------------------------------------------------------------------------------------------------------------
 # Forward kernels
 # --------------------------------------------------------------------------------------------------------------
+@writes(
+    "Y",
+    "RSTD",
+    S_OUT=lambda a: a["HAS_RESIDUAL"],
+    Q=lambda a: a["QUANT_BLOCK"] > 0,
+    Q_SCALE=lambda a: a["QUANT_BLOCK"] > 0,
+)
 @triton.jit
 def _rmsnorm_fwd_kernel(
     X,
@@ -213,6 +221,7 @@ def _rmsnorm_fwd_kernel(
         )
 
 
+@writes("Y", "RSTD", S_OUT=lambda a: a["HAS_RESIDUAL"])
 @triton.jit
 def _rmsnorm_fwd_chunked_kernel(
     X,
@@ -262,6 +271,7 @@ def _rmsnorm_fwd_chunked_kernel(
 # --------------------------------------------------------------------------------------------------------------
 # Backward kernels
 # --------------------------------------------------------------------------------------------------------------
+@writes("DX", DW_PARTIAL=lambda a: a["HAS_WEIGHT"])
 @triton.jit
 def _rmsnorm_bwd_kernel(
     DY,
@@ -316,6 +326,7 @@ def _rmsnorm_bwd_kernel(
         tl.store(DW_PARTIAL + pid.to(tl.int64) * H + cols, tl.sum(acc, axis=0), mask=col_mask)
 
 
+@writes("C")
 @triton.jit
 def _rmsnorm_bwd_row_dot_kernel(
     DY,
@@ -344,6 +355,7 @@ def _rmsnorm_bwd_row_dot_kernel(
     tl.store(C + row, rstd * rstd * (tl.sum(acc, axis=0) / H))
 
 
+@writes("DX", DW_PARTIAL=lambda a: a["HAS_WEIGHT"])
 @triton.jit
 def _rmsnorm_bwd_chunked_kernel(
     DY,
@@ -389,6 +401,7 @@ def _rmsnorm_bwd_chunked_kernel(
         tl.store(DW_PARTIAL + pid.to(tl.int64) * H + cols, acc, mask=mask)
 
 
+@writes("DW")
 @triton.jit
 def _dw_reduce_kernel(
     PARTIAL,

@@ -14,11 +14,13 @@ import triton.language as tl
 
 from ..registry import implementation
 from . import launch, on_device, traceable, unavailable_reason
+from .access_analysis import writes
 
 # Elements of one half per program: BLOCK_ROWS * BLOCK_HALF.
 ELEMENTS = 2048
 
 
+@writes("OUT")
 @triton.jit
 def _rotary_kernel(
     X,
