@@ -58,8 +58,8 @@ GENERAL = (
         registry.AUTO,
         'force a kernel implementation: `"triton"`, `"native"`, `"reference"`, ..., or one per kernel '
         '(`"rmsnorm_fwd=triton,rmsnorm_bwd=reference"` or a dict). `"autotune"` times each once per argument '
-        'signature and keeps the fastest. `"auto"`: the highest-priority one that runs on the device and takes the '
-        "arguments",
+        'signature and keeps the fastest. `"prefer:NAME"`: NAME where it runs and takes the arguments, else `"auto"`: '
+        "the highest-priority one that runs on the device and takes the arguments",
     ),
     GeneralOption("strict", False, "a failing rewrite raises. Otherwise the graph is restored and a warning printed"),
     GeneralOption("record_graphs", False, "keep the graph code before and after the passes in `compile_records()`"),

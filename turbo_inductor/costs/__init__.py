@@ -1,4 +1,5 @@
-"""Where FP8 wins: per device, the measured fwd+bwd times of GEMMs in high precision and in each FP8 recipe.
+"""Where FP8 wins: per device, the measured fwd+bwd times of GEMMs in high precision and in each FP8 recipe, and of
+each implementation of the high-precision grouped GEMM (:func:`grouped_implementation`).
 
 A table per GPU model lies beside this module (``nvidia-h200.json``), written by ``python -m benchmarks.cost_table``
 from benchmark runs on that GPU; nothing in it is typed by hand. The ``fp8`` option's ``"auto"`` asks :func:`decide`
