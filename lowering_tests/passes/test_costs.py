@@ -13,7 +13,7 @@ from turbo_inductor.kernels import registry
 from turbo_inductor.recipes import FP8Config
 from turbo_inductor.testing import DEVICE
 from turbo_inductor.testing.compare import assert_matches_inductor, rewrites_without_compiling
-from turbo_inductor.testing.moe import TitanMoE
+from turbo_inductor.testing.moe import TitanMoE, hf_sparse_moe
 
 EXPERTS, HIDDEN, INTERMEDIATE, TOKENS, TOP_K = 4, 64, 32, 16, 2
 
@@ -244,10 +244,14 @@ def test_bf16_experts_measured_fastest_in_the_rankings_first_stay_as_they_are(on
     assert len(lines) == 2 and all(line.endswith(", the ranking's first already") for line in lines), decisions
 
 
-def test_bf16_experts_keep_the_implementation_the_user_forced(on_a_gpu_with):
+def test_experts_keep_the_implementation_the_user_forced_and_other_dtypes_theirs(on_a_gpu_with):
     faster = {costs.HIGH_PRECISION: 1.0, costs.implementation_key("vendor_per_group"): 0.5}
     on_a_gpu_with(a_table(grouped_ms=faster))
     assert moe_rewrites(False, impl="reference")["grouped_mm_impl"] == 0
+    # transformers' fallback in fp32: its down GEMM has a measured shape, but the table times bf16
+    model = hf_sparse_moe("qwen3_moe", HIDDEN, INTERMEDIATE, EXPERTS, TOP_K).to(DEVICE, torch.float32)
+    x = torch.randn(1, TOKENS, HIDDEN, device=DEVICE)
+    assert rewrites_without_compiling(model, [x])["grouped_mm_impl"] == 0
     on_a_gpu_with(None)  # no table: nothing measured, nothing said
     assert moe_rewrites(False)["grouped_mm_impl"] == 0
     decisions = [line for record in turbo_inductor.compile_records() for line in record.decisions]

@@ -1,11 +1,13 @@
-"""High-precision grouped GEMMs -> the implementation the device's cost table measured fastest at their shape.
+"""bf16 grouped GEMMs -> the implementation the device's cost table measured fastest at their shape.
 
 ``turbo_inductor.costs.grouped_implementation`` reads the table; the op's ``impl`` becomes ``prefer:NAME``, so a call
-NAME declines (a CUDA graph capture) runs the registry's own choice. An ``impl`` the user gave is left alone.
+NAME declines (a CUDA graph capture) runs the registry's own choice. An ``impl`` the user gave is left alone, and so
+are other dtypes, which the table does not time.
 """
 
 from __future__ import annotations
 
+import torch
 import torch.fx as fx
 
 from .. import costs
@@ -32,6 +34,8 @@ class GroupedMMImplPass(RewritePass):
             if gemm is None or gemm.impl != registry.AUTO:
                 continue
             xt, wt = ir.fake(gemm.x), ir.fake(gemm.weight)
+            if xt.dtype != torch.bfloat16:
+                continue
             groups, k, n = wt.shape
             name, reason = costs.grouped_implementation(xt.device, xt.shape[0], k, n, groups)
             # Timed apart from the ranking's choice, the ranking's own first differs only by the timings' spread.
