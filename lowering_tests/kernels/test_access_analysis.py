@@ -131,6 +131,9 @@ def test_launches_with_tensor_descriptors_are_analyzed_every_time_and_install_wr
 class _Kernel:
     """Stands for a jitted kernel: the declaration is an attribute of it."""
 
+    arg_names = ["x_ptr", "y_ptr", "z_ptr", "n", "HAS_Z"]
+    fn = _scale
+
 
 def test_a_kernels_declaration_answers_for_it_where_torch_wants_the_written_names():
     """torch 2.11's analysis answers with the written tensors' names: a kernel declaring its writes is answered from
@@ -157,6 +160,8 @@ def test_a_kernels_declaration_answers_for_it_where_torch_wants_the_written_name
     access_analysis.remembered(torchs)(declaring, launch, {})
     analyze(declaring, {k: v for k, v in launch.items() if k != "HAS_Z"}, {})  # a predicate without its constexpr
     assert calls == [declaring, undeclared, declaring, declaring]
+    with pytest.raises(TypeError, match=r"_scale has no arguments \['w_ptr'\] to declare written"):
+        access_analysis.writes("y_ptr", w_ptr=lambda a: True)(_Kernel())
 
 
 if __name__ == "__main__":

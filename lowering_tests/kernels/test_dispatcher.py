@@ -84,9 +84,20 @@ def test_a_preferred_implementation_runs_where_it_can_and_yields_to_the_ranking_
     assert CALLS == ["fast", "fast"]  # slow declines negative factors: the ranking's next
     torch.testing.assert_close(registry.select(KERNEL, x.device, "prefer:absent")(x, 3.0), x * 3)
     assert CALLS == ["fast", "fast", "slow"]  # absent does not run here: the ranking's first
-    assert registry.candidates(KERNEL, x.device, "prefer:fast") == ["fast", "slow"]
+    assert registry.candidates(KERNEL, x.device, "prefer:fast") == ["fast"]  # it takes every argument
+    assert registry.candidates(KERNEL, x.device, "prefer:slow") == ["slow", "fast"]
     with pytest.raises(ValueError, match="no kernel has an implementation 'cutlass' to prefer"):
         registry.select(KERNEL, x.device, "prefer:cutlass")
+
+
+def test_the_environments_choice_outranks_a_preference(monkeypatch):
+    """``TURBO_INDUCTOR_IMPL`` is the user's; a ``prefer:`` a rewrite wrote from measured data yields to it."""
+    x = torch.randn(8)
+    monkeypatch.setenv(registry.IMPL_ENV, f"{KERNEL}=slow")
+    with pytest.raises(ValueError, match="'slow' of test_dispatcher_scale cannot take these arguments"):
+        registry.select(KERNEL, x.device, "prefer:fast")(x, -1.0)
+    monkeypatch.setenv(registry.IMPL_ENV, "other_kernel=fast")
+    assert registry.candidates(KERNEL, x.device, "prefer:fast") == ["fast"]
 
 
 def test_autotune_measures_once_per_signature_and_keeps_the_fastest():

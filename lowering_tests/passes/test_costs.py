@@ -169,9 +169,9 @@ def test_the_h200_table_takes_fp8_for_mixtrals_experts_and_bf16_for_qwen3s(monke
 
 @pytest.mark.cost_tables
 def test_the_h100_table_runs_mixtrals_bf16_down_gemm_per_expert_and_qwen3s_grouped(monkeypatch):
-    """Measured on an H100, forward and backward, by the slower of wall and GPU time: one cuBLAS GEMM per expert ran
-    Mixtral's down 3.5% faster than torch's grouped kernel, its gate_up within the margin, and Qwen3-MoE's 128 small
-    experts 5-16x slower (a host sync and 128 launches per pass)."""
+    """Measured on an H100, forward and backward, by the slower of wall and GPU time, at the model's routed rows: one
+    cuBLAS GEMM per expert ran Mixtral's down 3.5% faster than torch's grouped kernel, its gate_up within the margin,
+    and Qwen3-MoE's 128 small experts 5-16x slower (a host sync and 128 launches per pass)."""
     monkeypatch.setattr(costs, "device_slug", lambda device: "nvidia-h100-80gb-hbm3")
 
     def choose(rows, k, n, groups):
@@ -242,6 +242,17 @@ def test_bf16_experts_measured_fastest_in_the_rankings_first_stay_as_they_are(on
     decisions = [line for record in turbo_inductor.compile_records() for line in record.decisions]
     lines = [line for line in decisions if line.startswith("grouped_mm_impl: ")]
     assert len(lines) == 2 and all(line.endswith(", the ranking's first already") for line in lines), decisions
+
+
+def test_an_implementation_the_table_names_but_this_package_lacks_is_not_preferred(on_a_gpu_with):
+    """A table older than a renamed implementation: the ranking runs, and the decision says why."""
+    on_a_gpu_with(a_table(grouped_ms={costs.HIGH_PRECISION: 1.0, costs.implementation_key("cutlass"): 0.5}))
+    assert moe_rewrites(False)["grouped_mm_impl"] == 0
+    decisions = [line for record in turbo_inductor.compile_records() for line in record.decisions]
+    lines = [line for line in decisions if line.startswith("grouped_mm_impl: ")]
+    assert len(lines) == 2 and all(
+        line.endswith("(no implementation 'cutlass' here: the table is stale)") for line in lines
+    )
 
 
 def test_experts_keep_the_implementation_the_user_forced_and_other_dtypes_theirs(on_a_gpu_with):

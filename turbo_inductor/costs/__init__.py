@@ -22,7 +22,8 @@ import re
 
 import torch
 
-from ..recipes import AUTO, RECIPES
+from ..kernels.registry import AUTO
+from ..recipes import RECIPES
 
 HERE = pathlib.Path(__file__).resolve().parent
 GROUPED_MM, LINEAR = "grouped_mm", "linear"

@@ -130,8 +130,8 @@ def preferred(name: str) -> str | None:
 
 
 def known_names(kernel: str = "") -> set[str]:
-    """The names an ``impl`` spec may give ``kernel``: its implementations and ``autotune``, each also preferred
-    (``prefer:NAME``). An empty ``kernel`` means any kernel."""
+    """The names an ``impl`` spec may give ``kernel``: its implementations, each also as ``prefer:NAME``, and
+    ``autotune``. An empty ``kernel`` means any kernel."""
     names = set(implementations(kernel)) if kernel else {name for impls in _IMPLS.values() for name in impls}
     return names | {PREFER + name for name in names} | {AUTOTUNE}
 
@@ -173,11 +173,11 @@ def _candidates(kernel: str, device_type: str, impl: str, env: str) -> tuple[str
     impls = implementations(kernel)
     device = torch.device(device_type)
     requested = _requested_by(impl, kernel)
-    if requested == AUTO:
-        requested = _requested_by(env, kernel)
+    if requested == AUTO or (preferred(requested) is not None and _requested_by(env, kernel) != AUTO):
+        requested = _requested_by(env, kernel)  # the environment's choice outranks a measured preference
     first = None  # a preferred implementation, tried before auto's
     if (name := preferred(requested)) is not None:
-        if name not in known_names():
+        if not any(name in names for names in _IMPLS.values()):
             raise ValueError(f"turbo_inductor: no kernel has an implementation {name!r} to prefer")
         requested = AUTO  # a kernel without that implementation, or not on this device, takes auto's alone
         if name in impls and impls[name].unavailable_reason(device) is None:
@@ -207,8 +207,8 @@ def _candidates(kernel: str, device_type: str, impl: str, env: str) -> tuple[str
     if requested == AUTO:  # implementations after the first that takes every argument are never reached
         first_total = next((n for n, i in enumerate(usable) if i.supports is None), len(usable) - 1)
         usable = usable[: first_total + 1]
-    if first is not None:
-        usable = [first] + [i for i in usable if i is not first]
+    if first is not None:  # auto's candidates after it, up to the first that takes every argument
+        usable = [first] + ([] if first.supports is None else [i for i in usable if i is not first])
     return ("auto" if requested == AUTO else "autotune"), tuple(usable)
 
 
@@ -223,7 +223,8 @@ def candidates(kernel: str, device: torch.device, impl: str = AUTO) -> list[str]
 
 
 def select(kernel: str, device: torch.device, impl: str = AUTO) -> Callable:
-    """The function implementing ``kernel`` on ``device``. The one ``impl`` names wins, then ``TURBO_INDUCTOR_IMPL``'s.
+    """The function implementing ``kernel`` on ``device``. The one ``impl`` names wins (a preference yields to the
+    environment's), then ``TURBO_INDUCTOR_IMPL``'s.
     Otherwise the best that takes the call runs, or under ``autotune`` the fastest. Counts the calls."""
     how, candidates = _resolve(kernel, device, impl)
     if how == "autotune":

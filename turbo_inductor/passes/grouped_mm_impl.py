@@ -17,7 +17,7 @@ from ..options import Options
 from . import ir
 from .manager import Phase, RewritePass, decided
 
-KERNELS = GroupedMMNode.kernels  # forward, dgrad and wgrad
+KERNELS = GroupedMMNode.kernels  # forward and dgrad (grouped_gemm), wgrad
 
 
 class GroupedMMImplPass(RewritePass):
@@ -38,11 +38,15 @@ class GroupedMMImplPass(RewritePass):
                 continue
             groups, k, n = wt.shape
             name, reason = costs.grouped_implementation(xt.device, xt.shape[0], k, n, groups)
+            if name is not None and not all(name in registry.implementations(kernel) for kernel in KERNELS):
+                name, reason = None, reason + f" (no implementation {name!r} here: the table is stale)"
             # Timed apart from the ranking's choice, the ranking's own first differs only by the timings' spread.
-            first = name is not None and all(registry.candidates(kernel, xt.device)[:1] == [name] for kernel in KERNELS)
+            ranked_first = name is not None and all(
+                registry.candidates(kernel, xt.device)[:1] == [name] for kernel in KERNELS
+            )
             if reason:
-                decided(self.name, "experts", reason + (", the ranking's first already" if first else ""))
-            if name is not None and not first:
+                decided(self.name, "experts", reason + (", the ranking's first already" if ranked_first else ""))
+            if name is not None and not ranked_first:
                 gemm.set(impl=registry.PREFER + name)
                 count += 1
         return count

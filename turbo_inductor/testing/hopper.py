@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
+import inspect
 import json
 import os
 import pathlib
@@ -143,11 +144,12 @@ def _written(kernel, arguments: dict) -> list[str]:
     launch (every one where the analysis fails)."""
     from torch._higher_order_ops import triton_kernel_wrap
 
+    # torch's own, not access_analysis's memory or declarations put in front of it
     if hasattr(triton_kernel_wrap, "identify_accessed_tensors"):  # torch >= 2.12
-        accesses = triton_kernel_wrap.identify_accessed_tensors(kernel, arguments, {})
-        written = [dep.name for dep in accesses.read_writes.writes]
+        analysis = inspect.unwrap(triton_kernel_wrap.identify_accessed_tensors)
+        written = [dep.name for dep in analysis(kernel, arguments, {}).read_writes.writes]
     else:
-        written = triton_kernel_wrap.identify_mutated_tensors(kernel, arguments, {})
+        written = inspect.unwrap(triton_kernel_wrap.identify_mutated_tensors)(kernel, arguments, {})
     return sorted(name for name in written if isinstance(arguments.get(name), torch.Tensor))
 
 
@@ -328,6 +330,17 @@ def _wide_rows(T: int, H: int):
     _triton("rmsnorm_bwd")(x, x, w, _meta(T, dtype=torch.float32), None)
 
 
+def _row_options(T: int, H: int, inner: int, k: int):
+    """The row kernels' other branches: the GLU backward with dup in dgate's buffer and the routing probabilities'
+    gradient, the permute's gradient with its dots, RMSNorm on rows too wide for registers with its residual add."""
+    gate = _meta(T, inner)
+    _triton("glu_bwd")(gate, gate, gate, _meta(T, dtype=torch.float32), None, "silu", True)
+    positions, weights = _meta(T, k, dtype=torch.int64), _meta(T, k, dtype=torch.float32)
+    _triton("moe_dispatch")(_meta(T, H), positions, weights, _meta(T * k, H))
+    wide = _meta(T // 8, 16 * H)
+    _triton("rmsnorm_fwd")(wide, _meta(16 * H), wide, 1e-5)
+
+
 def _loss_and_embedding(T: int, V: int, H: int):
     """The loss over a vocabulary of V at T tokens, and the embedding of hidden H: forward and backward."""
     logits, target, per_row = _meta(T, V), _meta(T, dtype=torch.int64), _meta(T, dtype=torch.float32)
@@ -375,6 +388,7 @@ CASES = {
     "gate_up_gradient_rows": lambda: _quantize_gradient_rows(8, 16384, 28672),
     "down_gradient_rows": lambda: _quantize_gradient_rows(8, 16384, 4096),
     "llama_rows": lambda: _row_ops(8192, 4096, 14336),
+    "row_options": lambda: _row_options(8192, 4096, 14336, 2),
     "loss_and_embedding": lambda: _loss_and_embedding(8192, 128256, 4096),
     "mixtral_routing": lambda: _routing(8192, 2, 8, 4096),
     "wide_rows": lambda: _wide_rows(1024, 65536),

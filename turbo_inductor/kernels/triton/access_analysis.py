@@ -29,7 +29,7 @@ import torch
 # The analysis by its name in torch: identify_mutated_tensors, renamed identify_accessed_tensors in newer torch.
 _NAMES = ("identify_accessed_tensors", "identify_mutated_tensors")
 # torch 2.11's analysis, which answers with the names of the tensors a launch writes.
-_WRITTEN_NAMES = "identify_mutated_tensors"
+_ANSWERING_WITH_NAMES = "identify_mutated_tensors"
 _COUNTS = {"answered": 0, "analyzed": 0, "declared": 0}
 _DECLARED = "declared_writes"
 
@@ -40,6 +40,9 @@ def writes(*names: str, **conditional: Callable[[dict], bool]) -> Callable:
     kernel's own branches on constexprs decide."""
 
     def declare(kernel):
+        unknown = sorted((set(names) | set(conditional)) - set(kernel.arg_names))
+        if unknown:  # a misspelt name would silently drop a write
+            raise TypeError(f"turbo_inductor: {kernel.fn.__name__} has no arguments {unknown} to declare written")
         setattr(kernel, _DECLARED, (names, conditional))
         return kernel
 
@@ -182,7 +185,7 @@ def install() -> None:
 
     name = analysis_name()
     if name is not None and not getattr(getattr(triton_kernel_wrap, name), "remembers", False):
-        setattr(triton_kernel_wrap, name, remembered(getattr(triton_kernel_wrap, name), name == _WRITTEN_NAMES))
+        setattr(triton_kernel_wrap, name, remembered(getattr(triton_kernel_wrap, name), name == _ANSWERING_WITH_NAMES))
 
 
 def analysis_name() -> str | None:
