@@ -164,6 +164,27 @@ def test_a_kernels_declaration_answers_for_it_where_torch_wants_the_written_name
         access_analysis.writes("y_ptr", w_ptr=lambda a: True)(_Kernel())
 
 
+def test_install_answers_from_declarations_where_torch_wants_the_written_names(monkeypatch):
+    """Under torch 2.11's analysis (``identify_mutated_tensors``, emulated here on any torch), our kernels' launches
+    are answered from their declarations, with no TTIR; a kernel declaring nothing still goes to torch."""
+    calls = []
+
+    def torchs(kernel, kwargs, tma_descriptor_metadata):
+        calls.append(kernel)
+        return ["y_ptr"]
+
+    monkeypatch.delattr(triton_kernel_wrap, "identify_accessed_tensors", raising=False)
+    monkeypatch.setattr(triton_kernel_wrap, "identify_mutated_tensors", torchs, raising=False)
+    access_analysis.install()
+    analyze = triton_kernel_wrap.identify_mutated_tensors
+    from turbo_inductor.kernels.triton.rotary import _rotary_kernel
+
+    t = torch.empty(4)
+    assert analyze(_rotary_kernel, {"X": t, "OUT": t, "HALF": 64}, {}) == ["OUT"] and calls == []
+    assert analyze(triton.runtime.jit.JITFunction(_scale), {"x_ptr": t, "y_ptr": t, "n": 4, "factor": 2.0}, {})
+    assert len(calls) == 1
+
+
 if __name__ == "__main__":
     each_distinct_launch_analyzed_once()
     access_analysis.scalars_are_constants = lambda: True
