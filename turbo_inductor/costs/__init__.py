@@ -131,10 +131,10 @@ def grouped_implementation(device: torch.device, rows, k: int, n: int, groups: i
     ones (``docs/kernels.md``, "Grouped GEMM"), so the choice is per shape, from data."""
     slug = device_slug(device)
     costs = table(slug)
-    rows = _rows(rows)
-    shape = f"[groups {groups}, rows {rows}, K {k}, N {n}]"
     if costs is None:
         return None, ""
+    rows = _rows(rows)
+    shape = f"[groups {groups}, rows {rows}, K {k}, N {n}]"
     entry = _nearest(costs, GROUPED_MM, groups, rows, k, n, (HIGH_PRECISION,))
     if entry is None:
         return None, f"{shape} not measured on {slug}: the ranking's implementation"

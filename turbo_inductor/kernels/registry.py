@@ -23,8 +23,8 @@ from torch.utils._python_dispatch import _disable_current_modes
 IMPL_ENV = "TURBO_INDUCTOR_IMPL"
 AUTO = "auto"
 AUTOTUNE = "autotune"
-# "prefer:NAME": NAME where it runs on the device and takes the call, else what "auto" picks; never an error.
-# What a rewrite writes from measured data (the cost table), which must not break a call NAME declines.
+# "prefer:NAME": NAME where it runs on the device and takes the call, else what "auto" picks (TURBO_INDUCTOR_IMPL
+# outranks it). What a rewrite writes from measured data (the cost table): a call NAME declines still runs.
 PREFER = "prefer:"
 log = logging.getLogger("turbo_inductor")
 # Capability of the FP8-writing producers (rmsnorm_fwd_fp8, glu_fwd_fp8). Arguments: width, element size, block cols.

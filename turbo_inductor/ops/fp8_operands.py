@@ -27,6 +27,7 @@ from .library import check
 
 QUANTIZE_KERNEL = "fp8_quantize"
 TRANSPOSE_KERNEL = "fp8_transpose"
+
 # cuBLASLt's FP8 GEMMs want N and K in multiples of 16.
 ALIGNMENT = 16
 
@@ -145,14 +146,13 @@ def weight_operands(
     Forward: W[g]^T [N, K] as [E, N, K], scales [E, N blocks, K blocks]. Backward (dx): W[g] [K, N] as
     [E, K, N], scales [E, K blocks, N blocks]. Strided views; the contracted dimension is contiguous.
     Where :func:`dgrad_weight_is_forward_transposed`, the backward's is the forward's q transposed (``fp8_transpose``,
-    by ``impl``), its scales the forward's transposed:
-    rowwise recipes' then lie along the dgrad's contracted N, [E, 1, N], for :func:`fold_contracted_weight_scales`."""
+    by ``impl``), its scales the forward's transposed: rowwise recipes' then lie along the dgrad's contracted N,
+    [E, 1, N], for :func:`fold_contracted_weight_scales`."""
     if not (backward and dgrad_weight_is_forward_transposed(recipe)):
         return _weight_operands_apart(weight, recipe, quantize, forward, backward)
     q, scale = _weight_operands_apart(weight, recipe, quantize, True, False)[0]
     transpose = fp8_transpose if isinstance(q, FakeTensor) else registry.select(TRANSPOSE_KERNEL, q.device, impl)
-    q_t = transpose(q)
-    return ((q, scale) if forward else None), (q_t, scale.transpose(1, 2))
+    return ((q, scale) if forward else None), (transpose(q), scale.transpose(1, 2))
 
 
 def dgrad_weight_is_forward_transposed(recipe: str) -> bool:

@@ -52,8 +52,6 @@ def writes(*names: str, **conditional: Callable[[dict], bool]) -> Callable:
 def declared(kernel: Any, arguments: dict[str, Any]) -> list[str] | None:
     """The tensor arguments of this launch that ``kernel`` declares it writes, in the launch's order; None where it
     declares nothing."""
-    from torch._inductor.ir import TensorBox
-
     while not hasattr(kernel, _DECLARED) and hasattr(kernel, "fn"):
         kernel = kernel.fn
     if not hasattr(kernel, _DECLARED):
@@ -63,7 +61,7 @@ def declared(kernel: Any, arguments: dict[str, Any]) -> list[str] | None:
         return [
             name
             for name, value in arguments.items()
-            if isinstance(value, (torch.Tensor, TensorBox))
+            if (isinstance(value, torch.Tensor) or _is_inductor_tensor(value))
             and (name in names or (name in conditional and conditional[name](arguments)))
         ]
     except KeyError:  # a constexpr the predicate reads was not handed over (a default): torch's analysis answers
