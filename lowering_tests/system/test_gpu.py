@@ -385,6 +385,26 @@ def test_both_layouts_from_the_row_pass_with_column_maxima_at_real_sizes(dtype, 
         assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)) if g.element_size() == 1 else torch.equal(g, w)
 
 
+@pytest.mark.parametrize("gathered", [False, True])
+def test_the_experts_wgrad_operands_at_real_sizes_equal_the_reference(gathered):
+    """x^T per expert as the FP8 wgrad takes it (``fp8_quantize_grouped``) at Mixtral's width, groups of 1 to 9000
+    rows, an empty one and rows past the last: thousands of slices on every SM, each group's maxima merged from up to
+    36 of them before one casts, bit for bit the reference's. ``gathered``: the rows read through moe_permute's
+    positions."""
+    from turbo_inductor.kernels.reference import fp8_quant_grouped as reference_grouped
+    from turbo_inductor.kernels.triton import fp8_quant_grouped as triton_grouped
+
+    e4m3 = fp8_formats(torch.device("cuda"))[0]
+    offs = torch.tensor([1, 3000, 3000, 12000, 14000, 16380], dtype=torch.int32, device="cuda")
+    x = torch.randn(16384, 4096, device="cuda", dtype=torch.bfloat16) * torch.rand(16384, 1, device="cuda") * 8
+    rows = torch.randint(0, 16384, (16384,), device="cuda") if gathered else None
+    got = triton_grouped.fp8_quantize_grouped(x, offs, e4m3, rows=rows)
+    want = reference_grouped.fp8_quantize_grouped(x, offs, e4m3, rows=rows)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.stride() == w.stride()
+        assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)) if g.element_size() == 1 else torch.equal(g, w)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_the_experts_dgrad_operands_at_real_sizes_equal_the_reference(dtype):
     """The MoE dgrad's operands as training builds them on this GPU: W's forward copy transposed (``fp8_transpose``,
