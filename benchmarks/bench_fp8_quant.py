@@ -33,16 +33,22 @@ HEURISTICS = {
 }
 GROUPED_HEURISTICS = {
     "default": {},
-    # Each item a whole group, walked twice by its program: the second walk's rows from HBM again where the programs
-    # in flight read more than L2 holds (Mixtral: 528 x 512 KB against 50 MB).
-    "whole groups (one slice)": {"SLICE_ROWS": 1 << 30},
-    "128 rows a slice": {"SLICE_ROWS": 128},
-    "512 rows a slice": {"SLICE_ROWS": 512},
-    "2 programs per SM": {"PROGRAMS_PER_SM": 2},
-    "8 programs per SM": {"PROGRAMS_PER_SM": 8},
-    "128 columns an item": {"BLOCK_COLS": 128},
+    "256 rows a step at 8 warps": {"BLOCK_ROWS": 256, "NUM_WARPS": 8},
     "128 rows a step at 8 warps": {"BLOCK_ROWS": 128, "NUM_WARPS": 8},
+    "2 programs per SM": {"PROGRAMS_PER_SM": 2},
+    "128 columns an item": {"BLOCK_COLS": 128},
+    "one tile in flight (STAGES=1)": {"STAGES": 1},
     "two tiles in flight (STAGES=2)": {"STAGES": 2},
+    # The cast walk's rows from L2: a group's column block (Mixtral: 4096 rows x 32 columns, 256 KB) per program, 132
+    # in flight (34 MB) against the H100's 50 MB; the default's 528 x 512 KB read them from HBM again. Slower on an
+    # H100 at every operand (Mixtral down x: 27% and 42% of copy, the default 47%): short rows lose more than L2 gives.
+    "L2-resident walks: 1 program per SM, 32 columns, 256 rows a step": {
+        "PROGRAMS_PER_SM": 1,
+        "BLOCK_COLS": 32,
+        "BLOCK_ROWS": 256,
+        "NUM_WARPS": 8,
+    },
+    "2 programs per SM, 32 columns, 128 rows a step": {"PROGRAMS_PER_SM": 2, "BLOCK_COLS": 32, "BLOCK_ROWS": 128},
 }
 
 

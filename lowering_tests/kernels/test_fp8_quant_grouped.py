@@ -126,20 +126,18 @@ def _assert_same_bits_or_interpreter_defect(got: torch.Tensor, want: torch.Tenso
 @pytest.mark.parametrize(
     "pattern, dtype, block",
     [
-        ("groups of 1 and 17, an empty one, rows past the last group", torch.bfloat16, (16, 16, 16)),
-        ("groups of 1 and 17, an empty one, rows past the last group", torch.bfloat16, (8, 16, 5)),
+        ("groups of 1 and 17, an empty one, rows past the last group", torch.bfloat16, (16, 16)),
         ("empty first and last, a whole multiple of 16", torch.float32, None),
-        ("offsets out of order and past S", torch.float16, (16, 32, 4)),
+        ("offsets out of order and past S", torch.float16, (16, 32)),
         ("no rows", torch.bfloat16, None),
     ],
 )
 def test_triton_matches_the_reference(monkeypatch, pattern, dtype, block):
-    """Both layouts, scales and padded offsets. Small blocks (rows a step, columns an item, rows a slice): several
-    row steps, slices and column blocks per group, the last ones partial (40 columns), the maxima of up to 10 slices
-    merged before one of them casts."""
+    """Both layouts, scales and padded offsets. Small blocks: several row steps and column blocks per group, the last
+    one partial (40 columns)."""
     if block is not None:
-        for name, value in zip(("BLOCK_ROWS", "BLOCK_COLS", "SLICE_ROWS"), block):
-            monkeypatch.setattr(triton_grouped, name, value)
+        monkeypatch.setattr(triton_grouped, "BLOCK_ROWS", block[0])
+        monkeypatch.setattr(triton_grouped, "BLOCK_COLS", block[1])
     t, offs = case(pattern, 40, dtype, seed=1)
     got = quantize("triton", t, offs, rowwise=True)
     want = quantize("reference", t, offs, rowwise=True)
@@ -157,7 +155,6 @@ def test_gathered_rows_equal_the_rows_gathered_first(monkeypatch, impl):
     """``rows``: t's rows read where they lie, as an MoE layer's tokens in expert order (each token k times, uneven
     groups, an empty one, rows past the last group), bit for bit what quantizing ``t[rows]`` gives."""
     monkeypatch.setattr(triton_grouped, "BLOCK_ROWS", 16)
-    monkeypatch.setattr(triton_grouped, "SLICE_ROWS", 6)
     t, offs = case("groups of 1 and 17, an empty one, rows past the last group", 40, seed=2)
     tokens = t[:9]
     rows = torch.randperm(26, generator=torch.Generator().manual_seed(3)).to(DEVICE) % 9  # 26 rows of 9 tokens
@@ -171,11 +168,9 @@ def test_gathered_rows_equal_the_rows_gathered_first(monkeypatch, impl):
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf / inf in the interpreter
 @pytest.mark.parametrize("impl", ["reference", "triton"])
-def test_a_nan_or_inf_shows_in_its_group_and_column_only(monkeypatch, impl):
+def test_a_nan_or_inf_shows_in_its_group_and_column_only(impl):
     """A NaN (inf) makes its group's scale of its column NaN (inf) and that column of the group dequantize to NaN, as
-    ``fp8_quantize``'s blocks do; the other groups and columns and the padding are untouched. Slices of 4 rows: the
-    NaN and the inf reach the scale from one of their group's slices."""
-    monkeypatch.setattr(triton_grouped, "SLICE_ROWS", 4)
+    ``fp8_quantize``'s blocks do; the other groups and columns and the padding are untouched."""
     t, offs = case("groups of 1 and 17, an empty one, rows past the last group", 8, torch.float32)
     t[5, 2], t[20, 6] = float("nan"), float("inf")  # group 1 (q_t's columns 16 to 32), group 3 (64 to 68)
     q_t, scale_t, _ = quantize(impl, t, offs)

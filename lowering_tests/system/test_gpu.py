@@ -388,9 +388,8 @@ def test_both_layouts_from_the_row_pass_with_column_maxima_at_real_sizes(dtype, 
 @pytest.mark.parametrize("gathered", [False, True])
 def test_the_experts_wgrad_operands_at_real_sizes_equal_the_reference(gathered):
     """x^T per expert as the FP8 wgrad takes it (``fp8_quantize_grouped``) at Mixtral's width, groups of 1 to 9000
-    rows, an empty one and rows past the last: thousands of slices on every SM, each group's maxima merged from up to
-    36 of them before one casts, bit for bit the reference's. ``gathered``: the rows read through moe_permute's
-    positions."""
+    rows, an empty one and rows past the last, on every SM: bit for bit the reference's. ``gathered``: the rows read
+    through moe_permute's positions."""
     from turbo_inductor.kernels.reference import fp8_quant_grouped as reference_grouped
     from turbo_inductor.kernels.triton import fp8_quant_grouped as triton_grouped
 

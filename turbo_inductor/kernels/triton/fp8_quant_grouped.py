@@ -1,14 +1,10 @@
 """Grouped transposed FP8 quantization in Triton: t [S, C] to t^T [C, S_pad] with a scale per group and column, each
 group padded. Semantics: ``..reference.fp8_quant_grouped``.
 
-One persistent launch over work items (group, block of BLOCK_COLS columns, slice of SLICE_ROWS rows), a group's
-slices of one column block in consecutive items, so that they run side by side. Each item reads its slice once for
-the column maxima and merges them into the group's (an atomic max); the last of the slices to arrive (a counter per
-group and column block) casts the whole group's columns, whose rows its cohort has just read: they come from L2. A
-program walking a whole group twice instead re-read it from HBM where the programs in flight read more than L2 holds
-(Mixtral's groups: 512 KB a column block, 528 programs); a 3-byte element then moved 5 (docs/fp8.md, "Grouped
-transposed quantization"). The caster stores its columns of q_t from the group's padded start to the next group's,
-zeros past the group's rows. Each program derives the padded layout and its items from offs itself, so no launch size
+One persistent launch over work items (group, block of BLOCK_COLS columns). A program walks its item's group rows
+twice: the column maxima, then the cast, whose reads of the same rows come from L2 while the programs in flight read
+less than its size (PROGRAMS_PER_SM bounds them); it stores its columns of q_t from the group's padded start to the
+next group's, zeros past the group's rows. Each program derives the padded layout from offs itself, so no launch size
 and no host value depends on the group sizes.
 
 The rowwise copy (``rowwise``) comes from ``fp8_quantize``'s one-pass row kernel. Its scale needs a whole row and the
@@ -42,15 +38,14 @@ from .fp8_quant import fp8_quantize as fp8_quantize_rows
 from .grouped_mm import persistent_programs
 
 # Launch heuristics: module constants, so that tests can shrink them and the GPU session can tune them.
-# Rows per step of a program's walk down its slice or group.
+# Rows per step of a program's walk down its group.
 BLOCK_ROWS = 64
 # Columns of t per work item: 64 bf16 are 128 contiguous bytes of each row (whole 32-byte sectors).
 BLOCK_COLS = 64
-# Rows per work item's slice of its group: the programs in flight read programs x SLICE_ROWS x BLOCK_COLS x element
-# size (17 MB at 4 per SM of an H100's 132), well within L2 until the casters read them again.
-SLICE_ROWS = 256
 NUM_WARPS = 4
-# Programs per SM: 4 ran 6-9% faster than 2 on an H100 at every Mixtral and Qwen3-MoE operand (bench_fp8_quant --moe).
+# Programs per SM. The cast pass finds most of its rows in L2 while the programs in flight read about what L2 holds:
+# programs x rows per group x BLOCK_COLS x element size. 4 ran 6-9% faster than 2 on an H100 at every Mixtral and
+# Qwen3-MoE operand (bench_fp8_quant --moe), though at Mixtral's 1024-row groups they read 68 MB against its 50 MB.
 PROGRAMS_PER_SM = 4
 # Tiles in flight per program in each walk: the next ones load (cp.async) while one is reduced or cast. With few
 # programs per SM, one 8 KB tile each left the walk waiting on memory.
@@ -76,30 +71,7 @@ def _source_rows(ROWS, rows, end, HAS_ROWS: tl.constexpr):
     return rows.to(tl.int64)
 
 
-@triton.jit
-def _tile(X, ROWS, rows, end, cols64, col_in, stride_xs, stride_xc, HAS_ROWS: tl.constexpr):
-    """The operand's ``rows`` (those below ``end``) x columns ``cols64`` (those ``col_in``) in fp32, 0 elsewhere."""
-    return tl.load(
-        X + _source_rows(ROWS, rows, end, HAS_ROWS)[:, None] * stride_xs + cols64[None, :] * stride_xc,
-        mask=(rows < end)[:, None] & col_in[None, :],
-        other=0.0,
-    ).to(tl.float32)
-
-
-@triton.jit
-def _group_of(bounds, item, in_e):
-    """The group whose items hold ``item``: the number of groups whose items end at or before it (``bounds``, the
-    running sum of items per group)."""
-    return tl.sum(tl.where(in_e & (bounds <= item), 1, 0), 0)
-
-
-@triton.jit
-def _of_group(values, g, e):
-    """``values[g]``, a scalar, from a vector over the groups."""
-    return tl.sum(tl.where(e == g, values, 0), 0)
-
-
-@writes("PADDED_OFFS", "SCALE", "QT", "AMAX_BITS", "ARRIVALS")
+@writes("PADDED_OFFS", "SCALE", "QT")
 @triton.jit
 def _grouped_transposed_kernel(
     X,
@@ -107,8 +79,6 @@ def _grouped_transposed_kernel(
     QT,
     SCALE,
     PADDED_OFFS,
-    AMAX_BITS,
-    ARRIVALS,
     OFFS,
     S,
     C,
@@ -117,7 +87,7 @@ def _grouped_transposed_kernel(
     stride_xs,
     stride_xc,
     n_col_blocks,
-    max_items,
+    n_items,
     FORMAT: tl.constexpr,
     FMAX: tl.constexpr,
     POW2: tl.constexpr,
@@ -125,17 +95,14 @@ def _grouped_transposed_kernel(
     NAN_BITS: tl.constexpr,
     HAS_ROWS: tl.constexpr,
     ALIGN: tl.constexpr,
-    SLICE: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
     STAGES: tl.constexpr,
 ):
-    """Work item (g, column block, slice), for items pid, pid + programs, ... below max_items (a bound of their
-    number): the slice's column maxima merged into AMAX_BITS [E, C] (zeros before the launch); the last slice of
-    (g, column block) to arrive (ARRIVALS, zeros, a counter per pair) writes SCALE [E, C] row g and QT [C, S_PAD]
-    (contiguous) in those columns from the group's padded start to the next group's (for the last group, S_PAD).
-    PADDED_OFFS[g] from the first item of g. With HAS_ROWS, the operand's row r is X's row ROWS[r]."""
+    """Work item (g, column block), for items pid, pid + programs, ...: SCALE [E, C] row g, and QT [C, S_PAD]
+    (contiguous) in those columns from the group's padded start to the next group's (for the last group, S_PAD);
+    PADDED_OFFS[g] from the first column block. With HAS_ROWS, the operand's row r is X's row ROWS[r]."""
     # The padded layout, as the reference computes it: ends bounded within [previous end, S], then sizes rounded
     # up to a non-zero multiple of ALIGN and summed.
     e = tl.arange(0, BLOCK_E)
@@ -145,52 +112,45 @@ def _grouped_transposed_kernel(
     starts = _bounded_running_max(previous, S)
     padded = tl.where(in_e, tl.maximum(tl.cdiv(ends - starts, ALIGN), 1) * ALIGN, 0)
     padded_ends = tl.cumsum(padded, 0)
-    # Slices per group, at least one: an empty group's item writes its padding.
-    slices = tl.where(in_e, tl.maximum(tl.cdiv(ends - starts, SLICE), 1), 0)
-    item_bounds = tl.cumsum(slices, 0) * n_col_blocks
-    n_items = tl.sum(slices, 0) * n_col_blocks
-    for item in range(tl.program_id(0), max_items, tl.num_programs(0)):
-        if item < n_items:
-            g = _group_of(item_bounds, item, in_e)
-            g_slices = _of_group(slices, g, e)
-            local = item - _of_group(item_bounds, g, e) + g_slices * n_col_blocks
-            cb = local // g_slices
-            start, end = _of_group(starts, g, e), _of_group(ends, g, e)
-            slice_start = start + (local % g_slices) * SLICE
-            slice_end = tl.minimum(slice_start + SLICE, end)
-            tl.store(PADDED_OFFS + g, _of_group(padded_ends, g, e), mask=local == 0)
+    for item in range(tl.program_id(0), n_items, tl.num_programs(0)):
+        g = item // n_col_blocks
+        cb = item % n_col_blocks
+        mine = e == g
+        start = tl.sum(tl.where(mine, starts, 0), 0)
+        end = tl.sum(tl.where(mine, ends, 0), 0)
+        padded_end = tl.sum(tl.where(mine, padded_ends, 0), 0)
+        padded_start = padded_end - tl.sum(tl.where(mine, padded, 0), 0)
+        # Multiples of ALIGN, said so (// ALIGN * ALIGN) for the compiler, which then stores q_t in 16-byte vectors.
+        padded_start = padded_start // ALIGN * ALIGN
+        stop = tl.where(g == E - 1, S_PAD, padded_end) // ALIGN * ALIGN
+        tl.store(PADDED_OFFS + g, padded_end, mask=cb == 0)
 
-            cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
-            col_in = cols < C
-            cols64 = cols.to(tl.int64)
-            amax_bits = tl.zeros([BLOCK_C], dtype=tl.int32)  # maxima of |t| as bits (see .fp8_quant.abs_bits)
-            for r0 in tl.range(slice_start, slice_end, BLOCK_R, num_stages=STAGES):
-                rows = r0 + tl.arange(0, BLOCK_R)
-                x = _tile(X, ROWS, rows, slice_end, cols64, col_in, stride_xs, stride_xc, HAS_ROWS)
-                amax_bits = tl.maximum(amax_bits, tl.max(abs_bits(x), 0))
-            group_amax = AMAX_BITS + g.to(tl.int64) * C + cols64
-            tl.atomic_max(group_amax, amax_bits, mask=col_in)
-            # Every thread's maxima merged before the arrival that may let another program read them.
-            tl.debug_barrier()
-            if tl.atomic_add(ARRIVALS + g * n_col_blocks + cb, 1) == g_slices - 1:
-                amax = tl.atomic_max(group_amax, 0, mask=col_in)  # the merged maxima, read where they were merged
-                scale = scale_from_amax(amax.to(tl.float32, bitcast=True), FMAX, POW2)
-                tl.store(SCALE + g.to(tl.int64) * C + cols64, scale, mask=col_in)
-                padded_end = _of_group(padded_ends, g, e)
-                # Multiples of ALIGN, said so (// ALIGN * ALIGN) for the compiler, which then stores q_t in 16-byte
-                # vectors.
-                padded_start = (padded_end - _of_group(padded, g, e)) // ALIGN * ALIGN
-                stop = tl.where(g == E - 1, S_PAD, padded_end) // ALIGN * ALIGN
-                for p0 in tl.range(padded_start, stop, BLOCK_R, num_stages=STAGES):
-                    p = p0 + tl.arange(0, BLOCK_R)
-                    rows = start + (p - padded_start)
-                    holds = (rows < end)[:, None]
-                    x = _tile(X, ROWS, rows, end, cols64, col_in, stride_xs, stride_xc, HAS_ROWS)
-                    # The padding is +0 (0x00 in every FP8 format), also where a NaN scale would make 0 / scale NaN.
-                    bits = tl.where(holds, fp8_bits_of(x, scale[None, :], FORMAT, FMAX, FIX_NAN, NAN_BITS), 0)
-                    tl.store(
-                        QT + cols64[None, :] * S_PAD + p[:, None], bits, mask=(p < stop)[:, None] & col_in[None, :]
-                    )
+        cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+        col_in = cols < C
+        cols64 = cols.to(tl.int64)
+        amax_bits = tl.zeros([BLOCK_C], dtype=tl.int32)  # maxima of |t| as bits (see .fp8_quant.abs_bits)
+        for r0 in tl.range(start, end, BLOCK_R, num_stages=STAGES):
+            rows = r0 + tl.arange(0, BLOCK_R)
+            x = tl.load(
+                X + _source_rows(ROWS, rows, end, HAS_ROWS)[:, None] * stride_xs + cols64[None, :] * stride_xc,
+                mask=(rows < end)[:, None] & col_in[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            amax_bits = tl.maximum(amax_bits, tl.max(abs_bits(x), 0))
+        scale = scale_from_amax(amax_bits.to(tl.float32, bitcast=True), FMAX, POW2)
+        tl.store(SCALE + g.to(tl.int64) * C + cols64, scale, mask=col_in)
+        for p0 in tl.range(padded_start, stop, BLOCK_R, num_stages=STAGES):
+            p = p0 + tl.arange(0, BLOCK_R)
+            rows = start + (p - padded_start)
+            holds = (rows < end)[:, None]
+            x = tl.load(
+                X + _source_rows(ROWS, rows, end, HAS_ROWS)[:, None] * stride_xs + cols64[None, :] * stride_xc,
+                mask=holds & col_in[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            # The padding is +0 (0x00 in every FP8 format), also where a NaN scale would make 0 / scale NaN.
+            bits = tl.where(holds, fp8_bits_of(x, scale[None, :], FORMAT, FMAX, FIX_NAN, NAN_BITS), 0)
+            tl.store(QT + cols64[None, :] * S_PAD + p[:, None], bits, mask=(p < stop)[:, None] & col_in[None, :])
 
 
 @implementation(
@@ -214,19 +174,14 @@ def fp8_quantize_grouped(
     padded_offs = torch.empty(groups, dtype=torch.int32, device=t.device)
     # At least one column block, whose items write the padded offsets where C is 0.
     n_col_blocks = max(triton.cdiv(cols, BLOCK_COLS), 1)
-    # Slices per group: at most one per SLICE_ROWS rows of all, plus a partial one per group.
-    max_items = (triton.cdiv(n_rows, SLICE_ROWS) + groups) * n_col_blocks
-    # The column maxima's bits and the arrivals per (group, column block), zeroed in one fill.
-    scratch = torch.zeros(groups * (cols + n_col_blocks), dtype=torch.int32, device=t.device)
+    n_items = groups * n_col_blocks
     with on_device(t.device):
-        launch(_grouped_transposed_kernel)[(min(max_items, persistent_programs(t.device, PROGRAMS_PER_SM)),)](
+        launch(_grouped_transposed_kernel)[(min(n_items, persistent_programs(t.device, PROGRAMS_PER_SM)),)](
             t,
             t if rows is None else rows.contiguous(),  # not read without HAS_ROWS
             q_t.view(torch.uint8),  # FP8 travels as raw bytes (see .fp8_formats)
             scale_t,
             padded_offs,
-            scratch,
-            scratch[groups * cols :],
             offs,
             n_rows,
             cols,
@@ -235,11 +190,10 @@ def fp8_quantize_grouped(
             t.stride(0),
             t.stride(1),
             n_col_blocks,
-            max_items,
+            n_items,
             **format_constexprs(fp8_dtype, t.device, power_of_two),
             HAS_ROWS=rows is not None,
             ALIGN=PAD_ALIGN,
-            SLICE=SLICE_ROWS,
             BLOCK_E=max(16, triton.next_power_of_2(groups)),
             BLOCK_R=BLOCK_ROWS,
             BLOCK_C=BLOCK_COLS,
