@@ -365,6 +365,13 @@ def test_triton_fp8_gemm_at_a_real_shape(recipe):
         torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2 * want.abs().max().item())
 
 
+def assert_same_outputs(got, want) -> None:
+    """Each output of the same shape and strides and bit for bit equal (FP8 compared as bytes)."""
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.stride() == w.stride()
+        assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)) if g.element_size() == 1 else torch.equal(g, w)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("experts, rows, cols", [(4, 4096, 4096), (2, 4096, 14336), (1, 8192, 4096)])
 def test_both_layouts_from_the_row_pass_with_column_maxima_at_real_sizes(dtype, experts, rows, cols):
@@ -380,9 +387,7 @@ def test_both_layouts_from_the_row_pass_with_column_maxima_at_real_sizes(dtype, 
     x = torch.randn(M, cols, device="cuda", dtype=dtype) * torch.rand(M, 1, device="cuda", dtype=dtype)
     got = triton_fp8.fp8_quantize(x, e4m3, 1, block_cols, False, both_layouts=True, block_cols_t=block_cols_t)
     want = reference_fp8.fp8_quantize(x, e4m3, 1, block_cols, False, both_layouts=True, block_cols_t=block_cols_t)
-    for g, w in zip(got, want):
-        assert g.shape == w.shape and g.stride() == w.stride()
-        assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)) if g.element_size() == 1 else torch.equal(g, w)
+    assert_same_outputs(got, want)
 
 
 @pytest.mark.parametrize("gathered", [False, True])
@@ -399,9 +404,7 @@ def test_the_experts_wgrad_operands_at_real_sizes_equal_the_reference(gathered):
     rows = torch.randint(0, 16384, (16384,), device="cuda") if gathered else None
     got = triton_grouped.fp8_quantize_grouped(x, offs, e4m3, rows=rows)
     want = reference_grouped.fp8_quantize_grouped(x, offs, e4m3, rows=rows)
-    for g, w in zip(got, want):
-        assert g.shape == w.shape and g.stride() == w.stride()
-        assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)) if g.element_size() == 1 else torch.equal(g, w)
+    assert_same_outputs(got, want)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
