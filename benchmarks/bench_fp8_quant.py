@@ -1,9 +1,9 @@
 """FP8 quantization on the GPU, each kernel's GPU time against a copy of the same tensor: a Llama-3-8B layer's
 operands (tensorwise and rowwise, row-major, transposed and both layouts) and, with ``--moe``, an MoE layer's expert
-operands (x and dy grouped and transposed per expert, dy per row by expert, W in both per-expert layouts). Backends:
-the reference eager and compiled by Inductor, the Triton kernels (with launch-heuristic variants) and the native ones
-where built. ``python -m benchmarks.bench_fp8_quant [--shapes 8192x4096,...] [--heuristics default,...] [--moe
-mixtral-8x7b]``"""
+operands (x and dy grouped and transposed per expert, and their FP8 rowwise copies transposed per expert; dy per row by
+expert, W in both per-expert layouts). Backends: the reference eager and compiled by Inductor, the Triton kernels (with
+launch-heuristic variants) and the native ones where built. ``python -m benchmarks.bench_fp8_quant [--shapes
+8192x4096,...] [--heuristics default,...] [--moe mixtral-8x7b]``"""
 
 from __future__ import annotations
 
@@ -118,17 +118,21 @@ def layer_rows(shapes: str, heuristics: list[str]) -> list[dict]:
 
 def moe_rows(configs: list[str], grouped_heuristics: list[str], heuristics: list[str]) -> list[dict]:
     """Per MoE config and projection, as the FP8 grouped GEMM quantizes in training: x [rows, K] and dy [rows, N]
-    grouped and transposed per expert (the wgrad's operands); dy per row, times its expert's multiplier (the dgrad's,
+    grouped and transposed per expert (the wgrad's operands), and instead their FP8 rowwise copies transposed into that
+    layout (a byte read and one written per element); dy per row, times its expert's multiplier (the dgrad's,
     beside a plain rowwise quantization of it); W [E, K, N] once for both layouts, the forward's copy transposed for
     the dgrad, beside the two per-layout quantizations it replaces (the rowwise pass with column maxima; two calls)."""
+    from turbo_inductor.kernels.reference.fp8_quant_grouped import padded_columns
     from turbo_inductor.kernels.triton import fp8_quant as triton_fp8
     from turbo_inductor.kernels.triton import fp8_quant_grouped as triton_grouped
+    from turbo_inductor.kernels.triton import fp8_transpose as triton_transpose
     from turbo_inductor.ops.fp8_operands import weight_operands
 
     e4m3 = torch.float8_e4m3fn
     # No eager or Inductor rows: at these sizes the reference's compile and run cost more than every kernel measured.
     grouped = triton_variants(triton_grouped.fp8_quantize_grouped, GROUPED_HEURISTICS, grouped_heuristics)
     grouped_rows = triton_variants(triton_grouped.fp8_quantize_grouped_rows, {"default": {}}, ["default"])
+    transposed = triton_variants(triton_transpose.fp8_transpose_grouped, {"default": {}}, ["default"])
     per_layout = triton_variants(triton_fp8.fp8_quantize, HEURISTICS, ["default", BY_TWO_CALLS])
     # No native row: its kernels cut x^T's columns whole, not per expert.
     row_heuristics = [h for h in heuristics if "COLUMN_MAXIMA_PROGRAMS" not in HEURISTICS[h]]
@@ -146,6 +150,10 @@ def moe_rows(configs: list[str], grouped_heuristics: list[str], heuristics: list
                 shape = f"{config} {projection} {operand} [{t.shape[0]}, {cols}]"
                 call = lambda fn, t=t: fn(t, offs, e4m3)  # noqa: E731
                 measure(rows, shape, "grouped transposed", triton_grouped, grouped, call, 3 * t.numel(), copy_rate(t))
+                q = triton_fp8.fp8_quantize(t, e4m3, 1, cols, False)[0]  # the rowwise copy, quantized untimed
+                call = lambda fn, q=q: fn(q, offs)  # noqa: E731
+                moved = q.numel() + cols * padded_columns(q.shape[0], experts)
+                measure(rows, shape, "grouped transpose", triton_transpose, transposed, call, moved, copy_rate(q))
                 if operand == "dy":
                     m = torch.rand(experts, n, device="cuda").to(torch.bfloat16)
                     call = lambda fn, t=t, m=m: fn(t, offs, m, e4m3)  # noqa: E731

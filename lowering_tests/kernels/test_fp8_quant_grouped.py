@@ -162,8 +162,35 @@ def test_gathered_rows_equal_the_rows_gathered_first(monkeypatch, impl):
     want = quantize(impl, tokens[rows], offs, power_of_two=True)
     for g, w in zip(got, want):
         assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)) if g.dtype == E4M3 else torch.equal(g, w)
-    with pytest.raises(ValueError, match="no rowwise copy of gathered rows"):
+    with pytest.raises(ValueError, match="no rowwise copy of gathered or multiplied rows"):
         quantize(impl, tokens, offs, rows=rows, rowwise=True)
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+@pytest.mark.parametrize("gathered", [False, True], ids=["rows", "gathered rows"])
+def test_a_row_multiplier_scales_each_operand_row(monkeypatch, impl, gathered):
+    """``row_multiplier``: each operand row times its entry before the maxima, spread over 2^-12 .. 2^12 as another
+    operand's row scales are: the scales per group and column are those of the product in float64, and the bytes are
+    the reference's of the product given in fp32."""
+    monkeypatch.setattr(triton_grouped, "BLOCK_ROWS", 16)
+    t, offs = case("groups of 1 and 17, an empty one, rows past the last group", 40, seed=4)
+    gen = torch.Generator().manual_seed(5)
+    rows = (torch.randperm(26, generator=gen) % 9).to(DEVICE) if gathered else None
+    source = t[:9] if gathered else t
+    operand = source[rows] if gathered else source
+    multiplier = torch.exp2(torch.empty(26).uniform_(-12, 12, generator=gen)).to(DEVICE)
+    q_t, scale_t, padded_offs = quantize(impl, source, offs, rows=rows, row_multiplier=multiplier)
+    product = operand.double() * multiplier.double()[:, None]
+    for g, (start, n, _) in enumerate(layout(offs.tolist(), 26)):
+        amax = product[start : start + n].abs().amax(0).clamp_min(1e-12) if n else torch.full((40,), 1e-12).double()
+        torch.testing.assert_close(scale_t[g].double(), amax / torch.finfo(E4M3).max, rtol=1e-6, atol=0)
+    want = quantize("reference", operand.float() * multiplier[:, None], offs)
+    _assert_same_bits_or_interpreter_defect(q_t, want[0])
+    assert torch.equal(scale_t, want[1]) and torch.equal(padded_offs, want[2])
+    with pytest.raises(ValueError, match="no rowwise copy of gathered or multiplied rows"):
+        quantize(impl, t, offs, row_multiplier=multiplier, rowwise=True)
+    with pytest.raises(ValueError, match=r"row_multiplier \[26\] \(one per operand row\) fp32"):
+        quantize(impl, source, offs, rows=rows, row_multiplier=multiplier[1:])
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf / inf in the interpreter

@@ -10,7 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import turbo_inductor
 from turbo_inductor.kernels import registry
-from turbo_inductor.ops.fp8_grouped_mm import can_rewrite_fp8
+from turbo_inductor.ops.fp8_grouped_mm import can_rewrite_fp8, saves_x
 from turbo_inductor.ops.fp8_operands import kernel_block, weight_operands
 from turbo_inductor.ops.grouped_mm import GroupedMMNode, can_rewrite
 from turbo_inductor.ops.library import OpInputError
@@ -179,18 +179,22 @@ def test_the_eager_backward_gets_no_zero_filled_gradient_of_the_saved_fp8_operan
     assert "fp8_grouped_mm_bwd" in ran and fills == []
 
 
-@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise", "blockwise", "rowwise_with_gw_hp"])
-def test_fp8_fakes_give_each_outputs_layout(recipe):
+@pytest.mark.parametrize(
+    "recipe, k, n",
+    [("rowwise", 32, 48), ("rowwise", 48, 32), ("tensorwise", 32, 48), ("blockwise", 32, 48)]
+    + [("rowwise_with_gw_hp", 32, 48)],
+)
+def test_fp8_fakes_give_each_outputs_layout(recipe, k, n):
     """fp8_grouped_mm_fwd's and _bwd's fakes against the real outputs: shape, dtype and strides of each, the saved
-    x^T in the padded layout included, with a weight gradient and without (opcheck cannot compare FP8 outputs on
-    CPU: test_opcheck)."""
-    x, parameter, weight, offs = case("empty first and last, rows past the last group", 32, 48)
-    x, w, dy = x.detach(), weight(parameter.detach()), torch.randn(x.shape[0], 48, device=DEVICE)
-    keeps_x = RECIPES[recipe].high_precision_wgrad
+    x^T in the padded layout included (rowwise: x's bytes transposed where K > N, else x saved), with a weight
+    gradient and without (opcheck cannot compare FP8 outputs on CPU: test_opcheck)."""
+    x, parameter, weight, offs = case("empty first and last, rows past the last group", k, n)
+    x, w, dy = x.detach(), weight(parameter.detach()), torch.randn(x.shape[0], n, device=DEVICE)
+    x_saved = saves_x(recipe, w)
 
     def forward_and_backward(x, w, offs, dy, weight_grad):
         fwd = torch.ops.turbo_inductor.fp8_grouped_mm_fwd(x, w, offs, recipe, EXACT_IMPL, weight_grad)
-        saved_x = x if keeps_x and weight_grad else None
+        saved_x = x if x_saved and weight_grad else None
         return *fwd, *torch.ops.turbo_inductor.fp8_grouped_mm_bwd(dy, saved_x, w, offs, *fwd[1:], recipe, EXACT_IMPL)
 
     for weight_grad in (True, False):
@@ -257,6 +261,49 @@ def test_the_rowwise_dgrad_moves_w_scales_onto_dy_as_accurately_as_quantizing_w_
         again[start:end] = (dy_q[start:end].float() * dy_scale[start:end]) @ (w_q.float() * w_scale).t()
     got = snr_db(x.grad, want)
     assert got >= 25 and got >= snr_db(again, want) - 0.5, (got, snr_db(again, want))
+
+
+@pytest.mark.parametrize("recipe", ["rowwise", "rowwise_pow2"])
+@pytest.mark.parametrize("k, n", [(96, 32), (32, 96)], ids=["x transposed (K > N)", "dy transposed (K < N)"])
+def test_the_rowwise_wgrad_transposes_the_wider_operand_and_folds_its_row_scales(recipe, k, n):
+    """The rowwise wgrad moves the wider operand's rowwise FP8 bytes into the padded per-group layout and scales the
+    other's rows by their row scales before quantizing it per group and column. Where the rows of x and of dy differ
+    up to 2^12-fold, dW against float64 meets the 20 dB gate and is within 0.5 dB of the other reading, both operands
+    quantized per group and column from their own values; what the forward saves is the transposed bytes and their
+    row scales (K > N) or x itself (K < N)."""
+    sizes = [40, 0, 23, 65]
+    gen = torch.Generator().manual_seed(11)
+    rows_size = lambda: torch.exp2(torch.rand(sum(sizes), 1, generator=gen) * 12 - 6)  # noqa: E731
+    x = (torch.randn(sum(sizes), k, generator=gen) * rows_size()).to(DEVICE).requires_grad_()
+    parameter = (torch.randn(len(sizes), n, k, generator=gen) / k**0.5).to(DEVICE).requires_grad_()
+    dy = (torch.randn(sum(sizes), n, generator=gen) * rows_size()).to(DEVICE)
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(DEVICE)
+    w = parameter.transpose(-2, -1)
+    registry.reset_kernel_calls()
+    ops.fp8_grouped_mm(x, w, offs, recipe, impl="reference").backward(dy)
+    calls = registry.kernel_calls()
+    assert calls[("fp8_transpose_grouped", "reference")] == 1 and calls[("fp8_quantize_grouped", "reference")] == 1
+    want = float64_reference(x, parameter, lambda p: p.transpose(-2, -1), offs, dy)[2]
+    # The other reading: x^T and dy^T each quantized per group and column from their own values.
+    grouped = registry.implementations("fp8_quantize_grouped")["reference"].fn
+    pow2, again = RECIPES[recipe].power_of_two, torch.zeros_like(want)
+    (x_t, x_s, padded), (dy_t, dy_s, _) = (grouped(t, offs, torch.float8_e4m3fn, pow2) for t in (x.detach(), dy))
+    ends = padded.tolist()
+    for g, (start, end) in enumerate(zip([0] + ends, ends)):
+        a, b = x_t[:, start:end].double() * x_s[g, :, None], dy_t[:, start:end].double() * dy_s[g, :, None]
+        again[g] = b @ a.t()
+    got = snr_db(parameter.grad, want)
+    assert got >= 20 and got >= snr_db(again, want) - 0.5, (got, snr_db(again, want))
+
+    fwd = torch.ops.turbo_inductor.fp8_grouped_mm_fwd(x.detach(), w.detach(), offs, recipe, "reference")
+    if k > n:
+        x_q, x_scale = registry.implementations("fp8_quantize")["reference"].fn(
+            x.detach(), torch.float8_e4m3fn, 1, k, False, power_of_two=pow2
+        )
+        moved = registry.implementations("fp8_transpose_grouped")["reference"].fn(x_q, offs)[0]
+        assert torch.equal(fwd[1].view(torch.uint8), moved.view(torch.uint8)) and torch.equal(fwd[2], x_scale)
+    else:
+        assert fwd[1].numel() == 0 and saves_x(recipe, w)
 
 
 def test_no_rows_gives_empty_outputs_and_zero_weight_gradients():

@@ -390,21 +390,29 @@ def test_both_layouts_from_the_row_pass_with_column_maxima_at_real_sizes(dtype, 
     assert_same_outputs(got, want)
 
 
-@pytest.mark.parametrize("gathered", [False, True])
-def test_the_experts_wgrad_operands_at_real_sizes_equal_the_reference(gathered):
+@pytest.mark.parametrize("gathered, multiplied", [(False, False), (True, False), (True, True)])
+def test_the_experts_wgrad_operands_at_real_sizes_equal_the_reference(gathered, multiplied):
     """x^T per expert as the FP8 wgrad takes it (``fp8_quantize_grouped``) at Mixtral's width, groups of 1 to 9000
     rows, an empty one and rows past the last, on every SM: bit for bit the reference's. ``gathered``: the rows read
-    through moe_permute's positions."""
+    through moe_permute's positions; ``multiplied``: times the other operand's row scales. And that operand's rowwise
+    FP8 bytes moved into the same layout (``fp8_transpose_grouped``), a strided view of them, bit for bit."""
     from turbo_inductor.kernels.reference import fp8_quant_grouped as reference_grouped
+    from turbo_inductor.kernels.reference import fp8_transpose as reference_transpose
     from turbo_inductor.kernels.triton import fp8_quant_grouped as triton_grouped
+    from turbo_inductor.kernels.triton import fp8_transpose as triton_transpose
 
     e4m3 = fp8_formats(torch.device("cuda"))[0]
     offs = torch.tensor([1, 3000, 3000, 12000, 14000, 16380], dtype=torch.int32, device="cuda")
     x = torch.randn(16384, 4096, device="cuda", dtype=torch.bfloat16) * torch.rand(16384, 1, device="cuda") * 8
     rows = torch.randint(0, 16384, (16384,), device="cuda") if gathered else None
-    got = triton_grouped.fp8_quantize_grouped(x, offs, e4m3, rows=rows)
-    want = reference_grouped.fp8_quantize_grouped(x, offs, e4m3, rows=rows)
+    multiplier = torch.exp2(torch.empty(16384, device="cuda").uniform_(-12, 12)) if multiplied else None
+    got = triton_grouped.fp8_quantize_grouped(x, offs, e4m3, rows=rows, row_multiplier=multiplier)
+    want = reference_grouped.fp8_quantize_grouped(x, offs, e4m3, rows=rows, row_multiplier=multiplier)
     assert_same_outputs(got, want)
+    q = torch.randn(16384, 14400, device="cuda").to(e4m3)[:, 7:14343]
+    assert_same_outputs(
+        triton_transpose.fp8_transpose_grouped(q, offs), reference_transpose.fp8_transpose_grouped(q, offs)
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -8,11 +8,15 @@ Ops in ``torch.ops.turbo_inductor``:
   fp8_grouped_mm_fwd(x, weight, offs, recipe, impl, weight_grad, x_q, x_scale, positions, save_weight_t)
                                                           -> (y, x_t, x_t_scale, w_t, w_t_scale)
                                                           custom op; backward: fp8_grouped_mm_bwd
-  fp8_grouped_mm_bwd(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl) -> (dx, dweight)
+  fp8_grouped_mm_bwd(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl, positions)
+                                                          -> (dx, dweight)
 
 Shapes and semantics: ``grouped_mm``'s. FP8 recipes quantize as in ``fp8_linear``; tensorwise is per expert for W.
-The tensorwise and rowwise recipes save x^T as ``fp8_quantize_grouped`` writes it: [K, S_pad], each group padded,
-with x_t_scale [E, K, 1], per group.
+The tensorwise and rowwise recipes' wgrad takes x^T and dy^T as ``fp8_quantize_grouped`` writes them: [C, S_pad],
+each group padded, with a scale per group and column. Tensorwise saves x^T so, with x_t_scale [E, K, 1]. The rowwise
+recipes transpose the wider operand's rowwise FP8 copy (``fp8_transpose_grouped``) and fold its row scales into the
+other's rows (:func:`_folds_row_scales`): where K >= N, x_t is x_q transposed and x_t_scale x_q's row scales [S, 1];
+otherwise x itself is saved (x_t empty) and the backward transposes dy's.
 ``x_q``, ``x_scale``: x already quantized by its producer (``glu_fp8``, ``moe_permute_fp8``).
 ``positions`` [T, k] (``moe_permute_fp8``'s): x [T, K] is an MoE layer's tokens, and the GEMM's rows are their
 choices in expert order, row positions[t, j] holding x[t], given quantized as x_q. No copy of x in that order is
@@ -42,7 +46,6 @@ from .fp8_operands import (
     TRANSPOSE_KERNEL,
     check_quantized,
     check_recipe,
-    check_saved_x,
     contracts_weight_scales,
     fold_contracted_weight_scales,
     fp8_formats,
@@ -68,7 +71,14 @@ from .node import OpNode
 
 FP8_GROUPED_KERNEL, FP8_WGRAD_KERNEL = "fp8_grouped_gemm", "fp8_grouped_gemm_wgrad"
 GROUPED_QUANTIZE_KERNEL, GROUPED_ROWS_QUANTIZE_KERNEL = "fp8_quantize_grouped", "fp8_quantize_grouped_rows"
-QUANTIZE_KERNELS = (QUANTIZE_KERNEL, TRANSPOSE_KERNEL, GROUPED_QUANTIZE_KERNEL, GROUPED_ROWS_QUANTIZE_KERNEL)
+GROUPED_TRANSPOSE_KERNEL = "fp8_transpose_grouped"
+QUANTIZE_KERNELS = (
+    QUANTIZE_KERNEL,
+    TRANSPOSE_KERNEL,
+    GROUPED_QUANTIZE_KERNEL,
+    GROUPED_ROWS_QUANTIZE_KERNEL,
+    GROUPED_TRANSPOSE_KERNEL,
+)
 FP8_KERNELS = (*QUANTIZE_KERNELS, FP8_GROUPED_KERNEL, FP8_WGRAD_KERNEL, WGRAD_KERNEL)
 # The experts' FP8 wgrad sums in the tensor cores' fast mode: torch's kernel then takes half as many tiles, 0.86 ms
 # less per Mixtral layer on an H100 with the loss and gradients as accurate (docs/fp8.md, "The rows-grouped GEMM").
@@ -86,7 +96,14 @@ def _check(
     positions: Optional[Tensor] = None,
 ) -> None:
     check_recipe(op, recipe)
-    rows = x.shape[0] if positions is None else _check_positions(op, x, x_q, positions)
+    rows = x.shape[0]
+    if positions is not None:
+        rows = _check_positions(op, x, positions)
+        check(
+            x_q is not None,
+            op,
+            lambda: "positions needs x_q and x_scale: x's rows in expert order, quantized (moe_permute_fp8)",
+        )
     check_grouped(op, x, weight, offs, rows)
     k, n = weight.shape[1:]
     check(
@@ -99,7 +116,7 @@ def _check(
         check_quantized(op, "x", x_q, x_scale, rows, k, x.device, RECIPES[recipe].activation_block, recipe)
 
 
-def _check_positions(op: str, x: Tensor, x_q: Optional[Tensor], positions: Tensor):
+def _check_positions(op: str, x: Tensor, positions: Tensor) -> int:
     """The GEMM's rows, T * k, for x [T, K] read through ``positions`` [T, k]."""
     check(
         isinstance(positions, Tensor)
@@ -112,11 +129,6 @@ def _check_positions(op: str, x: Tensor, x_q: Optional[Tensor], positions: Tenso
             f"positions must be moe_permute_fp8's [T, k] int64 with T = {x.shape[0]} (x's tokens) on {x.device}, got "
             f"{list(positions.shape)} {positions.dtype} on {positions.device}"
         ),
-    )
-    check(
-        x_q is not None,
-        op,
-        lambda: "positions needs x_q and x_scale: x's rows in expert order, quantized (moe_permute_fp8)",
     )
     return positions.shape[0] * positions.shape[1]
 
@@ -160,6 +172,35 @@ def _pads_wgrad_operands(recipe: str) -> bool:
     return not r.high_precision_wgrad and r.activation_block[1] == 0
 
 
+def _folds_row_scales(recipe: str) -> bool:
+    """Whether the FP8 wgrad takes the wider operand as its rowwise FP8 copy transposed, bytes moved rather than read
+    twice to be quantized again, and the other quantized per group and column with those rows' scales folded into its
+    rows: dW_g = sum_t x[t]^T dy[t], and with dy[t] = s_t q[t] that is sum_t (s_t x[t])^T q[t]. For the recipes
+    scaling x and dy per row. Why: ``docs/kernels.md``, "Grouped FP8 quantization"."""
+    return _pads_wgrad_operands(recipe) and RECIPES[recipe].quantizes_x_in_rows
+
+
+def _transposes_x(weight: Tensor) -> bool:
+    """Where :func:`_folds_row_scales`: whether x (K >= N) rather than dy is the transposed operand, the wider one."""
+    return weight.shape[1] >= weight.shape[2]
+
+
+def saves_x(recipe: str, weight: Tensor) -> bool:
+    """Whether the forward saves x itself for the wgrad (a bf16 wgrad, or dy the transposed operand) rather than x^T
+    quantized."""
+    return keeps_x(recipe) or (_folds_row_scales(recipe) and not _transposes_x(weight))
+
+
+def _grouped_transposer(q: Tensor, impl: str) -> Callable:
+    """The grouped FP8 transpose. On fake tensors, one that only allocates its outputs."""
+    if isinstance(q, FakeTensor):
+        return lambda q, offs: (
+            q.new_empty((q.shape[1], padded_columns(q.shape[0], offs.shape[0]))),
+            offs.new_empty(offs.shape[0]),
+        )
+    return registry.select(GROUPED_TRANSPOSE_KERNEL, q.device, impl)
+
+
 def _grouped_quantizer(t: Tensor, impl: str) -> Callable:
     """The grouped quantization kernel. On fake tensors, one that only allocates its outputs."""
     if isinstance(t, FakeTensor):
@@ -167,7 +208,7 @@ def _grouped_quantizer(t: Tensor, impl: str) -> Callable:
     return registry.select(GROUPED_QUANTIZE_KERNEL, t.device, impl)
 
 
-def _allocating_grouped_quantize(t, offs, fp8_dtype, power_of_two=False, rowwise=False, rows=None):
+def _allocating_grouped_quantize(t, offs, fp8_dtype, power_of_two=False, rowwise=False, rows=None, row_multiplier=None):
     """``fp8_quantize_grouped``'s outputs, allocated (the shapes the fakes return)."""
     (rows, cols), groups = (t.shape[0] if rows is None else rows.shape[0], t.shape[1]), offs.shape[0]
     transposed = (
@@ -234,10 +275,15 @@ def _forward(
     quantize = quantizer(x, impl)
     given = None if x_q is None else (x_q, x_scale)
     x_t = None
-    if for_backward and weight_grad and not keeps_x(recipe):
+    if for_backward and weight_grad and not saves_x(recipe, weight):
         # The backward gets the offsets of x^T's columns again from dy^T's quantization: a function of offs and S.
-        rows = None if positions is None else _token_rows(positions)
-        x_q, (*x_t, _) = _wgrad_operands(x, offs, recipe, e4m3, impl, given, rows)
+        if _folds_row_scales(recipe):  # x_q's bytes transposed, its row scales for dy's rows
+            x_q = given or _activations(x, recipe, e4m3, quantize, False)[0]
+            # A given x_scale is an input, which a custom op's output may not be.
+            x_t = (_grouped_transposer(x_q[0], impl)(x_q[0], offs)[0], x_q[1] if given is None else x_q[1].clone())
+        else:
+            rows = None if positions is None else _token_rows(positions)
+            x_q, (*x_t, _) = _wgrad_operands(x, offs, recipe, e4m3, impl, given, rows)
     else:
         x_q = given or _activations(x, recipe, e4m3, quantize, False)[0]
     w_q, w_t = weight_operands(weight, recipe, quantize, True, for_backward and save_weight_t, impl)
@@ -306,16 +352,18 @@ def fp8_grouped_mm_bwd(
     w_t_scale: Tensor,
     recipe: str,
     impl: str = "auto",
+    positions: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
-    """(dx, dweight). dweight is empty where the forward saved nothing for a wgrad (a frozen weight)."""
-    _check_backward(dy, x, weight, offs, x_t, x_t_scale, recipe)
-    return _backward(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl)
+    """(dx, dweight). dweight is empty where the forward saved nothing for a wgrad (a frozen weight). ``positions``:
+    the forward's, where x is the tokens it read through them (x's rows in expert order are gathered as quantized)."""
+    _check_backward(dy, x, weight, offs, x_t, x_t_scale, recipe, positions)
+    return _backward(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl, positions)
 
 
-def _backward(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl) -> tuple[Tensor, Tensor]:
+def _backward(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl, positions) -> tuple[Tensor, Tensor]:
     """(dx, dweight) of the FP8 backward. On fake tensors: allocated outputs of the same layouts."""
     gradient_format = recipe_formats(recipe, dy.device)[1]
-    wgrad = x is not None if keeps_x(recipe) else x_t.dim() == 2
+    wgrad = x is not None if saves_x(recipe, weight) else x_t.dim() == 2
     transposed = transposed_layout(weight)
     if isinstance(dy, FakeTensor) or dy.shape[0] == 0:
         dx = dy.new_zeros((dy.shape[0], weight.shape[1]))
@@ -324,12 +372,17 @@ def _backward(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl)
     fp8_wgrad = wgrad and not keeps_x(recipe)
     if w_t.dim() != 3:  # no W^T saved (save_weight_t=False): quantized from W again
         w_t, w_t_scale = weight_operands(weight, recipe, quantizer(dy, impl), False, True, impl)[1]
-    dy_q = None
+    dy_q = multiplier = None
     if contracts_weight_scales(recipe):  # W^T's row scales move onto dy's columns
         w_t_scale, multiplier = fold_contracted_weight_scales(w_t_scale, weight.shape[1])
         quantize_rows = registry.select(GROUPED_ROWS_QUANTIZE_KERNEL, dy.device, impl)
         dy_q = quantize_rows(dy, offs, multiplier, gradient_format, RECIPES[recipe].power_of_two)
-    if fp8_wgrad:  # dy for dx, where not yet, and dy^T for the wgrad
+    if fp8_wgrad and _folds_row_scales(recipe):
+        dy_q = dy_q or _activations(dy, recipe, gradient_format, quantizer(dy, impl), False)[0]
+        (x_t, x_t_scale), dy_t, wgrad_offs = _folded_wgrad_operands(
+            dy, dy_q, multiplier, x, x_t, x_t_scale, weight, offs, recipe, impl, positions
+        )
+    elif fp8_wgrad:  # dy for dx, where not yet, and dy^T for the wgrad
         dy_q, (*dy_t, wgrad_offs) = _wgrad_operands(dy, offs, recipe, gradient_format, impl, dy_q)
     elif dy_q is None:
         dy_q = _activations(dy, recipe, gradient_format, quantizer(dy, impl), False)[0]
@@ -348,8 +401,35 @@ def _backward(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl)
     )
 
 
+def _folded_wgrad_operands(dy, dy_q, multiplier, x, x_t, x_t_scale, weight, offs, recipe, impl, positions):
+    """((x^T, scale), (dy^T, scale), offsets of their columns) for the FP8 wgrad where :func:`_folds_row_scales`:
+    the transposed operand's scale per group and column is what its rows' quantization left out (1, or dy's 1 /
+    multiplier), the other's rows take the transposed one's row scales."""
+    r, (e4m3, gradient_format) = RECIPES[recipe], recipe_formats(recipe, dy.device)
+    experts, k, n = weight.shape
+    if _transposes_x(weight):
+        dy_t, dy_t_scale, offs_t = _grouped_quantizer(dy, impl)(
+            dy, offs, gradient_format, r.power_of_two, row_multiplier=x_t_scale.squeeze(1)
+        )
+        return (x_t, x_t.new_ones((experts, k, 1), dtype=torch.float32)), (dy_t, dy_t_scale.unsqueeze(-1)), offs_t
+    dy_t, offs_t = _grouped_transposer(dy_q[0], impl)(dy_q[0], offs)
+    dy_t_scale = dy.new_ones((experts, n), dtype=torch.float32) if multiplier is None else 1 / multiplier.float()
+    rows = None if positions is None else _token_rows(positions)
+    x_t, x_t_scale, _ = _grouped_quantizer(x, impl)(
+        x, offs, e4m3, r.power_of_two, rows=rows, row_multiplier=dy_q[1].squeeze(1)
+    )
+    return (x_t, x_t_scale.unsqueeze(-1)), (dy_t, dy_t_scale.unsqueeze(-1)), offs_t
+
+
 def _check_backward(
-    dy: Tensor, x: Optional[Tensor], weight: Tensor, offs: Tensor, x_t: Tensor, x_t_scale: Tensor, recipe: str
+    dy: Tensor,
+    x: Optional[Tensor],
+    weight: Tensor,
+    offs: Tensor,
+    x_t: Tensor,
+    x_t_scale: Tensor,
+    recipe: str,
+    positions: Optional[Tensor],
 ) -> None:
     op = "fp8_grouped_mm_bwd"
     check_recipe(op, recipe)
@@ -358,17 +438,33 @@ def _check_backward(
         op,
         lambda: f"dy must be [S, {weight.shape[2]}] in {weight.dtype}, got {list(dy.shape)} {dy.dtype}",
     )
-    check_saved_x(op, x, recipe)
+    check(
+        x is None or saves_x(recipe, weight),
+        op,
+        lambda: (
+            f"x must be None for recipe {recipe!r} at K {weight.shape[1]}, N {weight.shape[2]}: its wgrad takes "
+            "x^T quantized"
+        ),
+    )
+    check(
+        positions is None or (x is not None and not keeps_x(recipe)),
+        op,
+        lambda: "positions is for x saved as the forward's tokens, quantized for an FP8 wgrad",
+    )
     if x is not None:
-        check_grouped(op, x, weight, offs)
+        rows = dy.shape[0] if positions is None else _check_positions(op, x, positions)
+        check(rows == dy.shape[0], op, lambda: f"positions must hold dy's {dy.shape[0]} rows, got {rows}")
+        check_grouped(op, x, weight, offs, rows)
     if x_t.dim() == 2 and _pads_wgrad_operands(recipe):
         k, s_pad, groups = weight.shape[1], padded_columns(dy.shape[0], offs.shape[0]), offs.shape[0]
+        # x_q's row scales where its bytes were transposed, else a scale per group and column
+        scale_shape = (dy.shape[0], 1) if _folds_row_scales(recipe) else (groups, k, 1)
         check(
-            x_t.shape == (k, s_pad) and x_t_scale.shape == (groups, k, 1),
+            x_t.shape == (k, s_pad) and x_t_scale.shape == scale_shape,
             op,
             lambda: (
-                f"x_t and x_t_scale must be x^T in fp8_quantize_grouped's padded layout, [{k}, {s_pad}] and "
-                f"[{groups}, {k}, 1], got {list(x_t.shape)} and {list(x_t_scale.shape)}"
+                f"x_t and x_t_scale must be x^T in fp8_quantize_grouped's padded layout for recipe {recipe!r}, "
+                f"[{k}, {s_pad}] and {list(scale_shape)}, got {list(x_t.shape)} and {list(x_t_scale.shape)}"
             ),
         )
 
@@ -376,7 +472,7 @@ def _check_backward(
 def _fp8_setup(ctx, inputs, output):
     x, weight, offs, recipe, impl, weight_grad, _x_q, _x_scale, positions, _save_weight_t = inputs
     saved = output[1:]
-    ctx.save_for_backward(x if keeps_x(recipe) and weight_grad else None, weight, offs, positions, *saved)
+    ctx.save_for_backward(x if saves_x(recipe, weight) and weight_grad else None, weight, offs, positions, *saved)
     ctx.mark_non_differentiable(*saved)
     # Eager autograd would otherwise hand the backward a zero-filled gradient of each saved FP8 operand, W^T too.
     ctx.set_materialize_grads(False)
@@ -385,11 +481,12 @@ def _fp8_setup(ctx, inputs, output):
 
 def _fp8_backward(ctx, dy, *_saved_grads):
     x, weight, offs, positions, *saved = ctx.saved_tensors
-    if positions is not None and x is not None:
+    gathered = positions if x is not None and not keeps_x(ctx.recipe) else None  # read in place as quantized
+    if positions is not None and x is not None and keeps_x(ctx.recipe):
         # rowwise_with_gw_hp's wgrad reads x's rows in expert order: gathered again here rather than kept from the
         # forward, which holds T rows instead of T * k until the backward.
         x = moe_combine_bwd(x, None, None, positions, ctx.impl)[0]
-    dx, dweight = fp8_grouped_mm_bwd(dy, x, weight, offs, *saved, ctx.recipe, ctx.impl)
+    dx, dweight = fp8_grouped_mm_bwd(dy, x, weight, offs, *saved, ctx.recipe, ctx.impl, gathered)
     wants_dx, wants_dweight = ctx.needs_input_grad[:2]
     if wants_dx and positions is not None:  # each token's gradient: its rows' summed, as moe_permute's backward does
         dx = moe_combine(dx, None, positions, ctx.impl)

@@ -302,6 +302,18 @@ def _quantize_grouped_transposed(E: int, S: int, C: int):
     fp8_quant_grouped.fp8_quantize_grouped(_meta(S, C), _meta(E, dtype=torch.int32), E4M3, rowwise=True)
 
 
+def _quantize_folded_wgrad_operands(E: int, S: int, T: int, narrow: int, wide: int):
+    """The rowwise wgrad's operands where the wider one's FP8 rows are transposed: those bytes moved into the padded
+    layout, and the narrower operand's rows (T tokens gathered into S rows) times the moved rows' scales, quantized per
+    group and column."""
+    from ..kernels.triton import fp8_quant_grouped, fp8_transpose
+
+    offs = _meta(E, dtype=torch.int32)
+    fp8_transpose.fp8_transpose_grouped(_meta(S, wide, dtype=E4M3), offs)
+    rows, multiplier = _meta(S, dtype=torch.int64), _meta(S, dtype=torch.float32)
+    fp8_quant_grouped.fp8_quantize_grouped(_meta(T, narrow), offs, E4M3, rows=rows, row_multiplier=multiplier)
+
+
 def _triton(kernel: str):
     """The Triton implementation of ``kernel``, called directly (the registry would pick by device)."""
     from ..kernels import registry
@@ -384,6 +396,7 @@ CASES = {
     "gate_up_weight": lambda: _quantize_weight_both_layouts(8, 28672, 4096),
     "down_weight": lambda: _quantize_weight_both_layouts(8, 4096, 14336),
     "grouped_transposed": lambda: _quantize_grouped_transposed(8, 16384, 4096),
+    "folded_wgrad_operands": lambda: _quantize_folded_wgrad_operands(8, 16384, 8192, 4096, 28672),
     "gate_up_weight_once": lambda: _quantize_weight_once(8, 28672, 4096),
     "gate_up_gradient_rows": lambda: _quantize_gradient_rows(8, 16384, 28672),
     "down_gradient_rows": lambda: _quantize_gradient_rows(8, 16384, 4096),

@@ -11,7 +11,9 @@ past the last group appear nowhere. Per group and column, ``scale = max(amax, 1e
 "Grouped FP8 quantization".
 
 With ``rows`` [S] int64, the operand is t's rows gathered, ``t[rows]``: an MoE layer's tokens in expert order, read
-where they lie, so that no copy of them in that order is written.
+where they lie, so that no copy of them in that order is written. With ``row_multiplier`` [S] fp32, each row of the
+operand is multiplied by its entry (in fp32) before it is quantized: the other wgrad operand's row scales, folded in
+where that operand's FP8 rows are transposed rather than quantized again (docs/kernels.md, "Grouped FP8 quantization").
 """
 
 from __future__ import annotations
@@ -52,17 +54,29 @@ def check_args(
     fp8_dtype: torch.dtype,
     rows: torch.Tensor | None = None,
     rowwise: bool = False,
+    row_multiplier: torch.Tensor | None = None,
 ) -> None:
     """The argument checks every implementation makes; raises ValueError."""
     _check_grouped("fp8_quantize_grouped", t, offs, fp8_dtype)
+    operand_rows = t.shape[0] if rows is None else rows.shape[0]
+    if row_multiplier is not None and (
+        row_multiplier.shape != (operand_rows,)
+        or row_multiplier.dtype != torch.float32
+        or row_multiplier.device != t.device
+    ):
+        raise ValueError(
+            f"turbo_inductor: fp8_quantize_grouped expects row_multiplier [{operand_rows}] (one per operand row) fp32 "
+            f"on t's device, got {tuple(row_multiplier.shape)} {row_multiplier.dtype} on {row_multiplier.device}"
+        )
     if rows is not None and (rows.dim() != 1 or rows.dtype != torch.int64 or rows.device != t.device):
         raise ValueError(
             f"turbo_inductor: fp8_quantize_grouped expects rows 1-D int64 on t's device, got {tuple(rows.shape)} "
             f"{rows.dtype} on {rows.device}"
         )
-    if rows is not None and rowwise:
-        # Gathered rows are an MoE layer's tokens, whose rowwise copy the permute moves in FP8 (moe_permute_fp8).
-        raise ValueError("turbo_inductor: fp8_quantize_grouped writes no rowwise copy of gathered rows")
+    if rowwise and (rows is not None or row_multiplier is not None):
+        # Gathered rows are an MoE layer's tokens, whose rowwise copy the permute moves in FP8 (moe_permute_fp8); a
+        # multiplied operand is the wgrad's alone.
+        raise ValueError("turbo_inductor: fp8_quantize_grouped writes no rowwise copy of gathered or multiplied rows")
 
 
 def group_layout(offs: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -89,13 +103,17 @@ def fp8_quantize_grouped(
     power_of_two: bool = False,
     rowwise: bool = False,
     rows: torch.Tensor | None = None,
+    row_multiplier: torch.Tensor | None = None,
 ):
     """``(q_t [C, S_pad], scale_t [E, C] fp32, padded_offs [E] int32)``, each contiguous; with ``rowwise``, first
     ``(q [S, C], scale [S, 1])``, ``fp8_quantize`` of t per row over all of C (the rows-grouped GEMM's operand).
-    ``power_of_two``: scales rounded up to powers of two. ``rows``: the operand is ``t[rows]`` (no rowwise copy)."""
-    check_args(t, offs, fp8_dtype, rows, rowwise)
+    ``power_of_two``: scales rounded up to powers of two. ``rows``: the operand is ``t[rows]`` (no rowwise copy).
+    ``row_multiplier``: the operand's rows times it (no rowwise copy)."""
+    check_args(t, offs, fp8_dtype, rows, rowwise, row_multiplier)
     if rows is not None:
         t = t[rows]
+    if row_multiplier is not None:
+        t = t.float() * row_multiplier[:, None]
     (rows, cols), groups = t.shape, offs.shape[0]
     s_pad = padded_columns(rows, groups)
     starts, ends, padded_starts, padded_ends = group_layout(offs, rows)

@@ -35,6 +35,7 @@ from .fp8_quant import (
     scale_from_amax,
 )
 from .fp8_quant import fp8_quantize as fp8_quantize_rows
+from .fp8_transpose import _bounded_running_max, _padded_layout
 from .grouped_mm import persistent_programs
 
 # Launch heuristics: module constants, so that tests can shrink them and the GPU session can tune them.
@@ -53,22 +54,29 @@ STAGES = 3
 
 
 @triton.jit
-def _maximum(a, b):
-    return tl.maximum(a, b)
-
-
-@triton.jit
-def _bounded_running_max(values, S):
-    """Each group bound within [the previous one, S], as the reference bounds offs."""
-    return tl.associative_scan(tl.minimum(tl.maximum(values, 0), S), 0, _maximum)
-
-
-@triton.jit
-def _source_rows(ROWS, rows, end, HAS_ROWS: tl.constexpr):
-    """X's rows (int64) holding the operand's ``rows``: ROWS[rows] with HAS_ROWS, else the rows themselves."""
-    if HAS_ROWS:
-        return tl.load(ROWS + rows, mask=rows < end, other=0)
-    return rows.to(tl.int64)
+def _operand_tile(
+    X,
+    ROWS,
+    ROW_MULTIPLIER,
+    rows,
+    end,
+    cols64,
+    col_in,
+    stride_xs,
+    stride_xc,
+    HAS_ROWS: tl.constexpr,
+    HAS_MULTIPLIER: tl.constexpr,
+):
+    """The operand's ``rows`` x ``cols64`` in fp32, 0 at rows from ``end`` on and outside ``col_in``: X's rows
+    ROWS[rows] with HAS_ROWS (else the rows themselves), times ROW_MULTIPLIER[rows] with HAS_MULTIPLIER."""
+    holds = rows < end
+    source = tl.load(ROWS + rows, mask=holds, other=0) if HAS_ROWS else rows.to(tl.int64)
+    x = tl.load(
+        X + source[:, None] * stride_xs + cols64[None, :] * stride_xc, mask=holds[:, None] & col_in[None, :], other=0.0
+    ).to(tl.float32)
+    if HAS_MULTIPLIER:
+        x = x * tl.load(ROW_MULTIPLIER + rows, mask=holds, other=0.0)[:, None]
+    return x
 
 
 @writes("PADDED_OFFS", "SCALE", "QT")
@@ -76,6 +84,7 @@ def _source_rows(ROWS, rows, end, HAS_ROWS: tl.constexpr):
 def _grouped_transposed_kernel(
     X,
     ROWS,
+    ROW_MULTIPLIER,
     QT,
     SCALE,
     PADDED_OFFS,
@@ -94,6 +103,7 @@ def _grouped_transposed_kernel(
     FIX_NAN: tl.constexpr,
     NAN_BITS: tl.constexpr,
     HAS_ROWS: tl.constexpr,
+    HAS_MULTIPLIER: tl.constexpr,
     ALIGN: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -102,16 +112,10 @@ def _grouped_transposed_kernel(
 ):
     """Work item (g, column block), for items pid, pid + programs, ...: SCALE [E, C] row g, and QT [C, S_PAD]
     (contiguous) in those columns from the group's padded start to the next group's (for the last group, S_PAD);
-    PADDED_OFFS[g] from the first column block. With HAS_ROWS, the operand's row r is X's row ROWS[r]."""
-    # The padded layout, as the reference computes it: ends bounded within [previous end, S], then sizes rounded
-    # up to a non-zero multiple of ALIGN and summed.
+    PADDED_OFFS[g] from the first column block. With HAS_ROWS, the operand's row r is X's row ROWS[r]; with
+    HAS_MULTIPLIER, times ROW_MULTIPLIER[r]."""
     e = tl.arange(0, BLOCK_E)
-    in_e = e < E
-    ends = _bounded_running_max(tl.load(OFFS + e, mask=in_e, other=0), S)
-    previous = tl.load(OFFS + e - 1, mask=in_e & (e > 0), other=0)
-    starts = _bounded_running_max(previous, S)
-    padded = tl.where(in_e, tl.maximum(tl.cdiv(ends - starts, ALIGN), 1) * ALIGN, 0)
-    padded_ends = tl.cumsum(padded, 0)
+    starts, ends, padded, padded_ends = _padded_layout(OFFS, E, S, BLOCK_E, ALIGN)
     for item in range(tl.program_id(0), n_items, tl.num_programs(0)):
         g = item // n_col_blocks
         cb = item % n_col_blocks
@@ -131,11 +135,9 @@ def _grouped_transposed_kernel(
         amax_bits = tl.zeros([BLOCK_C], dtype=tl.int32)  # maxima of |t| as bits (see .fp8_quant.abs_bits)
         for r0 in tl.range(start, end, BLOCK_R, num_stages=STAGES):
             rows = r0 + tl.arange(0, BLOCK_R)
-            x = tl.load(
-                X + _source_rows(ROWS, rows, end, HAS_ROWS)[:, None] * stride_xs + cols64[None, :] * stride_xc,
-                mask=(rows < end)[:, None] & col_in[None, :],
-                other=0.0,
-            ).to(tl.float32)
+            x = _operand_tile(
+                X, ROWS, ROW_MULTIPLIER, rows, end, cols64, col_in, stride_xs, stride_xc, HAS_ROWS, HAS_MULTIPLIER
+            )
             amax_bits = tl.maximum(amax_bits, tl.max(abs_bits(x), 0))
         scale = scale_from_amax(amax_bits.to(tl.float32, bitcast=True), FMAX, POW2)
         tl.store(SCALE + g.to(tl.int64) * C + cols64, scale, mask=col_in)
@@ -143,11 +145,9 @@ def _grouped_transposed_kernel(
             p = p0 + tl.arange(0, BLOCK_R)
             rows = start + (p - padded_start)
             holds = (rows < end)[:, None]
-            x = tl.load(
-                X + _source_rows(ROWS, rows, end, HAS_ROWS)[:, None] * stride_xs + cols64[None, :] * stride_xc,
-                mask=holds & col_in[None, :],
-                other=0.0,
-            ).to(tl.float32)
+            x = _operand_tile(
+                X, ROWS, ROW_MULTIPLIER, rows, end, cols64, col_in, stride_xs, stride_xc, HAS_ROWS, HAS_MULTIPLIER
+            )
             # The padding is +0 (0x00 in every FP8 format), also where a NaN scale would make 0 / scale NaN.
             bits = tl.where(holds, fp8_bits_of(x, scale[None, :], FORMAT, FMAX, FIX_NAN, NAN_BITS), 0)
             tl.store(QT + cols64[None, :] * S_PAD + p[:, None], bits, mask=(p < stop)[:, None] & col_in[None, :])
@@ -163,10 +163,11 @@ def fp8_quantize_grouped(
     power_of_two: bool = False,
     rowwise: bool = False,
     rows: torch.Tensor | None = None,
+    row_multiplier: torch.Tensor | None = None,
 ):
     """``(q_t, scale_t, padded_offs)``, with ``rowwise`` after ``(q, scale)``; see
     ``..reference.fp8_quant_grouped.fp8_quantize_grouped``."""
-    check_args(t, offs, fp8_dtype, rows, rowwise)
+    check_args(t, offs, fp8_dtype, rows, rowwise, row_multiplier)
     (n_rows, cols), groups = (t.shape[0] if rows is None else rows.shape[0], t.shape[1]), offs.shape[0]
     s_pad = padded_columns(n_rows, groups)
     q_t = torch.empty((cols, s_pad), dtype=fp8_dtype, device=t.device)
@@ -179,6 +180,7 @@ def fp8_quantize_grouped(
         launch(_grouped_transposed_kernel)[(min(n_items, persistent_programs(t.device, PROGRAMS_PER_SM)),)](
             t,
             t if rows is None else rows.contiguous(),  # not read without HAS_ROWS
+            t if row_multiplier is None else row_multiplier.contiguous(),  # nor this without HAS_MULTIPLIER
             q_t.view(torch.uint8),  # FP8 travels as raw bytes (see .fp8_formats)
             scale_t,
             padded_offs,
@@ -193,6 +195,7 @@ def fp8_quantize_grouped(
             n_items,
             **format_constexprs(fp8_dtype, t.device, power_of_two),
             HAS_ROWS=rows is not None,
+            HAS_MULTIPLIER=row_multiplier is not None,
             ALIGN=PAD_ALIGN,
             BLOCK_E=max(16, triton.next_power_of_2(groups)),
             BLOCK_R=BLOCK_ROWS,
