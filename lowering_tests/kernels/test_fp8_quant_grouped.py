@@ -182,7 +182,11 @@ def test_a_row_multiplier_scales_each_operand_row(monkeypatch, impl, gathered):
     q_t, scale_t, padded_offs = quantize(impl, source, offs, rows=rows, row_multiplier=multiplier)
     product = operand.double() * multiplier.double()[:, None]
     for g, (start, n, _) in enumerate(layout(offs.tolist(), 26)):
-        amax = product[start : start + n].abs().amax(0).clamp_min(1e-12) if n else torch.full((40,), 1e-12).double()
+        amax = (
+            product[start : start + n].abs().amax(0).clamp_min(1e-12)
+            if n
+            else torch.full((40,), 1e-12, device=DEVICE).double()
+        )
         torch.testing.assert_close(scale_t[g].double(), amax / torch.finfo(E4M3).max, rtol=1e-6, atol=0)
     want = quantize("reference", operand.float() * multiplier[:, None], offs)
     _assert_same_bits_or_interpreter_defect(q_t, want[0])
