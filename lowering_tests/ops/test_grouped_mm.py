@@ -190,7 +190,7 @@ def test_fp8_fakes_give_each_outputs_layout(recipe, k, n):
     gradient and without (opcheck cannot compare FP8 outputs on CPU: test_opcheck)."""
     x, parameter, weight, offs = case("empty first and last, rows past the last group", k, n)
     x, w, dy = x.detach(), weight(parameter.detach()), torch.randn(x.shape[0], n, device=DEVICE)
-    x_saved = saves_x(recipe, w)
+    x_saved = saves_x(recipe, x, w)
 
     def forward_and_backward(x, w, offs, dy, weight_grad):
         fwd = torch.ops.turbo_inductor.fp8_grouped_mm_fwd(x, w, offs, recipe, EXACT_IMPL, weight_grad)
@@ -264,46 +264,65 @@ def test_the_rowwise_dgrad_moves_w_scales_onto_dy_as_accurately_as_quantizing_w_
 
 
 @pytest.mark.parametrize("recipe", ["rowwise", "rowwise_pow2"])
-@pytest.mark.parametrize("k, n", [(96, 32), (32, 96)], ids=["x transposed (K > N)", "dy transposed (K < N)"])
-def test_the_rowwise_wgrad_transposes_the_wider_operand_and_folds_its_row_scales(recipe, k, n):
-    """The rowwise wgrad moves the wider operand's rowwise FP8 bytes into the padded per-group layout and scales the
-    other's rows by their row scales before quantizing it per group and column. Where the rows of x and of dy differ
-    up to 2^12-fold, dW against float64 meets the 20 dB gate and is within 0.5 dB of the other reading, both operands
-    quantized per group and column from their own values; what the forward saves is the transposed bytes and their
-    row scales (K > N) or x itself (K < N)."""
+@pytest.mark.parametrize(
+    "k, n, top_k",
+    [(96, 32, None), (32, 96, None), (32, 96, 2)],
+    ids=["x moved (K > N)", "x moved (K < N, rows of their own)", "dy moved (K < N, a top-2 permute's tokens)"],
+)
+def test_the_rowwise_wgrad_moves_one_operands_fp8_bytes_and_folds_its_row_scales(recipe, k, n, top_k):
+    """The rowwise wgrad moves one operand's rowwise FP8 bytes into the padded per-group layout and scales the other's
+    rows by their row scales before quantizing it per group and column. Where the rows of x and of dy differ up to
+    2^12-fold, dW against float64 meets the 20 dB gate and is within 0.5 dB of the other reading, both operands
+    quantized per group and column from their own values. The forward saves x's bytes transposed with their row
+    scales, or, where dy is wider and x is the tokens of a permute to 2 experts (bf16 x then holds no more bytes than
+    x^T in FP8), x itself, whose rows the backward reads through the positions."""
     sizes = [40, 0, 23, 65]
+    rows = sum(sizes)
     gen = torch.Generator().manual_seed(11)
-    rows_size = lambda: torch.exp2(torch.rand(sum(sizes), 1, generator=gen) * 12 - 6)  # noqa: E731
-    x = (torch.randn(sum(sizes), k, generator=gen) * rows_size()).to(DEVICE).requires_grad_()
-    parameter = (torch.randn(len(sizes), n, k, generator=gen) / k**0.5).to(DEVICE).requires_grad_()
-    dy = (torch.randn(sum(sizes), n, generator=gen) * rows_size()).to(DEVICE)
+    rows_size = lambda r: torch.exp2(torch.rand(r, 1, generator=gen) * 12 - 6)  # noqa: E731
+    tokens = rows if top_k is None else rows // top_k
+    x = (torch.randn(tokens, k, generator=gen) * rows_size(tokens)).to(DEVICE, torch.bfloat16).requires_grad_()
+    parameter = (torch.randn(len(sizes), n, k, generator=gen) / k**0.5).to(DEVICE, torch.bfloat16).requires_grad_()
+    dy = (torch.randn(rows, n, generator=gen) * rows_size(rows)).to(DEVICE, torch.bfloat16)
     offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(DEVICE)
-    w = parameter.transpose(-2, -1)
+    w, pow2 = parameter.transpose(-2, -1), RECIPES[recipe].power_of_two
+    permuted = {}
+    if top_k is not None:  # the permute's output: row positions[t, j] holds token t, quantized per row
+        positions = torch.randperm(rows, generator=gen).view(tokens, top_k).to(DEVICE)
+        token_of_row = torch.empty(rows, dtype=torch.int64, device=DEVICE)
+        token_of_row[positions.reshape(-1)] = torch.arange(rows, device=DEVICE) // top_k
+        x_q, x_scale = registry.implementations("fp8_quantize")["reference"].fn(
+            x.detach()[token_of_row], torch.float8_e4m3fn, 1, k, False, power_of_two=pow2
+        )
+        permuted = dict(x_q=x_q, x_scale=x_scale, positions=positions)
+    x_rows = x.detach() if top_k is None else x.detach()[token_of_row]
     registry.reset_kernel_calls()
-    ops.fp8_grouped_mm(x, w, offs, recipe, impl="reference").backward(dy)
+    ops.fp8_grouped_mm(x, w, offs, recipe, impl="reference", **permuted).backward(dy)
     calls = registry.kernel_calls()
     assert calls[("fp8_transpose_grouped", "reference")] == 1 and calls[("fp8_quantize_grouped", "reference")] == 1
-    want = float64_reference(x, parameter, lambda p: p.transpose(-2, -1), offs, dy)[2]
+    want = float64_reference(x_rows, parameter, lambda p: p.transpose(-2, -1), offs, dy)[2]
     # The other reading: x^T and dy^T each quantized per group and column from their own values.
     grouped = registry.implementations("fp8_quantize_grouped")["reference"].fn
-    pow2, again = RECIPES[recipe].power_of_two, torch.zeros_like(want)
-    (x_t, x_s, padded), (dy_t, dy_s, _) = (grouped(t, offs, torch.float8_e4m3fn, pow2) for t in (x.detach(), dy))
-    ends = padded.tolist()
+    (x_t, x_s, padded), (dy_t, dy_s, _) = (grouped(t, offs, torch.float8_e4m3fn, pow2) for t in (x_rows, dy))
+    again, ends = torch.zeros_like(want), padded.tolist()
     for g, (start, end) in enumerate(zip([0] + ends, ends)):
         a, b = x_t[:, start:end].double() * x_s[g, :, None], dy_t[:, start:end].double() * dy_s[g, :, None]
         again[g] = b @ a.t()
     got = snr_db(parameter.grad, want)
     assert got >= 20 and got >= snr_db(again, want) - 0.5, (got, snr_db(again, want))
 
-    fwd = torch.ops.turbo_inductor.fp8_grouped_mm_fwd(x.detach(), w.detach(), offs, recipe, "reference")
-    if k > n:
+    fwd = torch.ops.turbo_inductor.fp8_grouped_mm_fwd(
+        x.detach(), w.detach(), offs, recipe, "reference", True, *permuted.values()
+    )
+    if top_k is None:
         x_q, x_scale = registry.implementations("fp8_quantize")["reference"].fn(
-            x.detach(), torch.float8_e4m3fn, 1, k, False, power_of_two=pow2
+            x_rows, torch.float8_e4m3fn, 1, k, False, power_of_two=pow2
         )
         moved = registry.implementations("fp8_transpose_grouped")["reference"].fn(x_q, offs)[0]
         assert torch.equal(fwd[1].view(torch.uint8), moved.view(torch.uint8)) and torch.equal(fwd[2], x_scale)
+        assert not saves_x(recipe, x, w)
     else:
-        assert fwd[1].numel() == 0 and saves_x(recipe, w)
+        assert fwd[1].numel() == 0 and saves_x(recipe, x, w, positions)
 
 
 def test_no_rows_gives_empty_outputs_and_zero_weight_gradients():

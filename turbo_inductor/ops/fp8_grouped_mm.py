@@ -14,9 +14,9 @@ Ops in ``torch.ops.turbo_inductor``:
 Shapes and semantics: ``grouped_mm``'s. FP8 recipes quantize as in ``fp8_linear``; tensorwise is per expert for W.
 The tensorwise and rowwise recipes' wgrad takes x^T and dy^T as ``fp8_quantize_grouped`` writes them: [C, S_pad],
 each group padded, with a scale per group and column. Tensorwise saves x^T so, with x_t_scale [E, K, 1]. The rowwise
-recipes transpose the wider operand's rowwise FP8 copy (``fp8_transpose_grouped``) and fold its row scales into the
-other's rows (:func:`_folds_row_scales`): where K >= N, x_t is x_q transposed and x_t_scale x_q's row scales [S, 1];
-otherwise x itself is saved (x_t empty) and the backward transposes dy's.
+recipes transpose one operand's rowwise FP8 copy (``fp8_transpose_grouped``) and fold its row scales into the
+other's rows (:func:`_folds_row_scales`): x_t is x_q transposed and x_t_scale x_q's row scales [S, 1], or, where
+:func:`saves_x` (dy wider, x the permute's tokens), x itself is saved (x_t empty) and the backward transposes dy's.
 ``x_q``, ``x_scale``: x already quantized by its producer (``glu_fp8``, ``moe_permute_fp8``).
 ``positions`` [T, k] (``moe_permute_fp8``'s): x [T, K] is an MoE layer's tokens, and the GEMM's rows are their
 choices in expert order, row positions[t, j] holding x[t], given quantized as x_q. No copy of x in that order is
@@ -173,22 +173,23 @@ def _pads_wgrad_operands(recipe: str) -> bool:
 
 
 def _folds_row_scales(recipe: str) -> bool:
-    """Whether the FP8 wgrad takes the wider operand as its rowwise FP8 copy transposed, bytes moved rather than read
-    twice to be quantized again, and the other quantized per group and column with those rows' scales folded into its
-    rows: dW_g = sum_t x[t]^T dy[t], and with dy[t] = s_t q[t] that is sum_t (s_t x[t])^T q[t]. For the recipes
-    scaling x and dy per row. Why: ``docs/kernels.md``, "Grouped FP8 quantization"."""
+    """Whether the FP8 wgrad takes one operand as its rowwise FP8 copy transposed, bytes moved rather than read twice
+    to be quantized again, and the other quantized per group and column with those rows' scales folded into its rows:
+    dW_g = sum_t x[t]^T dy[t], and with dy[t] = s_t q[t] that is sum_t (s_t x[t])^T q[t]. For the recipes scaling x
+    and dy per row; which operand: :func:`saves_x`. Why: ``docs/kernels.md``, "Row scales folded"."""
     return _pads_wgrad_operands(recipe) and RECIPES[recipe].quantizes_x_in_rows
 
 
-def _transposes_x(weight: Tensor) -> bool:
-    """Where :func:`_folds_row_scales`: whether x (K >= N) rather than dy is the transposed operand, the wider one."""
-    return weight.shape[1] >= weight.shape[2]
-
-
-def saves_x(recipe: str, weight: Tensor) -> bool:
-    """Whether the forward saves x itself for the wgrad (a bf16 wgrad, or dy the transposed operand) rather than x^T
-    quantized."""
-    return keeps_x(recipe) or (_folds_row_scales(recipe) and not _transposes_x(weight))
+def saves_x(recipe: str, x: Tensor, weight: Tensor, positions: Optional[Tensor] = None) -> bool:
+    """Whether the forward saves x itself for the wgrad rather than x^T quantized: for a bf16 wgrad, and where
+    :func:`_folds_row_scales` transposes dy's bytes rather than x's. That is where dy is the wider operand (N > K) and
+    x, the T tokens a permute sends to k experts each, holds no more bytes in its own dtype than x^T in FP8 (k at
+    least x's element size); otherwise x's bytes are moved even where dy is wider, holding no more than before."""
+    if keeps_x(recipe):
+        return True
+    if not _folds_row_scales(recipe) or weight.shape[1] >= weight.shape[2] or positions is None:
+        return False
+    return x.element_size() <= positions.shape[1]
 
 
 def _grouped_transposer(q: Tensor, impl: str) -> Callable:
@@ -275,7 +276,7 @@ def _forward(
     quantize = quantizer(x, impl)
     given = None if x_q is None else (x_q, x_scale)
     x_t = None
-    if for_backward and weight_grad and not saves_x(recipe, weight):
+    if for_backward and weight_grad and not saves_x(recipe, x, weight, positions):
         # The backward gets the offsets of x^T's columns again from dy^T's quantization: a function of offs and S.
         if _folds_row_scales(recipe):  # x_q's bytes transposed, its row scales for dy's rows
             x_q = given or _activations(x, recipe, e4m3, quantize, False)[0]
@@ -363,7 +364,8 @@ def fp8_grouped_mm_bwd(
 def _backward(dy, x, weight, offs, x_t, x_t_scale, w_t, w_t_scale, recipe, impl, positions) -> tuple[Tensor, Tensor]:
     """(dx, dweight) of the FP8 backward. On fake tensors: allocated outputs of the same layouts."""
     gradient_format = recipe_formats(recipe, dy.device)[1]
-    wgrad = x is not None if saves_x(recipe, weight) else x_t.dim() == 2
+    # The folded wgrad transposes dy's bytes where the forward saved x, else x's (saves_x).
+    wgrad = x is not None or (not keeps_x(recipe) and x_t.dim() == 2)
     transposed = transposed_layout(weight)
     if isinstance(dy, FakeTensor) or dy.shape[0] == 0:
         dx = dy.new_zeros((dy.shape[0], weight.shape[1]))
@@ -407,7 +409,7 @@ def _folded_wgrad_operands(dy, dy_q, multiplier, x, x_t, x_t_scale, weight, offs
     multiplier), the other's rows take the transposed one's row scales."""
     r, (e4m3, gradient_format) = RECIPES[recipe], recipe_formats(recipe, dy.device)
     experts, k, n = weight.shape
-    if _transposes_x(weight):
+    if x is None:  # x's bytes transposed in the forward (saves_x)
         dy_t, dy_t_scale, offs_t = _grouped_quantizer(dy, impl)(
             dy, offs, gradient_format, r.power_of_two, row_multiplier=x_t_scale.squeeze(1)
         )
@@ -439,13 +441,11 @@ def _check_backward(
         lambda: f"dy must be [S, {weight.shape[2]}] in {weight.dtype}, got {list(dy.shape)} {dy.dtype}",
     )
     check(
-        x is None or saves_x(recipe, weight),
+        x is None or keeps_x(recipe) or _folds_row_scales(recipe),
         op,
-        lambda: (
-            f"x must be None for recipe {recipe!r} at K {weight.shape[1]}, N {weight.shape[2]}: its wgrad takes "
-            "x^T quantized"
-        ),
+        lambda: f"x must be None for recipe {recipe!r}: its wgrad takes x^T quantized",
     )
+    check(x is None or x_t.dim() != 2, op, lambda: "give x or x_t for the wgrad, not both")
     check(
         positions is None or (x is not None and not keeps_x(recipe)),
         op,
@@ -472,7 +472,8 @@ def _check_backward(
 def _fp8_setup(ctx, inputs, output):
     x, weight, offs, recipe, impl, weight_grad, _x_q, _x_scale, positions, _save_weight_t = inputs
     saved = output[1:]
-    ctx.save_for_backward(x if saves_x(recipe, weight) and weight_grad else None, weight, offs, positions, *saved)
+    kept = x if weight_grad and saves_x(recipe, x, weight, positions) else None
+    ctx.save_for_backward(kept, weight, offs, positions, *saved)
     ctx.mark_non_differentiable(*saved)
     # Eager autograd would otherwise hand the backward a zero-filled gradient of each saved FP8 operand, W^T too.
     ctx.set_materialize_grads(False)
