@@ -15,6 +15,7 @@ from turbo_inductor.kernels.reference.fp8_quant_grouped import PAD_ALIGN, padded
 from turbo_inductor.kernels.triton import fp8_quant_grouped as triton_grouped
 from turbo_inductor.kernels.triton import interpreting
 from turbo_inductor.testing import DEVICE
+from turbo_inductor.testing.grouped_mm import padded_layout
 
 # The interpreter's range() over runtime bounds reads a 1-element array as a scalar: numpy warns, harmlessly.
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
@@ -55,18 +56,6 @@ def case(pattern: str, cols: int, dtype=torch.bfloat16, seed: int = 0):
     return t.to(DEVICE, dtype), torch.tensor(ends, dtype=torch.int32, device=DEVICE)
 
 
-def layout(ends: list[int], rows: int) -> list[tuple[int, int, int]]:
-    """(first row, rows, padded start) of each group, written out: each group bounded within [previous end, rows],
-    padded to a non-zero multiple of 16."""
-    groups, start, padded_start = [], 0, 0
-    for end in ends:
-        end = min(max(end, start), rows)
-        groups.append((start, end - start, padded_start))
-        padded_start += max(-(-(end - start) // PAD_ALIGN), 1) * PAD_ALIGN
-        start = end
-    return groups
-
-
 @pytest.mark.parametrize("pattern", list(PATTERNS))
 @FORMATS
 def test_reference_against_float64(pattern, dtype, fp8_dtype, power_of_two):
@@ -87,7 +76,7 @@ def test_reference_against_float64(pattern, dtype, fp8_dtype, power_of_two):
     )
     assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(scale, want_scale)
 
-    groups_layout = layout(offs.tolist(), rows)
+    groups_layout = padded_layout(offs.tolist(), rows)
     padded_ends = padded_offs.tolist()
     assert padded_ends == [p + max(-(-n // PAD_ALIGN), 1) * PAD_ALIGN for _, n, p in groups_layout]
     assert padded_ends[-1] <= s_pad
@@ -181,7 +170,7 @@ def test_a_row_multiplier_scales_each_operand_row(monkeypatch, impl, gathered):
     multiplier = torch.exp2(torch.empty(26).uniform_(-12, 12, generator=gen)).to(DEVICE)
     q_t, scale_t, padded_offs = quantize(impl, source, offs, rows=rows, row_multiplier=multiplier)
     product = operand.double() * multiplier.double()[:, None]
-    for g, (start, n, _) in enumerate(layout(offs.tolist(), 26)):
+    for g, (start, n, _) in enumerate(padded_layout(offs.tolist(), 26)):
         amax = (
             product[start : start + n].abs().amax(0).clamp_min(1e-12)
             if n
@@ -268,7 +257,7 @@ def test_grouped_rows_reference_against_float64(pattern, dtype, fp8_dtype, power
     rows = t.shape[0]
     assert q.shape == t.shape and q.dtype == fp8_dtype and scale.shape == (rows, 1) and scale.dtype == torch.float32
     factor = torch.ones(rows, 24, dtype=torch.float64)
-    for g, (start, n, _) in enumerate(layout(offs.tolist(), rows)):
+    for g, (start, n, _) in enumerate(padded_layout(offs.tolist(), rows)):
         factor[start : start + n] = m[g].double().cpu()
     want = t.double().cpu() * factor
     fmax, bits = torch.finfo(fp8_dtype).max, MANTISSA_BITS[fp8_dtype]

@@ -12,6 +12,7 @@ from turbo_inductor.kernels import registry
 from turbo_inductor.kernels.reference.fp8_quant_grouped import PAD_ALIGN, padded_columns
 from turbo_inductor.kernels.triton import fp8_transpose as triton_transpose
 from turbo_inductor.testing import DEVICE
+from turbo_inductor.testing.grouped_mm import padded_layout
 
 KERNEL = "fp8_transpose"
 
@@ -59,18 +60,6 @@ def transpose_grouped(impl: str, q: torch.Tensor, offs: torch.Tensor) -> tuple[t
     return registry.implementations(GROUPED_KERNEL)[impl].fn(q, offs)
 
 
-def layout(ends: list[int], rows: int) -> list[tuple[int, int, int]]:
-    """(first row, rows, padded start) of each group, written out: each group bounded within [previous end, rows],
-    padded to a non-zero multiple of 16."""
-    groups, start, padded_start = [], 0, 0
-    for end in ends:
-        end = min(max(end, start), rows)
-        groups.append((start, end - start, padded_start))
-        padded_start += max(-(-(end - start) // PAD_ALIGN), 1) * PAD_ALIGN
-        start = end
-    return groups
-
-
 def random_bytes(rows: int, cols: int, fp8_dtype: torch.dtype, view: str, seed: int = 0) -> torch.Tensor:
     """q [rows, cols] of random non-zero bytes (NaN codes among them), as a column slice of a wider tensor or the
     transpose of a [cols, rows] one."""
@@ -96,7 +85,7 @@ def test_grouped_reference_against_the_layout_written_out(pattern, fp8_dtype):
     q_t, padded_offs = transpose_grouped("reference", q, offs)
     s_pad = padded_columns(rows, len(ends))
     assert q_t.shape == (24, s_pad) and q_t.dtype == fp8_dtype and q_t.is_contiguous()
-    groups = layout(ends, rows)
+    groups = padded_layout(ends, rows)
     assert padded_offs.dtype == torch.int32 and padded_offs.device == offs.device
     assert padded_offs.tolist() == [p + max(-(-n // PAD_ALIGN), 1) * PAD_ALIGN for _, n, p in groups]
     q_bytes, q_t_bytes = q.view(torch.uint8).cpu(), q_t.view(torch.uint8).cpu()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from turbo_inductor.kernels.reference.fp8_quant_grouped import PAD_ALIGN
 from turbo_inductor.testing import DEVICE
 
 # name: (rows per group, rows past the last group)
@@ -32,3 +33,15 @@ def case(pattern: str, k: int, n: int, dtype=torch.float32, weight_layout: str =
     offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0, dtype=torch.int32)
     x, parameter = (t.to(DEVICE, dtype).requires_grad_() for t in (x, parameter))
     return x, parameter, weight, offs.to(DEVICE)
+
+
+def padded_layout(ends: list[int], rows: int) -> list[tuple[int, int, int]]:
+    """(first row, rows, padded start) of each group of the wgrad's padded layout, written out as the grouped FP8
+    kernels' tests read it: each group bounded within [previous end, rows], padded to a non-zero multiple of 16."""
+    groups, start, padded_start = [], 0, 0
+    for end in ends:
+        end = min(max(end, start), rows)
+        groups.append((start, end - start, padded_start))
+        padded_start += max(-(-(end - start) // PAD_ALIGN), 1) * PAD_ALIGN
+        start = end
+    return groups
