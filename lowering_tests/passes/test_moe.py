@@ -327,6 +327,10 @@ def test_fp8_experts_take_the_permutes_fp8_rows_in_transformers_blocks():
     assert_ran("moe_dispatch_fp8", 1)
     assert_ran("moe_dispatch", 1)  # the combine's dy: no x_sorted in bf16
     assert_ran("moe_gather_sum", 2)  # the combine; dx, the gate/up GEMM's rows summed per token
+    # Each wgrad moves one operand's FP8 bytes (gate/up: dy's, x being the permute's tokens; down: x's) and quantizes
+    # the other's rows, the permute's read where they lie.
+    assert_ran("fp8_transpose_grouped", 2)
+    assert_ran("fp8_quantize_grouped", 2)
     chained = 10 * math.log10(2)
     assert snr_db(outs[0], want_outs[0]) >= 25 - chained
     for got, want in zip(grads, want_grads, strict=True):
