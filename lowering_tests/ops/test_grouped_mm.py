@@ -373,6 +373,28 @@ def test_fp8_bad_input_is_named():
         ops.fp8_grouped_mm(x, torch.randn(4, 32, 24, device=x.device), offs)
 
 
+def test_fp8_backward_bad_saved_operands_are_named():
+    """The backward's saved operands as the forward leaves them, or a named error: x and x^T both, x for a recipe whose
+    wgrad takes x^T, positions without x or not covering dy's rows."""
+    x, parameter, weight, offs = case("odd sizes", 32, 32)
+    x, w = x.detach(), weight(parameter.detach())
+    dy = torch.randn(x.shape[0], 32, device=DEVICE)
+    bwd = torch.ops.turbo_inductor.fp8_grouped_mm_bwd
+    saved = torch.ops.turbo_inductor.fp8_grouped_mm_fwd(x, w, offs, "rowwise", "reference")[1:]
+    positions = torch.arange(x.shape[0], device=DEVICE).view(-1, 1)
+    for args, message in (
+        ((dy, x, w, offs, *saved, "rowwise"), "give x or x_t for the wgrad, not both"),
+        ((dy, x, w, offs, *saved, "tensorwise"), "x must be None for recipe 'tensorwise'"),
+        ((dy, None, w, offs, *saved, "rowwise", "reference", positions), "positions is for x saved as the forward's"),
+        (
+            (dy[:-1], x, w, offs, *(t.new_empty(0) for t in saved[:2]), *saved[2:], "rowwise", "reference", positions),
+            "dy's 25",
+        ),
+    ):
+        with pytest.raises(OpInputError, match=message):
+            bwd(*args)
+
+
 def test_rewrite_predicates():
     x, parameter, weight, offs = case("odd sizes", 32, 48)
     assert can_rewrite(x, weight(parameter), offs)
