@@ -482,11 +482,11 @@ def _fp8_setup(ctx, inputs, output):
 
 def _fp8_backward(ctx, dy, *_saved_grads):
     x, weight, offs, positions, *saved = ctx.saved_tensors
-    gathered = positions if x is not None and not keeps_x(ctx.recipe) else None  # read in place as quantized
-    if positions is not None and x is not None and keeps_x(ctx.recipe):
+    gathered = positions if x is not None else None  # x, the forward's tokens: its rows read through positions
+    if gathered is not None and keeps_x(ctx.recipe):
         # rowwise_with_gw_hp's wgrad reads x's rows in expert order: gathered again here rather than kept from the
         # forward, which holds T rows instead of T * k until the backward.
-        x = moe_combine_bwd(x, None, None, positions, ctx.impl)[0]
+        x, gathered = moe_combine_bwd(x, None, None, positions, ctx.impl)[0], None
     dx, dweight = fp8_grouped_mm_bwd(dy, x, weight, offs, *saved, ctx.recipe, ctx.impl, gathered)
     wants_dx, wants_dweight = ctx.needs_input_grad[:2]
     if wants_dx and positions is not None:  # each token's gradient: its rows' summed, as moe_permute's backward does
