@@ -40,14 +40,16 @@ KERNEL_NAME_CHARS = 110
 # Launch-heuristic variants of the FP8 GEMMs, each a column "fp8 rowwise: NAME" with --heuristics: the
 # implementations it runs and the module constants it runs under (no comma in a name: --heuristics and --columns
 # split on commas). Tiles are (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages). The promoted tiles (PROMOTED_CONFIG) run the
-# Triton dgrad, and its wgrad without FAST_ACCUM_WGRAD; the fast-accumulation ones (GPU_CONFIGS[1]) the forward and
-# the fast wgrad. 3 stages of 128 x 128 x 128 FP8 tiles take 96 KB of shared memory: two programs an SM. 256-deep
-# promoted chunks wait on the MMA half as often.
+# Triton dgrad without FAST_ACCUM_DGRAD and its wgrad without FAST_ACCUM_WGRAD; the fast-accumulation ones
+# (GPU_CONFIGS[1]) the forward, the fast dgrad and the fast wgrad. 3 stages of 128 x 128 x 128 FP8 tiles take 96 KB
+# of shared memory: two programs an SM. 256-deep promoted chunks wait on the MMA half as often.
 _TRITON = "fp8_grouped_gemm=triton,fp8_grouped_gemm_wgrad=triton"
 _TORCH_WGRAD = "fp8_grouped_gemm=triton,fp8_grouped_gemm_wgrad=vendor"
 _FAST = triton_grouped_mm.GPU_CONFIGS
 # The op's module (the package's ops attribute of that name is the op).
-_PROMOTED_WGRAD = {importlib.import_module("turbo_inductor.ops.fp8_grouped_mm"): {"FAST_ACCUM_WGRAD": False}}
+_OP_MODULE = importlib.import_module("turbo_inductor.ops.fp8_grouped_mm")
+_PROMOTED_DGRAD = {_OP_MODULE: {"FAST_ACCUM_DGRAD": False}}
+_PROMOTED_WGRAD = {_OP_MODULE: {"FAST_ACCUM_WGRAD": False}}
 
 
 def _tiles(**constants) -> dict:
@@ -62,6 +64,7 @@ HEURISTICS = {
         _TRITON,
         _tiles(GPU_CONFIGS=_FAST | {1: (128, 128, 128, 8, 3)}),
     ),
+    "triton GEMMs dgrad promoted": (_TRITON, _PROMOTED_DGRAD),
     "triton GEMMs wgrad promoted": (_TRITON, _PROMOTED_WGRAD),
     "torch's wgrad promoted": (_TORCH_WGRAD, _PROMOTED_WGRAD),
 }

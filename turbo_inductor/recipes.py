@@ -27,7 +27,8 @@ class Recipe:
     gradient_format: str  # "e4m3" or "e5m2"
     power_of_two: bool = False  # scales rounded up to powers of two
     high_precision_wgrad: bool = False  # dW = dy^T x in the input dtype
-    # The forward GEMM accumulates in fast mode, as torchao's recipes do. dgrad and wgrad accumulate in full.
+    # The forward GEMM accumulates in fast mode, as torchao's recipes do. dgrad and wgrad accumulate in full, but for
+    # the experts' grouped GEMMs (ops/fp8_grouped_mm.py, FAST_ACCUM_DGRAD and FAST_ACCUM_WGRAD).
     fast_accum_forward: bool = False
     # What the option's "auto" may run instead where the cost table measured it faster: recipes with the same forward
     # and a backward at least as accurate.
