@@ -181,3 +181,12 @@ def test_autotune_times_grouped_kernels_on_sorted_group_ends():
         real = registry._real_arguments(kernel, args)
         (ends,) = [a for a in real if isinstance(a, torch.Tensor) and a.dtype == torch.int32]
         assert ends.tolist() == [48, 96, 144, 200], kernel
+
+
+def test_a_capability_is_declared_per_implementation_name_whatever_the_device():
+    """One GEMM per group reads offs on the host, so it never launches ahead of the GPU, even where it is unavailable
+    (the cost table reads this on CPU); an undeclared capability holds, as for a name no implementation has."""
+    for kernel in ("grouped_gemm", "grouped_gemm_wgrad"):
+        assert not registry.declares(kernel, "vendor_per_group", registry.LAUNCHES_AHEAD)
+        assert registry.declares(kernel, "vendor", registry.LAUNCHES_AHEAD)
+        assert registry.declares(kernel, registry.AUTO, registry.LAUNCHES_AHEAD)

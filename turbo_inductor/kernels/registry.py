@@ -33,6 +33,9 @@ FP8_IN_ITS_PASS = "fp8_in_its_pass"
 # Capability of the FP8 GEMMs. Arguments: a, a_scale, b, b_scale. True: the GEMM writes a float32 output itself, as
 # an fp32 parameter's gradient is wanted (fp8_linear under autocast); else it writes bf16, cast after.
 WRITES_FLOAT32 = "writes_float32"
+# Capability of any implementation. No arguments. False where the host waits on the GPU (it reads device values):
+# its cost in a compiled graph is then its wall time, where the others' launches run ahead and cost their GPU time.
+LAUNCHES_AHEAD = "launches_ahead"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,6 +266,13 @@ def has_capability(kernel: str, device: torch.device, impl: str, capability: str
     how, candidates = _resolve(kernel, device, impl)
     chosen = candidates if how == "autotune" else candidates[:1]
     return all(c.capabilities.get(capability, _always_capable)(*args) for c in chosen)
+
+
+def declares(kernel: str, name: str, capability: str, *args) -> bool:
+    """Whether implementation ``name`` of ``kernel`` has ``capability`` for ``args``, whatever the device: an
+    undeclared capability holds, and so does any capability of a name no implementation has (``auto``)."""
+    impl = _IMPLS[kernel].get(name)
+    return impl is None or impl.capabilities.get(capability, _always_capable)(*args)
 
 
 def _always_capable(*args) -> bool:

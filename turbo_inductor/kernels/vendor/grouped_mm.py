@@ -29,7 +29,7 @@ import functools
 import torch
 
 from ..reference.grouped_mm import group_bounds, wgrad_scales_reason
-from ..registry import implementation, never
+from ..registry import LAUNCHES_AHEAD, implementation, never
 from ..triton.grouped_mm import zero_rows_past_groups
 from . import unavailable_reason as vendor_unavailable_reason
 
@@ -161,6 +161,7 @@ def per_group_supports(a, b, offs, out_dtype) -> str | None:
     unavailable_reason=vendor_unavailable_reason,
     traceable=never,
     supports=per_group_supports,
+    capabilities={LAUNCHES_AHEAD: lambda: False},  # reads offs on the host
 )
 def grouped_gemm_per_group(a, b, offs, out_dtype):
     """``out[rows of g] = a[rows of g] @ b[g]``, one ``torch.mm`` per non-empty group; rows of no group are zero."""
@@ -180,6 +181,7 @@ def grouped_gemm_per_group(a, b, offs, out_dtype):
     unavailable_reason=vendor_unavailable_reason,
     traceable=never,
     supports=per_group_supports,
+    capabilities={LAUNCHES_AHEAD: lambda: False},  # reads offs on the host
 )
 def grouped_gemm_wgrad_per_group(a, b, offs, out_dtype):
     """``out[g] = a[rows of g]^T @ b[rows of g]``, one ``torch.mm`` per non-empty group; empty groups give zeros."""
