@@ -150,6 +150,27 @@ def test_opcheck():
     assert dx.shape == x.shape and dweight.shape == (0,)
 
 
+@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise"])
+def test_the_fp8_gemms_accumulate_fast_in_the_forward_as_the_recipe_says_and_in_the_backward(recipe, monkeypatch):
+    """The forward GEMM sums in the tensor cores' fast mode where the recipe says so; the experts' dgrad and wgrad
+    sum fast (FAST_ACCUM_DGRAD, FAST_ACCUM_WGRAD: docs/fp8.md, "The rows-grouped GEMM")."""
+    asked = []
+    select = registry.select
+
+    def recording(kernel, device, impl=registry.AUTO):
+        fn = select(kernel, device, impl)
+        if kernel not in ("fp8_grouped_gemm", "fp8_grouped_gemm_wgrad"):
+            return fn
+        return lambda *args, **kwargs: asked.append((kernel, kwargs.get("fast_accum"))) or fn(*args, **kwargs)
+
+    monkeypatch.setattr(registry, "select", recording)
+    x, parameter, weight, offs = case("odd sizes", 32, 48)
+    y = ops.fp8_grouped_mm(x, weight(parameter), offs, recipe, impl="reference")
+    y.backward(torch.randn_like(y))
+    forward = ("fp8_grouped_gemm", RECIPES[recipe].fast_accum_forward)
+    assert asked == [forward, ("fp8_grouped_gemm", True), ("fp8_grouped_gemm_wgrad", True)]
+
+
 @pytest.mark.parametrize("recipe", ["rowwise", "tensorwise", "blockwise"])
 def test_without_saving_w_t_the_backward_quantizes_it_again_to_the_same_results(recipe):
     """save_weight_t=False: the forward returns no W^T (nothing of W's FP8 is held until the backward), and the
