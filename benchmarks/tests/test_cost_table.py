@@ -39,24 +39,32 @@ def test_a_row_costs_its_gpu_time_where_the_run_recorded_it():
     ]
 
 
-def test_a_grouped_row_times_an_implementation_that_waits_on_the_gpu_by_its_slower_clock():
-    """An implementation that reads offs on the host (one GEMM per group) idles the GPU while it waits: its wall time
-    shows that, its GPU time does not. The others' launches run ahead in a compiled graph: their GPU time, however long
-    an eager call kept the host (Qwen3-MoE's down, 1.12 ms wall against 0.79 GPU, on an H100)."""
-    shape = "mixtral-8x7b down [8192, 14336] x [8, 14336, 4096]"
+def test_a_grouped_row_times_an_implementation_that_waits_on_the_gpu_by_gpu_time_while_its_host_keeps_up():
+    """The others' launches run ahead in a compiled graph: their GPU time, however long an eager call kept the host
+    (Qwen3-MoE's down, 1.12 ms wall against 0.79 GPU, on an H100). One that reads offs on the host (one GEMM per
+    group): its GPU time at Mixtral's 8 groups, its wall time at Qwen3-MoE's 128, where its host lags."""
+    mixtral = "mixtral-8x7b down [8192, 14336] x [8, 14336, 4096]"
+    qwen3 = "qwen3-30b-a3b down [32768, 768] x [128, 768, 2048]"
     rows = [
-        {"shape": shape, "mode": "fwd+bwd", "column": "grouped_mm impl=auto", "ms": 5.74, "gpu_ms": 4.77},
-        {"shape": shape, "mode": "fwd+bwd", "column": "grouped_mm impl=vendor_per_group", "ms": 4.60, "gpu_ms": 4.14},
-        {"shape": shape, "mode": "fwd+bwd", "column": "grouped_mm impl=triton", "ms": 6.1, "gpu_ms": 5.2},
-        {"shape": shape, "mode": "fwd+bwd", "column": "fp8 rowwise auto", "ms": 4.5, "gpu_ms": 4.41},
-        {"shape": shape, "mode": "fwd", "column": "grouped_mm impl=vendor", "ms": 1.0, "gpu_ms": 1.0},
+        {"shape": mixtral, "mode": "fwd+bwd", "column": "grouped_mm impl=auto", "ms": 5.74, "gpu_ms": 4.77},
+        {"shape": mixtral, "mode": "fwd+bwd", "column": "grouped_mm impl=vendor_per_group", "ms": 4.60, "gpu_ms": 4.2},
+        {"shape": mixtral, "mode": "fwd+bwd", "column": "grouped_mm impl=triton", "ms": 6.1, "gpu_ms": 5.2},
+        {"shape": mixtral, "mode": "fwd+bwd", "column": "fp8 rowwise auto", "ms": 4.5, "gpu_ms": 4.41},
+        {"shape": mixtral, "mode": "fwd", "column": "grouped_mm impl=vendor", "ms": 1.0, "gpu_ms": 1.0},
+        {"shape": qwen3, "mode": "fwd+bwd", "column": "grouped_mm impl=auto", "ms": 1.12, "gpu_ms": 0.79},
+        {"shape": qwen3, "mode": "fwd+bwd", "column": "grouped_mm impl=vendor_per_group", "ms": 14.9, "gpu_ms": 2.0},
     ]
-    (entry,) = cost_table.entries({"benchmark": "grouped_mm", "rows": rows}, "grouped_mm.json")[costs.GROUPED_MM]
-    assert (entry["groups"], entry["rows"], entry["k"], entry["n"]) == (8, 8192, 14336, 4096)
-    assert entry["ms"] == {
+    big, small = cost_table.entries({"benchmark": "grouped_mm", "rows": rows}, "grouped_mm.json")[costs.GROUPED_MM]
+    assert (big["groups"], big["rows"], big["k"], big["n"]) == (8, 8192, 14336, 4096)
+    assert big["ms"] == {
         costs.HIGH_PRECISION: 4.77,
         costs.implementation_key("auto"): 4.77,
-        costs.implementation_key("vendor_per_group"): 4.60,
+        costs.implementation_key("vendor_per_group"): 4.2,
         costs.implementation_key("triton"): 5.2,
         "rowwise": 4.41,
+    }
+    assert small["ms"] == {
+        costs.HIGH_PRECISION: 0.79,
+        costs.implementation_key("auto"): 0.79,
+        costs.implementation_key("vendor_per_group"): 14.9,
     }

@@ -63,6 +63,8 @@ def moe_rewrites(experts_option, device=DEVICE, **more_options):
         ("auto", {costs.HIGH_PRECISION: 1.0, "rowwise": 1.2}, False),  # measured slower
         ("auto", {costs.HIGH_PRECISION: 1.0, "rowwise": 0.99}, False),  # faster, but within the margin
         ("auto", {costs.HIGH_PRECISION: 1.0, "rowwise": 0.8}, True),
+        # faster than the ranking's bf16 kernel, not than the bf16 backend's one GEMM per group
+        ("auto", {costs.HIGH_PRECISION: 1.0, costs.implementation_key("vendor_per_group"): 0.7, "rowwise": 0.8}, False),
         ("auto", None, False),  # not measured: the table's default for experts
         (True, {costs.HIGH_PRECISION: 1.0, "rowwise": 1.2}, True),  # forced
         (False, {costs.HIGH_PRECISION: 1.0, "rowwise": 0.8}, False),
@@ -79,7 +81,8 @@ def test_experts_take_fp8_where_the_table_says_it_wins(on_a_gpu_with, caplog, ex
     for line in experts_lines:
         assert line in caplog.text
         if measured:
-            assert "measured on test-gpu at 32 rows: 1.000 ms in high precision" in line
+            high = min(ms for key, ms in measured.items() if not key.startswith("rowwise"))
+            assert f"measured on test-gpu at 32 rows: {high:.3f} ms in high precision" in line
         else:
             assert "not measured on test-gpu: high precision, the table's default" in line
 
@@ -168,16 +171,17 @@ def test_the_h200_table_takes_fp8_for_mixtrals_experts_and_bf16_for_qwen3s(monke
 
 
 @pytest.mark.cost_tables
-def test_the_h100_table_runs_mixtrals_bf16_down_gemm_per_expert_and_qwen3s_grouped(monkeypatch):
-    """Measured on an H100, forward and backward, by the slower of wall and GPU time, at the model's routed rows: one
-    cuBLAS GEMM per expert ran Mixtral's down 3.5% faster than torch's grouped kernel, its gate_up within the margin,
-    and Qwen3-MoE's 128 small experts 5-16x slower (a host sync and 128 launches per pass)."""
+def test_the_h100_table_runs_mixtrals_bf16_gemms_per_expert_and_qwen3s_grouped(monkeypatch):
+    """Measured on an H100, forward and backward, at the model's routed rows: one cuBLAS GEMM per expert ran
+    Mixtral's gate_up and down 7% and 15% faster than torch's grouped kernel in GPU time (as the model showed: all
+    per expert, its bf16 step ran 1.12x Inductor against 1.09x), and Qwen3-MoE's 128 small experts 9-19x slower by
+    wall time, where the host lags (a sync and 128 launches per pass)."""
     monkeypatch.setattr(costs, "device_slug", lambda device: "nvidia-h100-80gb-hbm3")
 
     def choose(rows, k, n, groups):
         return costs.grouped_implementation(torch.device("cuda"), rows, k, n, groups)[0]
 
-    assert (choose(8192, 14336, 4096, 8), choose(8192, 4096, 28672, 8)) == ("vendor_per_group", None)
+    assert choose(8192, 14336, 4096, 8) == choose(8192, 4096, 28672, 8) == "vendor_per_group"
     assert choose(32768, 2048, 1536, 128) is None and choose(32768, 768, 2048, 128) is None
 
 

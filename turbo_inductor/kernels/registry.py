@@ -34,7 +34,7 @@ FP8_IN_ITS_PASS = "fp8_in_its_pass"
 # an fp32 parameter's gradient is wanted (fp8_linear under autocast); else it writes bf16, cast after.
 WRITES_FLOAT32 = "writes_float32"
 # Capability of any implementation. No arguments. False where the host waits on the GPU (it reads device values):
-# its cost in a compiled graph is then its wall time, where the others' launches run ahead and cost their GPU time.
+# its cost in a compiled graph is then its wall time where its host lags, while the others' launches run ahead.
 LAUNCHES_AHEAD = "launches_ahead"
 
 
