@@ -106,13 +106,16 @@ def decide(kind: str, recipe: str, device: torch.device, rows, k: int, n: int, g
     times = {candidate: entry["ms"][candidate] for candidate in candidates if candidate in entry["ms"]}
     fastest = min(times, key=times.get)
     # Against the fastest high precision measured: what the bf16 backend runs, one GEMM per group where that won.
-    high = min(ms for key, ms in entry["ms"].items() if key == HIGH_PRECISION or key.startswith(implementation_key("")))
+    prefix = implementation_key("")
+    high_key = min((key for key in entry["ms"] if key == HIGH_PRECISION or key.startswith(prefix)), key=entry["ms"].get)
+    high = entry["ms"][high_key]
     fp8 = times[fastest] < high * (1 - costs["margin"])
     verdict = f"FP8 {fastest}" if fp8 else HIGH_PRECISION
+    by = f" by {high_key[len(prefix) :]}" if high_key.startswith(prefix) else ""
     fp8_times = ", ".join(f"{ms:.3f} ms in FP8 {candidate}" for candidate, ms in times.items())
     return Decision(
         fp8,
-        f"{shape}: {verdict}, measured on {slug} at {entry['rows']} rows: {high:.3f} ms in high precision, "
+        f"{shape}: {verdict}, measured on {slug} at {entry['rows']} rows: {high:.3f} ms in high precision{by}, "
         f"{fp8_times} (fwd+bwd)",
         fastest if fp8 else recipe,
     )
