@@ -386,6 +386,47 @@ def test_bad_input_is_named(args, message):
             call(x, weight, offs)
 
 
+@pytest.mark.parametrize(
+    "host_offs, message",
+    [
+        (torch.tensor([1, 4, 21], dtype=torch.int32), r"copy_to_host of a tensor of shape \[4\], got cpu \[3\]"),
+        (torch.tensor([1, 4, 21, 26], dtype=torch.int32, device="meta"), "got meta"),
+        (torch.tensor([1, 4, 21, 26]), "host_offs must have dtype torch.int32, got torch.int64"),
+    ],
+)
+def test_a_bad_host_copy_of_offs_is_named(host_offs, message):
+    x, weight, offs = _bad()
+    dy = torch.randn(x.shape[0], weight.shape[2])
+    for call in (
+        lambda: ops.grouped_mm(x, weight, offs, host_offs=host_offs),
+        lambda: torch.ops.turbo_inductor.grouped_mm_wgrad(x, dy, offs, False, "auto", host_offs),
+    ):
+        with pytest.raises(OpInputError, match=message):
+            call()
+
+
+def test_a_host_copy_of_offs_is_read_in_their_place_forward_and_backward():
+    """Where given, offs' host copy is what an implementation reading offs on the host reads (the reference here),
+    forward and backward: given a copy of other offs, the results are those of the other offs."""
+    x, parameter, weight, offs = case("empty first and last, rows past the last group", 32, 48)
+    assert torch.equal(ops.copy_to_host(offs), offs.cpu()) and ops.copy_to_host(offs).device.type == "cpu"
+    other = torch.tensor([5, 5, 17, x.shape[0]], dtype=torch.int32, device=DEVICE)
+    dy = torch.randn(x.shape[0], 48, device=DEVICE)
+    results = []
+    for offs_read, host_offs in ((other, None), (offs, ops.copy_to_host(other))):
+        y = ops.grouped_mm(x, weight(parameter), offs_read, impl="reference", host_offs=host_offs)
+        y.backward(dy)
+        results.append((y.detach(), x.grad, parameter.grad))
+        x.grad = parameter.grad = None
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    host = ops.copy_to_host(offs)
+    torch.library.opcheck(torch.ops.turbo_inductor.copy_to_host, (offs,))
+    torch.library.opcheck(torch.ops.turbo_inductor.grouped_mm, (x, weight(parameter), offs, "reference", host))
+    wgrad = torch.ops.turbo_inductor.grouped_mm_wgrad
+    torch.library.opcheck(wgrad, (x.detach(), dy, offs, True, "reference", host))
+
+
 def test_fp8_bad_input_is_named():
     x, weight, offs = _bad()
     with pytest.raises(OpInputError, match="recipe must be one of"):

@@ -17,6 +17,7 @@ from turbo_inductor.options import Options
 from turbo_inductor.passes import PASSES, PassManager, PassOrderError, Phase, RewritePass, check_order, claims
 from turbo_inductor.passes.linears import linear_of
 from turbo_inductor.testing.distributed import SumOverRanks
+from turbo_inductor.testing.grouped_mm import HOST_READING, register_host_reading
 from turbo_inductor.testing.llama import LlamaConfig, LlamaDecoder
 from turbo_inductor.testing.moe import TitanMoE, hf_sparse_moe
 from turbo_inductor.testing.rotary import Attention
@@ -194,8 +195,10 @@ def with_an_extra_argument(original: torch._ops.OpOverload) -> torch._ops.OpOver
 
 
 def test_an_optional_argument_appended_to_every_op_changes_no_rewrite(fake_group, monkeypatch):
-    # grouped_mm_impl rewrites where a cost table measured another implementation faster: here, everywhere
-    monkeypatch.setattr(costs, "grouped_implementation", lambda *shape: ("triton", "preferred by the test"))
+    # grouped_mm_impl rewrites where a cost table measured another implementation faster: here, everywhere, to one
+    # reading offs on the host (grouped_mm_host_offs)
+    register_host_reading(monkeypatch)
+    monkeypatch.setattr(costs, "grouped_implementation", lambda *shape: (HOST_READING, "preferred by the test"))
     before = {name: rewrite(capture(), options) for name, (capture, options) in graphs().items()}
     for view in views():
         monkeypatch.setattr(view, "op", with_an_extra_argument(view.op))

@@ -26,6 +26,7 @@ for _family in (
     "glu",
     "glu_fp8",
     "grouped_mm",
+    "host_copy",
     "moe",
     "rmsnorm",
     "rmsnorm_fp8",
@@ -174,11 +175,21 @@ def fp8_shared_input(
     return torch.ops.turbo_inductor.fp8_shared_input(x, weights, recipe, impl)
 
 
-def grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, *, impl: str = "auto") -> Tensor:
+def grouped_mm(
+    x: Tensor, weight: Tensor, offs: Tensor, *, impl: str = "auto", host_offs: Optional[Tensor] = None
+) -> Tensor:
     """``torch._grouped_mm(x, weight, offs=offs)`` for MoE experts: group g of x [S, K] times weight[g].
 
-    weight [E, K, N], any strides; offs [E] int32, each group's cumulative end row. Rows past offs[-1] give zeros."""
-    return torch.ops.turbo_inductor.grouped_mm(x, weight, offs, impl)
+    weight [E, K, N], any strides; offs [E] int32, each group's cumulative end row. Rows past offs[-1] give zeros.
+    ``host_offs``: :func:`copy_to_host` of offs, made early, for an implementation reading offs on the host (one
+    GEMM per group): it then waits for that copy only, forward and backward."""
+    return torch.ops.turbo_inductor.grouped_mm(x, weight, offs, impl, host_offs)
+
+
+def copy_to_host(t: Tensor) -> Tensor:
+    """``t``'s values on the host. From a GPU the copy is queued without a sync; pass the result to the ops that take
+    it (:func:`grouped_mm`'s ``host_offs``), which wait for the copy alone."""
+    return torch.ops.turbo_inductor.copy_to_host(t)
 
 
 def fp8_grouped_mm(

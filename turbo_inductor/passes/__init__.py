@@ -13,6 +13,7 @@ from .gemm_allreduce_dgrad import GemmAllReduceDgradPass
 from .glu import GLUPass
 from .glu_fp8 import GLUFP8Pass
 from .grouped_mm import GroupedMMPass
+from .grouped_mm_host_offs import GroupedMMHostOffsPass
 from .grouped_mm_impl import GroupedMMImplPass
 from .manager import (
     CompileRecord,
@@ -59,6 +60,7 @@ PASSES: list[RewritePass] = check_order(
         MoEPermutePass(),  # MoE routing: sort by expert, gathers, offsets
         MoESentinelMaskPass(),  # transformers' masks of sentinel rows, which the permute and GEMMs keep apart
         MoECombinePass(),  # on the permutes MoEPermutePass made: unpermute and top-k sum
+        GroupedMMHostOffsPass(),  # GEMMs reading offs on the host: one copy, queued early, read without a sync
         GLUPass(),  # also the experts' GLU on the grouped GEMM's output
         CrossEntropyPass(),  # the loss over the LM head's logits, read in their own dtype
         EmbeddingPass(),  # the token embedding: its weight gradient in one pass

@@ -3,8 +3,12 @@ token, rows past the last group), the weight as transformers and torchtitan pass
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import torch
 
+from turbo_inductor.kernels import host_copy, registry
 from turbo_inductor.kernels.reference.fp8_quant_grouped import PAD_ALIGN
 from turbo_inductor.testing import DEVICE
 
@@ -45,3 +49,31 @@ def padded_layout(ends: list[int], rows: int) -> list[tuple[int, int, int]]:
         padded_start += max(-(-(end - start) // PAD_ALIGN), 1) * PAD_ALIGN
         start = end
     return groups
+
+
+HOST_READING = "host_reading"
+
+
+def register_host_reading(monkeypatch) -> list[tuple[str, bool]]:
+    """For the test's duration, an implementation ``host_reading`` of both bf16 grouped kernels on every device: the
+    reference's loop, declaring that it reads offs on the host (not ``LAUNCHES_AHEAD``). Returns the list its calls
+    append to: (kernel, whether a host copy of offs was given)."""
+    seen = []
+    for kernel in ("grouped_gemm", "grouped_gemm_wgrad"):
+        reference = registry.implementations(kernel)["reference"]
+
+        def reading(a, b, offs, out_dtype, kernel=kernel, fn=reference.fn):
+            seen.append((kernel, host_copy.given(offs) is not None))
+            return fn(a, b, offs, out_dtype)
+
+        implementation = dataclasses.replace(
+            reference,
+            name=HOST_READING,
+            fn=reading,
+            unavailable_reason=lambda device: None,
+            capabilities={registry.LAUNCHES_AHEAD: lambda: False},
+        )
+        monkeypatch.setitem(registry._IMPLS[kernel], HOST_READING, implementation)
+    # A cache of its own: the registry's keeps no choice that names it once the test ends.
+    monkeypatch.setattr(registry, "_candidates", functools.cache(registry._candidates.__wrapped__))
+    return seen

@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import torch
 
+from .. import host_copy
 from ..registry import implementation, never, timing_arguments
 from . import unavailable_reason
 from .fp8_gemm import dequantize
 
 
 def group_bounds(offs: torch.Tensor, rows: int) -> list[tuple[int, int]]:
-    """[start, end) of each group, clamped to [previous end, rows]. Reads offs on the host."""
+    """[start, end) of each group, clamped to [previous end, rows]. Reads offs on the host (a host copy given for
+    them: ``host_copy.given_host_copy``)."""
     bounds, start = [], 0
-    for end in offs.tolist():
+    for end in host_copy.values(offs):
         end = min(max(end, start), rows)
         bounds.append((start, end))
         start = end
