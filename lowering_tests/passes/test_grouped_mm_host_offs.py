@@ -8,7 +8,7 @@ import torch
 import turbo_inductor
 from turbo_inductor.kernels import host_copy
 from turbo_inductor.testing import DEVICE
-from turbo_inductor.testing.compare import assert_matches_inductor
+from turbo_inductor.testing.compare import assert_matches_inductor, rewrites_without_compiling
 from turbo_inductor.testing.grouped_mm import HOST_READING, register_host_reading
 from turbo_inductor.testing.moe import TitanMoE, hf_sparse_moe
 
@@ -42,6 +42,19 @@ def test_gemms_reading_offs_on_the_host_read_one_copy_forward_and_backward(host_
     assert gemms >= 4 and any(kernel == "grouped_gemm_wgrad" for kernel, _ in seen), seen  # forward and backward
     assert all(with_copy for _, with_copy in seen), seen
     assert copies == [torch.Size([EXPERTS])]  # made once, in the forward: the backward reads it saved
+
+
+def test_gemms_compiled_for_cuda_graphs_take_no_host_copy(host_reading):
+    """A capture declines the implementations reading offs on the host; a host tensor in the graph would keep the
+    graph out of it."""
+    seen, copies = host_reading
+    torch.manual_seed(0)
+    moe = TitanMoE(HIDDEN, INTERMEDIATE, experts=EXPERTS, top_k=TOP_K).to(DEVICE, torch.bfloat16)
+    x = torch.randn(1, TOKENS, HIDDEN, device=DEVICE, dtype=torch.bfloat16)
+    with torch._inductor.config.patch({"triton.cudagraphs": True}):  # as compile_fx patches it from the options
+        counts = rewrites_without_compiling(moe, [x], options=FORCED)
+    assert counts["grouped_mm_host_offs"] == 0 and counts["grouped_mm"] == 3
+    assert rewrites_without_compiling(moe, [x], options=FORCED)["grouped_mm_host_offs"] == 1
 
 
 def test_gemms_launching_ahead_take_no_host_copy(host_reading):

@@ -9,6 +9,7 @@ Why: ``docs/kernels.md``, "Offsets on the host".
 from __future__ import annotations
 
 import torch.fx as fx
+from torch._inductor import config as inductor_config
 
 from ..kernels import registry
 from ..ops.grouped_mm import GroupedMMNode
@@ -43,6 +44,9 @@ class GroupedMMHostOffsPass(RewritePass):
     after = ("grouped_mm_impl", "moe_permute")  # the implementations chosen; offs from the permute that makes them
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
+        if inductor_config.triton.cudagraphs:
+            # A capture declines the implementations reading offs on the host; a host tensor would keep it off.
+            return 0
         readers: dict[fx.Node, list[GroupedMMNode]] = {}
         for node in graph.nodes:
             gemm = GroupedMMNode.of(node)
