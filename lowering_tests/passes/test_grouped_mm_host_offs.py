@@ -7,13 +7,14 @@ import torch
 
 import turbo_inductor
 from turbo_inductor.kernels import host_copy
+from turbo_inductor.ops.grouped_mm import GroupedMMNode
 from turbo_inductor.testing import DEVICE
 from turbo_inductor.testing.compare import assert_matches_inductor, rewrites_without_compiling
 from turbo_inductor.testing.grouped_mm import HOST_READING, register_host_reading
 from turbo_inductor.testing.moe import TitanMoE, hf_sparse_moe
 
 EXPERTS, HIDDEN, INTERMEDIATE, TOKENS, TOP_K = 4, 64, 32, 16, 2
-KERNELS = ("grouped_gemm", "grouped_gemm_wgrad")
+KERNELS = GroupedMMNode.kernels
 FORCED = {"impl": {kernel: HOST_READING for kernel in KERNELS}}
 
 

@@ -10,6 +10,7 @@ import torch
 
 from turbo_inductor.kernels import host_copy, registry
 from turbo_inductor.kernels.reference.fp8_quant_grouped import PAD_ALIGN
+from turbo_inductor.ops.grouped_mm import GroupedMMNode
 from turbo_inductor.testing import DEVICE
 
 # name: (rows per group, rows past the last group)
@@ -59,7 +60,7 @@ def register_host_reading(monkeypatch) -> list[tuple[str, bool]]:
     reference's loop, declaring that it reads offs on the host (not ``LAUNCHES_AHEAD``). Returns the list its calls
     append to: (kernel, whether a host copy of offs was given)."""
     seen = []
-    for kernel in ("grouped_gemm", "grouped_gemm_wgrad"):
+    for kernel in GroupedMMNode.kernels:
         reference = registry.implementations(kernel)["reference"]
 
         def reading(a, b, offs, out_dtype, kernel=kernel, fn=reference.fn):
