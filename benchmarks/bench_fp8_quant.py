@@ -49,6 +49,7 @@ GROUPED_HEURISTICS = {
         "NUM_WARPS": 8,
     },
     "2 programs per SM, 32 columns, 128 rows a step": {"PROGRAMS_PER_SM": 2, "BLOCK_COLS": 32, "BLOCK_ROWS": 128},
+    "4 programs per SM": {"PROGRAMS_PER_SM": 4},
 }
 
 

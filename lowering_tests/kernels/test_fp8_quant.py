@@ -519,6 +519,17 @@ def test_layouts_share_blocks():
     assert share(1, 1, 1, 300)
 
 
+@pytest.mark.parametrize("shape", [(1, 7), (7, 1), (3, 5)])
+@pytest.mark.parametrize("copy", [False, True])
+def test_transposed_scale(shape, copy):
+    """Row-major strides whatever the input's; a contiguous vector's transpose is a view of it unless ``copy``, and
+    a block grid's a copy."""
+    scale = torch.rand(shape)
+    t = reference_fp8.transposed_scale(scale, copy=copy)
+    assert t.shape == shape[::-1] and t.stride() == (shape[0], 1) and torch.equal(t, scale.t())
+    assert (t.untyped_storage().data_ptr() == scale.untyped_storage().data_ptr()) == (1 in shape and not copy)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("M,K", [(128, 256), (144, 256), (256, 128)])
 @pytest.mark.parametrize("block", ["tensorwise", "rowwise", "weight_128x128"])

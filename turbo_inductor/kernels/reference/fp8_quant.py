@@ -135,9 +135,13 @@ def both_layouts_by_two_calls(
     return q, scale, q_t, transposed_scale(scale_t)
 
 
-def transposed_scale(scale: torch.Tensor) -> torch.Tensor:
+def transposed_scale(scale: torch.Tensor, copy: bool = False) -> torch.Tensor:
     """``scale`` transposed, in row-major strides. ``contiguous()`` would keep a size-1 dimension's stride; the
-    native kernels write fresh ones, and every implementation and fake must agree on them."""
+    native kernels write fresh ones, and every implementation and fake must agree on them. A contiguous vector's
+    transpose is a view in those strides, so no copy runs for rowwise scales, unless ``copy`` (``scale`` is returned
+    beside it, and a custom op's outputs must not alias)."""
+    if 1 in scale.shape and scale.is_contiguous() and not copy:
+        return scale.view(scale.shape[1], scale.shape[0])
     return scale.t().clone(memory_format=torch.contiguous_format)
 
 

@@ -426,7 +426,7 @@ def fp8_quantize(
 
     def outputs():  # once q and the scales are written
         if both_layouts:
-            return q, scale, fp8_transpose(q.unsqueeze(0)).squeeze(0), transposed_scale(scale)
+            return q, scale, fp8_transpose(q.unsqueeze(0)).squeeze(0), transposed_scale(scale, copy=True)
         return qt if transpose else q, scale
 
     if M == 0 or K == 0:

@@ -2,10 +2,10 @@
 group padded. Semantics: ``..reference.fp8_quant_grouped``.
 
 One persistent launch over work items (group, block of BLOCK_COLS columns). A program walks its item's group rows
-twice: the column maxima, then the cast, whose reads of the same rows come from L2 while the programs in flight read
-less than its size (PROGRAMS_PER_SM bounds them); it stores its columns of q_t from the group's padded start to the
-next group's, zeros past the group's rows. Each program derives the padded layout from offs itself, so no launch size
-and no host value depends on the group sizes.
+twice: the column maxima up from the group's end, then the cast down from its start, whose first reads come from L2
+(the rows read last); it stores its columns of q_t from the group's padded start to the next group's, zeros past the
+group's rows. Each program derives the padded layout from offs itself, so no launch size and no host value depends on
+the group sizes.
 
 The rowwise copy (``rowwise``) comes from ``fp8_quantize``'s one-pass row kernel. Its scale needs a whole row and the
 transposed one a whole column of a group, so no program sees both before it casts: whichever kernel writes the rowwise
@@ -44,10 +44,10 @@ BLOCK_ROWS = 64
 # Columns of t per work item: 64 bf16 are 128 contiguous bytes of each row (whole 32-byte sectors).
 BLOCK_COLS = 64
 NUM_WARPS = 4
-# Programs per SM. The cast pass finds most of its rows in L2 while the programs in flight read about what L2 holds:
-# programs x rows per group x BLOCK_COLS x element size. 4 ran 6-9% faster than 2 on an H100 at every Mixtral and
-# Qwen3-MoE operand (bench_fp8_quant --moe), though at Mixtral's 1024-row groups they read 68 MB against its 50 MB.
-PROGRAMS_PER_SM = 4
+# Programs per SM. The cast pass finds its rows in L2 only while the programs in flight read less than L2 holds, and
+# at MoE sizes they read more: more programs hide more latency. With the amax walk up, 8 ran 3-13% faster than 4 on
+# an H100 at every Mixtral and Qwen3-MoE operand (bench_fp8_quant --moe), 2 slower at each.
+PROGRAMS_PER_SM = 8
 # Tiles in flight per program in each walk: the next ones load (cp.async) while one is reduced or cast. With few
 # programs per SM, one 8 KB tile each left the walk waiting on memory.
 STAGES = 3
@@ -133,8 +133,10 @@ def _grouped_transposed_kernel(
         col_in = cols < C
         cols64 = cols.to(tl.int64)
         amax_bits = tl.zeros([BLOCK_C], dtype=tl.int32)  # maxima of |t| as bits (see .fp8_quant.abs_bits)
-        for r0 in tl.range(start, end, BLOCK_R, num_stages=STAGES):
-            rows = r0 + tl.arange(0, BLOCK_R)
+        steps = tl.cdiv(end - start, BLOCK_R)
+        for step in tl.range(0, steps, num_stages=STAGES):
+            # Up from the group's end: the cast walks down from its start, so its first rows are the last read.
+            rows = start + (steps - 1 - step) * BLOCK_R + tl.arange(0, BLOCK_R)
             x = _operand_tile(
                 X, ROWS, ROW_MULTIPLIER, rows, end, cols64, col_in, stride_xs, stride_xc, HAS_ROWS, HAS_MULTIPLIER
             )
