@@ -77,9 +77,12 @@ for step in "${steps[@]}"; do
     # are the whole suite.
     tests) python3 -c "import torchao" 2> /dev/null ||
              echo "no torchao here (device tool carry=[\"wheels\"]): the fuzzer's torchao blocks will fail"
-           timeout "${TESTS_TIMEOUT:-500}" python3 -m pytest ${TESTS:-lowering_tests benchmarks/tests} -q \
-             ${quick_ran:+-m "not gpu_quick"} -n "$test_jobs" --dist worksteal --junitxml="$OUT/tests.xml" 2>&1 |
-             tee "$OUT/tests.log" | tail -25 ;;
+           # -v names each test as it ends, so a run stopped by the timeout (no summary) still names its failures.
+           timeout "${TESTS_TIMEOUT:-500}" python3 -m pytest ${TESTS:-lowering_tests benchmarks/tests} -v \
+             ${quick_ran:+-m "not gpu_quick"} -n "$test_jobs" --dist worksteal --junitxml="$OUT/tests.xml" \
+             > "$OUT/tests.log" 2>&1
+           grep -E "^\[gw[0-9]+\].* (FAILED|ERROR) " "$OUT/tests.log" | head -40
+           grep -E "^(FAILED|ERROR) |^=+ .*(passed|failed|error).* =+$" "$OUT/tests.log" | tail -42 ;;
     rmsnorm) bench bench_rmsnorm python3 -m benchmarks.bench_rmsnorm ;;
     glu) bench bench_glu python3 -m benchmarks.bench_glu ;;
     fp8) bench bench_fp8 python3 -m benchmarks.bench_fp8 ;;
