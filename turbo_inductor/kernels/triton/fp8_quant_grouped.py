@@ -45,8 +45,9 @@ BLOCK_ROWS = 64
 BLOCK_COLS = 64
 NUM_WARPS = 4
 # Programs per SM. The cast pass finds its rows in L2 only while the programs in flight read less than L2 holds, and
-# at MoE sizes they read more: more programs hide more latency. With the amax walk up, 8 ran 3-13% faster than 4 on
-# an H100 at every Mixtral and Qwen3-MoE operand (bench_fp8_quant --moe), 2 slower at each.
+# at MoE sizes they read more: more programs hide more latency. On an H100 (bench_fp8_quant --moe), with the amax
+# walk up, 8 ran within 2% of 4 at most Mixtral and Qwen3-MoE operands and 4-9% faster at the down projections' x;
+# 2 ran slower at each.
 PROGRAMS_PER_SM = 8
 # Tiles in flight per program in each walk: the next ones load (cp.async) while one is reduced or cast. With few
 # programs per SM, one 8 KB tile each left the walk waiting on memory.
