@@ -47,6 +47,12 @@ class Recipe:
         Tensorwise cannot: its scale needs the whole tensor's amax first."""
         return self.activation_block[0] == 1
 
+    @property
+    def weight_scales_transpose(self) -> bool:
+        """Whether W^T's scales are W's transposed: blocks of the whole tensor, or square. Given the forward's
+        scales, a backward then casts W^T from W in one pass, with no maxima (``FP8Config.saves_weight_t``)."""
+        return self.weight_block[0] == self.weight_block[1]
+
     def concatenates_exactly(self, rows: Sequence[int]) -> bool:
         """Whether FP8 linears of W_i [N_i, K] on one x compute what one linear of the W_i concatenated does.
         True where no scale of W spans rows of two W_i: the forward and dW are then the same. Tensorwise's one
@@ -83,19 +89,29 @@ class FP8Config:
 
     Parameters matching ``exclude`` and linears narrower than ``min_size`` stay as they are. ``linears`` and
     ``experts`` (MoE experts' grouped GEMMs): True, False, or ``"auto"``: FP8 where the device's cost table says it
-    wins (``turbo_inductor.costs``). ``save_weight_t=False`` requantizes W^T in the backward (FSDP2;
-    ``docs/ops.md``)."""
+    wins (``turbo_inductor.costs``). ``save_weight_t``: whether the forward keeps W^T in FP8 for the backward, or
+    the backward quantizes it again (FSDP2); ``"auto"``: :meth:`saves_weight_t`."""
 
     recipe: str = OFF
     exclude: str = ""
     min_size: int = 0
-    save_weight_t: bool = True
+    save_weight_t: bool | str = AUTO
     experts: bool | str = AUTO
     linears: bool | str = AUTO
 
     @property
     def enabled(self) -> bool:
         return self.recipe != OFF
+
+    def saves_weight_t(self, recipe: str, experts: bool = False) -> bool:
+        """Whether ``recipe``'s FP8 GEMMs keep W^T from the forward. ``"auto"``: tensorwise linears keep none, whose
+        backward casts it by the forward's one scale, for 1-2% of a step against a tenth of its peak memory. The
+        others keep it: rowwise W^T takes a second read of W, blockwise's concatenated linears (``fp8_concat``) would
+        hold the concatenated W, and MoE experts' W^T is measured only kept (``docs/fp8.md``, "W^T for the
+        backward")."""
+        if self.save_weight_t != AUTO:
+            return self.save_weight_t
+        return experts or RECIPES[recipe].weight_block != (0, 0)
 
     @staticmethod
     def from_option(value: Any) -> FP8Config:
@@ -113,7 +129,7 @@ class FP8Config:
             fields["recipe"],
             fields.get("exclude", ""),
             int(fields.get("min_size", 0)),
-            parse_bool("fp8.save_weight_t", fields.get("save_weight_t", True)),
+            _bool_or_auto("fp8.save_weight_t", fields.get("save_weight_t", AUTO)),
             _bool_or_auto("fp8.experts", fields.get("experts", AUTO)),
             _bool_or_auto("fp8.linears", fields.get("linears", AUTO)),
         )

@@ -109,6 +109,34 @@ def _poisoned_allocations():
         torch.empty = real_empty
 
 
+def _check_dequantized(impl_name, x, qx, s, fp8_dtype, br, bc):
+    """q (in x's orientation, float) times its blocks' scales ``s`` against finite x, float64. Returns deq on CPU."""
+    M, K = x.shape
+    x64 = x.double().cpu()
+    # Dequantized values: correct rounding is within half an ulp (relative 2^-(m+1)) in the normal range and half
+    # the smallest subnormal below it; the interpreter truncates subnormals (a whole one: the abs term allows it).
+    assert bool(torch.isfinite(qx).all()), "finite input must give finite fp8 (saturating cast, all written)"
+    s_full = _expand(s, br, bc, M, K)
+    deq = qx.double() * s_full
+    m = MANTISSA_BITS[fp8_dtype]
+    smallest_subnormal = torch.finfo(fp8_dtype).smallest_normal * 2.0**-m
+    tol = 2.0 ** -(m + 1) * (1 + 1e-5) * x64.abs() + smallest_subnormal * s_full
+    bad = (deq - x64).abs() > tol
+    if impl_name == "triton" and INTERPRETED:
+        # The interpreter's store defect: a value rounding up onto a power of two 2^e (odd exponent field) is
+        # stored as 2^(e-1). Exactly that, and nothing else, may be off.
+        correct = _correct_fp8(x, s_full, fp8_dtype)
+        onto_power_of_two = torch.frexp(correct)[0].abs() == 0.5
+        defect = bad & (qx == correct / 2) & onto_power_of_two
+        assert torch.equal(bad, defect), f"{int((bad & ~defect).sum())} values off beyond the interpreter's defect"
+        deq = torch.where(defect, correct.double() * s_full, deq)
+    else:
+        assert not bool(bad.any()), (
+            f"{int(bad.sum())} of {bad.numel()} values off; worst {((deq - x64).abs() - tol).max().item()}"
+        )
+    return deq
+
+
 def _check(impl_name, x, fp8_dtype, block_rows, block_cols, transpose, power_of_two=False):
     """Quantizes finite ``x`` and checks layout, scales (float64 oracle), dequantized values (the format's rounding
     bound) and saturation. Returns (q, scale, deq) with q in x's orientation and deq float64 on CPU (on the
@@ -137,27 +165,7 @@ def _check(impl_name, x, fp8_dtype, block_rows, block_cols, transpose, power_of_
     else:
         torch.testing.assert_close(s, ratio, rtol=1e-6, atol=0)
 
-    # Dequantized values: correct rounding is within half an ulp (relative 2^-(m+1)) in the normal range and half
-    # the smallest subnormal below it; the interpreter truncates subnormals (a whole one: the abs term allows it).
-    assert bool(torch.isfinite(qx).all()), "finite input must give finite fp8 (saturating cast, all written)"
-    s_full = _expand(s, br, bc, M, K)
-    deq = qx.double() * s_full
-    m = MANTISSA_BITS[fp8_dtype]
-    smallest_subnormal = torch.finfo(fp8_dtype).smallest_normal * 2.0**-m
-    tol = 2.0 ** -(m + 1) * (1 + 1e-5) * x64.abs() + smallest_subnormal * s_full
-    bad = (deq - x64).abs() > tol
-    if impl_name == "triton" and INTERPRETED:
-        # The interpreter's store defect: a value rounding up onto a power of two 2^e (odd exponent field) is
-        # stored as 2^(e-1). Exactly that, and nothing else, may be off.
-        correct = _correct_fp8(x, s_full, fp8_dtype)
-        onto_power_of_two = torch.frexp(correct)[0].abs() == 0.5
-        defect = bad & (qx == correct / 2) & onto_power_of_two
-        assert torch.equal(bad, defect), f"{int((bad & ~defect).sum())} values off beyond the interpreter's defect"
-        deq = torch.where(defect, correct.double() * s_full, deq)
-    else:
-        assert not bool(bad.any()), (
-            f"{int(bad.sum())} of {bad.numel()} values off; worst {((deq - x64).abs() - tol).max().item()}"
-        )
+    deq = _check_dequantized(impl_name, x, qx, s, fp8_dtype, br, bc)
 
     # Saturation: each block's largest value lands on +-fmax exactly (not beyond: the cast saturates).
     if not power_of_two:
@@ -602,3 +610,38 @@ def test_registered_with_the_dispatcher():
     assert impls["reference"].fn is reference_fp8.fp8_quantize
     assert impls["triton"].priority == 20 and impls["reference"].priority == 0
     assert impls["reference"].unavailable_reason(torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize("two_pass", [False, True], ids=["default_tiles", "tiny_tiles"])
+@pytest.mark.parametrize("transpose", [False, True], ids=["rowmajor", "transposed"])
+@pytest.mark.parametrize("block", list(BLOCKS))
+@pytest.mark.parametrize("impl_name", ["reference", "triton"])
+def test_cast_by_given_scale(impl_name, block, transpose, two_pass, request):
+    """A given scale (the backward's W^T cast by the forward's scales): q alone, the bytes of a call that took the
+    same scales itself; a scale twice as large casts by that one."""
+    if two_pass:
+        if impl_name == "reference":
+            pytest.skip("the reference has no tiles")
+        request.getfixturevalue("tiny_tiles")
+    M, K = TWO_PASS_SHAPES[block]
+    br, bc, pow2 = _block(block, M, K)
+    impl = IMPLS[impl_name]
+    x = _rand(M, K, torch.bfloat16, seed=29)
+    q, scale = impl.fp8_quantize(x, torch.float8_e4m3fn, br, bc, transpose, power_of_two=pow2)
+    given = impl.fp8_quantize(x, torch.float8_e4m3fn, br, bc, transpose, scale=scale)
+    assert given.shape == q.shape and torch.equal(given.view(torch.uint8), q.view(torch.uint8))
+    doubled = impl.fp8_quantize(x, torch.float8_e4m3fn, br, bc, transpose, scale=scale * 2)
+    qx = (doubled.t() if transpose else doubled).float().cpu()
+    _check_dequantized(impl_name, x, qx, scale.double().cpu() * 2, torch.float8_e4m3fn, min(br, M), min(bc, K))
+    assert not torch.equal(doubled.view(torch.uint8), q.view(torch.uint8))
+
+
+@pytest.mark.parametrize("impl_name", list(IMPLS))
+def test_given_scale_of_the_wrong_shape_is_named(impl_name):
+    x = _rand(8, 64, torch.bfloat16, seed=31)
+    impl = IMPLS[impl_name]
+    if impl_name not in ("reference", "triton"):
+        assert "no given scale" in impl.supports(x, torch.float8_e4m3fn, 1, 64, False, scale=torch.ones(8, 1))
+        return
+    with pytest.raises(ValueError, match=r"given scale must be float32 \[8, 1\]"):
+        impl.fp8_quantize(x, torch.float8_e4m3fn, 1, 64, False, scale=torch.ones(1, 1, device=x.device))

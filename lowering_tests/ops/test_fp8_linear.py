@@ -181,19 +181,34 @@ def test_bad_quantized_weight_is_named(args, message):
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_weight_t_not_saved_is_quantized_again_in_backward(recipe, impl):
     """``save_weight_t=False``: the forward returns no W^T for the backward, which quantizes it from W itself, to
-    the same gradients bit for bit."""
+    the same gradients bit for bit. Where W^T's scales are W's transposed (whole-tensor or square blocks), the forward
+    returns those scales, the saved W^T's own, and the backward casts W^T by them."""
     x, w, b = make(3, 16, 64), make(32, 64, scale=0.1), make(32)
-    results = {}
+    scales_kept = RECIPES[recipe].weight_block[0] == RECIPES[recipe].weight_block[1]
+    results, w_t_scales = {}, {}
     for save in (True, False):
         for t in (x, w, b):
             t.grad = None
         saved = torch.ops.turbo_inductor.fp8_linear_fwd(x, w, b, recipe, impl, None, None, True, save)[1:]
-        assert (saved[2].dim(), saved[3].dim()) == ((2, 2) if save else (1, 1))
+        assert (saved[2].dim(), saved[3].dim()) == ((2, 2) if save else (1, 2 if scales_kept else 1))
+        w_t_scales[save] = saved[3]
         y = turbo_inductor.ops.fp8_linear(x, w, b, recipe, impl=impl, save_weight_t=save)
         y.backward(torch.linspace(-1, 1, y.numel(), device=DEVICE).view(y.shape))
         results[save] = y.detach(), x.grad, w.grad, b.grad
     for got, want in zip(results[False], results[True]):
         assert torch.equal(got, want)
+    if not scales_kept:
+        return
+    assert torch.equal(w_t_scales[False], w_t_scales[True])
+    assert w_t_scales[False].stride() == w_t_scales[True].stride()
+    # The backward casts by the saved scales, not by W's own maxima: other scales give another dx.
+    dy, w0, saved = torch.randn(3, 16, 32, device=DEVICE), w.detach(), [t.detach() for t in saved]
+    dx = torch.ops.turbo_inductor.fp8_linear_bwd(dy, None, w0, *saved, recipe, impl)[0]
+    # Scales 3x W^T's (a power of two would only shift exponents, exactly).
+    dx_other = torch.ops.turbo_inductor.fp8_linear_bwd(dy, None, w0, *saved[:3], saved[3] * 3, recipe, impl)[0]
+    assert not torch.equal(dx, dx_other)
+    with pytest.raises(OpInputError, match=r"w_t_scale must be W\^T's scales"):
+        torch.ops.turbo_inductor.fp8_linear_bwd(dy, None, w0, *saved[:3], saved[3].new_ones(2, 2), recipe, impl)
 
 
 def test_the_eager_backward_gets_no_zero_filled_gradient_of_the_saved_fp8_operands():

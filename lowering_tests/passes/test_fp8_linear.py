@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import turbo_inductor
-from turbo_inductor.recipes import RECIPES
+from turbo_inductor.recipes import RECIPES, FP8Config
 from turbo_inductor.testing import DEVICE
 from turbo_inductor.testing.compare import assert_ran, frozen_and_not, kernel_calls, ops_after, run
 from turbo_inductor.testing.tolerance import snr_db
@@ -228,6 +228,22 @@ def test_option_save_weight_t_false_keeps_no_weight_copy_for_the_backward(recipe
     assert saved_bytes[True] - saved_bytes[False] >= weights, (saved_bytes, weights)
 
 
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "blockwise"])
+def test_save_weight_t_auto_keeps_no_weight_copy_for_tensorwise_linears_only(recipe):
+    """The default, ``"auto"``: tensorwise linears keep no W^T (their backward casts it by the forward's scale);
+    rowwise and blockwise linears keep theirs, and MoE experts theirs under every recipe. An explicit choice holds."""
+    config = FP8Config.from_option(recipe)
+    assert config.save_weight_t == "auto" and config.saves_weight_t(recipe) is (recipe != "tensorwise")
+    assert config.saves_weight_t(recipe, experts=True)
+    for save in (True, False):
+        assert FP8Config.from_option({"recipe": recipe, "save_weight_t": save}).saves_weight_t(recipe) is save
+    turbo_inductor.reset_records()
+    options = {"fp8": recipe, "impl": "reference", "record_graphs": True}
+    run(MLP(), [torch.randn(2, 8, 64)], "primus_turbo", options=options)
+    graph_after = turbo_inductor.compile_records()[0].graph_after
+    assert bool(re.search(r"fp8_linear\.default\([^)]*, False\)", graph_after)) is (recipe == "tensorwise")
+
+
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_rewrite_turns_every_eligible_linear_into_fp8(recipe):
     torch.manual_seed(0)
@@ -279,7 +295,7 @@ def test_off_by_default_and_bad_recipes_are_named():
     assert ops_after("turbo_inductor.fp8_linear") == 0
     with pytest.raises(Exception, match="option 'fp8' takes one of"):
         run(MLP(), [torch.randn(2, 8, 64)], "primus_turbo", options={"fp8": "int4"})
-    with pytest.raises(Exception, match="option 'fp8.save_weight_t' takes true/false, got 'maybe'"):
+    with pytest.raises(Exception, match="option 'fp8.save_weight_t' takes true, false or 'auto', got 'maybe'"):
         run(
             MLP(),
             [torch.randn(2, 8, 64)],

@@ -161,7 +161,8 @@ def fp8_linear(
 
     ``arguments``: the op's others by name. ``x_q``, ``x_scale``: x already quantized for the forward, as
     :func:`rmsnorm_fp8` gives them; ``x_t``, ``x_t_scale``: x^T for the wgrad too, as :func:`fp8_shared_input` gives
-    them. ``save_weight_t=False``: the backward quantizes W^T again; less memory, one more read of W."""
+    them. ``save_weight_t=False``: the backward quantizes W^T again (by the forward's scales where they are W^T's:
+    tensorwise, blockwise); less memory, one or two more reads of W."""
     return torch.ops.turbo_inductor.fp8_linear(x, weight, bias, recipe, impl, **arguments)
 
 

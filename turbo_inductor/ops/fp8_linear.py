@@ -17,7 +17,8 @@ W concatenated in the graph, ``fp8_concat``'s, would otherwise stay alive until 
 A weight that wants no gradient (``weight_grad`` False) gets no wgrad: dweight is empty.
 W may be float32 beside a narrower x (fp32 parameters under autocast): it is quantized from float32, y and dx take
 x's dtype, and the wgrad GEMM writes dW in float32, so that no cast of W or dW runs.
-``save_weight_t=False``: the backward quantizes W^T from W instead of saving it (FSDP2).
+``save_weight_t=False``: the backward quantizes W^T from W instead of saving it (FSDP2); where W^T's scales are W's
+transposed, the forward returns them and the backward only casts.
 ``x_q``, ``x_scale``: x already quantized by its producer (``rmsnorm_fp8``, ``glu_fp8``, ``fp8_shared_input``).
 ``x_t``, ``x_t_scale``: x^T quantized too (``fp8_shared_input``). The backward reads them; the forward then saves
 no x^T of its own and returns it empty.
@@ -40,6 +41,7 @@ from .fp8 import GEMM_KERNEL, quantize_weight
 from .fp8_operands import (
     ALIGNMENT,
     QUANTIZE_KERNEL,
+    cast_operand_transposed,
     check_quantized,
     check_recipe,
     check_saved_x,
@@ -51,6 +53,7 @@ from .fp8_operands import (
     recipe_formats,
     saves_x_t,
     scale_shape,
+    transposed_scale,
     unsaved_operand,
 )
 from .library import (
@@ -173,7 +176,10 @@ def _forward(
     elif for_backward and save_weight_t:
         w_q, w_t = quantize_operand_both(weight, r.weight_block, e4m3, r, impl)
     else:
-        w_q, w_t = quantize_operand(weight, r.weight_block, e4m3, r, impl), unsaved_operand(x, e4m3)
+        w_q = quantize_operand(weight, r.weight_block, e4m3, r, impl)
+        w_t = unsaved_operand(x, e4m3)
+        if for_backward and r.weight_scales_transpose:  # the backward casts W^T by them
+            w_t = w_t[0], transposed_scale(w_q[1], copy=True)
     y = _gemm(x_q, w_q, x.dtype, impl, fast_accum=r.fast_accum_forward)
     if bias is not None:
         y = y + bias
@@ -193,14 +199,12 @@ def _saved_transposes(
     ):
         rows, cols = t.shape
         block_rows, block_cols = kernel_block(block, rows, cols)
-        saved += (
-            (
-                t.new_empty((cols, rows), dtype=e4m3),
-                t.new_empty(scale_shape(cols, rows, block_rows, block_cols), dtype=torch.float32),
-            )
-            if save
-            else unsaved_operand(t, e4m3)
-        )
+        q_t, scale_t = unsaved_operand(t, e4m3)
+        if save or (t is weight and r.weight_scales_transpose):  # without W^T, its scales
+            scale_t = t.new_empty(scale_shape(cols, rows, block_rows, block_cols), dtype=torch.float32)
+        if save:
+            q_t = t.new_empty((cols, rows), dtype=e4m3)
+        saved += (q_t, scale_t)
     return tuple(saved)
 
 
@@ -255,7 +259,7 @@ def _(
 
 
 def _requantizes_weight(inputs: tuple) -> bool:
-    """Whether the backward reads W: only to quantize W^T where the forward saved none (``save_weight_t=False``)."""
+    """Whether the backward reads W: only where the forward saved no W^T (``save_weight_t=False``)."""
     return not _arguments(inputs)["save_weight_t"]
 
 
@@ -312,7 +316,7 @@ def fp8_linear_bwd(
 ) -> tuple[Tensor, Tensor]:
     """(dx, dweight). ``weight`` may be None where W^T was saved. dW is in ``weight_dtype``, W's: by default the
     weight's where given, else dy's."""
-    _check_backward(dy, x, weight, w_t, recipe, weight_dtype)
+    _check_backward(dy, x, weight, w_t, w_t_scale, recipe, weight_dtype)
     r, (e4m3, grad_dtype) = RECIPES[recipe], recipe_formats(recipe, dy.device)
     dweight_dtype = _dweight_dtype(dy, weight, weight_dtype)
     n, k = _weight_shape(dy, weight, w_t)
@@ -326,7 +330,9 @@ def fp8_linear_bwd(
         dy_q, dy_t = quantize_operand_both(dy2, r.activation_block, grad_dtype, r, impl)
     else:
         dy_q = quantize_operand(dy2, r.activation_block, grad_dtype, r, impl)
-    if w_t.dim() != 2:  # no W^T saved (save_weight_t=False): quantize it from W
+    if w_t.dim() != 2 and w_t_scale.dim() == 2:  # W^T's scales alone saved (save_weight_t=False): cast W^T by them
+        w_t, w_t_scale = cast_operand_transposed(weight, w_t_scale, r.weight_block, e4m3, impl)
+    elif w_t.dim() != 2:  # nothing of W^T saved: quantize it from W
         w_t, w_t_scale = quantize_operand(weight, r.weight_block, e4m3, r, impl, transposed=True)
     dx = _gemm(dy_q, (w_t, w_t_scale), dy.dtype, impl)
     if not wgrad:
@@ -362,6 +368,7 @@ def _check_backward(
     x: Optional[Tensor],
     weight: Optional[Tensor],
     w_t: Tensor,
+    w_t_scale: Tensor,
     recipe: str,
     weight_dtype: Optional[torch.dtype],
 ) -> None:
@@ -393,6 +400,12 @@ def _check_backward(
         op,
         lambda: f"w_t must be W^T, [{k}, {n}], got {list(w_t.shape)}",
     )
+    scales = scale_shape(k, n, *kernel_block(RECIPES[recipe].weight_block, n, k))
+    check(
+        w_t.dim() == 2 or w_t_scale.dim() != 2 or tuple(w_t_scale.shape) == scales,
+        op,
+        lambda: f"w_t_scale must be W^T's scales, {list(scales)}, or empty, where w_t is; got {list(w_t_scale.shape)}",
+    )
     check_saved_x(op, x, recipe)
     if x is not None:
         check(x.shape[-1] == k, op, lambda: f"x must be [..., {k}] for a weight of [{n}, {k}], got {list(x.shape)}")
@@ -400,7 +413,7 @@ def _check_backward(
 
 @fp8_linear_bwd.register_fake
 def _(dy, x, weight, x_t, x_t_scale, w_t, w_t_scale, recipe, impl="auto", weight_dtype=None):
-    _check_backward(dy, x, weight, w_t, recipe, weight_dtype)
+    _check_backward(dy, x, weight, w_t, w_t_scale, recipe, weight_dtype)
     n, k = _weight_shape(dy, weight, w_t)
     dweight = dy.new_empty((n, k) if _wgrad(x, x_t, recipe) else 0, dtype=_dweight_dtype(dy, weight, weight_dtype))
     return dy.new_empty(dy.shape[:-1] + (k,)), dweight

@@ -94,6 +94,16 @@ def quantize_operand(
     return q_t, transposed_scale(scale)
 
 
+def cast_operand_transposed(
+    t: Tensor, scale_t: Tensor, block: tuple[int, int], dtype: torch.dtype, impl: str
+) -> tuple[Tensor, Tensor]:
+    """(q, scale): t^T [C, R] cast in ``block``-shaped blocks by their given scales ``scale_t`` (t^T's layout), as
+    an earlier quantization of t took them: one read of t, no maxima."""
+    quantize = registry.select(QUANTIZE_KERNEL, t.device, impl)
+    block_rows, block_cols = kernel_block(block, *t.shape)
+    return quantize(t, dtype, block_cols, block_rows, True, scale=transposed_scale(scale_t)), scale_t
+
+
 def quantize_operand_both(
     t: Tensor, block: tuple[int, int], dtype: torch.dtype, recipe: Recipe, impl: str
 ) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:

@@ -38,9 +38,12 @@ def supports(
     power_of_two: bool = False,
     both_layouts: bool = False,
     block_cols_t: int = 0,
+    scale: torch.Tensor | None = None,
 ) -> str | None:
     if x.dim() != 2 or block_rows < 1 or block_cols < 1 or fp8_dtype not in FP8_DTYPES:
         return None  # invalid for every implementation: the call raises the error
+    if scale is not None:
+        return "no given scale: the kernels take their blocks' maxima themselves"
     M, K = x.shape
     if transpose or both_layouts:
         return "x's own layout only (aiter writes no transposed copy)"
@@ -91,9 +94,12 @@ def fp8_quantize(
     power_of_two: bool = False,
     both_layouts: bool = False,
     block_cols_t: int = 0,
+    scale: torch.Tensor | None = None,
 ):
     """``(q, scale)``; see ``..reference.fp8_quant.fp8_quantize`` and docs/kernels.md for the differences."""
-    check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts, block_cols_t)
+    check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts, block_cols_t, scale)
+    if scale is not None:
+        raise ValueError("turbo_inductor: the aiter fp8_quantize takes no given scale (the Triton one does)")
     aiter = module()
     M, K = x.shape
     granularity = _granularity(M, K, block_rows, block_cols)

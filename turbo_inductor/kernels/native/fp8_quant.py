@@ -26,9 +26,12 @@ def supports(
     power_of_two: bool = False,
     both_layouts: bool = False,
     block_cols_t: int = 0,
+    scale: torch.Tensor | None = None,
 ) -> str | None:
     if x.dim() != 2 or block_rows < 1 or block_cols < 1 or fp8_dtype not in FP8_DTYPES:
         return None  # invalid for every implementation: the call raises the error
+    if scale is not None:
+        return "no given scale: the kernels take their blocks' maxima themselves"
     M, K = x.shape
     blocks = _blocks_of(M, K, block_rows, block_cols)
     if blocks is None:
@@ -54,10 +57,13 @@ def fp8_quantize(
     power_of_two: bool = False,
     both_layouts: bool = False,
     block_cols_t: int = 0,
+    scale: torch.Tensor | None = None,
 ):
     """``(q, scale)``, or ``(q, scale, q_t, scale_t)`` with ``both_layouts``; see
     ``..reference.fp8_quant.fp8_quantize``."""
-    check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts, block_cols_t)
+    check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts, block_cols_t, scale)
+    if scale is not None:
+        raise ValueError("turbo_inductor: the native fp8_quantize takes no given scale (the Triton one does)")
     if both_layouts and block_cols_t:
         if reason := _both_layouts_decline(*x.shape, block_rows, block_cols, block_cols_t):
             raise ValueError(f"turbo_inductor: the native fp8_quantize cannot take these blocks: {reason}")

@@ -34,6 +34,7 @@ def check_args(
     transpose: bool = False,
     both_layouts: bool = False,
     block_cols_t: int = 0,
+    scale: torch.Tensor | None = None,
 ) -> None:
     """The argument checks every implementation makes; raises ValueError."""
     if transpose and both_layouts:
@@ -50,6 +51,13 @@ def check_args(
         raise ValueError(f"turbo_inductor: fp8_quantize fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}")
     if int(block_rows) < 1 or int(block_cols) < 1:
         raise ValueError(f"turbo_inductor: fp8_quantize blocks must be >= 1, got {block_rows} x {block_cols}")
+    if scale is not None:
+        want = scale_shape(*x.shape, block_rows, block_cols)
+        if both_layouts or tuple(scale.shape) != want or scale.dtype != torch.float32 or scale.device != x.device:
+            raise ValueError(
+                f"turbo_inductor: fp8_quantize's given scale must be float32 {list(want)} on {x.device}, one per "
+                f"block of x, and without both_layouts; got {scale.dtype} {list(scale.shape)} on {scale.device}"
+            )
 
 
 def layouts_share_blocks(M: int, K: int, block_rows: int, block_cols: int, block_cols_t: int = 0) -> bool:
@@ -90,33 +98,38 @@ def fp8_quantize(
     power_of_two: bool = False,
     both_layouts: bool = False,
     block_cols_t: int = 0,
+    scale: torch.Tensor | None = None,
 ):
     """``(q, scale)``, or ``(q, scale, q_t, scale_t)`` with ``both_layouts``: x^T [K, M] in blocks of block_rows x
     ``block_cols_t`` (0: block_cols), as an MoE weight's per-expert transposed operand takes them.
-    ``power_of_two``: E8M0 scales, as MXFP8 uses. See docs/kernels.md, FP8 quantization."""
-    check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts, block_cols_t)
+    ``power_of_two``: E8M0 scales, as MXFP8 uses. ``scale``: x's blocks' scales, given (an earlier call's on the same
+    x): no maxima are taken and ``q`` alone is returned.
+    See docs/kernels.md, FP8 quantization."""
+    check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts, block_cols_t, scale)
     if both_layouts:
         return both_layouts_by_two_calls(fp8_quantize, x, fp8_dtype, block_rows, block_cols, power_of_two, block_cols_t)
     M, K = x.shape
     n_br, n_bc = scale_shape(M, K, block_rows, block_cols)
+    given = scale is not None
     if M == 0 or K == 0:
         q = torch.empty((K, M) if transpose else (M, K), dtype=fp8_dtype, device=x.device)
-        return q, torch.ones((n_br, n_bc), dtype=torch.float32, device=x.device)
+        return q if given else (q, torch.ones((n_br, n_bc), dtype=torch.float32, device=x.device))
     br, bc = min(block_rows, M), min(block_cols, K)  # a block larger than the tensor is the tensor
     x32 = x.float()
     # Zero-pad to whole blocks: |0| never raises an amax. The padding is cut off below.
     padded = torch.nn.functional.pad(x32, (0, n_bc * bc - K, 0, n_br * br - M))
     blocks = padded.view(n_br, br, n_bc, bc)
-    amax = blocks.abs().amax(dim=(1, 3))  # NaN propagates
-    # A tensor divisor: CUDA turns division by a Python scalar into a reciprocal multiply.
-    scale = amax.clamp_min(AMAX_FLOOR) / torch.full_like(amax, torch.finfo(fp8_dtype).max)
-    if power_of_two:
-        scale = power_of_two_ceil(scale)
+    if not given:
+        amax = blocks.abs().amax(dim=(1, 3))  # NaN propagates
+        # A tensor divisor: CUDA turns division by a Python scalar into a reciprocal multiply.
+        scale = amax.clamp_min(AMAX_FLOOR) / torch.full_like(amax, torch.finfo(fp8_dtype).max)
+        if power_of_two:
+            scale = power_of_two_ceil(scale)
     q = saturating_cast(blocks * (torch.ones_like(scale) / scale)[:, None, :, None], fp8_dtype).view(
         n_br * br, n_bc * bc
     )[:M, :K]
-    q = q.t() if transpose else q
-    return q.contiguous(), scale.contiguous()
+    q = (q.t() if transpose else q).contiguous()
+    return q if given else (q, scale.contiguous())
 
 
 def both_layouts_by_two_calls(

@@ -403,12 +403,15 @@ def fp8_quantize(
     power_of_two: bool = False,
     both_layouts: bool = False,
     block_cols_t: int = 0,
+    scale: torch.Tensor | None = None,
 ):
-    """``(q, scale)``, or ``(q, scale, q_t, scale_t)`` with ``both_layouts``; see
+    """``(q, scale)``, or ``(q, scale, q_t, scale_t)`` with ``both_layouts``, or ``q`` for a given ``scale``; see
     ``..reference.fp8_quant.fp8_quantize``."""
-    check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts, block_cols_t)
+    check_args(x, fp8_dtype, block_rows, block_cols, transpose, both_layouts, block_cols_t, scale)
     formats = format_constexprs(fp8_dtype, x.device, power_of_two)
     M, K = x.shape
+    if scale is not None:
+        return _cast_by_given_scale(x, fp8_dtype, block_rows, block_cols, transpose, scale, formats)
     if both_layouts and not layouts_share_blocks(M, K, block_rows, block_cols, block_cols_t):
         column_rows = block_cols_t or block_cols
         row_tiles = column_maxima_row_tiles(M, K, block_rows, block_cols, column_rows)
@@ -450,6 +453,40 @@ def fp8_quantize(
         _launch_scales(partial, scale, rows_per_block, cols_per_block, formats)
         _launch_tiles(x, q, qt, scale, partial, tiling, br, bc, MODE_CAST, write, formats)
     return outputs()
+
+
+def _cast_by_given_scale(
+    x: torch.Tensor,
+    fp8_dtype: torch.dtype,
+    block_rows: int,
+    block_cols: int,
+    transpose: bool,
+    scale: torch.Tensor,
+    formats: dict,
+) -> torch.Tensor:
+    """q (or q^T) cast by x's blocks' given scales: one read of x, no maxima."""
+    M, K = x.shape
+    q = torch.empty((K, M) if transpose else (M, K), dtype=fp8_dtype, device=x.device)
+    if M == 0 or K == 0:
+        return q
+    tiling = fp8_tiling(M, K, block_rows, block_cols, transpose)
+    br, bc = min(block_rows, M), min(block_cols, K)
+    write = (not transpose, transpose)
+    with on_device(x.device):
+        _launch_tiles(  # MODE_CAST reads no partial maxima: scale stands in for them
+            x,
+            q if not transpose else None,
+            q if transpose else None,
+            scale,
+            scale,
+            tiling,
+            br,
+            bc,
+            MODE_CAST,
+            write,
+            formats,
+        )
+    return q
 
 
 def _program_rows(M: int, tiling: Fp8Tiling, row_tiles: int) -> int:
