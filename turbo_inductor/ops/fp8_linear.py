@@ -178,7 +178,7 @@ def _forward(
     else:
         w_q = quantize_operand(weight, r.weight_block, e4m3, r, impl)
         w_t = unsaved_operand(x, e4m3)
-        if for_backward and r.weight_scales_transpose:  # the backward casts W^T by them
+        if for_backward and r.weight_scales_transpose:  # W^T's scales are W's transposed: the backward casts by them
             w_t = w_t[0], transposed_scale(w_q[1], copy=True)
     y = _gemm(x_q, w_q, x.dtype, impl, fast_accum=r.fast_accum_forward)
     if bias is not None:

@@ -56,11 +56,9 @@ class FP8LinearPass(RewritePass):
         "`min_size`, stay in high precision. `save_weight_t=False` quantizes W^T again in the backward instead of "
         'keeping it (less memory; FSDP2). `"auto"` (the default) keeps none for tensorwise linears, whose backward '
         "casts W^T again by the forward's scale, and keeps it elsewhere. `experts` (MoE experts' grouped GEMMs) and "
-        "`linears`: "
-        '`"auto"` (the default) takes '
-        "FP8 where the device's cost table measured it faster, or for a shape it did not measure, as its default "
-        "(experts: high precision, linears: FP8); true forces FP8, false keeps high precision. Each choice is logged "
-        "and kept in the compile record. Details: `docs/fp8.md`."
+        '`linears`: `"auto"` (the default) takes FP8 where the device\'s cost table measured it faster, or for a shape '
+        "it did not measure, as its default (experts: high precision, linears: FP8); true forces FP8, false keeps high "
+        "precision. Each choice is logged and kept in the compile record. Details: `docs/fp8.md`."
     )
 
     def parse_option(self, value: Any) -> FP8Config:
