@@ -41,7 +41,6 @@ from .fp8 import GEMM_KERNEL, quantize_weight
 from .fp8_operands import (
     ALIGNMENT,
     QUANTIZE_KERNEL,
-    cast_operand_transposed,
     check_quantized,
     check_recipe,
     check_saved_x,
@@ -330,10 +329,9 @@ def fp8_linear_bwd(
         dy_q, dy_t = quantize_operand_both(dy2, r.activation_block, grad_dtype, r, impl)
     else:
         dy_q = quantize_operand(dy2, r.activation_block, grad_dtype, r, impl)
-    if w_t.dim() != 2 and w_t_scale.dim() == 2:  # W^T's scales alone saved (save_weight_t=False): cast W^T by them
-        w_t, w_t_scale = cast_operand_transposed(weight, w_t_scale, r.weight_block, e4m3, impl)
-    elif w_t.dim() != 2:  # nothing of W^T saved: quantize it from W
-        w_t, w_t_scale = quantize_operand(weight, r.weight_block, e4m3, r, impl, transposed=True)
+    if w_t.dim() != 2:  # no W^T saved (save_weight_t=False): quantize it from W, by its scales where they were saved
+        given = w_t_scale if w_t_scale.dim() == 2 else None
+        w_t, w_t_scale = quantize_operand(weight, r.weight_block, e4m3, r, impl, transposed=True, scale_t=given)
     dx = _gemm(dy_q, (w_t, w_t_scale), dy.dtype, impl)
     if not wgrad:
         dweight = dy.new_empty(0, dtype=dweight_dtype)
@@ -400,12 +398,15 @@ def _check_backward(
         op,
         lambda: f"w_t must be W^T, [{k}, {n}], got {list(w_t.shape)}",
     )
-    scales = scale_shape(k, n, *kernel_block(RECIPES[recipe].weight_block, n, k))
-    check(
-        w_t.dim() == 2 or w_t_scale.dim() != 2 or tuple(w_t_scale.shape) == scales,
-        op,
-        lambda: f"w_t_scale must be W^T's scales, {list(scales)}, or empty, where w_t is; got {list(w_t_scale.shape)}",
-    )
+    if w_t.dim() != 2 and w_t_scale.dim() == 2:  # W^T's scales alone, saved by the forward
+        scales = scale_shape(k, n, *kernel_block(RECIPES[recipe].weight_block, n, k))
+        check(
+            tuple(w_t_scale.shape) == scales,
+            op,
+            lambda: (
+                f"w_t_scale must be W^T's scales, {list(scales)}, or empty, where w_t is; got {list(w_t_scale.shape)}"
+            ),
+        )
     check_saved_x(op, x, recipe)
     if x is not None:
         check(x.shape[-1] == k, op, lambda: f"x must be [..., {k}] for a weight of [{n}, {k}], got {list(x.shape)}")

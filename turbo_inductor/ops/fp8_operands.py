@@ -81,27 +81,26 @@ def saves_x_t(recipe: str, weight_grad: bool) -> bool:
 
 
 def quantize_operand(
-    t: Tensor, block: tuple[int, int], dtype: torch.dtype, recipe: Recipe, impl: str, transposed: bool = False
+    t: Tensor,
+    block: tuple[int, int],
+    dtype: torch.dtype,
+    recipe: Recipe,
+    impl: str,
+    transposed: bool = False,
+    scale_t: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
     """(q, scale): the GEMM operand ``t`` [R, C] quantized in ``block``-shaped blocks.
 
-    With ``transposed``: t^T [C, R] in such blocks, read from t."""
+    With ``transposed``: t^T [C, R] in such blocks, read from t; cast by ``scale_t`` (t^T's), where an earlier
+    quantization of t gave them: no maxima then."""
     quantize = registry.select(QUANTIZE_KERNEL, t.device, impl)
     block_rows, block_cols = kernel_block(block, *t.shape)
     if not transposed:
         return quantize(t, dtype, block_rows, block_cols, False, power_of_two=recipe.power_of_two)
+    if scale_t is not None:
+        return quantize(t, dtype, block_cols, block_rows, True, scale=transposed_scale(scale_t)), scale_t
     q_t, scale = quantize(t, dtype, block_cols, block_rows, True, power_of_two=recipe.power_of_two)
     return q_t, transposed_scale(scale)
-
-
-def cast_operand_transposed(
-    t: Tensor, scale_t: Tensor, block: tuple[int, int], dtype: torch.dtype, impl: str
-) -> tuple[Tensor, Tensor]:
-    """(q, scale): t^T [C, R] cast in ``block``-shaped blocks by their given scales ``scale_t`` (t^T's layout), as
-    an earlier quantization of t took them: one read of t, no maxima."""
-    quantize = registry.select(QUANTIZE_KERNEL, t.device, impl)
-    block_rows, block_cols = kernel_block(block, *t.shape)
-    return quantize(t, dtype, block_cols, block_rows, True, scale=transposed_scale(scale_t)), scale_t
 
 
 def quantize_operand_both(
