@@ -193,6 +193,19 @@ def lighter_peers(table: list[dict]) -> list[str]:
     return lines
 
 
+def peers_off_inductor(table: list[dict]) -> list[str]:
+    """Each bf16 peer column (Liger's, under Inductor or our backend) whose training loss is further than
+    HF_LOSS_TOLERANCE from Inductor's, relative: a peer's wrong result is shown beside its speed, not hidden."""
+    lines = []
+    for row in table:
+        peer = row["column"].removesuffix(" on primus_turbo")
+        if ours_beside(peer) == "primus_turbo" and row.get("loss_snr_db") is not None:
+            difference = 10 ** (-row["loss_snr_db"] / 20)  # |loss - Inductor's| / |Inductor's|
+            if difference > HF_LOSS_TOLERANCE:
+                lines.append(f"{row['column']} {difference:.1e} ({row['loss_snr_db']:.1f} dB)")
+    return lines
+
+
 def _ours(column: str) -> str:
     """A primus_turbo column by its own options: "bf16", "fp8 rowwise", ..."""
     return column.removeprefix("primus_turbo").strip() or "bf16"

@@ -234,6 +234,8 @@ def main(argv=None) -> None:
     for name in names:  # GPU figures: a CPU run records no peak memory
         for line in goals.lighter_peers([row for row in rows if row["model"] == name]):
             print(f"peak memory: {name}: {line}")
+        for line in goals.peers_off_inductor([row for row in rows if row["model"] == name]):
+            print(f"loss off Inductor's, relative: {name}: {line}")
     chart.write_chart(path)
 
 

@@ -25,7 +25,7 @@ def _in_readme(column: str) -> bool:
 
 def goals_lines(result: dict) -> list[str]:
     """The model benchmark's goals (a GPU run's only): per model, how many were met, each missed one with what was
-    measured, and where a peer peaked below us."""
+    measured, where a peer peaked below us, and where a peer's loss is off Inductor's."""
     by_model: dict[str, list[dict]] = {}
     for goal in result.get("goals", []):
         by_model.setdefault(goal["model"], []).append(goal)
@@ -36,6 +36,8 @@ def goals_lines(result: dict) -> list[str]:
         text += f"; MISSED: {'; '.join(missed)}" if missed else ""
         lighter = goals.lighter_peers([row for row in result["rows"] if row.get("model") == model])
         text += f". Less memory than ours: {'; '.join(lighter)}" if lighter else ""
+        wrong = goals.peers_off_inductor([row for row in result["rows"] if row.get("model") == model])
+        text += f". A peer's loss off Inductor's, relative: {'; '.join(wrong)}" if wrong else ""
         lines += textwrap.wrap(text, MAX_WIDTH, subsequent_indent="  ", break_on_hyphens=False)
     return lines
 

@@ -168,3 +168,17 @@ def test_no_fp8_column_of_a_saved_moe_run_is_slower_than_its_bf16():
             held = goals.speed(table, goals.targets(result["configuration"], model))
             slower = [g for g in held if g["goal"].endswith(">= bf16") and not g["met"]]
             assert not slower, (file, model, slower)
+
+
+def test_a_bf16_peer_whose_loss_is_off_inductors_is_named():
+    table = [
+        {"column": "inductor", "loss_snr_db": None},
+        {"column": "primus_turbo", "loss_snr_db": 90.0},
+        {"column": "torchao fp8 rowwise", "loss_snr_db": 45.0},  # FP8: held to gradient SNRs, not to the loss
+        {"column": "liger", "loss_snr_db": 61.0},
+        {"column": "liger on primus_turbo", "loss_snr_db": 3.0},
+        {"column": "liger on primus_turbo", "error": "RuntimeError: no"},
+    ]
+    assert goals.peers_off_inductor(table) == ["liger on primus_turbo 7.1e-01 (3.0 dB)"]
+    table[3]["loss_snr_db"] = 59.0  # just past 1e-3
+    assert goals.peers_off_inductor(table)[0] == "liger 1.1e-03 (59.0 dB)"

@@ -2,6 +2,7 @@
 
 Dynamo keeps the linear's matmul as one ``trampoline_autograd_apply(x, weight.t(), linear_mm_config, config)``.
 It is replaced where torchao's config is exactly one of our recipes; other configs stay torchao's.
+W^T is kept for the backward as the ``fp8`` option's ``save_weight_t`` says (by default ``"auto"``).
 The config mapping: ``docs/passes.md``.
 """
 
@@ -16,7 +17,7 @@ from ..ops.fp8_linear import FP8LinearNode, can_rewrite
 from ..ops.fp8_operands import fp8_formats
 from ..options import Options
 from ..recipes import RECIPES
-from . import ir, patterns, surgery
+from . import fp8_option, ir, patterns, surgery
 from .manager import Phase, RewritePass
 
 _FUNCTION = ("torchao.float8.float8_linear", "matmul_with_hp_or_float8_args")
@@ -105,8 +106,17 @@ class TorchaoFloat8Pass(RewritePass):
                 continue
             if recipe is None or not can_rewrite(x_fake, ir.fake(weight), None):
                 continue
+            save_weight_t = options.value(fp8_option.NAME).saves_weight_t(recipe)
             surgery.replace_with_view(
-                graph, node, FP8LinearNode, x=x, weight=weight, bias=None, recipe=recipe, impl=options.impl
+                graph,
+                node,
+                FP8LinearNode,
+                x=x,
+                weight=weight,
+                bias=None,
+                recipe=recipe,
+                impl=options.impl,
+                save_weight_t=save_weight_t,
             )
             surgery.erase_unused(surgery.producers([mm_config, config, weight_t], stop={x, weight}))
             count += 1
