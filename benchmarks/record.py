@@ -95,9 +95,11 @@ def file_name(benchmark: str, parts) -> str:
     return stem + ".json"
 
 
-def write(benchmark: str, parts, configuration: dict, rows: list[dict], out: str | None = None, **extra) -> str:
-    """Writes ``{benchmark, configuration, rows, **extra, environment}`` as JSON and returns its path. A file of the
-    same name from another configuration is an error, never overwritten."""
+def write(
+    benchmark: str, parts, configuration: dict, rows: list[dict], out: str | None = None, quiet: bool = False, **extra
+) -> str:
+    """Writes ``{benchmark, configuration, rows, **extra, environment}`` as JSON and returns its path (printed unless
+    ``quiet``). A file of the same name from another configuration is an error, never overwritten."""
     path = output_dir(out) / file_name(benchmark, parts)
     result = json_safe(
         {"benchmark": benchmark, "configuration": configuration, "rows": rows, **extra, "environment": environment()}
@@ -109,5 +111,6 @@ def write(benchmark: str, parts, configuration: dict, rows: list[dict], out: str
                 f"{path} holds another configuration of {benchmark} ({earlier}): move it away or name this run apart"
             )
     path.write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")
-    print(f"wrote {path}")
+    if not quiet:
+        print(f"wrote {path}")
     return str(path)

@@ -22,7 +22,8 @@
 #   tool brings back a few files, and a command stopped at its time limit keeps what its last step bundled):
 #   BUNDLE=$OUT OUT=/tmp/stage bash benchmarks/run_gpu.sh ...
 set -o pipefail
-export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/turbo_out}
+# PYTHONFAULTHANDLER: a process that crashes (a peer's kernel) prints where, in Python, it was.
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 OUT=${OUT:-/tmp/turbo_out}
 mkdir -p "$OUT"
 # The install builds the native kernels (csrc/) for this GPU, required here (TURBO_INDUCTOR_NATIVE=1) so that a
 # failed build is shown; then the package is installed without them. TURBO_INDUCTOR_NATIVE=0 skips the build.

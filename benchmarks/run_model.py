@@ -220,13 +220,19 @@ def main(argv=None) -> None:
     if not on_gpu:
         print(CPU_NOTE)
     rows, held = [], []
+
+    def checkpoint(partial: list[dict]) -> None:
+        extra = {"goals": held} if on_gpu else {}
+        record.write("model", parts, configuration, rows + partial, args.out, quiet=True, **extra)
+
     with torch._inductor.config.patch(freezing=args.freezing):  # global: Dynamo reads it, an option would not reach it
         for name in names:
-            table = run_workload(args, family, name, on_gpu)
+            table = run_workload(args, family, name, on_gpu, checkpoint)
             rows += table
             if on_gpu:
                 held += [{"model": name, **line} for line in goals.evaluate(table, configuration, name)]
-            # written after each model: a run stopped by a time limit keeps the models it finished
+            # written after each model, and before each column (checkpoint): a run stopped by a time limit or a crash
+            # keeps what it measured
             extra = {"goals": held} if on_gpu else {}
             path = record.write("model", parts, configuration, rows, args.out, **extra)
     for line in held:
@@ -239,8 +245,12 @@ def main(argv=None) -> None:
     chart.write_chart(path)
 
 
-def run_workload(args, family: models.Family, model_name: str, on_gpu: bool) -> list[dict]:
-    """Every column on the model ``model_name``: its rows of the table, printed."""
+def run_workload(
+    args, family: models.Family, model_name: str, on_gpu: bool, checkpoint: Callable[[list[dict]], None]
+) -> list[dict]:
+    """Every column on the model ``model_name``: its rows of the table, printed. Before each column after Inductor's,
+    ``checkpoint`` gets the rows so far and that column's as ended: a peer's kernel that ends the process (a
+    segmentation fault) leaves its column named in the JSON, beside the columns measured before it."""
     device, dtype = ("cuda" if on_gpu else "cpu"), getattr(torch, args.dtype)
     autocast_dtype, dtype = (dtype, torch.float32) if args.autocast else (None, dtype)
     torch.manual_seed(0)
@@ -263,6 +273,8 @@ def run_workload(args, family: models.Family, model_name: str, on_gpu: bool) -> 
     allocated_before = torch.cuda.memory_allocated() - outside if on_gpu else 0  # the model's own
     for column in progress:
         progress.set_description(f"compiling and timing {column.name}")
+        if "inductor" in results:  # the reference of every row's figures
+            checkpoint(table_rows(args, work, model_name, {**results, column.name: {"error": ENDED}}, on_gpu))
         name, results[column.name], samples = run_column(args, work, column, device, allocated_before, autocast_dtype)
         if name != column.name:  # measured eagerly after its compile failed
             results[name] = results.pop(column.name)
@@ -277,6 +289,10 @@ def run_workload(args, family: models.Family, model_name: str, on_gpu: bool) -> 
     table = table_rows(args, work, model_name, results, on_gpu)
     print_table(table)
     return table
+
+
+# A column's row while it runs, in the JSON: the row it leaves where the process ends in it.
+ENDED = "the process ended in this column (see the log)"
 
 
 @dataclasses.dataclass

@@ -385,3 +385,25 @@ def test_a_columns_kernel_table_goes_in_its_row():
     results = {"inductor": figures, "primus_turbo fp8 rowwise": figures | tables}
     rows = run_model.table_rows(args, work, "mixtral-8x7b", results, on_gpu=True)
     assert not set(tables) & set(rows[0]) and {key: rows[1][key] for key in tables} == tables
+
+
+def test_a_column_that_ends_the_process_is_named_in_the_json(monkeypatch, tmp_path):
+    """A peer's kernel can end the process (a segmentation fault): the JSON then holds the columns measured before
+    it, and that column's row names where the run ended."""
+    run_column = run_model.run_column
+
+    def ending_in_ours(args, work, column, *rest):
+        if column.name == "primus_turbo":
+            raise SystemExit(-11)  # no Exception: as uncatchable for the run as the process's end
+        return run_column(args, work, column, *rest)
+
+    monkeypatch.setattr(run_model, "run_column", ending_in_ours)
+    with pytest.raises(SystemExit):
+        tiny_main_job(tmp_path, "--fp8", "")
+    rows = read_json(tmp_path / "model_tiny_train_layers-1_seq-16.json")["rows"]
+    assert [row["column"] for row in rows] == ["eager", "inductor", "primus_turbo"]
+    assert rows[1]["speedup_vs_inductor"] == 1 and rows[2] == {
+        "model": "tiny",
+        "column": "primus_turbo",
+        "error": run_model.ENDED,
+    }
