@@ -221,20 +221,20 @@ def main(argv=None) -> None:
         print(CPU_NOTE)
     rows, held = [], []
 
-    def checkpoint(partial: list[dict]) -> None:
+    def write(partial: list[dict], quiet: bool = True) -> str:
+        """The JSON of the rows so far and ``partial``, with the finished models' goals."""
         extra = {"goals": held} if on_gpu else {}
-        record.write("model", parts, configuration, rows + partial, args.out, quiet=True, **extra)
+        return record.write("model", parts, configuration, rows + partial, args.out, quiet=quiet, **extra)
 
     with torch._inductor.config.patch(freezing=args.freezing):  # global: Dynamo reads it, an option would not reach it
         for name in names:
-            table = run_workload(args, family, name, on_gpu, checkpoint)
+            table = run_workload(args, family, name, on_gpu, write)
             rows += table
             if on_gpu:
                 held += [{"model": name, **line} for line in goals.evaluate(table, configuration, name)]
-            # written after each model, and before each column (checkpoint): a run stopped by a time limit or a crash
-            # keeps what it measured
-            extra = {"goals": held} if on_gpu else {}
-            path = record.write("model", parts, configuration, rows, args.out, **extra)
+            # written after each model, and before each column: a run stopped by a time limit or a crash keeps what
+            # it measured
+            path = write([], quiet=False)
     for line in held:
         print(f"goal: {line['model']}: {line['goal']}: {line['measured']} -> {'met' if line['met'] else 'MISSED'}")
     for name in names:  # GPU figures: a CPU run records no peak memory
