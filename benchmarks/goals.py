@@ -193,6 +193,11 @@ def lighter_peers(table: list[dict]) -> list[str]:
     return lines
 
 
+def loss_difference(loss_snr_db: float) -> float:
+    """|loss - Inductor's| / |Inductor's|, from the loss's SNR against Inductor's (one value: the SNR is that ratio)."""
+    return 10 ** (-loss_snr_db / 20)
+
+
 def peers_off_inductor(table: list[dict]) -> list[str]:
     """Each bf16 peer column (Liger's, under Inductor or our backend) whose training loss is further than
     HF_LOSS_TOLERANCE from Inductor's, relative: a peer's wrong result is shown beside its speed, not hidden."""
@@ -200,7 +205,7 @@ def peers_off_inductor(table: list[dict]) -> list[str]:
     for row in table:
         peer = row["column"].removesuffix(" on primus_turbo")
         if ours_beside(peer) == "primus_turbo" and row.get("loss_snr_db") is not None:
-            difference = 10 ** (-row["loss_snr_db"] / 20)  # |loss - Inductor's| / |Inductor's|
+            difference = loss_difference(row["loss_snr_db"])
             if difference > HF_LOSS_TOLERANCE:
                 lines.append(f"{row['column']} {difference:.1e} ({row['loss_snr_db']:.1f} dB)")
     return lines
@@ -218,7 +223,7 @@ def transformers_goals(table: list[dict]) -> list[dict]:
     rows = {row["column"]: row for row in table if "error" not in row}
     report = []
     if (bf16 := rows.get("primus_turbo", {})).get("loss_snr_db") is not None:
-        difference = 10 ** (-bf16["loss_snr_db"] / 20)  # |loss - Inductor's| / |Inductor's|
+        difference = loss_difference(bf16["loss_snr_db"])
         report.append(
             {
                 "goal": f"primus_turbo bf16 loss within {HF_LOSS_TOLERANCE:.0e} of Inductor's, relative",

@@ -184,7 +184,7 @@ def test_weight_t_not_saved_is_quantized_again_in_backward(recipe, impl):
     the same gradients bit for bit. Where W^T's scales are W's transposed (whole-tensor or square blocks), the forward
     returns those scales, the saved W^T's own, and the backward casts W^T by them."""
     x, w, b = make(3, 16, 64), make(32, 64, scale=0.1), make(32)
-    scales_kept = RECIPES[recipe].weight_block[0] == RECIPES[recipe].weight_block[1]
+    scales_kept = RECIPES[recipe].weight_scales_transpose
     results, w_t_scales = {}, {}
     for save in (True, False):
         for t in (x, w, b):
