@@ -10,8 +10,8 @@
 #   benchmarks/tests), less the gpu_quick tests where the quick step ran before it in the same call; profile: profiler
 #   tables; costs: the FP8 cost table of this GPU (benchmarks/cost_table.py), from grouped GEMMs (at the bench's and
 #   run_model's routed rows) and linears measured fwd+bwd, merged into the package's table here (later steps decide by
-#   it) and copied to $OUT; memory: the main job beside each FP8 recipe's other choice of save_weight_t (W^T kept
-#   for the backward or cast again there: its time against the memory it holds); moe: transformers' Mixtral and Qwen3-MoE with their kernel lists, FP8 experts forced
+#   it) and copied to $OUT; memory: the main job beside each FP8 recipe with W^T kept for the backward by every linear
+#   (save_weight_t true; by default only concatenated ones keep it): its time against the memory it holds; moe: transformers' Mixtral and Qwen3-MoE with their kernel lists, FP8 experts forced
 #   beside auto's choice and bf16 experts by one GEMM per group (vendor_per_group), then their quantization kernels
 #   and the floor of the FP8 step (benchmarks/floor.py); autocast: Llama-3-8B in bf16 and under autocast (fp32
 #   parameters), whose ratios to Inductor are to be within 3%, with their kernel tables; these three without the
@@ -110,9 +110,9 @@ for step in "${steps[@]}"; do
     autocast) bench run_model python3 -m benchmarks.run_model --hf llama3-8b --snr-inputs 1 --peers '' --kernels 30
               bench run_model python3 -m benchmarks.run_model --hf llama3-8b --snr-inputs 1 --peers '' --autocast \
                 --kernels 30 ;;
-    memory) bench run_model python3 -m benchmarks.run_model --hf llama3-8b,phi3-mini --snr-inputs 1 --peers '' \
-              --column 'fp8 tensorwise W^T={"fp8": {"recipe": "tensorwise", "save_weight_t": true}}' \
-              --column 'fp8 rowwise no W^T={"fp8": {"recipe": "rowwise", "save_weight_t": false}}' ;;
+    memory) bench run_model python3 -m benchmarks.run_model --hf llama3-8b,phi3-mini,gemma-7b --snr-inputs 1 \
+              --peers '' --column 'fp8 tensorwise W^T={"fp8": {"recipe": "tensorwise", "save_weight_t": true}}' \
+              --column 'fp8 rowwise W^T={"fp8": {"recipe": "rowwise", "save_weight_t": true}}' ;;
     convergence) bench convergence python3 -m benchmarks.convergence ;;
     profile) bench profile python3 -m benchmarks.profile_compiled ;;
     gemm_ar) bench bench_gemm_allreduce torchrun --nproc-per-node "$gpus" -m benchmarks.bench_gemm_allreduce ${GEMM_AR_ARGS:-} ;;

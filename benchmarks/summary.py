@@ -1,9 +1,12 @@
 """The README's performance tables: each model's training step against Inductor bf16 per column, and each column's
-peak memory, from the main job's newest runs: README.md's generated ``performance`` section."""
+peak memory, from the main job's newest runs: README.md's generated ``performance`` section, the H200's tables then
+the H100's."""
 
 from __future__ import annotations
 
-from benchmarks.runs import HAND_MARK, hand_edited_notes, newest_runs, runs_of, shows, wrap
+import pathlib
+
+from benchmarks.runs import HAND_MARK, RESULTS, hand_edited_notes, load, newest_runs, runs_of, shows, wrap
 from benchmarks.sections import layer_count
 from benchmarks.tables import formatted, markdown_table
 
@@ -15,13 +18,25 @@ SUMMARY_COLUMNS = {
     "torchao rowwise": "torchao fp8 rowwise",
     "liger": "liger",
 }
+NOT_RUN = "Not run on a GPU yet."
 
 
-def summary(results: dict[str, dict]) -> str:
+def section(folder: pathlib.Path = RESULTS) -> str:
+    """README.md's performance section: the tables of the H200's runs in ``folder``, then those of the H100's runs in
+    its ``h100`` folder under a line naming it (none where it holds no training run of the main job). Each GPU's
+    tables from its own runs only: the same model's figures differ by GPU."""
+    h200 = summary(load(folder))
+    h100 = summary(load(folder / "h100"), "benchmarks/results/h100/")
+    if h100 == NOT_RUN:
+        return h200
+    return "\n\n".join([h200, "One H100's runs, from `benchmarks/results/h100/`:", h100])
+
+
+def summary(results: dict[str, dict], folder: str = "benchmarks/results/") -> str:
     """The README's tables: each model's training step against Inductor bf16, then each column's peak memory, from the
     main job's newest run of it. A column that run did not measure comes from the newest run of the model that did
     (each ratio is of its run); a dash where none did. A model whose figures come from a run edited by hand is
-    marked, and a footnote says what was edited."""
+    marked, and a footnote names its file (in ``folder``) and says what was edited."""
     files = [
         file
         for file, result in sorted(results.items())
@@ -30,7 +45,7 @@ def summary(results: dict[str, dict]) -> str:
         and not result["configuration"]["autocast"]
     ]
     if not files:
-        return "Not run on a GPU yet."
+        return NOT_RUN
     newest = newest_runs(results, files)
     speed = markdown_table(["model, training", "Inductor ms", *SUMMARY_COLUMNS], [])
     memory = markdown_table(["peak GiB", "Inductor", *SUMMARY_COLUMNS], [])
@@ -61,7 +76,7 @@ def summary(results: dict[str, dict]) -> str:
         f"Batch x seq {', '.join(f'{b} x {q}' for b, q in sorted(size))}; {'; '.join(sorted(machines))}. Each model's "
         "newest run; a column it did not measure, from the newest run that did; a dash: no run measured it."
     )
-    notes = hand_edited_notes(results, edited, "benchmarks/results/")
+    notes = hand_edited_notes(results, edited, folder)
     return "\n".join([*speed, "", *memory, "", *wrap(note), *notes])
 
 

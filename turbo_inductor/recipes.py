@@ -103,15 +103,15 @@ class FP8Config:
     def enabled(self) -> bool:
         return self.recipe != OFF
 
-    def saves_weight_t(self, recipe: str, experts: bool = False) -> bool:
-        """Whether ``recipe``'s FP8 GEMMs keep W^T from the forward. ``"auto"``: tensorwise linears keep none, whose
-        backward casts it by the forward's one scale, for 1-2% of a step against a tenth of its peak memory. The
-        others keep it: rowwise W^T takes a second read of W, blockwise's concatenated linears (``fp8_concat``) would
-        hold the concatenated W, and MoE experts' W^T is measured only kept (``docs/fp8.md``, "W^T for the
-        backward")."""
+    def saves_weight_t(self, experts: bool = False, concatenated: bool = False) -> bool:
+        """Whether FP8 GEMMs keep W^T from the forward. ``"auto"``: a linear keeps none, its backward
+        quantizing W^T from W again (by the forward's scales where they are W^T's, else with a second read of W), for
+        about 1% of a step against a tenth of its peak memory. Linears that ``fp8_concat`` joins (``concatenated``)
+        keep theirs, whose backward would otherwise hold the concatenated W; so do MoE experts, whose W^T is measured
+        only kept (``docs/fp8.md``, "W^T for the backward")."""
         if self.save_weight_t != AUTO:
             return self.save_weight_t
-        return experts or RECIPES[recipe].weight_block != (0, 0)
+        return experts or concatenated
 
     @staticmethod
     def from_option(value: Any) -> FP8Config:

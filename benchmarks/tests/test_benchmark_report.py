@@ -4,6 +4,7 @@ import argparse
 import copy
 import json
 import pathlib
+import random
 import re
 
 import pytest
@@ -143,7 +144,7 @@ def test_the_readme_is_what_the_report_makes_of_the_committed_results():
 
 def test_the_performance_table_is_generated_from_the_benchmark_results():
     """README.md's performance tables (``UPDATE_DOCS=1`` rewrites them)."""
-    generated("README.md", "performance", performance.summary(runs.load()))
+    generated("README.md", "performance", performance.section())
 
 
 def test_a_readme_of_every_benchmark_fits_two_pages():
@@ -411,6 +412,35 @@ def test_the_readme_table_shows_liger_and_the_peak_memory_where_runs_have_them()
     assert "| gemma-7b | 10.00 | 9.00 | - | - | 8.00 | - | failed |" in memory
     assert "| phi3-mini | 10.00 | 9.00 | - | - | 8.00 | - | - |" in memory
     assert "a dash: no run measured it" in " ".join(summary)
+
+
+def test_the_readme_shows_each_gpus_tables_from_its_own_runs_only(tmp_path):
+    """The H200's runs in the results folder, the H100's in its ``h100`` folder: each GPU's tables of its own runs, the
+    H100's under a line naming their folder, a run edited by hand there named by its path; no H100 tables where it
+    has no runs."""
+    h100 = tmp_path / "h100"
+    h100.mkdir()
+    ratios = random.sample(range(105, 195), 2)
+    for folder, machine, ratio in ((tmp_path, "1x NVIDIA H200", ratios[0]), (h100, "1x NVIDIA H100", ratios[1])):
+        rows = [{**row, "speedup_vs_inductor": ratio / 100} for row in model_rows("llama3-8b", ["inductor", "liger"])]
+        run = {**result("model", rows), "environment": {**ENVIRONMENT, "machine": machine}}
+        run["configuration"] = {"models": {"llama3-8b": {}}, "mode": "train", "autocast": False, "batch": 2, "seq": 16}
+        (folder / "model_llama3-8b_train.json").write_text(json.dumps(run | {"hand_edited": f"typed on {machine}"}))
+    h200_part, h100_part = performance.section(tmp_path).split(
+        "\n\nOne H100's runs, from `benchmarks/results/h100/`:\n\n"
+    )
+    for part, (mine, other) in ((h200_part, ratios), (h100_part, ratios[::-1])):
+        assert f"| llama3-8b{runs.HAND_MARK} | 20.00 | - | - | - | - | - | {mine / 100:.2f}x |" in part
+        assert f"{other / 100:.2f}x" not in part
+    assert "1x NVIDIA H100" in h100_part and "H100" not in h200_part
+    assert h200_part.endswith(
+        "`benchmarks/results/model_llama3-8b_train.json` edited by hand: typed on 1x NVIDIA H200."
+    )
+    assert h100_part.endswith(
+        "`benchmarks/results/h100/model_llama3-8b_train.json` edited by hand: typed on 1x NVIDIA H100."
+    )
+    (h100 / "model_llama3-8b_train.json").unlink()
+    assert performance.section(tmp_path) == h200_part
 
 
 def test_the_report_says_which_memory_goals_missed_and_where_a_peer_holds_less():

@@ -13,9 +13,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import turbo_inductor
+from turbo_inductor.ops.fp8_linear import FP8LinearNode
+from turbo_inductor.passes import ir
 from turbo_inductor.recipes import RECIPES, FP8Config
 from turbo_inductor.testing import DEVICE
 from turbo_inductor.testing.compare import assert_ran, frozen_and_not, kernel_calls, ops_after, run
+from turbo_inductor.testing.fp8 import Readers
+from turbo_inductor.testing.graph import capture, rewrite
 from turbo_inductor.testing.tolerance import snr_db
 
 GRADIENT_GATE = {"e4m3": 25.0, "e5m2": 20.0}  # the FP8 gates (docs/fp8.md): SNR in dB by gradient format
@@ -229,19 +233,23 @@ def test_option_save_weight_t_false_keeps_no_weight_copy_for_the_backward(recipe
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "blockwise"])
-def test_save_weight_t_auto_keeps_no_weight_copy_for_tensorwise_linears_only(recipe):
-    """The default, ``"auto"``: tensorwise linears keep no W^T (their backward casts it by the forward's scale);
-    rowwise and blockwise linears keep theirs, and MoE experts theirs under every recipe. An explicit choice holds."""
+def test_save_weight_t_auto_keeps_w_t_for_concatenated_linears_and_experts_only(recipe):
+    """The default, ``"auto"``: a linear keeps no W^T (its backward quantizes it from W) unless ``fp8_concat`` joins
+    it, whose backward would otherwise hold the concatenated W; MoE experts keep theirs. An explicit choice holds.
+    Three linears on one norm, the first with a bias: the other two concatenate, except under tensorwise."""
     config = FP8Config.from_option(recipe)
-    assert config.save_weight_t == "auto" and config.saves_weight_t(recipe) is (recipe != "tensorwise")
-    assert config.saves_weight_t(recipe, experts=True)
+    assert config.save_weight_t == "auto" and not config.saves_weight_t()
+    assert config.saves_weight_t(experts=True) and config.saves_weight_t(concatenated=True)
     for save in (True, False):
-        assert FP8Config.from_option({"recipe": recipe, "save_weight_t": save}).saves_weight_t(recipe) is save
-    turbo_inductor.reset_records()
-    options = {"fp8": recipe, "impl": "reference", "record_graphs": True}
-    run(MLP(), [torch.randn(2, 8, 64)], "primus_turbo", options=options)
-    graph_after = turbo_inductor.compile_records()[0].graph_after
-    assert bool(re.search(r"fp8_linear\.default\([^)]*, False\)", graph_after)) is (recipe == "tensorwise")
+        explicit = FP8Config.from_option({"recipe": recipe, "save_weight_t": save})
+        assert explicit.saves_weight_t() is explicit.saves_weight_t(experts=True, concatenated=True) is save
+    gm, _ = capture(Readers([128, 128, 128], biases=[True, False, False]), torch.randn(2, 8, 64), True, False)
+    record = rewrite(gm, {"fp8": recipe, "impl": "reference"})
+    assert record.counts["fp8_concat"] == (recipe != "tensorwise")
+    linears = [linear for node in gm.graph.nodes if (linear := FP8LinearNode.of(node)) is not None]
+    concatenated = [ir.fake(linear.weight).shape[0] == 256 for linear in linears]
+    assert len(linears) == 3 - record.counts["fp8_concat"]
+    assert [linear.save_weight_t for linear in linears] == concatenated
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))

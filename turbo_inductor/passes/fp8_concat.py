@@ -6,7 +6,8 @@ Taken where the forward and dW are the separate linears' (``Recipe.concatenates_
 weights' rows. dx is not: one GEMM sums over the concatenated N, and the rowwise recipes' dgrad scales of dy and W^T
 span it (``docs/fp8.md``).
 ``tensorwise`` is declined: one scale over the concatenated W differs from each linear's own. So is ``blockwise``
-unless each N is a multiple of 128, and ``save_weight_t=False``, whose backward would keep the concatenated W.
+unless each N is a multiple of 128, and ``save_weight_t=False``, whose backward would keep the concatenated W: under
+``"auto"`` the concatenated linear keeps W^T, which the separate ones do not.
 Under autocast the linears' casts of one x count as one x. Why and how: ``docs/passes.md``.
 """
 
@@ -90,16 +91,18 @@ class FP8ConcatPass(RewritePass):
                     if len(linears) > 1:
                         declined(self.name, group[0].node, "no other FP8 linear of x has its recipe and bias")
                     continue
-                count += self._concatenate(graph, group)
+                count += self._concatenate(graph, group, config)
         return count
 
-    def _concatenate(self, graph: fx.Graph, group: list[FP8LinearNode]) -> int:
+    def _concatenate(self, graph: fx.Graph, group: list[FP8LinearNode], config: FP8Config) -> int:
         first = group[0]
         rows = [ir.fake(linear.weight).shape[0] for linear in group]
         if not Recipe.from_name(first.recipe).concatenates_exactly(rows):
             declined(self.name, first.node, f"{first.recipe} weights of N {rows}: a scale would span two weights")
             return 0
-        if not first.save_weight_t:
+        # "auto" keeps W^T for a concatenated linear only: a byte per weight, where the backward would hold two.
+        save_weight_t = config.saves_weight_t(concatenated=True)
+        if not save_weight_t:
             declined(self.name, first.node, "save_weight_t=False: the backward would hold the concatenated W")
             return 0
         out = ir.fake(first.node)
@@ -122,7 +125,8 @@ class FP8ConcatPass(RewritePass):
             for name in ("weight", "bias")
             if first.bias is not None or name == "weight"
         }
-        fused = surgery.insert_view(graph, first.node, FP8LinearNode, **(first.arguments() | concatenated))
+        arguments = first.arguments() | concatenated | {"save_weight_t": save_weight_t}
+        fused = surgery.insert_view(graph, first.node, FP8LinearNode, **arguments)
         for linear, a, n in zip(group, starts, rows, strict=True):
             piece = surgery.insert_op(graph, first.node, operator.getitem, (fused.node, (Ellipsis, slice(a, a + n))))
             linear.node.replace_all_uses_with(piece)

@@ -83,7 +83,7 @@ class FP8ExpertsPass(RewritePass):
                 offs=gemm.offs,
                 recipe=recipe,
                 impl=gemm.impl,
-                save_weight_t=config.saves_weight_t(recipe, experts=True),
+                save_weight_t=config.saves_weight_t(experts=True),
             )
             count += 1
         return count

@@ -54,8 +54,8 @@ class FP8LinearPass(RewritePass):
         '`{"recipe": ..., "exclude": REGEX, "min_size": N, "save_weight_t": BOOL or "auto", "experts": BOOL or '
         '"auto", "linears": BOOL or "auto"}`. Parameters whose name matches `exclude`, and linears narrower than '
         "`min_size`, stay in high precision. `save_weight_t=False` quantizes W^T again in the backward instead of "
-        'keeping it (less memory; FSDP2). `"auto"` (the default) keeps none for tensorwise linears, whose backward '
-        "casts W^T again by the forward's scale, and keeps it elsewhere. `experts` (MoE experts' grouped GEMMs) and "
+        'keeping it (less memory; FSDP2). `"auto"` (the default) keeps it only for linears `fp8_concat` joins, whose '
+        "backward would otherwise hold the concatenated W, and MoE experts. `experts` (MoE experts' grouped GEMMs) and "
         '`linears`: `"auto"` (the default) takes FP8 where the device\'s cost table measured it faster, or for a shape '
         "it did not measure, as its default (experts: high precision, linears: FP8); true forces FP8, false keeps high "
         "precision. Each choice is logged and kept in the compile record. Details: `docs/fp8.md`."
@@ -79,7 +79,7 @@ class FP8LinearPass(RewritePass):
                 fp32_weight=True,  # quantized from fp32: no cast of W, and dW written in fp32 (autocast)
                 recipe=config.recipe,
                 impl=options.impl,
-                save_weight_t=config.saves_weight_t(config.recipe),
+                save_weight_t=config.saves_weight_t(),
             )
             node.replace_all_uses_with(fp8.node)
             graph.erase_node(node)

@@ -106,7 +106,7 @@ class TorchaoFloat8Pass(RewritePass):
                 continue
             if recipe is None or not can_rewrite(x_fake, ir.fake(weight), None):
                 continue
-            save_weight_t = options.value(fp8_option.NAME).saves_weight_t(recipe)
+            save_weight_t = options.value(fp8_option.NAME).saves_weight_t()
             surgery.replace_with_view(
                 graph,
                 node,
