@@ -106,7 +106,7 @@ class FP8Config:
     def saves_weight_t(self, experts: bool = False, concatenated: bool = False) -> bool:
         """Whether FP8 GEMMs keep W^T from the forward. ``"auto"``: a linear keeps none, its backward
         quantizing W^T from W again (by the forward's scales where they are W^T's, else with a second read of W), for
-        about 1% of a step against a tenth of its peak memory. Linears that ``fp8_concat`` joins (``concatenated``)
+        1-2% of a step against up to a tenth of its peak memory. Linears that ``fp8_concat`` joins (``concatenated``)
         keep theirs, whose backward would otherwise hold the concatenated W; so do MoE experts, whose W^T is measured
         only kept (``docs/fp8.md``, "W^T for the backward")."""
         if self.save_weight_t != AUTO:
