@@ -86,7 +86,7 @@ class TorchaoFloat8Pass(RewritePass):
     phase = Phase.CLAIM
 
     def apply(self, graph: fx.Graph, options: Options) -> int:
-        count = 0
+        count, save_weight_t = 0, options.value(fp8_option.NAME).saves_weight_t()
         for node in list(graph.nodes):
             function = autograd_function_of(node)
             if (
@@ -106,7 +106,6 @@ class TorchaoFloat8Pass(RewritePass):
                 continue
             if recipe is None or not can_rewrite(x_fake, ir.fake(weight), None):
                 continue
-            save_weight_t = options.value(fp8_option.NAME).saves_weight_t()
             surgery.replace_with_view(
                 graph,
                 node,
